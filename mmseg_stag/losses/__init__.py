@@ -1,0 +1,3 @@
+from .stag_loss import STAGLoss
+
+__all__ = ['STAGLoss']

@@ -1,0 +1,44 @@
+"""Install mmseg_stag: ``pip install -e .`` (see README for the full stack)."""
+import os.path as osp
+
+from setuptools import find_packages, setup
+
+
+def read_version():
+    init = osp.join(osp.dirname(__file__), 'mmseg_stag', '__init__.py')
+    with open(init, encoding='utf-8') as f:
+        for line in f:
+            if line.startswith('__version__'):
+                return line.split('=')[1].strip().strip("'\"")
+    raise RuntimeError(f'no __version__ in {init}')
+
+
+setup(
+    name='mmseg_stag',
+    version=read_version(),
+    description='STAG (Structural Test-time Alignment of Gradients) for '
+    'online test-time adaptation, as an MMSegmentation 1.x plugin',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    packages=find_packages(include=['mmseg_stag', 'mmseg_stag.*']),
+    python_requires='>=3.8',
+    # Ranges admit the tested stack (torch 2.13, mmengine 0.10.7, mmcv 2.1.0,
+    # mmsegmentation 1.2.2); mmseg 1.2.x refuses mmcv >= 2.2.0.
+    install_requires=[
+        'torch>=1.13',
+        'mmengine>=0.10.0,<1.0.0',
+        'mmcv>=2.0.0rc4,<2.2.0',
+        'mmsegmentation>=1.2.0,<1.3.0',
+        'numpy',
+        'matplotlib',
+        'ftfy',
+        'regex',
+        # mmcv's setup.py and mmengine's ``mmseg::`` config prefix import
+        # pkg_resources, which setuptools 81 removed.
+        'setuptools<81',
+    ],
+    extras_require={
+        'tests': ['pytest'],
+    },
+    zip_safe=False,
+)

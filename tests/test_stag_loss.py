@@ -1,0 +1,116 @@
+"""``STAGLoss`` through MMSeg's ``MODELS`` registry."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+from mmseg.registry import MODELS
+
+import mmseg_stag  # noqa: F401  (registers STAGLoss)
+from mmseg_stag import stag
+
+
+def test_build_from_registry_and_call():
+    loss = MODELS.build(dict(type='STAGLoss'))
+    assert loss.loss_name == 'loss_stag'
+    head = nn.Conv2d(8, 5, 1)
+    feats = torch.randn(2, 8, 4, 6, requires_grad=True)
+    logits = head(feats)
+    value = loss(feats, logits, head.weight, head.bias)
+    assert value.dim() == 0
+    expected = stag.stag_loss(feats, logits, head.weight, head.bias)
+    torch.testing.assert_close(value, expected)
+    value.backward()
+    assert feats.grad is not None and head.weight.grad is not None
+
+
+def test_options_are_passed_through():
+    torch.manual_seed(0)
+    fc = nn.Linear(6, 4)
+    feats = torch.randn(5, 6)
+    logits = fc(feats)
+    for anchor in ('diagonal', 'full'):
+        for label in ('hard', 'soft'):
+            loss = MODELS.build(
+                dict(type='STAGLoss', eps=1e-3, anchor=anchor, label=label,
+                     loss_weight=2.5, loss_name='loss_x'))
+            assert loss.loss_name == 'loss_x'
+            expected = 2.5 * stag.stag_loss(feats, logits, fc.weight,
+                                            fc.bias, eps=1e-3, anchor=anchor,
+                                            label=label)
+            torch.testing.assert_close(
+                loss(feats, logits, fc.weight, fc.bias), expected)
+
+
+def test_bad_options_raise():
+    for bad in (dict(anchor='row'), dict(label='fuzzy'), dict(eps=-1.0)):
+        with pytest.raises(ValueError, match='STAGLoss'):
+            MODELS.build(dict(type='STAGLoss', **bad))
+
+
+def test_ignore_index_label_map_as_mask():
+    loss = MODELS.build(dict(type='STAGLoss', ignore_index=255))
+    head = nn.Conv2d(3, 4, 1)
+    feats = torch.randn(1, 3, 2, 3)
+    logits = head(feats)
+    labels = torch.tensor([[[0, 255, 2], [255, 1, 1]]])
+    got = loss(feats, logits, head.weight, head.bias, valid_mask=labels)
+    expected = stag.stag_loss(feats, logits, head.weight, head.bias,
+                              valid_mask=labels != 255)
+    torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match='valid_mask'):
+        loss(feats, logits, head.weight, head.bias,
+             valid_mask=torch.ones(1, 2, 3))
+
+
+def test_anchor_cache_follows_classifier_updates():
+    loss = MODELS.build(dict(type='STAGLoss'))
+    fc = nn.Linear(4, 3)
+    feats = torch.randn(2, 4)
+    for _ in range(3):
+        loss(feats, fc(feats), fc.weight, fc.bias)
+    assert loss.anchor_computations == 1, 'frozen classifier: anchors once'
+
+    optim = torch.optim.SGD(fc.parameters(), lr=0.1)
+    for step in range(2):
+        out = loss(feats, fc(feats), fc.weight, fc.bias)
+        optim.zero_grad()
+        out.backward()
+        optim.step()
+        fresh = stag.structural_anchors(fc.weight.detach(), fc.bias.detach())
+        torch.testing.assert_close(loss.anchors(fc.weight, fc.bias), fresh)
+    # one recomputation per optimizer step (the first call reused the cache)
+    assert loss.anchor_computations == 3
+    # replacing the tensor also invalidates the cache
+    fc.weight = nn.Parameter(torch.randn(3, 4))
+    torch.testing.assert_close(
+        loss.anchors(fc.weight, fc.bias),
+        stag.structural_anchors(fc.weight.detach(), fc.bias.detach()))
+
+
+def test_custom_imports_in_config_registers_loss(tmp_path):
+    """A fresh interpreter that only reads a config with ``custom_imports``."""
+    cfg_file = tmp_path / 'stag_cfg.py'
+    cfg_file.write_text(textwrap.dedent("""
+        custom_imports = dict(imports=['mmseg_stag'],
+                              allow_failed_imports=False)
+        stag_loss = dict(type='STAGLoss', loss_weight=3.0)
+    """))
+    script = textwrap.dedent(f"""
+        import torch
+        from mmengine.config import Config
+        from mmseg.registry import MODELS
+        cfg = Config.fromfile({str(cfg_file)!r})
+        loss = MODELS.build(cfg.stag_loss)
+        fc = torch.nn.Linear(3, 4)
+        x = torch.randn(2, 3)
+        print(type(loss).__name__, loss.loss_weight,
+              float(loss(x, fc(x), fc.weight, fc.bias)))
+    """)
+    out = subprocess.run([sys.executable, '-c', script], check=True,
+                         capture_output=True, text=True).stdout
+    name, weight, value = out.split()
+    assert name == 'STAGLoss' and float(weight) == 3.0
+    assert -3.0 <= float(value) <= 3.0
