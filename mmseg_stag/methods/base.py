@@ -1,0 +1,285 @@
+"""The interface every TTA method shares, and STAG's place in it.
+
+A method sees only a model, its classifier, and what one forward pass gives:
+``head_outputs``, a list of ``(features, logits)`` pairs with the class axis at
+dim 1 (``[N, C]`` per sample or ``[N, C, H, W]`` per pixel; several pairs
+when a segmentor runs sliding-window crops). The same classes therefore serve
+segmentation and classification.
+
+Life cycle (mirrors DequanWang/tent and mariodoebler/test-time-adaptation):
+
+1. ``configure(model, classifier)``: choose the trainable parameters, freeze
+   the rest, set the normalisation behaviour, build the optimizer.
+2. per batch, ``adapt(run_forward)``: one forward pass (with gradients when
+   the method updates), ``objective`` = base loss + ``beta_t * L_STAG``, one
+   backward, one optimizer step; returns the prediction made by the forward
+   pass, i.e. *before* the update (predict-then-adapt).
+"""
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
+from mmseg.registry import MODELS
+
+from mmseg_stag.stag import stag_beta
+
+HeadOutputs = Sequence[Tuple[torch.Tensor, torch.Tensor]]
+
+#: Normalisation layer families selectable by name in ``norm_types``.
+NORM_LAYER_TYPES = {
+    'BN': nn.modules.batchnorm._BatchNorm,
+    'LN': nn.LayerNorm,
+    'GN': nn.GroupNorm,
+    'IN': nn.modules.instancenorm._InstanceNorm,
+}
+
+
+def norm_layers(model: nn.Module,
+                norm_types: Sequence[str] = ('BN', 'LN', 'GN', 'IN')
+                ) -> List[Tuple[str, nn.Module]]:
+    """``(name, module)`` of every normalisation layer of the given types.
+
+    Selection is by module type, not by name: MMSeg's MiT names its
+    stage-final LayerNorms ``layers.{i}.2`` (no "norm" in the name).
+    """
+    unknown = set(norm_types) - set(NORM_LAYER_TYPES)
+    if unknown:
+        raise ValueError(f'unknown norm_types {sorted(unknown)}; choose from '
+                         f'{sorted(NORM_LAYER_TYPES)}')
+    classes = tuple(NORM_LAYER_TYPES[t] for t in norm_types)
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, classes)]
+
+
+def select_parameters(model: nn.Module,
+                      kind: str = 'norm_affine',
+                      norm_types: Sequence[str] = ('BN', 'LN', 'GN', 'IN'),
+                      name_regex: Optional[str] = None
+                      ) -> List[Tuple[str, nn.Parameter]]:
+    """The parameters a method adapts, as ``(name, parameter)``.
+
+    Args:
+        model: the model.
+        kind: ``'norm_affine'`` (weight and bias of the normalisation layers
+            of ``norm_types``) or ``'all'``.
+        norm_types: families in :data:`NORM_LAYER_TYPES`.
+        name_regex: if given, keep only parameters whose full name matches.
+    """
+    if kind == 'norm_affine':
+        selected = [(f'{mod_name}.{p_name}' if mod_name else p_name, p)
+                    for mod_name, m in norm_layers(model, norm_types)
+                    for p_name, p in m.named_parameters(recurse=False)
+                    if p_name in ('weight', 'bias')]
+    elif kind == 'all':
+        selected = list(model.named_parameters())
+    else:
+        raise ValueError(
+            f"trainable kind must be 'norm_affine' or 'all', got {kind!r}")
+    if name_regex is not None:
+        pattern = re.compile(name_regex)
+        selected = [(n, p) for n, p in selected if pattern.search(n)]
+    return selected
+
+
+def use_batch_statistics(model: nn.Module) -> None:
+    """BatchNorm layers normalise with the current batch's statistics.
+
+    As in the BN Adapt baseline (Schneider et al.; tent's ``norm.py``): the
+    running statistics are dropped so that evaluation mode cannot bring them
+    back.
+    """
+    for _, m in norm_layers(model, ('BN', )):
+        m.track_running_stats = False
+        m.running_mean = None
+        m.running_var = None
+        m.train()
+
+
+def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy of ``softmax(logits)`` along dim 1 (eq:ent)."""
+    log_p = logits.log_softmax(dim=1)
+    return -(log_p.exp() * log_p).sum(dim=1)
+
+
+def mean_over_outputs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                      head_outputs: HeadOutputs) -> torch.Tensor:
+    """Mean of a per-pair mean loss over all samples/pixels of all pairs.
+
+    ``fn(features, logits)`` returns the mean over one pair; pairs (e.g.
+    sliding-window crops) are weighted by their number of samples/pixels.
+    """
+    sizes = [logits[:, 0].numel() for _, logits in head_outputs]
+    total = float(sum(sizes))
+    return sum(fn(feats, logits) * (size / total)
+               for (feats, logits), size in zip(head_outputs, sizes))
+
+
+class TTAMethod:
+    """Base class of the online TTA methods.
+
+    Args:
+        stag (dict, optional): ``dict(beta0=..., gamma=..., eps=1e-8,
+            anchor='diagonal', label='hard')`` adds ``beta_t * L_STAG`` to the
+            objective (``STAGLoss`` from MMSeg's ``MODELS``). ``None``: off.
+        optimizer (dict): an MMEngine ``OPTIMIZERS`` config without params.
+            Default: Adam, lr 7.5e-6, betas (0.9, 0.999) (CoTTA's ACDC setup).
+        trainable (dict): arguments of :func:`select_parameters`.
+        reset_beta_per_stage (bool): restart ``t`` (so ``beta_t = beta0``)
+            when a sample's ``stage`` changes. The paper never resets.
+    """
+
+    #: whether the method has a loss of its own (``L_base``)
+    has_base_loss = True
+
+    def __init__(self,
+                 stag: Optional[dict] = None,
+                 optimizer: Optional[dict] = None,
+                 trainable: Optional[dict] = None,
+                 reset_beta_per_stage: bool = False):
+        self.stag_cfg = None if stag is None else dict(stag)
+        self.stag_loss = None
+        if self.stag_cfg is not None:
+            missing = {'beta0', 'gamma'} - set(self.stag_cfg)
+            if missing:
+                raise ValueError(f'stag config needs {sorted(missing)}, got '
+                                 f'{self.stag_cfg}')
+            loss_cfg = dict(type='STAGLoss')
+            loss_cfg.update({k: v for k, v in self.stag_cfg.items()
+                             if k not in ('beta0', 'gamma')})
+            self.stag_loss = MODELS.build(loss_cfg)
+            stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'], 0)
+        self.optimizer_cfg = dict(optimizer or dict(
+            type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
+        self.trainable_cfg = dict(trainable or dict(kind='norm_affine'))
+        self.reset_beta_per_stage = reset_beta_per_stage
+
+        self.model: Optional[nn.Module] = None
+        self.classifier: Optional[nn.Module] = None
+        self.optimizer = None
+        self.params: List[Tuple[str, nn.Parameter]] = []
+        self.step = 0  # update steps since the start (or the stage)
+        self.num_updates = 0
+        self.stage = None
+        self.last_stats: Dict[str, float] = {}
+
+    # ------------------------------------------------------------------
+    @property
+    def updates(self) -> bool:
+        """Whether ``adapt`` runs a backward pass and an optimizer step."""
+        return self.has_base_loss or self.stag_loss is not None
+
+    @property
+    def beta(self) -> float:
+        """Current ``beta_t`` (0 without STAG)."""
+        if self.stag_cfg is None:
+            return 0.0
+        return stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'],
+                         self.step)
+
+    def configure(self, model: nn.Module, classifier: nn.Module) -> None:
+        """Select and unfreeze the adapted parameters, build the optimizer."""
+        self.model, self.classifier = model, classifier
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if not self.updates:
+            self.params = []
+            return
+        self.params = select_parameters(model, **self.trainable_cfg)
+        if not self.params:
+            raise ValueError(
+                f'{type(self).__name__}: no parameter matches trainable='
+                f'{self.trainable_cfg}')
+        for _, p in self.params:
+            p.requires_grad_(True)
+        self.optimizer = OPTIMIZERS.build(
+            dict(self.optimizer_cfg, params=[p for _, p in self.params]))
+
+    def set_modes(self, model: nn.Module) -> None:
+        """Train/eval behaviour of the layers; called before every forward
+        because MMEngine's test loop puts the model in eval mode."""
+        model.eval()
+
+    def base_loss(self, head_outputs: HeadOutputs) -> torch.Tensor:
+        """``L_base`` of eq:total_objective."""
+        raise TypeError(f'{type(self).__name__} has no loss of its own '
+                        '(has_base_loss is False)')
+
+    def objective(self, head_outputs: HeadOutputs
+                  ) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """``L_total = L_base + beta_t L_STAG`` (eq:total_objective)."""
+        stats = {}
+        total = None
+        if self.has_base_loss:
+            total = self.base_loss(head_outputs)
+            stats['loss_base'] = total.item()
+        if self.stag_loss is not None:
+            weight, bias = self.classifier.weight, self.classifier.bias
+            l_stag = mean_over_outputs(
+                lambda f, z: self.stag_loss(f, z, weight, bias), head_outputs)
+            beta = self.beta
+            stats.update(loss_stag=l_stag.item(), beta=beta)
+            total = beta * l_stag if total is None else total + beta * l_stag
+        stats['loss'] = total.item()
+        return total, stats
+
+    def on_stage(self, stage) -> None:
+        """Called with each batch's stage tag (``None`` when untagged)."""
+        if stage != self.stage and self.stage is not None and \
+                self.reset_beta_per_stage:
+            self.step = 0
+        self.stage = stage
+
+    def adapt(self, run_forward: Callable[[], Tuple[torch.Tensor,
+                                                      HeadOutputs]]
+              ) -> torch.Tensor:
+        """Predict, then adapt, with one forward and at most one backward.
+
+        Args:
+            run_forward: runs the model once and returns ``(prediction,
+                head_outputs)``.
+
+        Returns:
+            The prediction from that forward pass (before the update),
+            detached.
+        """
+        if self.model is None:
+            raise RuntimeError(f'{type(self).__name__}.configure(model, '
+                               'classifier) must be called before adapt')
+        self.set_modes(self.model)
+        if not self.updates:
+            with torch.no_grad():
+                prediction, _ = run_forward()
+            self.last_stats = {}
+            return prediction
+        with torch.enable_grad():
+            prediction, head_outputs = run_forward()
+            total, stats = self.objective(head_outputs)
+            self.optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            self.optimizer.step()
+        self.step += 1
+        self.num_updates += 1
+        self.last_stats = stats
+        return prediction.detach()
+
+    def adapt_and_predict(self, model: nn.Module, inputs: torch.Tensor,
+                          batch_img_metas: List[dict]) -> torch.Tensor:
+        """Segmentation entry point called by ``TTAEncoderDecoder.predict``.
+
+        Returns the segmentor's ``seg_logits`` for ``postprocess_result``.
+        """
+        stages = {meta.get('stage') for meta in batch_img_metas}
+        if len(stages) > 1:
+            raise ValueError(f'a batch spans several stages {sorted(stages)}; '
+                             'use batch size 1 or stage-aligned batches')
+        self.on_stage(stages.pop() if stages else None)
+        return self.adapt(
+            lambda: model.inference_with_features(inputs, batch_img_metas))
+
+    def __repr__(self) -> str:
+        stag = 'off' if self.stag_cfg is None else self.stag_cfg
+        return (f'{type(self).__name__}(stag={stag}, '
+                f'optimizer={self.optimizer_cfg}, '
+                f'trainable={self.trainable_cfg})')

@@ -1,0 +1,254 @@
+"""TTA methods on a tiny per-pixel model, independent of MMSeg's segmentors."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import mmseg_stag  # noqa: F401
+from mmseg_stag import stag
+from mmseg_stag.methods import BNAdapt, Source, TENT, select_parameters
+from mmseg_stag.registry import TTA_METHODS
+
+
+class TinySegNet(nn.Module):
+    """conv -> BN -> conv -> GN -> 1x1 classifier, with a forward counter."""
+
+    def __init__(self, num_classes=5, dim=8):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, dim, 3, padding=1), nn.BatchNorm2d(dim), nn.ReLU(),
+            nn.Conv2d(dim, dim, 3, padding=1), nn.GroupNorm(2, dim),
+            nn.ReLU())
+        self.classifier = nn.Conv2d(dim, num_classes, 1)
+        self.forwards = 0
+
+    def forward(self, x):
+        self.forwards += 1
+        feats = self.body(x)
+        logits = self.classifier(feats)
+        return logits, [(feats, logits)]
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    model = TinySegNet()
+    # non-trivial running statistics, as a trained source model has
+    model.body[1].running_mean.uniform_(-0.5, 0.5)
+    model.body[1].running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+def images(seed=1, n=2):
+    return torch.randn(n, 3, 6, 7, generator=torch.Generator().manual_seed(seed))
+
+
+def configured(method, model):
+    method.configure(model, model.classifier)
+    return method
+
+
+def test_registry_names():
+    for name, cls in (('source', Source), ('Source', Source),
+                      ('bn_adapt', BNAdapt), ('tent', TENT), ('TENT', TENT)):
+        assert isinstance(TTA_METHODS.build(dict(type=name)), cls)
+
+
+def test_source_changes_nothing_and_never_backprops():
+    model = make_model()
+    before = copy.deepcopy(model.state_dict())
+    method = configured(Source(), model)
+    x = images()
+    with torch.no_grad():
+        expected, _ = model(x)
+    for _ in range(3):
+        out = method.adapt(lambda: model(x))
+        torch.testing.assert_close(out, expected)
+    assert model.forwards == 4
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(not p.requires_grad for p in model.parameters())
+    with pytest.raises(ValueError, match='stag'):
+        Source(stag=dict(beta0=1, gamma=1))
+
+
+def test_tent_updates_only_norm_affine_params_one_forward_one_backward():
+    model = make_model()
+    before = {k: v.clone() for k, v in model.named_parameters()}
+    method = configured(TENT(optimizer=dict(type='SGD', lr=0.1)), model)
+    selected = {n for n, _ in method.params}
+    assert selected == {'body.1.weight', 'body.1.bias', 'body.4.weight',
+                        'body.4.bias'}
+    x = images()
+    with torch.no_grad():
+        unadapted, _ = copy.deepcopy(model)(x)
+    first = method.adapt(lambda: model(x))
+    # predict-then-adapt: the first prediction is the unadapted model's
+    torch.testing.assert_close(first, unadapted)
+    assert model.forwards == 1
+    for name, p in model.named_parameters():
+        changed = not torch.equal(p, before[name])
+        assert changed == (name in selected), name
+    # BatchNorm kept its running statistics (eval mode)
+    assert model.body[1].running_mean is not None
+    assert not model.body[1].training
+    method.adapt(lambda: model(x))
+    assert model.forwards == 2 and method.num_updates == 2
+    assert method.last_stats['loss'] == pytest.approx(
+        method.last_stats['loss_base'])
+
+
+def test_one_backward_per_batch_counted_through_autograd():
+    model = make_model()
+    method = configured(
+        TENT(stag=dict(beta0=5.0, gamma=3.0),
+             optimizer=dict(type='SGD', lr=0.1)), model)
+    calls = []
+    for _, p in method.params:
+        p.register_hook(lambda g, calls=calls: calls.append(1))
+    x = images()
+    for step in range(3):
+        method.adapt(lambda: model(x))
+        # every selected tensor receives exactly one gradient per step
+        assert len(calls) == len(method.params) * (step + 1)
+    assert model.forwards == 3
+
+
+def sgd_update(method_factory, x):
+    model = make_model()
+    method = configured(method_factory(), model)
+    before = {n: p.detach().clone() for n, p in method.params}
+    method.adapt(lambda: model(x))
+    return {n: p.detach() - before[n] for n, p in method.params}, model
+
+
+def test_stag_adds_exactly_beta_times_stag_loss_gradient():
+    x = images()
+    lr, beta0, gamma = 0.05, 7.0, 4.0
+    opt = dict(type='SGD', lr=lr)
+    plain, _ = sgd_update(lambda: TENT(optimizer=opt), x)
+    with_stag, _ = sgd_update(
+        lambda: TENT(optimizer=opt, stag=dict(beta0=beta0, gamma=gamma)), x)
+    # independent L_STAG gradient on a fresh copy of the model
+    model = make_model()
+    params = dict(select_parameters(model))
+    logits, ((feats, _), ) = model(x)
+    l_stag = stag.stag_loss(feats, logits, model.classifier.weight,
+                            model.classifier.bias)
+    grads = torch.autograd.grad(l_stag, list(params.values()))
+    assert any(g.abs().sum() > 0 for g in grads)
+    for (name, _), grad in zip(params.items(), grads):
+        torch.testing.assert_close(with_stag[name] - plain[name],
+                                   -lr * beta0 * grad, rtol=1e-4, atol=1e-7)
+    assert not all(torch.equal(plain[n], with_stag[n]) for n in plain)
+
+
+def test_beta_decays_per_update_and_optional_stage_reset():
+    model = make_model()
+    method = configured(TENT(stag=dict(beta0=10.0, gamma=2.0)), model)
+    x = images()
+    betas = []
+    for _ in range(3):
+        method.adapt(lambda: model(x))
+        betas.append(method.last_stats['beta'])
+    assert betas == pytest.approx([10.0 * math.exp(-t / 2.0)
+                                   for t in range(3)])
+
+    model = make_model()
+    method = configured(
+        TENT(stag=dict(beta0=10.0, gamma=2.0), reset_beta_per_stage=True),
+        model)
+    seen = []
+    for stage in (0, 0, 1, 1):
+        method.on_stage(stage)
+        method.adapt(lambda: model(x))
+        seen.append(method.last_stats['beta'])
+    assert seen == pytest.approx([10.0, 10.0 * math.exp(-0.5)] * 2)
+
+
+def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
+    model = make_model()
+    method = configured(TENT(loss='pseudo_ce'), model)
+    logits, outs = model(images())
+    expected = nn.functional.cross_entropy(logits, logits.argmax(1))
+    torch.testing.assert_close(method.base_loss(outs), expected)
+    with pytest.raises(ValueError, match='TENT loss'):
+        TENT(loss='kl')
+
+
+def test_bn_adapt_uses_batch_statistics_without_updates():
+    model = make_model()
+    before = copy.deepcopy(model.state_dict())
+    method = configured(BNAdapt(), model)
+    assert not method.updates and method.params == []
+    x = images(n=3)
+    reference = copy.deepcopy(model)
+    reference.body[1].train()
+    reference.body[1].momentum = 0.0
+    with torch.no_grad():
+        expected, _ = reference(x)
+    out = method.adapt(lambda: model(x))
+    torch.testing.assert_close(out, expected)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name])
+
+
+def test_bn_adapt_stag_updates_affine_params_by_stag_alone():
+    x = images()
+    lr, beta0 = 0.05, 3.0
+    delta, model = sgd_update(
+        lambda: BNAdapt(stag=dict(beta0=beta0, gamma=5.0),
+                        optimizer=dict(type='SGD', lr=lr)), x)
+    assert set(delta) == {'body.1.weight', 'body.1.bias', 'body.4.weight',
+                          'body.4.bias'}
+    fresh = make_model()
+    BNAdapt().configure(fresh, fresh.classifier)  # batch statistics
+    params = dict(select_parameters(fresh))
+    for p in params.values():
+        p.requires_grad_(True)
+    logits, ((feats, _), ) = fresh(x)
+    l_stag = stag.stag_loss(feats, logits, fresh.classifier.weight,
+                            fresh.classifier.bias)
+    grads = torch.autograd.grad(l_stag, list(params.values()))
+    for (name, _), grad in zip(params.items(), grads):
+        torch.testing.assert_close(delta[name], -lr * beta0 * grad,
+                                   rtol=1e-4, atol=1e-7)
+    # only norm affine params are trainable; the classifier stays frozen
+    assert not model.classifier.weight.requires_grad
+
+
+def test_adapted_classifier_recomputes_anchors_every_step():
+    model = make_model()
+    method = configured(
+        TENT(stag=dict(beta0=1.0, gamma=10.0),
+             trainable=dict(kind='all'), optimizer=dict(type='SGD', lr=0.1)),
+        model)
+    x = images()
+    for _ in range(3):
+        method.adapt(lambda: model(x))
+    assert method.stag_loss.anchor_computations == 3
+    frozen = make_model()
+    method = configured(TENT(stag=dict(beta0=1.0, gamma=10.0)), frozen)
+    for _ in range(3):
+        method.adapt(lambda: frozen(x))
+    assert method.stag_loss.anchor_computations == 1
+
+
+def test_same_seed_same_updates():
+    x = images()
+    a, _ = sgd_update(lambda: TENT(stag=dict(beta0=5.0, gamma=3.0)), x)
+    b, _ = sgd_update(lambda: TENT(stag=dict(beta0=5.0, gamma=3.0)), x)
+    for name in a:
+        assert torch.equal(a[name], b[name])
+
+
+def test_bad_configs_raise():
+    with pytest.raises(ValueError, match='beta0'):
+        TENT(stag=dict(gamma=1.0))
+    with pytest.raises(ValueError, match='norm_types'):
+        configured(TENT(trainable=dict(norm_types=('XX', ))), make_model())
+    with pytest.raises(ValueError, match='no parameter matches'):
+        configured(TENT(trainable=dict(name_regex='nothing')), make_model())
+    with pytest.raises(RuntimeError, match='configure'):
+        TENT().adapt(lambda: None)
