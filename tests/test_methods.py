@@ -31,6 +31,10 @@ class TinySegNet(nn.Module):
         return logits, [(feats, logits)]
 
 
+def FORWARD(model, x):
+    return model(x)
+
+
 def make_model(seed=0):
     torch.manual_seed(seed)
     model = TinySegNet()
@@ -63,7 +67,7 @@ def test_source_changes_nothing_and_never_backprops():
     with torch.no_grad():
         expected, _ = model(x)
     for _ in range(3):
-        out = method.adapt(lambda: model(x))
+        out = method.adapt(FORWARD, x)
         torch.testing.assert_close(out, expected)
     assert model.forwards == 4
     for k, v in model.state_dict().items():
@@ -83,7 +87,7 @@ def test_tent_updates_only_norm_affine_params_one_forward_one_backward():
     x = images()
     with torch.no_grad():
         unadapted, _ = copy.deepcopy(model)(x)
-    first = method.adapt(lambda: model(x))
+    first = method.adapt(FORWARD, x)
     # predict-then-adapt: the first prediction is the unadapted model's
     torch.testing.assert_close(first, unadapted)
     assert model.forwards == 1
@@ -93,7 +97,7 @@ def test_tent_updates_only_norm_affine_params_one_forward_one_backward():
     # BatchNorm kept its running statistics (eval mode)
     assert model.body[1].running_mean is not None
     assert not model.body[1].training
-    method.adapt(lambda: model(x))
+    method.adapt(FORWARD, x)
     assert model.forwards == 2 and method.num_updates == 2
     assert method.last_stats['loss'] == pytest.approx(
         method.last_stats['loss_base'])
@@ -109,7 +113,7 @@ def test_one_backward_per_batch_counted_through_autograd():
         p.register_hook(lambda g, calls=calls: calls.append(1))
     x = images()
     for step in range(3):
-        method.adapt(lambda: model(x))
+        method.adapt(FORWARD, x)
         # every selected tensor receives exactly one gradient per step
         assert len(calls) == len(method.params) * (step + 1)
     assert model.forwards == 3
@@ -119,7 +123,7 @@ def sgd_update(method_factory, x):
     model = make_model()
     method = configured(method_factory(), model)
     before = {n: p.detach().clone() for n, p in method.params}
-    method.adapt(lambda: model(x))
+    method.adapt(FORWARD, x)
     return {n: p.detach() - before[n] for n, p in method.params}, model
 
 
@@ -150,7 +154,7 @@ def test_beta_decays_per_update_and_optional_stage_reset():
     x = images()
     betas = []
     for _ in range(3):
-        method.adapt(lambda: model(x))
+        method.adapt(FORWARD, x)
         betas.append(method.last_stats['beta'])
     assert betas == pytest.approx([10.0 * math.exp(-t / 2.0)
                                    for t in range(3)])
@@ -162,7 +166,7 @@ def test_beta_decays_per_update_and_optional_stage_reset():
     seen = []
     for stage in (0, 0, 1, 1):
         method.on_stage(stage)
-        method.adapt(lambda: model(x))
+        method.adapt(FORWARD, x)
         seen.append(method.last_stats['beta'])
     assert seen == pytest.approx([10.0, 10.0 * math.exp(-0.5)] * 2)
 
@@ -188,7 +192,7 @@ def test_bn_adapt_uses_batch_statistics_without_updates():
     reference.body[1].momentum = 0.0
     with torch.no_grad():
         expected, _ = reference(x)
-    out = method.adapt(lambda: model(x))
+    out = method.adapt(FORWARD, x)
     torch.testing.assert_close(out, expected)
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name])
@@ -226,12 +230,12 @@ def test_adapted_classifier_recomputes_anchors_every_step():
         model)
     x = images()
     for _ in range(3):
-        method.adapt(lambda: model(x))
+        method.adapt(FORWARD, x)
     assert method.stag_loss.anchor_computations == 3
     frozen = make_model()
     method = configured(TENT(stag=dict(beta0=1.0, gamma=10.0)), frozen)
     for _ in range(3):
-        method.adapt(lambda: frozen(x))
+        method.adapt(FORWARD, x)
     assert method.stag_loss.anchor_computations == 1
 
 
@@ -251,4 +255,4 @@ def test_bad_configs_raise():
     with pytest.raises(ValueError, match='no parameter matches'):
         configured(TENT(trainable=dict(name_regex='nothing')), make_model())
     with pytest.raises(RuntimeError, match='configure'):
-        TENT().adapt(lambda: None)
+        TENT().adapt(FORWARD, None)

@@ -10,13 +10,13 @@ Life cycle (mirrors DequanWang/tent and mariodoebler/test-time-adaptation):
 
 1. ``configure(model, classifier)``: choose the trainable parameters, freeze
    the rest, set the normalisation behaviour, build the optimizer.
-2. per batch, ``adapt(run_forward)``: one forward pass (with gradients when
+2. per batch, ``adapt(forward, inputs)``: one forward pass (with gradients when
    the method updates), ``objective`` = base loss + ``beta_t * L_STAG``, one
    backward, one optimizer step; returns the prediction made by the forward
    pass, i.e. *before* the update (predict-then-adapt).
 """
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -26,6 +26,7 @@ from mmseg.registry import MODELS
 from mmseg_stag.stag import stag_beta
 
 HeadOutputs = Sequence[Tuple[torch.Tensor, torch.Tensor]]
+Forward = Callable[[nn.Module, Any], Tuple[torch.Tensor, HeadOutputs]]
 
 #: Normalisation layer families selectable by name in ``norm_types``.
 NORM_LAYER_TYPES = {
@@ -231,14 +232,15 @@ class TTAMethod:
             self.step = 0
         self.stage = stage
 
-    def adapt(self, run_forward: Callable[[], Tuple[torch.Tensor,
-                                                      HeadOutputs]]
-              ) -> torch.Tensor:
+    def adapt(self, forward: Forward, inputs: Any) -> torch.Tensor:
         """Predict, then adapt, with one forward and at most one backward.
 
         Args:
-            run_forward: runs the model once and returns ``(prediction,
-                head_outputs)``.
+            forward: ``forward(model, inputs) -> (prediction, head_outputs)``
+                runs ``model`` once. Methods that need another model (a
+                teacher) or other inputs (augmented views) call it again
+                with those; the base methods call it exactly once.
+            inputs: the batch.
 
         Returns:
             The prediction from that forward pass (before the update),
@@ -250,11 +252,11 @@ class TTAMethod:
         self.set_modes(self.model)
         if not self.updates:
             with torch.no_grad():
-                prediction, _ = run_forward()
+                prediction, _ = forward(self.model, inputs)
             self.last_stats = {}
             return prediction
         with torch.enable_grad():
-            prediction, head_outputs = run_forward()
+            prediction, head_outputs = forward(self.model, inputs)
             total, stats = self.objective(head_outputs)
             self.optimizer.zero_grad(set_to_none=True)
             total.backward()
@@ -270,13 +272,17 @@ class TTAMethod:
 
         Returns the segmentor's ``seg_logits`` for ``postprocess_result``.
         """
+        if model is not self.model:
+            raise RuntimeError('adapt_and_predict got another model than the '
+                               'one the method was configured with')
         stages = {meta.get('stage') for meta in batch_img_metas}
         if len(stages) > 1:
             raise ValueError(f'a batch spans several stages {sorted(stages)}; '
                              'use batch size 1 or stage-aligned batches')
         self.on_stage(stages.pop() if stages else None)
         return self.adapt(
-            lambda: model.inference_with_features(inputs, batch_img_metas))
+            lambda m, x: m.inference_with_features(x, batch_img_metas),
+            inputs)
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg
