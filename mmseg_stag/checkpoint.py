@@ -1,0 +1,162 @@
+"""Safe checkpoint loading and publishing.
+
+Checkpoints are read with ``torch.load(..., weights_only=True)``: tensors and
+plain Python containers only, no arbitrary code. A legacy pickle that needs
+more is refused with an error that names the file and the explicit opt-in
+(``allow_unsafe_pickle=True`` / ``--trust-pickle``); there is no silent
+fallback.
+
+With torch >= 2.6, MMEngine 0.10.x cannot reload what its own Runner saved
+(``HistoryBuffer`` and numpy objects in ``meta``): :func:`publish_checkpoint`
+rewrites such a file as ``state_dict`` + plain ``meta``.
+"""
+import os.path as osp
+import pickle
+from collections import OrderedDict
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+
+UNSAFE_HINT = (
+    'It holds pickled Python objects that the safe loader '
+    '(torch.load(weights_only=True)) refuses. If you trust this file, '
+    'load it with --trust-pickle (tools/*.py) or allow_unsafe_pickle=True, '
+    'or re-publish it once as state_dict + plain meta with '
+    '`python tools/publish_checkpoint.py SRC DST --trust-pickle`.')
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def load_checkpoint_file(path: str,
+                         allow_unsafe_pickle: bool = False) -> Dict[str, Any]:
+    """Read a checkpoint file onto the CPU.
+
+    Args:
+        path: the ``.pth`` file.
+        allow_unsafe_pickle: trust the file and unpickle arbitrary objects
+            (``weights_only=False``). Only for files from a trusted source.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        RuntimeError: the file needs unsafe unpickling and it was not allowed.
+    """
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'checkpoint file not found: {path}')
+    try:
+        return torch.load(path, map_location='cpu',
+                          weights_only=not allow_unsafe_pickle)
+    except pickle.UnpicklingError as err:
+        first_line = str(err).strip().splitlines()[0] if str(err) else ''
+        raise RuntimeError(f'cannot load checkpoint {path} safely: '
+                           f'{first_line}. {UNSAFE_HINT}') from err
+
+
+def extract_state_dict(checkpoint: Dict[str, Any],
+                       path: str = '<checkpoint>') -> 'OrderedDict':
+    """The model weights of a loaded checkpoint (``state_dict``, ``model`` or
+    the mapping itself), with a ``module.`` prefix from DDP removed."""
+    if not isinstance(checkpoint, dict):
+        raise ValueError(f'{path}: expected a dict checkpoint, got '
+                         f'{type(checkpoint).__name__}')
+    for key in ('state_dict', 'model'):
+        if key in checkpoint and isinstance(checkpoint[key], dict):
+            checkpoint = checkpoint[key]
+            break
+    state = OrderedDict()
+    for key, value in checkpoint.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f'{path}: entry {key!r} is not a tensor '
+                             f'({type(value).__name__}); not a state dict')
+        state[key[len('module.'):] if key.startswith('module.') else key] = \
+            value
+    return state
+
+
+def load_segmentor_checkpoint(model: nn.Module,
+                              path: str,
+                              allow_unsafe_pickle: bool = False,
+                              classifier_name: Optional[str] = None
+                              ) -> Dict[str, Any]:
+    """Strictly load a checkpoint into a segmentor, with clear errors.
+
+    The classifier (``classifier_name``, by default the model's own
+    ``classifier_name`` attribute or ``decode_head.conv_seg``) is checked
+    first so that a class-count mismatch is reported as such; then every key
+    must match (no missing, no unexpected keys, same shapes).
+
+    Returns:
+        The checkpoint's ``meta`` (empty dict if none).
+    """
+    checkpoint = load_checkpoint_file(path, allow_unsafe_pickle)
+    state = extract_state_dict(checkpoint, path)
+    own = model.state_dict()
+    classifier_name = classifier_name or getattr(
+        model, 'classifier_name', 'decode_head.conv_seg')
+    cls_key = f'{classifier_name}.weight'
+    if cls_key in own:
+        if cls_key not in state:
+            raise ValueError(
+                f'{path}: no classifier weight {cls_key!r}; the checkpoint '
+                'head does not match the config (an NVlabs checkpoint needs '
+                'tools/convert_nvlabs_segformer.py and an *nvlabs* config)')
+        if state[cls_key].shape != own[cls_key].shape:
+            ckpt_c, cfg_c = state[cls_key].shape[0], own[cls_key].shape[0]
+            raise ValueError(
+                f'{path}: {cls_key!r} has shape {tuple(state[cls_key].shape)}'
+                f' but the config builds {tuple(own[cls_key].shape)} '
+                f'({ckpt_c} vs {cfg_c} classes, or a different head width)')
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    wrong_shape = [f'{k}: checkpoint {tuple(state[k].shape)} vs model '
+                   f'{tuple(own[k].shape)}'
+                   for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or wrong_shape:
+        def show(keys):
+            return ', '.join(keys[:8]) + (' ...' if len(keys) > 8 else '')
+        raise ValueError(
+            f'{path} does not match the model built by the config:'
+            + (f'\n  missing keys ({len(missing)}): {show(missing)}'
+               if missing else '')
+            + (f'\n  unexpected keys ({len(unexpected)}): {show(unexpected)}'
+               if unexpected else '')
+            + (f'\n  shape mismatches: {show(wrong_shape)}'
+               if wrong_shape else ''))
+    model.load_state_dict(state, strict=True)
+    meta = checkpoint.get('meta', {}) if 'state_dict' in checkpoint else {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def plain_meta(meta: Any) -> Any:
+    """Keep only what ``weights_only=True`` can read back: str/int/float/bool/
+    None in dicts, lists and tuples (numpy scalars become Python numbers)."""
+    if isinstance(meta, _PLAIN):
+        return meta
+    if isinstance(meta, dict):
+        out = {}
+        for k, v in meta.items():
+            v = plain_meta(v)
+            if v is not None or meta[k] is None:
+                out[str(k)] = v
+        return out
+    if isinstance(meta, (list, tuple)):
+        return [plain_meta(v) for v in meta]
+    if hasattr(meta, 'item') and getattr(meta, 'ndim', 1) == 0:
+        return meta.item()
+    return None
+
+
+def publish_checkpoint(src: str,
+                       dst: str,
+                       allow_unsafe_pickle: bool = False) -> int:
+    """Rewrite ``src`` as ``{'state_dict': ..., 'meta': plain}`` at ``dst``.
+
+    Returns the number of tensors written. The result loads with
+    ``weights_only=True``.
+    """
+    checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
+    state = extract_state_dict(checkpoint, src)
+    meta = plain_meta(checkpoint.get('meta', {})) if isinstance(
+        checkpoint, dict) else {}
+    torch.save({'state_dict': state, 'meta': meta or {}}, dst)
+    return len(state)
