@@ -3,7 +3,7 @@
 Importing the package registers its components in MMSeg's registries, so a
 config only needs ``custom_imports=dict(imports=['mmseg_stag'])``.
 """
-from . import losses  # noqa: F401  (registers STAGLoss)
+from . import datasets, engine, evaluation, losses, methods, models  # noqa
 from .losses import STAGLoss
 from .stag import (stag_beta, stag_loss, structural_anchors,
                    sample_sensitivity)

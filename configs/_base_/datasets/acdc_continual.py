@@ -1,0 +1,30 @@
+# Continual Cityscapes -> ACDC (SPEC §2, CoTTA's protocol): the ACDC train
+# split of fog -> night -> rain -> snow, repeated `rounds` times in one run,
+# resized to 960x540 (keep ratio), batch 1, no shuffle. The prediction is
+# resized back to the original 1920x1080 for the metric.
+dataset_type = 'ACDCContinualDataset'
+data_root = 'data/acdc'
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(960, 540), keep_ratio=True),
+    dict(type='LoadAnnotations'),
+    dict(
+        type='PackSegInputs',
+        meta_keys=('img_path', 'seg_map_path', 'ori_shape', 'img_shape',
+                   'pad_shape', 'scale_factor', 'flip', 'flip_direction',
+                   'reduce_zero_label', 'stage', 'round', 'condition')),
+]
+test_dataloader = dict(
+    batch_size=1,
+    num_workers=2,
+    persistent_workers=False,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        conditions=('fog', 'night', 'rain', 'snow'),
+        split='train',
+        rounds=10,
+        pipeline=test_pipeline))
+test_evaluator = dict(type='ContinualIoUMetric')
+test_cfg = dict(type='TestLoop')

@@ -1,0 +1,119 @@
+"""``ACDCContinualDataset``: the continual ACDC stream in one dataset."""
+import os
+import os.path as osp
+from typing import List, Sequence
+
+from mmseg.datasets import BaseSegDataset, CityscapesDataset
+from mmseg.registry import DATASETS
+
+#: ``PackSegInputs`` meta keys that carry the stream tags to the metric.
+CONTINUAL_META_KEYS = ('img_path', 'seg_map_path', 'ori_shape', 'img_shape',
+                       'pad_shape', 'scale_factor', 'flip', 'flip_direction',
+                       'reduce_zero_label', 'stage', 'round', 'condition')
+
+
+@DATASETS.register_module()
+class ACDCContinualDataset(BaseSegDataset):
+    """ACDC (Sakaridis et al., ICCV 2021) as a continual TTA stream.
+
+    Reads the released layout::
+
+        data_root/rgb_anon/<condition>/<split>/<GOPRxxxx>/<name>_rgb_anon.png
+        data_root/gt/<condition>/<split>/<GOPRxxxx>/<name>_gt_labelTrainIds.png
+
+    and yields ``conditions[0] -> ... -> conditions[-1]`` repeated ``rounds``
+    times (CoTTA's protocol: fog -> night -> rain -> snow x 10 = 40 stages),
+    files sorted by path within a condition. Every sample is tagged with
+    ``stage`` (0-based index in the stream), ``round`` (1-based) and
+    ``condition``; ``PackSegInputs(meta_keys=CONTINUAL_META_KEYS)`` carries
+    the tags to the metric. Labels are the 19 Cityscapes train IDs, 255 is
+    ignored.
+
+    Args:
+        data_root (str): ACDC root folder.
+        conditions (Sequence[str]): conditions in stream order.
+        split (str): ``'train'`` (the protocol), ``'val'`` ...
+        rounds (int): how many times the condition cycle repeats.
+        img_dir (str): image folder under ``data_root``.
+        ann_dir (str): label folder under ``data_root``.
+        **kwargs: ``BaseSegDataset`` arguments (pipeline, test_mode, ...).
+    """
+
+    METAINFO = CityscapesDataset.METAINFO
+
+    def __init__(self,
+                 data_root: str,
+                 conditions: Sequence[str] = ('fog', 'night', 'rain', 'snow'),
+                 split: str = 'train',
+                 rounds: int = 10,
+                 img_dir: str = 'rgb_anon',
+                 ann_dir: str = 'gt',
+                 img_suffix: str = '_rgb_anon.png',
+                 seg_map_suffix: str = '_gt_labelTrainIds.png',
+                 **kwargs):
+        if isinstance(conditions, str):
+            conditions = (conditions, )
+        if not conditions:
+            raise ValueError('ACDCContinualDataset: conditions is empty')
+        if int(rounds) < 1:
+            raise ValueError(f'ACDCContinualDataset: rounds must be >= 1, '
+                             f'got {rounds}')
+        if not osp.isdir(data_root):
+            raise FileNotFoundError(
+                f'ACDC data_root not found: {data_root} (set '
+                'test_dataloader.dataset.data_root=PATH)')
+        self.conditions = tuple(conditions)
+        self.split = split
+        self.rounds = int(rounds)
+        self.acdc_img_dir, self.acdc_ann_dir = img_dir, ann_dir
+        super().__init__(
+            data_root=data_root,
+            img_suffix=img_suffix,
+            seg_map_suffix=seg_map_suffix,
+            reduce_zero_label=False,
+            **kwargs)
+
+    def _condition_files(self, condition: str) -> List[dict]:
+        img_root = osp.join(self.data_root, self.acdc_img_dir, condition,
+                            self.split)
+        ann_root = osp.join(self.data_root, self.acdc_ann_dir, condition,
+                            self.split)
+        if not osp.isdir(img_root):
+            raise FileNotFoundError(
+                f'ACDC condition folder not found: {img_root}')
+        rel_paths = sorted(
+            osp.relpath(osp.join(dirpath, name), img_root)
+            for dirpath, _, names in os.walk(img_root) for name in names
+            if name.endswith(self.img_suffix))
+        if not rel_paths:
+            raise FileNotFoundError(
+                f'no *{self.img_suffix} images under {img_root}')
+        files = []
+        for rel in rel_paths:
+            seg = osp.join(ann_root,
+                           rel[:-len(self.img_suffix)] + self.seg_map_suffix)
+            if not osp.isfile(seg):
+                raise FileNotFoundError(
+                    f'label missing for {osp.join(img_root, rel)}: expected '
+                    f'{seg}')
+            files.append(dict(img_path=osp.join(img_root, rel),
+                              seg_map_path=seg))
+        return files
+
+    def load_data_list(self) -> List[dict]:
+        per_condition = [self._condition_files(c) for c in self.conditions]
+        data_list = []
+        for round_idx in range(self.rounds):
+            for cond_idx, (condition, files) in enumerate(
+                    zip(self.conditions, per_condition)):
+                stage = round_idx * len(self.conditions) + cond_idx
+                for item in files:
+                    data_list.append(
+                        dict(item,
+                             label_map=self.label_map,
+                             reduce_zero_label=False,
+                             seg_fields=[],
+                             stage=stage,
+                             round=round_idx + 1,
+                             condition=condition))
+        return data_list

@@ -1,0 +1,3 @@
+from .tta_hook import TTAHook
+
+__all__ = ['TTAHook']

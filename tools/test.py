@@ -1,0 +1,122 @@
+"""Test (and adapt online) a segmentor: MMSeg's test entry point for STAG.
+
+Same usage and flags as MMSegmentation's ``tools/test.py``::
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR]
+        [--show] [--show-dir DIR] [--cfg-options k=v ...] [--launcher none]
+
+Differences: the checkpoint is loaded with PyTorch's safe
+``weights_only=True`` loader and checked strictly against the config (a
+class-count or head mismatch is an error naming the key); ``--trust-pickle``
+is the explicit opt-in for trusted legacy pickles. The TTA method (if any)
+comes from the config's ``custom_hooks`` (``TTAHook``).
+"""
+import argparse
+import os
+import os.path as osp
+
+from mmengine.config import Config, DictAction
+from mmengine.logging import print_log
+from mmengine.runner import Runner
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description='MMSeg test (and online test-time adaptation)')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument(
+        '--work-dir',
+        help='directory for logs and results (default: '
+        './work_dirs/<config name>)')
+    parser.add_argument(
+        '--out',
+        type=str,
+        help='directory to save output predictions for offline evaluation')
+    parser.add_argument(
+        '--show', action='store_true', help='show prediction results')
+    parser.add_argument(
+        '--show-dir',
+        help='directory where painted images will be saved (inside the '
+        'work_dir/timestamp folder)')
+    parser.add_argument(
+        '--wait-time', type=float, default=2, help='the interval of show (s)')
+    parser.add_argument(
+        '--trust-pickle',
+        action='store_true',
+        help='allow unsafe unpickling of a trusted legacy checkpoint '
+        '(torch.load weights_only=False); off by default')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override settings of the config, key=value pairs, e.g. '
+        'test_dataloader.dataset.data_root=data/acdc '
+        'test_dataloader.dataset.rounds=1')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def trigger_visualization_hook(cfg, args):
+    default_hooks = cfg.default_hooks
+    if 'visualization' not in default_hooks:
+        raise RuntimeError(
+            'VisualizationHook must be included in default_hooks, e.g. '
+            "visualization=dict(type='SegVisualizationHook')")
+    visualization_hook = default_hooks['visualization']
+    visualization_hook['draw'] = True
+    if args.show:
+        visualization_hook['show'] = True
+        visualization_hook['wait_time'] = args.wait_time
+    if args.show_dir:
+        cfg.visualizer['save_dir'] = args.show_dir
+    return cfg
+
+
+def main():
+    args = parse_args()
+    if not osp.isfile(args.config):
+        raise FileNotFoundError(f'config file not found: {args.config}')
+    if not osp.isfile(args.checkpoint):
+        raise FileNotFoundError(f'checkpoint file not found: '
+                                f'{args.checkpoint}')
+
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    # loaded below through the safe, strict loader instead of MMEngine's
+    cfg.load_from = None
+    if args.show or args.show_dir:
+        cfg = trigger_visualization_hook(cfg, args)
+    if args.out is not None:
+        cfg.test_evaluator['output_dir'] = args.out
+        cfg.test_evaluator['keep_results'] = True
+
+    runner = Runner.from_cfg(cfg)
+
+    from mmseg_stag.checkpoint import load_segmentor_checkpoint
+    from mmengine.model import is_model_wrapper
+    model = runner.model.module if is_model_wrapper(
+        runner.model) else runner.model
+    load_segmentor_checkpoint(model, args.checkpoint,
+                              allow_unsafe_pickle=args.trust_pickle)
+    print_log(f'Loaded checkpoint {args.checkpoint}', logger='current')
+    runner.test()
+
+
+if __name__ == '__main__':
+    main()
