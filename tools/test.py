@@ -37,8 +37,10 @@ def parse_args():
         '--show', action='store_true', help='show prediction results')
     parser.add_argument(
         '--show-dir',
-        help='directory where painted images will be saved (inside the '
-        'work_dir/timestamp folder)')
+        help='directory where painted predictions are saved (under '
+        'DIR/vis_data/vis_image/, one every '
+        'default_hooks.visualization.interval images; a later round '
+        'overwrites the same file name, so the last round remains)')
     parser.add_argument(
         '--wait-time', type=float, default=2, help='the interval of show (s)')
     parser.add_argument(
