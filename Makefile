@@ -14,7 +14,7 @@ $(STAMP): setup.py tools/install_env.sh
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) tools/stag_sanity_demo.py
+	$(PY) tools/demo.py --work-dir work_dirs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -39,6 +39,7 @@ setup(
     ],
     extras_require={
         'tests': ['pytest'],
+        'demo': ['scikit-image', 'imagecorruptions-imaug'],
     },
     zip_safe=False,
 )

@@ -73,7 +73,9 @@ else
   "${PIP[@]}" mmsegmentation==1.2.2
 fi
 
-echo "[install] mmseg_stag (editable) + test tools"
-"${PIP[@]}" -q ftfy regex pytest
+echo "[install] mmseg_stag (editable) + test and demo tools"
+# the offline demo: bundled photographs (scikit-image) and ImageNet-C
+# corruption code (imagecorruptions-imaug)
+"${PIP[@]}" -q ftfy regex pytest scikit-image imagecorruptions-imaug
 "${PIP[@]}" -q --no-build-isolation -e "$ROOT"
 "$PY" -c "import mmseg_stag, mmcv.ops, mmseg; print('[install] ok: mmseg_stag', mmseg_stag.__version__, '| mmseg', mmseg.__version__)"

@@ -1,0 +1,17 @@
+# The generated ACDC-layout stand-in (tools/make_demo_data.py): 256x128
+# images, so the real protocol's 960x540 resize becomes 256x128.
+_base_ = ['./acdc_continual.py']
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(256, 128), keep_ratio=True),
+    dict(type='LoadAnnotations'),
+    dict(
+        type='PackSegInputs',
+        meta_keys=('img_path', 'seg_map_path', 'ori_shape', 'img_shape',
+                   'pad_shape', 'scale_factor', 'flip', 'flip_direction',
+                   'reduce_zero_label', 'stage', 'round', 'condition')),
+]
+test_dataloader = dict(
+    num_workers=0,
+    dataset=dict(data_root='work_dirs/demo/data/acdc',
+                 pipeline=test_pipeline))
