@@ -262,3 +262,11 @@ def test_converter_strict_load_and_values(tiny_acdc, tmp_path):
     with pytest.raises(ValueError, match='backbone.block1.0.attn.qq.weight'):
         convert_nvlabs_segformer(dict(nv, **{
             'backbone.block1.0.attn.qq.weight': torch.zeros(1)}))
+
+
+def test_config_meta_keys_match_the_constant():
+    from mmengine.config import Config
+    from conftest import REPO
+    cfg = Config.fromfile(osp.join(
+        REPO, 'configs/_base_/datasets/acdc_continual.py'))
+    assert tuple(cfg.continual_meta_keys) == CONTINUAL_META_KEYS

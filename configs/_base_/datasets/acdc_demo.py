@@ -5,11 +5,7 @@ test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(256, 128), keep_ratio=True),
     dict(type='LoadAnnotations'),
-    dict(
-        type='PackSegInputs',
-        meta_keys=('img_path', 'seg_map_path', 'ori_shape', 'img_shape',
-                   'pad_shape', 'scale_factor', 'flip', 'flip_direction',
-                   'reduce_zero_label', 'stage', 'round', 'condition')),
+    dict(type='PackSegInputs', meta_keys={{_base_.continual_meta_keys}}),
 ]
 test_dataloader = dict(
     num_workers=0,
