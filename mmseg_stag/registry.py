@@ -8,3 +8,9 @@ from mmengine.registry import Registry
 
 TTA_METHODS = Registry('tta method', scope='mmseg_stag',
                        locations=['mmseg_stag.methods'])
+
+
+def build_tta_method(cfg: dict):
+    """Build a TTA method from ``TTA_METHODS`` (in its own scope, whatever
+    the caller's default scope is, e.g. ``mmseg`` inside a Runner)."""
+    return TTA_METHODS.build(dict(cfg, _scope_='mmseg_stag'))

@@ -62,6 +62,16 @@ def build_model(name, seed=0):
     return MODELS.build(cfg.model).eval()
 
 
+def release_freed_memory():
+    """Return freed heap pages to the OS so that RSS growth during the next
+    step measures that step (glibc keeps freed memory otherwise)."""
+    try:
+        import ctypes
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def rss_bytes():
     with open('/proc/self/statm') as f:
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
@@ -77,6 +87,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.start = torch.cuda.memory_allocated()
             return self
+        release_freed_memory()
         self.start = self.peak = rss_bytes()
         self._running = True
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -127,8 +138,8 @@ class PassCounter:
 
 
 def make_method(kind, model, stag):
-    from mmseg_stag.registry import TTA_METHODS
-    method = TTA_METHODS.build(dict(type=kind, stag=stag))
+    from mmseg_stag.registry import build_tta_method
+    method = build_tta_method(dict(type=kind, stag=stag))
     method.configure(model, model.classifier)
     return method
 

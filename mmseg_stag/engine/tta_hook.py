@@ -6,7 +6,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmseg.registry import HOOKS
 
-from mmseg_stag.registry import TTA_METHODS
+from mmseg_stag.registry import TTA_METHODS, build_tta_method
 
 
 @HOOKS.register_module()
@@ -58,7 +58,7 @@ class TTAHook(Hook):
             raise KeyError(
                 f"TTAHook: unknown method {method_cfg['type']!r}; available: "
                 f'{sorted(TTA_METHODS.module_dict)}')
-        self.method = TTA_METHODS.build(method_cfg)
+        self.method = build_tta_method(method_cfg)
 
     @staticmethod
     def _segmentor(runner):

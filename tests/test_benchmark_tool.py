@@ -1,0 +1,27 @@
+"""tools/benchmark.py runs and counts passes (no timing is asserted)."""
+import json
+import os.path as osp
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_benchmark_counts_passes(tmp_path):
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+         'b0', '--size', '64', '32', '--steps', '2', '--warmup', '0',
+         '--out', str(out)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())['models']['b0']
+    passes = {arm: (r['forwards'], r['backwards'])
+              for kind in res.values() for arm, r in kind.items()
+              if isinstance(r, dict) and 'forwards' in r}
+    assert passes == {
+        'tent': (1, 1), 'tent+stag': (1, 1),
+        'tent two-forward reference': (2, 1),
+        'bn_adapt': (1, 0), 'bn_adapt+stag': (1, 1)}
+    for kind in ('tent', 'bn_adapt'):
+        assert res[kind]['stag_time_ratio']['median'] > 0
+    assert 'stag_time_ratio' in proc.stdout
