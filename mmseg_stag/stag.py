@@ -62,7 +62,8 @@ def check_inputs(features: torch.Tensor,
                  num_classes: Optional[int] = None,
                  feature_dim: Optional[int] = None,
                  valid_mask: Optional[torch.Tensor] = None) -> None:
-    """Raise ``ValueError`` naming the problem if the inputs do not fit.
+    """Raise ``ValueError`` naming the problem if the shapes do not fit
+    (finiteness is checked on the loss, see :func:`check_finite_loss`).
 
     Args:
         features: ``[N, D]`` or ``[N, D, H, W]``.
@@ -99,8 +100,20 @@ def check_inputs(features: torch.Tensor,
                 f'valid_mask must have shape {expected} (logits '
                 f'{tuple(logits.shape)} without the class axis), got '
                 f'{tuple(valid_mask.shape)}')
-    _check_finite('features', features)
-    _check_finite('logits', logits)
+
+
+def check_finite_loss(loss: torch.Tensor, **inputs: torch.Tensor
+                      ) -> torch.Tensor:
+    """Raise ``ValueError`` naming the non-finite input if ``loss`` is not
+    finite. Inputs are scanned only on that error path, so a normal step
+    pays for one scalar check instead of full passes over the features."""
+    if not bool(torch.isfinite(loss)):
+        bad = [name for name, t in inputs.items()
+               if t is not None and not bool(torch.isfinite(t).all())]
+        raise ValueError(
+            f'STAG loss is not finite: {", ".join(bad) or "an input"} '
+            'contains non-finite values (nan or inf)')
+    return loss
 
 
 # --------------------------------------------------------------------------
@@ -285,7 +298,8 @@ def stag_loss(features: torch.Tensor,
     anchors = anchors.detach().to(dtype=features.dtype)
     per_sample = stag_alignment(features, logits, anchors, eps=eps,
                                 label=label)
-    return reduce_batch_loss(per_sample, valid_mask)
+    return check_finite_loss(reduce_batch_loss(per_sample, valid_mask),
+                             features=features, logits=logits)
 
 
 # --------------------------------------------------------------------------

@@ -128,7 +128,9 @@ class STAGLoss(nn.Module):
         anchors = self.anchors(cls_weight, cls_bias).to(features.dtype)
         per_sample = stag.stag_alignment(features, logits, anchors,
                                          eps=self.eps, label=self.label)
-        return self.loss_weight * stag.reduce_batch_loss(per_sample, mask)
+        loss = stag.check_finite_loss(stag.reduce_batch_loss(per_sample, mask),
+                                      features=features, logits=logits)
+        return self.loss_weight * loss
 
     @property
     def loss_name(self) -> str:
