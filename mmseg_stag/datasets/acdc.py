@@ -1,15 +1,28 @@
 """``ACDCContinualDataset``: the continual ACDC stream in one dataset."""
+import inspect
 import os
 import os.path as osp
 from typing import List, Sequence
 
 from mmseg.datasets import BaseSegDataset, CityscapesDataset
+from mmseg.datasets.transforms import PackSegInputs
 from mmseg.registry import DATASETS
 
-#: ``PackSegInputs`` meta keys that carry the stream tags to the metric.
-CONTINUAL_META_KEYS = ('img_path', 'seg_map_path', 'ori_shape', 'img_shape',
-                       'pad_shape', 'scale_factor', 'flip', 'flip_direction',
-                       'reduce_zero_label', 'stage', 'round', 'condition')
+#: The tags every sample of the stream carries.
+STREAM_TAGS = ('stage', 'round', 'condition')
+
+
+def _default_pack_meta_keys() -> tuple:
+    """``PackSegInputs``' default ``meta_keys`` of the installed MMSeg."""
+    default = inspect.signature(
+        PackSegInputs.__init__).parameters['meta_keys'].default
+    return tuple(default)
+
+
+#: ``PackSegInputs`` meta keys that carry the stream tags to the metric:
+#: MMSeg's defaults plus ``stage``, ``round`` and ``condition``.
+CONTINUAL_META_KEYS = _default_pack_meta_keys() + tuple(
+    k for k in STREAM_TAGS if k not in _default_pack_meta_keys())
 
 
 @DATASETS.register_module()
@@ -36,7 +49,17 @@ class ACDCContinualDataset(BaseSegDataset):
         rounds (int): how many times the condition cycle repeats.
         img_dir (str): image folder under ``data_root``.
         ann_dir (str): label folder under ``data_root``.
-        **kwargs: ``BaseSegDataset`` arguments (pipeline, test_mode, ...).
+        img_suffix (str): image file suffix.
+        seg_map_suffix (str): label file suffix.
+        **kwargs: ``BaseSegDataset`` arguments (pipeline, test_mode,
+            lazy_init, indices, ...). ``reduce_zero_label`` must stay False
+            (the labels are train IDs).
+
+    Raises:
+        FileNotFoundError: ``data_root``, a condition folder, its images or
+            the label of an image is missing (the message names the path).
+        ValueError: ``rounds < 1``, empty ``conditions`` or
+            ``reduce_zero_label=True``.
     """
 
     METAINFO = CityscapesDataset.METAINFO
@@ -58,10 +81,16 @@ class ACDCContinualDataset(BaseSegDataset):
         if int(rounds) < 1:
             raise ValueError(f'ACDCContinualDataset: rounds must be >= 1, '
                              f'got {rounds}')
-        if not osp.isdir(data_root):
+        if kwargs.pop('reduce_zero_label', False):
+            raise ValueError('ACDCContinualDataset: reduce_zero_label must '
+                             'be False (ACDC labels are train IDs, 255 is '
+                             'ignored)')
+        if not isinstance(data_root, (str, os.PathLike)) or \
+                not osp.isdir(data_root):
             raise FileNotFoundError(
                 f'ACDC data_root not found: {data_root} (set '
                 'test_dataloader.dataset.data_root=PATH)')
+        data_root = os.fspath(data_root)
         self.conditions = tuple(conditions)
         self.split = split
         self.rounds = int(rounds)
@@ -74,6 +103,7 @@ class ACDCContinualDataset(BaseSegDataset):
             **kwargs)
 
     def _condition_files(self, condition: str) -> List[dict]:
+        """Image/label paths of one condition, sorted by relative path."""
         img_root = osp.join(self.data_root, self.acdc_img_dir, condition,
                             self.split)
         ann_root = osp.join(self.data_root, self.acdc_ann_dir, condition,
@@ -101,6 +131,13 @@ class ACDCContinualDataset(BaseSegDataset):
         return files
 
     def load_data_list(self) -> List[dict]:
+        """The stream: ``rounds`` x ``conditions`` x sorted files.
+
+        Returns:
+            list[dict]: ``img_path``, ``seg_map_path``, ``label_map``,
+            ``reduce_zero_label``, ``seg_fields`` and the tags ``stage``
+            (0-based), ``round`` (1-based) and ``condition``.
+        """
         per_condition = [self._condition_files(c) for c in self.conditions]
         data_list = []
         for round_idx in range(self.rounds):

@@ -1,3 +1,6 @@
-from .continual_metric import ContinualIoUMetric, format_table, write_results
+from .continual_metric import (ContinualIoUMetric, append_partial,
+                               format_table, write_results)
 
-__all__ = ['ContinualIoUMetric', 'format_table', 'write_results']
+__all__ = [
+    'ContinualIoUMetric', 'append_partial', 'format_table', 'write_results'
+]
