@@ -1,34 +1,44 @@
-"""Convert NVlabs' SegFormer checkpoint for the ``*nvlabs*`` configs.
+"""Convert an NVlabs SegFormer checkpoint for the ``*nvlabs*`` configs.
 
     python tools/convert_nvlabs_segformer.py \
         segformer.b5.1024x1024.city.160k.pth \
         checkpoints/segformer_b5_nvlabs_city_mmseg.pth
 
-The source is read with ``torch.load(weights_only=True)``; a legacy pickle is
-refused unless ``--trust-pickle`` is given (only for a file you trust).
+The source is read with ``torch.load(weights_only=True)``; a legacy pickle
+that needs more is refused unless ``--trust-pickle`` is given (only for a file
+you trust). The output (``state_dict`` + plain ``meta``) loads with
+``weights_only=True`` into ``TTAEncoderDecoder`` with MMSeg's
+``MixVisionTransformer`` and ``NVSegformerHead``. The key mapping is
+documented in ``mmseg_stag/models/nvlabs_convert.py``.
 """
 import argparse
-import os
-import os.path as osp
+import sys
 
 from mmseg_stag.models.nvlabs_convert import convert_nvlabs_checkpoint
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Convert an NVlabs SegFormer checkpoint (MiT backbone + '
-        'SegFormer head) to MMSeg 1.x keys for NVSegformerHead configs')
+        'SegFormerHead) to MMSeg 1.x keys (MixVisionTransformer + '
+        'NVSegformerHead)')
     parser.add_argument('src', help='NVlabs checkpoint (.pth)')
     parser.add_argument('dst', help='output checkpoint (.pth)')
     parser.add_argument(
         '--trust-pickle',
         action='store_true',
-        help='allow unsafe unpickling of a trusted legacy checkpoint')
-    args = parser.parse_args()
-    if osp.dirname(args.dst):
-        os.makedirs(osp.dirname(args.dst), exist_ok=True)
-    count = convert_nvlabs_checkpoint(args.src, args.dst,
-                                      allow_unsafe_pickle=args.trust_pickle)
+        help='allow unsafe unpickling (torch.load weights_only=False) of a '
+        'trusted legacy checkpoint that the safe loader refuses')
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        count = convert_nvlabs_checkpoint(
+            args.src, args.dst, allow_unsafe_pickle=args.trust_pickle)
+    except (FileNotFoundError, RuntimeError, ValueError) as err:
+        sys.exit(f'error: {err}')
     print(f'converted {count} tensors: {args.src} -> {args.dst}')
 
 
