@@ -104,6 +104,25 @@ def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p).sum(dim=1)
 
 
+def per_sample_logits(head_outputs: HeadOutputs,
+                      method: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(features [N, D], logits [N, C])`` of a per-sample forward pass,
+    concatenated over the pairs, for the methods defined per sample only
+    (their filters and weights are per image); raises a ValueError naming
+    ``method`` for per-pixel outputs."""
+    for _, logits in head_outputs:
+        if logits.dim() != 2:
+            raise ValueError(
+                f'{method} supports per-sample classification outputs only '
+                f'(logits [N, C]); got logits of shape '
+                f'{tuple(logits.shape)} (per-pixel segmentation outputs are '
+                'not supported)')
+    if len(head_outputs) == 1:
+        return head_outputs[0]
+    return (torch.cat([f for f, _ in head_outputs]),
+            torch.cat([z for _, z in head_outputs]))
+
+
 def mean_over_outputs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                       head_outputs: HeadOutputs) -> torch.Tensor:
     """Mean of a per-pair mean loss over all samples/pixels of all pairs.
@@ -208,13 +227,22 @@ class TTAMethod:
                         '(has_base_loss is False)')
 
     def objective(self, head_outputs: HeadOutputs
-                  ) -> Tuple[torch.Tensor, Dict[str, float]]:
-        """``L_total = L_base + beta_t L_STAG`` (eq:total_objective)."""
+                  ) -> Tuple[Optional[torch.Tensor], Dict[str, float]]:
+        """``L_total = L_base + beta_t L_STAG`` (eq:total_objective).
+
+        ``L_STAG`` covers every sample (pixel) of the forward pass, whatever
+        a baseline's own sample filter keeps: it is a regulariser of the
+        update, not a pseudo-label loss. Returns ``(None, stats)`` when
+        there is nothing to minimise (a filtering baseline kept no sample
+        and STAG is off); ``adapt`` then skips the update, as the
+        baselines' own code does.
+        """
         stats = {}
         total = None
         if self.has_base_loss:
             total = self.base_loss(head_outputs)
-            stats['loss_base'] = total.item()
+            if total is not None:
+                stats['loss_base'] = total.item()
         if self.stag_loss is not None:
             weight, bias = self.classifier.weight, self.classifier.bias
             l_stag = mean_over_outputs(
@@ -222,8 +250,29 @@ class TTAMethod:
             beta = self.beta
             stats.update(loss_stag=l_stag.item(), beta=beta)
             total = beta * l_stag if total is None else total + beta * l_stag
-        stats['loss'] = total.item()
+        if total is not None:
+            stats['loss'] = total.item()
         return total, stats
+
+    def minimise(self, total: Optional[torch.Tensor]) -> bool:
+        """One backward pass and optimizer step on ``total``; advances
+        ``t``. Returns whether an update happened (``total`` not None)."""
+        if total is None:
+            return False
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        self.optimizer.step()
+        self.step += 1
+        self.num_updates += 1
+        return True
+
+    def fit_source(self, forward: Forward, batches) -> None:
+        """Statistics a method takes from clean source-domain batches before
+        the test stream (EATA's Fisher information). ``needs_source_data``
+        says whether a method wants them; the default does nothing."""
+
+    #: whether :meth:`fit_source` must be given clean batches
+    needs_source_data = False
 
     def on_stage(self, stage) -> None:
         """Called with each batch's stage tag (``None`` when untagged)."""
@@ -258,11 +307,7 @@ class TTAMethod:
         with torch.enable_grad():
             prediction, head_outputs = forward(self.model, inputs)
             total, stats = self.objective(head_outputs)
-            self.optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            self.optimizer.step()
-        self.step += 1
-        self.num_updates += 1
+            self.minimise(total)
         self.last_stats = stats
         return prediction.detach()
 

@@ -1,0 +1,3 @@
+# TENT: entropy minimisation, norm-layer affine parameters (optimizer per
+# benchmark in the leaf config).
+method = dict(type='tent', loss='entropy')

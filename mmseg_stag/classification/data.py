@@ -1,0 +1,456 @@
+"""Corrupted classification test sets, as released, as normalised tensors.
+
+* ImageNet-C (Hendrycks & Dietterich): ``<root>/<corruption>/<severity>/
+  <wnid>/*.JPEG``; the class index is the position of the wnid in the sorted
+  list of class folders (torchvision's ``ImageFolder`` order) or in a given
+  wnid list.
+* CIFAR-10-C / CIFAR-100-C: ``<root>/<corruption>.npy`` of ``50,000`` uint8
+  HWC images (severities 1..5, 10,000 each, in that order) and
+  ``<root>/labels.npy``; severity ``s`` is rows ``(s-1)*10000 : s*10000``.
+
+Only PIL, numpy and torch are used (no torchvision).
+"""
+import hashlib
+import os
+import os.path as osp
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from .registry import CLS_DATASETS
+
+#: The 15 ImageNet-C corruptions in the paper's evaluation order.
+CORRUPTIONS = ('gaussian_noise', 'shot_noise', 'impulse_noise',
+               'defocus_blur', 'glass_blur', 'motion_blur', 'zoom_blur',
+               'snow', 'frost', 'fog', 'brightness', 'contrast',
+               'elastic_transform', 'pixelate', 'jpeg_compression')
+
+#: Column titles of the paper's tables.
+SHORT_NAMES = {
+    'gaussian_noise': 'Gauss.', 'shot_noise': 'Shot',
+    'impulse_noise': 'Impul.', 'defocus_blur': 'Defoc.',
+    'glass_blur': 'Glass', 'motion_blur': 'Motion', 'zoom_blur': 'Zoom',
+    'snow': 'Snow', 'frost': 'Frost', 'fog': 'Fog', 'brightness': 'Brit.',
+    'contrast': 'Contr.', 'elastic_transform': 'Elastic',
+    'pixelate': 'Pixel', 'jpeg_compression': 'JPEG'
+}
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS = ('.jpeg', '.jpg', '.png', '.bmp', '.webp')
+
+
+def to_tensor(images: np.ndarray,
+              mean: Optional[Sequence[float]] = None,
+              std: Optional[Sequence[float]] = None) -> torch.Tensor:
+    """uint8 ``[N, H, W, 3]`` (or one ``[H, W, 3]``) -> float ``[N, 3, H, W]``
+    in ``[0, 1]``, then ``(x - mean) / std`` if given."""
+    single = images.ndim == 3
+    if not images.flags.writeable:  # a memory-mapped file
+        images = np.array(images)
+    x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
+    x = x.unsqueeze(0) if single else x
+    x = x.permute(0, 3, 1, 2).contiguous()
+    if mean is not None or std is not None:
+        mean_t = torch.tensor(mean if mean is not None else (0., ) * 3)
+        std_t = torch.tensor(std if std is not None else (1., ) * 3)
+        x = (x - mean_t.view(1, -1, 1, 1)) / std_t.view(1, -1, 1, 1)
+    return x[0] if single else x
+
+
+def imagenet_preprocess(image: Image.Image,
+                        resize: Optional[int] = 256,
+                        crop: Optional[int] = 224,
+                        mean: Optional[Sequence[float]] = IMAGENET_MEAN,
+                        std: Optional[Sequence[float]] = IMAGENET_STD
+                        ) -> torch.Tensor:
+    """torchvision's ``Resize(256), CenterCrop(224), ToTensor(), Normalize``
+    with PIL and numpy only.
+
+    Args:
+        image: a PIL image (converted to RGB).
+        resize: the shorter side is resized to this (bilinear, the longer
+            side keeps the aspect ratio, truncated as torchvision does).
+            ``None``: no resize (SAR's ImageNet-C transform).
+        crop: side of the center crop; ``None``: no crop.
+        mean, std: per-channel normalisation of the ``[0, 1]`` tensor.
+
+    Returns:
+        ``[3, crop, crop]`` float tensor.
+    """
+    image = image.convert('RGB')
+    if resize is not None:
+        w, h = image.size
+        if w <= h:
+            size = (resize, int(resize * h / w))
+        else:
+            size = (int(resize * w / h), resize)
+        if size != (w, h):
+            image = image.resize(size, Image.BILINEAR)
+    if crop is not None:
+        w, h = image.size
+        if w < crop or h < crop:
+            raise ValueError(f'image of size {w}x{h} is smaller than the '
+                             f'center crop {crop}')
+        top = int(round((h - crop) / 2.0))
+        left = int(round((w - crop) / 2.0))
+        image = image.crop((left, top, left + crop, top + crop))
+    return to_tensor(np.asarray(image), mean, std)
+
+
+def _require_dir(path: str, what: str) -> None:
+    if not osp.isdir(path):
+        raise FileNotFoundError(f'{what} not found: {path}')
+
+
+def _require_file(path: str, what: str) -> None:
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'{what} not found: {path}')
+
+
+def read_wnids(wnids: Union[str, Sequence[str]]) -> List[str]:
+    """A wnid list given inline or as a text file with one wnid per line."""
+    if isinstance(wnids, str):
+        _require_file(wnids, 'wnid list file')
+        with open(wnids, encoding='utf-8') as f:
+            return [line.split()[0] for line in f if line.strip()]
+    return list(wnids)
+
+
+def scan_class_folders(folder: str,
+                       wnids: Union[None, str, Sequence[str]] = None,
+                       n_examples: Optional[int] = None,
+                       subset_seed: int = 0
+                       ) -> Tuple[List[str], List[str], np.ndarray]:
+    """``(classes, image paths, labels)`` of ``<folder>/<wnid>/*.JPEG``.
+
+    Classes are the wnid list (or the sorted sub-folders); images are in
+    class then file-name order; ``n_examples`` keeps a seeded random subset
+    (in that order).
+    """
+    present = sorted(d for d in os.listdir(folder)
+                     if osp.isdir(osp.join(folder, d)))
+    classes = read_wnids(wnids) if wnids is not None else present
+    unknown = sorted(set(present) - set(classes))
+    if unknown:
+        raise ValueError(f'{folder} has class folders not in the wnid '
+                         f'list: {unknown[:5]}')
+    paths, labels = [], []
+    for label, wnid in enumerate(classes):
+        class_dir = osp.join(folder, wnid)
+        if not osp.isdir(class_dir):
+            continue
+        for name in sorted(os.listdir(class_dir)):
+            if name.lower().endswith(IMAGE_EXTENSIONS):
+                paths.append(osp.join(class_dir, name))
+                labels.append(label)
+    if not paths:
+        raise FileNotFoundError(f'no images under {folder}')
+    if n_examples is not None and n_examples < len(paths):
+        keep = np.sort(np.random.default_rng(subset_seed).choice(
+            len(paths), n_examples, replace=False))
+        paths = [paths[i] for i in keep]
+        labels = [labels[i] for i in keep]
+    return classes, paths, np.asarray(labels, dtype=np.int64)
+
+
+class CorruptionSet(Dataset):
+    """One corruption at one severity: ``(image tensor, label)`` items.
+
+    Subclasses set ``corruption``, ``severity`` and ``labels`` (int64
+    numpy array, one per item) and implement ``__getitem__``.
+    """
+
+    corruption: str
+    severity: int
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def files(self) -> List[str]:
+        """The files the items are read from (for :meth:`fingerprint`)."""
+        return []
+
+    def fingerprint(self) -> str:
+        """Changes when the data changes: labels, file names, sizes and
+        modification times."""
+        h = hashlib.sha1(f'{self.corruption}/{self.severity}'.encode())
+        h.update(np.ascontiguousarray(self.labels).tobytes())
+        for path in self.files():
+            st = os.stat(path)
+            h.update(f'{path}:{st.st_size}:{st.st_mtime_ns}'.encode())
+        return h.hexdigest()[:16]
+
+    def load(self, indices: Sequence[int]) -> torch.Tensor:
+        """The images at ``indices``, stacked: ``[n, 3, H, W]``."""
+        return torch.stack([self[int(i)][0] for i in indices])
+
+
+@CLS_DATASETS.register_module()
+class ImageNetC(CorruptionSet):
+    """ImageNet-C images of one corruption and severity.
+
+    Args:
+        data_root: the ImageNet-C root (holds ``<corruption>/``).
+        corruption: e.g. ``'gaussian_noise'``.
+        severity: 1..5.
+        wnids: class order: a list of wnids or a text file of them. Default:
+            the sorted class folders of this corruption/severity.
+        n_examples: keep a seeded random subset of this many images (kept in
+            file order); ``None``: all.
+        subset_seed: seed of that subset (the same subset for every
+            corruption when the folders hold the same files).
+        resize, crop, mean, std: see :func:`imagenet_preprocess`.
+    """
+
+    def __init__(self,
+                 data_root: str,
+                 corruption: str,
+                 severity: int = 5,
+                 wnids: Union[None, str, Sequence[str]] = None,
+                 n_examples: Optional[int] = None,
+                 subset_seed: int = 0,
+                 resize: Optional[int] = 256,
+                 crop: Optional[int] = 224,
+                 mean: Optional[Sequence[float]] = IMAGENET_MEAN,
+                 std: Optional[Sequence[float]] = IMAGENET_STD):
+        self.corruption, self.severity = corruption, int(severity)
+        self.transform_args = dict(resize=resize, crop=crop, mean=mean,
+                                   std=std)
+        _require_dir(data_root, 'ImageNet-C root')
+        _require_dir(osp.join(data_root, corruption),
+                     f'ImageNet-C corruption folder {corruption!r}')
+        folder = osp.join(data_root, corruption, str(self.severity))
+        _require_dir(folder, f'ImageNet-C severity folder '
+                     f'({corruption}, severity {self.severity})')
+        self.classes, self.paths, self.labels = scan_class_folders(
+            folder, wnids, n_examples, subset_seed)
+
+    def files(self) -> List[str]:
+        return self.paths
+
+    def __getitem__(self, index: int):
+        with Image.open(self.paths[index]) as image:
+            x = imagenet_preprocess(image, **self.transform_args)
+        return x, int(self.labels[index])
+
+
+@CLS_DATASETS.register_module()
+class CIFARC(CorruptionSet):
+    """CIFAR-10-C / CIFAR-100-C arrays as released.
+
+    Args:
+        data_root: folder of ``<corruption>.npy`` and ``labels.npy``.
+        corruption: e.g. ``'gaussian_noise'``.
+        severity: 1..5.
+        n_examples: the first ``n`` images of that severity (RobustBench's
+            ``load_cifar10c``); ``None``: all of them.
+        severities: the severities the files hold, in order. The released
+            files hold ``(1, 2, 3, 4, 5)``; a file made for one severity only
+            (the project's demo data) holds ``(5, )``.
+        mean, std: normalisation of the ``[0, 1]`` tensor; ``None`` (the
+            RobustBench models take ``[0, 1]`` inputs).
+    """
+
+    def __init__(self,
+                 data_root: str,
+                 corruption: str,
+                 severity: int = 5,
+                 n_examples: Optional[int] = None,
+                 severities: Sequence[int] = (1, 2, 3, 4, 5),
+                 mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None):
+        self.corruption, self.severity = corruption, int(severity)
+        self.mean, self.std = mean, std
+        severities = [int(s) for s in severities]
+        if self.severity not in severities:
+            raise ValueError(f'severity {severity} not in the severities '
+                             f'the files hold {severities}')
+        _require_dir(data_root, 'CIFAR-C root')
+        images_path = osp.join(data_root, f'{corruption}.npy')
+        labels_path = osp.join(data_root, 'labels.npy')
+        _require_file(images_path, f'CIFAR-C file of corruption '
+                      f'{corruption!r}')
+        _require_file(labels_path, 'CIFAR-C labels file')
+        images = np.load(images_path, mmap_mode='r')
+        labels = np.load(labels_path)
+        if images.ndim != 4 or images.shape[-1] != 3 or \
+                images.dtype != np.uint8:
+            raise ValueError(f'{images_path}: expected uint8 [N, H, W, 3], '
+                             f'got {images.dtype} {images.shape}')
+        if len(images) != len(labels) or len(images) % len(severities):
+            raise ValueError(
+                f'{images_path} has {len(images)} images and {labels_path} '
+                f'{len(labels)} labels; both must be {len(severities)} '
+                f'severities x the same number of images')
+        per = len(images) // len(severities)
+        start = severities.index(self.severity) * per
+        stop = start + (per if n_examples is None else min(n_examples, per))
+        self.images = images[start:stop]
+        self.labels = np.asarray(labels[start:stop], dtype=np.int64)
+        self.path = images_path
+        self.labels_path = labels_path
+
+    def files(self) -> List[str]:
+        return [self.path, self.labels_path]
+
+    def __getitem__(self, index: int):
+        return to_tensor(self.images[index], self.mean, self.std), \
+            int(self.labels[index])
+
+    def load(self, indices: Sequence[int]) -> torch.Tensor:
+        # one fancy-indexing read from the memory map, one conversion
+        idx = np.asarray(indices, dtype=np.int64)
+        return to_tensor(np.asarray(self.images[idx]), self.mean, self.std)
+
+
+@CLS_DATASETS.register_module()
+class ImageFolder(CorruptionSet):
+    """Clean images ``<data_root>/<wnid>/*.JPEG`` (the ImageNet validation
+    folder): the source-domain data EATA's Fisher information is taken from.
+
+    Args:
+        data_root: the folder of class folders.
+        wnids, n_examples, subset_seed: see :class:`ImageNetC`.
+        resize, crop, mean, std: see :func:`imagenet_preprocess`.
+    """
+
+    def __init__(self,
+                 data_root: str,
+                 wnids: Union[None, str, Sequence[str]] = None,
+                 n_examples: Optional[int] = None,
+                 subset_seed: int = 0,
+                 resize: Optional[int] = 256,
+                 crop: Optional[int] = 224,
+                 mean: Optional[Sequence[float]] = IMAGENET_MEAN,
+                 std: Optional[Sequence[float]] = IMAGENET_STD):
+        self.corruption, self.severity = 'clean', 0
+        self.transform_args = dict(resize=resize, crop=crop, mean=mean,
+                                   std=std)
+        _require_dir(data_root, 'clean image folder (source_data.data_root)')
+        self.classes, self.paths, self.labels = scan_class_folders(
+            data_root, wnids, n_examples, subset_seed)
+
+    def files(self) -> List[str]:
+        return self.paths
+
+    def __getitem__(self, index: int):
+        with Image.open(self.paths[index]) as image:
+            x = imagenet_preprocess(image, **self.transform_args)
+        return x, int(self.labels[index])
+
+
+@CLS_DATASETS.register_module()
+class NumpyImages(CorruptionSet):
+    """Clean images in one uint8 ``[N, H, W, 3]`` ``.npy`` file and labels in
+    another (CIFAR-C's format without the severities): source-domain data.
+
+    Args:
+        images: path of the images ``.npy``.
+        labels: path of the labels ``.npy``.
+        n_examples: the first ``n`` images; ``None``: all.
+        mean, std: normalisation of the ``[0, 1]`` tensor.
+    """
+
+    def __init__(self,
+                 images: str,
+                 labels: str,
+                 n_examples: Optional[int] = None,
+                 mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None):
+        self.corruption, self.severity = 'clean', 0
+        self.mean, self.std = mean, std
+        _require_file(images, 'source images file (source_data.images)')
+        _require_file(labels, 'source labels file (source_data.labels)')
+        array = np.load(images, mmap_mode='r')
+        label_array = np.load(labels)
+        if array.ndim != 4 or array.shape[-1] != 3 or array.dtype != np.uint8:
+            raise ValueError(f'{images}: expected uint8 [N, H, W, 3], got '
+                             f'{array.dtype} {array.shape}')
+        if len(array) != len(label_array):
+            raise ValueError(f'{images} has {len(array)} images but {labels} '
+                             f'{len(label_array)} labels')
+        stop = len(array) if n_examples is None else min(n_examples,
+                                                         len(array))
+        self.images = array[:stop]
+        self.labels = np.asarray(label_array[:stop], dtype=np.int64)
+        self.paths = [images, labels]
+
+    def files(self) -> List[str]:
+        return self.paths
+
+    def __getitem__(self, index: int):
+        return to_tensor(self.images[index], self.mean, self.std), \
+            int(self.labels[index])
+
+    def load(self, indices: Sequence[int]) -> torch.Tensor:
+        idx = np.asarray(indices, dtype=np.int64)
+        return to_tensor(np.asarray(self.images[idx]), self.mean, self.std)
+
+
+def build_corruption_sets(cfg: dict) -> Dict[str, CorruptionSet]:
+    """``{corruption: CorruptionSet}`` in the configured order.
+
+    Args:
+        cfg: ``dict(type='CIFARC' | 'ImageNetC', corruptions=[...], ...)``;
+            the remaining keys go to the dataset class.
+    """
+    cfg = dict(cfg)
+    corruptions = list(cfg.pop('corruptions', CORRUPTIONS))
+    if not corruptions:
+        raise ValueError('data.corruptions is empty')
+    return {c: CLS_DATASETS.build(dict(cfg, corruption=c))
+            for c in corruptions}
+
+
+class StreamData:
+    """Several corruption sets addressed by one global index.
+
+    The global index of item ``i`` of the ``k``-th set is
+    ``offsets[k] + i``.
+
+    Args:
+        sets: ``{corruption: CorruptionSet}`` (ordered).
+    """
+
+    def __init__(self, sets: Dict[str, CorruptionSet]):
+        self.names = list(sets)
+        self.sets = [sets[n] for n in self.names]
+        sizes = [len(s) for s in self.sets]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(
+            np.int64)
+        self.labels = np.concatenate([s.labels for s in self.sets])
+        self.domain = np.repeat(np.arange(len(self.sets)), sizes)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def fingerprint(self) -> str:
+        """Identity of the data (see :meth:`CorruptionSet.fingerprint`)."""
+        return hashlib.sha1(''.join(
+            s.fingerprint() for s in self.sets).encode()).hexdigest()[:16]
+
+    def indices_of(self, name: str) -> np.ndarray:
+        """Global indices of one corruption, in file order."""
+        k = self.names.index(name)
+        return np.arange(self.offsets[k], self.offsets[k + 1])
+
+    def load(self, indices: Sequence[int]):
+        """``(images [n, 3, H, W], labels [n], domain [n])`` in the given
+        order (items of several sets are loaded set by set)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        domain = self.domain[indices]
+        images = None
+        for k in np.unique(domain):
+            where = np.nonzero(domain == k)[0]
+            local = indices[where] - self.offsets[k]
+            batch = self.sets[k].load(local)
+            if images is None:
+                images = batch.new_empty((len(indices), ) + batch.shape[1:])
+            images[torch.from_numpy(where)] = batch
+        return (images, torch.from_numpy(self.labels[indices]),
+                torch.from_numpy(domain))

@@ -1,0 +1,102 @@
+"""Small classifiers with BN, GN and LN for the offline demo and the tests.
+
+They stand in for the paper's ResNet50-BN, ResNet50-GN and ViT-B (LN) on
+32x32 images; each ends in an ``nn.Linear`` classifier fed by a pooled
+feature vector, like the real models.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .registry import CLS_MODELS
+
+
+def _norm2d(norm: str, channels: int, groups: int) -> nn.Module:
+    if norm == 'BN':
+        return nn.BatchNorm2d(channels)
+    if norm == 'GN':
+        return nn.GroupNorm(min(groups, channels), channels)
+    raise ValueError(f"SmallCNN norm must be 'BN' or 'GN', got {norm!r}")
+
+
+@CLS_MODELS.register_module()
+class SmallCNN(nn.Module):
+    """Four 3x3 conv-norm-ReLU layers (strides 1, 2, 1, 2), global average
+    pooling, ``fc``.
+
+    Args:
+        num_classes: classes.
+        width: channels of the first layer (doubled at each stride).
+        norm: ``'BN'`` or ``'GN'``.
+        groups: GroupNorm groups.
+    """
+
+    def __init__(self, num_classes: int = 10, width: int = 16,
+                 norm: str = 'BN', groups: int = 8):
+        super().__init__()
+        chans = [3, width, 2 * width, 2 * width, 4 * width]
+        strides = [1, 2, 1, 2]
+        layers = []
+        for i, stride in enumerate(strides):
+            layers += [nn.Conv2d(chans[i], chans[i + 1], 3, stride, 1,
+                                 bias=False),
+                       _norm2d(norm, chans[i + 1], groups),
+                       nn.ReLU(inplace=True)]
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(chans[-1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class _Block(nn.Module):
+    """Pre-norm transformer block: LN-attention, LN-MLP."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(),
+                                 nn.Linear(mlp_ratio * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        qkv = self.qkv(self.norm1(x)).view(n, t, 3, self.heads,
+                                           d // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(att.transpose(1, 2).reshape(n, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+@CLS_MODELS.register_module()
+class SmallViT(nn.Module):
+    """A ViT with LayerNorm only: patch embedding, ``depth`` blocks, final
+    ``norm``, mean pooling over tokens, ``head``.
+
+    Args:
+        num_classes: classes.
+        img_size, patch_size: input side and patch side.
+        dim, depth, heads, mlp_ratio: transformer sizes.
+    """
+
+    def __init__(self, num_classes: int = 10, img_size: int = 32,
+                 patch_size: int = 4, dim: int = 64, depth: int = 4,
+                 heads: int = 4, mlp_ratio: int = 2):
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, patch_size, patch_size)
+        tokens = (img_size // patch_size)**2
+        self.pos_embed = nn.Parameter(torch.zeros(1, tokens, dim))
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        self.blocks = nn.Sequential(
+            *[_Block(dim, heads, mlp_ratio) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos_embed
+        x = self.norm(self.blocks(x))
+        return self.head(x.mean(1))

@@ -1,0 +1,462 @@
+"""CoTTA's test-time augmentations in pure torch (no torchvision).
+
+A transcription of the authors' ``get_tta_transforms`` (github.com/qinenergy/
+cotta, ``cifar/cotta.py``) and ``ColorJitterPro``/``GaussianNoise``/``Clip``
+(``cifar/my_transforms.py``), following the tensor code paths of the
+torchvision release they pin (0.11): ``adjust_*`` of
+``functional_tensor.py``, ``RandomAffine`` (bilinear, fill 0, integer
+translations), ``GaussianBlur`` (reflect padding), ``CenterCrop``,
+``RandomHorizontalFlip``.
+
+The transforms work on a batch ``[N, 3, H, W]`` of images **in [0, 1]** (the
+authors' CIFAR models normalise inside the model); images normalised with a
+mean/std can be handled by giving :class:`CoTTAAugment` that ``mean``/
+``std`` (undone before, redone after the augmentation).
+
+As torchvision transforms applied to a batch tensor, every call makes **one
+random draw for the whole batch**, from torch's global generator, in the
+authors' order:
+
+1. colour jitter: ``torch.randperm(5)`` (the order of brightness, contrast,
+   saturation, hue, gamma), then one ``uniform_`` per enabled operation,
+   in that order;
+2. affine: angle, ``tx``, ``ty`` (rounded to integers, as torchvision),
+   scale;
+3. blur: sigma;
+4. flip: ``torch.rand(1) < p``;
+5. noise: ``torch.randn(x.shape)`` (drawn on the CPU, then moved).
+
+A disabled operation (``None``) draws nothing; a range whose two ends equal
+the neutral value (e.g. ``brightness=(1, 1)``) counts as disabled, as in
+torchvision's ``ColorJitter``.
+"""
+import math
+import numbers
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+Range = Optional[Tuple[float, float]]
+
+#: ``rgb_to_grayscale`` weights of torchvision (ITU-R 601-2 luma).
+GRAY_WEIGHTS = (0.2989, 0.587, 0.114)
+
+
+# ---------------------------------------------------------------------------
+# colour operations (images in [0, 1])
+def _check_rgb(img: torch.Tensor) -> None:
+    if img.dim() < 3 or img.shape[-3] != 3:
+        raise ValueError('colour augmentations need RGB images [..., 3, H, W]'
+                         f', got shape {tuple(img.shape)}')
+
+
+def _blend(img1: torch.Tensor, img2: torch.Tensor,
+           ratio: float) -> torch.Tensor:
+    return (ratio * img1 + (1.0 - ratio) * img2).clamp(0, 1.0)
+
+
+def rgb_to_grayscale(img: torch.Tensor) -> torch.Tensor:
+    """``[..., 1, H, W]`` luma of an RGB image ``[..., 3, H, W]``."""
+    _check_rgb(img)
+    r, g, b = img.unbind(dim=-3)
+    gray = GRAY_WEIGHTS[0] * r + GRAY_WEIGHTS[1] * g + GRAY_WEIGHTS[2] * b
+    return gray.to(img.dtype).unsqueeze(dim=-3)
+
+
+def adjust_brightness(img: torch.Tensor, factor: float) -> torch.Tensor:
+    return _blend(img, torch.zeros_like(img), factor)
+
+
+def adjust_contrast(img: torch.Tensor, factor: float) -> torch.Tensor:
+    """Blend with the per-image mean of the grayscale image."""
+    mean = rgb_to_grayscale(img).mean(dim=(-3, -2, -1), keepdim=True)
+    return _blend(img, mean, factor)
+
+
+def adjust_saturation(img: torch.Tensor, factor: float) -> torch.Tensor:
+    return _blend(img, rgb_to_grayscale(img), factor)
+
+
+def rgb_to_hsv(img: torch.Tensor) -> torch.Tensor:
+    """RGB -> HSV, all channels in [0, 1] (torchvision's ``_rgb2hsv``)."""
+    _check_rgb(img)
+    r, g, b = img.unbind(dim=-3)
+    maxc = img.max(dim=-3).values
+    minc = img.min(dim=-3).values
+    eqc = maxc == minc
+    cr = maxc - minc
+    ones = torch.ones_like(maxc)
+    s = cr / torch.where(eqc, ones, maxc)
+    cr_divisor = torch.where(eqc, ones, cr)
+    rc = (maxc - r) / cr_divisor
+    gc = (maxc - g) / cr_divisor
+    bc = (maxc - b) / cr_divisor
+    hr = (maxc == r) * (bc - gc)
+    hg = ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
+    hb = ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
+    h = hr + hg + hb
+    h = torch.fmod((h / 6.0 + 1.0), 1.0)
+    return torch.stack((h, s, maxc), dim=-3)
+
+
+def hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
+    """HSV -> RGB (torchvision's ``_hsv2rgb``)."""
+    h, s, v = img.unbind(dim=-3)
+    i = torch.floor(h * 6.0)
+    f = (h * 6.0) - i
+    i = i.to(torch.int64) % 6
+    p = (v * (1.0 - s)).clamp(0.0, 1.0)
+    q = (v * (1.0 - s * f)).clamp(0.0, 1.0)
+    t = (v * (1.0 - s * (1.0 - f))).clamp(0.0, 1.0)
+    index = i.unsqueeze(dim=-3)
+
+    def pick(*candidates):
+        return torch.stack(candidates, dim=-3).gather(-3, index)
+
+    return torch.cat((pick(v, q, p, p, t, v), pick(t, v, v, q, p, p),
+                      pick(p, p, t, v, v, q)), dim=-3)
+
+
+def adjust_hue(img: torch.Tensor, factor: float) -> torch.Tensor:
+    """Rotate the hue by ``factor`` (a fraction of the colour wheel)."""
+    if not -0.5 <= factor <= 0.5:
+        raise ValueError(f'hue factor {factor} is not in [-0.5, 0.5]')
+    h, s, v = rgb_to_hsv(img).unbind(dim=-3)
+    h = (h + factor) % 1.0
+    return hsv_to_rgb(torch.stack((h, s, v), dim=-3))
+
+
+def adjust_gamma(img: torch.Tensor, gamma: float,
+                 gain: float = 1.0) -> torch.Tensor:
+    if gamma < 0:
+        raise ValueError(f'gamma must be non-negative, got {gamma}')
+    return (gain * img ** gamma).clamp(0, 1)
+
+
+# ---------------------------------------------------------------------------
+# geometric operations
+def inverse_affine_matrix(angle: float, translate: Sequence[float],
+                          scale: float,
+                          shear: Sequence[float] = (0.0, 0.0)) -> list:
+    """torchvision's ``_get_inverse_affine_matrix`` about the image centre:
+    the 2x3 matrix mapping output pixel coordinates (origin at the centre)
+    to input coordinates. ``angle`` in degrees, clockwise (as
+    ``torchvision.transforms.functional.affine``)."""
+    rot = math.radians(angle)
+    sx, sy = math.radians(shear[0]), math.radians(shear[1])
+    tx, ty = translate
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
+    matrix = [d, -b, 0.0, -c, a, 0.0]
+    matrix = [x / scale for x in matrix]
+    matrix[2] += matrix[0] * (-tx) + matrix[1] * (-ty)
+    matrix[5] += matrix[3] * (-tx) + matrix[4] * (-ty)
+    return matrix
+
+
+def affine(img: torch.Tensor, angle: float, translate: Sequence[float],
+           scale: float, shear: Sequence[float] = (0.0, 0.0),
+           fill: float = 0.0) -> torch.Tensor:
+    """Bilinear affine warp about the centre of ``img [N, C, H, W]``.
+
+    torchvision's tensor ``affine``: the inverse matrix acts on pixel-centre
+    coordinates relative to the image centre (here through
+    ``F.affine_grid``, ``align_corners=False``); outside the image the value
+    is ``fill``, blended with the bilinearly sampled validity mask as
+    torchvision does.
+    """
+    n, c, h, w = img.shape
+    m = inverse_affine_matrix(angle, translate, scale, shear)
+    # pixel coordinates x_p = x_n * w / 2, y_p = y_n * h / 2 (x_n, y_n the
+    # normalised coordinates of affine_grid with align_corners=False)
+    theta = torch.tensor([[m[0], m[1] * h / w, 2.0 * m[2] / w],
+                          [m[3] * w / h, m[4], 2.0 * m[5] / h]],
+                         dtype=img.dtype, device=img.device)
+    grid = F.affine_grid(theta.expand(n, 2, 3), [n, c + 1, h, w],
+                         align_corners=False)
+    ones = torch.ones((n, 1, h, w), dtype=img.dtype, device=img.device)
+    out = F.grid_sample(torch.cat((img, ones), dim=1), grid, mode='bilinear',
+                        padding_mode='zeros', align_corners=False)
+    out, mask = out[:, :-1], out[:, -1:].expand(n, c, h, w)
+    return out * mask + (1.0 - mask) * fill
+
+
+def gaussian_kernel1d(kernel_size: int, sigma: float,
+                      dtype=torch.float32, device=None) -> torch.Tensor:
+    half = (kernel_size - 1) * 0.5
+    x = torch.linspace(-half, half, steps=kernel_size, dtype=dtype,
+                       device=device)
+    pdf = torch.exp(-0.5 * (x / sigma).pow(2))
+    return pdf / pdf.sum()
+
+
+def gaussian_blur(img: torch.Tensor, kernel_size: int,
+                  sigma: float) -> torch.Tensor:
+    """Gaussian blur of ``img [N, C, H, W]`` (square kernel, one sigma),
+    reflect padding: a separable form of torchvision's 2-D kernel
+    ``outer(k, k)``."""
+    if kernel_size <= 0 or kernel_size % 2 == 0:
+        raise ValueError(f'kernel_size must be odd and positive, got '
+                         f'{kernel_size}')
+    if sigma <= 0:
+        raise ValueError(f'sigma must be positive, got {sigma}')
+    n, c, h, w = img.shape
+    k = gaussian_kernel1d(kernel_size, sigma, img.dtype, img.device)
+    half = kernel_size // 2
+    x = F.pad(img, [half, half, half, half], mode='reflect')
+    x = F.conv2d(x, k.view(1, 1, 1, -1).expand(c, 1, 1, kernel_size),
+                 groups=c)
+    return F.conv2d(x, k.view(1, 1, -1, 1).expand(c, 1, kernel_size, 1),
+                    groups=c)
+
+
+def center_crop(img: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
+    h, w = img.shape[-2:]
+    th, tw = size
+    top = int(round((h - th) / 2.0))
+    left = int(round((w - tw) / 2.0))
+    return img[..., top:top + th, left:left + tw]
+
+
+# ---------------------------------------------------------------------------
+def _range(value, name: str, center: float = 1.0,
+           bound: Tuple[float, float] = (0.0, float('inf')),
+           clip_first_on_zero: bool = True) -> Range:
+    """torchvision ``ColorJitter._check_input``: a number ``v`` means
+    ``[center - v, center + v]``; ``None`` or ``[center, center]`` means
+    disabled."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Number):
+        if value < 0:
+            raise ValueError(f'if {name} is a single number, it must be '
+                             'non-negative')
+        value = [center - float(value), center + float(value)]
+        if clip_first_on_zero:
+            value[0] = max(value[0], 0.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        value = [float(value[0]), float(value[1])]
+        if not bound[0] <= value[0] <= value[1] <= bound[1]:
+            raise ValueError(f'{name} values should be between {bound}, '
+                             f'got {value}')
+    else:
+        raise TypeError(f'{name} should be a number, a (min, max) pair or '
+                        f'None, got {value!r}')
+    if value[0] == value[1] == center:
+        return None
+    return value[0], value[1]
+
+
+def _uniform(low: float, high: float) -> float:
+    """One float32 draw from torch's global generator (torchvision's
+    ``torch.empty(1).uniform_(low, high).item()``)."""
+    return float(torch.empty(1).uniform_(low, high).item())
+
+
+def cotta_augment_params(soft: bool = False,
+                         gaussian_std: float = 0.005) -> dict:
+    """Arguments of :class:`CoTTAAugment` for the authors'
+    ``get_tta_transforms(gaussian_std, soft)``."""
+    return dict(
+        brightness=(0.8, 1.2) if soft else (0.6, 1.4),
+        contrast=(0.85, 1.15) if soft else (0.7, 1.3),
+        saturation=(0.75, 1.25) if soft else (0.5, 1.5),
+        hue=(-0.03, 0.03) if soft else (-0.06, 0.06),
+        gamma=(0.85, 1.15) if soft else (0.7, 1.3),
+        pad_fraction=0.5,
+        degrees=(-8.0, 8.0) if soft else (-15.0, 15.0),
+        translate=(1 / 16, 1 / 16),
+        scale=(0.95, 1.05) if soft else (0.9, 1.1),
+        blur_kernel=5,
+        blur_sigma=(0.001, 0.25) if soft else (0.001, 0.5),
+        hflip_prob=0.5,
+        noise_std=gaussian_std,
+        clip=(0.0, 1.0))
+
+
+class CoTTAAugment:
+    """The authors' ``get_tta_transforms`` as one callable on a batch.
+
+    ``Clip -> ColorJitterPro -> Pad(edge) -> RandomAffine -> GaussianBlur ->
+    CenterCrop -> RandomHorizontalFlip -> GaussianNoise -> Clip``, with one
+    random draw per call for the whole batch (see the module docstring for
+    the order of the draws). Defaults: ``get_tta_transforms(0.005,
+    soft=False)``.
+
+    Args:
+        brightness, contrast, saturation, gamma: factor ranges
+            ``(min, max)`` (or a number ``v``: ``[1 - v, 1 + v]``);
+            ``None``: off.
+        hue: hue shift range within ``[-0.5, 0.5]`` (a number ``v``:
+            ``[-v, v]``); ``None``: off.
+        pad_fraction: edge padding on each side, as a fraction of the image
+            height (top/bottom) and width (left/right), before the affine
+            warp; the centre crop restores the size. The authors pad
+            ``int(32 / 2)`` pixels on every side of 32x32 images (the same
+            for square images).
+        degrees: rotation range in degrees (``None``: no rotation).
+        translate: ``(fx, fy)``: shifts up to ``fx`` times the padded width
+            and ``fy`` times the padded height, rounded to whole pixels
+            (``None``: no shift).
+        scale: scale range (``None``: 1).
+        blur_kernel: Gaussian kernel size (odd).
+        blur_sigma: sigma range (``None``: no blur).
+        hflip_prob: probability of a horizontal flip (``None``: never,
+            without a draw).
+        noise_std: std of the additive Gaussian noise (``None``: none).
+        clip: ``(min, max)`` clip at the start and at the end (``None``:
+            none).
+        mean, std: if given, inputs are normalised images
+            ``(x01 - mean) / std``: they are mapped back to ``[0, 1]``
+            before the augmentation and normalised again after it.
+    """
+
+    def __init__(self,
+                 brightness=(0.6, 1.4),
+                 contrast=(0.7, 1.3),
+                 saturation=(0.5, 1.5),
+                 hue=(-0.06, 0.06),
+                 gamma=(0.7, 1.3),
+                 pad_fraction: float = 0.5,
+                 degrees=(-15.0, 15.0),
+                 translate=(1 / 16, 1 / 16),
+                 scale=(0.9, 1.1),
+                 blur_kernel: int = 5,
+                 blur_sigma=(0.001, 0.5),
+                 hflip_prob: Optional[float] = 0.5,
+                 noise_std: Optional[float] = 0.005,
+                 clip=(0.0, 1.0),
+                 mean: Optional[Sequence[float]] = None,
+                 std: Optional[Sequence[float]] = None):
+        self.brightness = _range(brightness, 'brightness')
+        self.contrast = _range(contrast, 'contrast')
+        self.saturation = _range(saturation, 'saturation')
+        self.hue = _range(hue, 'hue', center=0.0, bound=(-0.5, 0.5),
+                          clip_first_on_zero=False)
+        self.gamma = _range(gamma, 'gamma')
+        if not pad_fraction >= 0:
+            raise ValueError(f'pad_fraction must be >= 0, got {pad_fraction}')
+        self.pad_fraction = float(pad_fraction)
+        if isinstance(degrees, numbers.Number):
+            degrees = (-float(degrees), float(degrees))
+        self.degrees = None if degrees is None else tuple(map(float, degrees))
+        if translate is not None:
+            translate = tuple(map(float, translate))
+            if not all(0.0 <= t <= 1.0 for t in translate):
+                raise ValueError(f'translate values must be in [0, 1], got '
+                                 f'{translate}')
+        self.translate = translate
+        if scale is not None:
+            scale = tuple(map(float, scale))
+            if not all(s > 0 for s in scale):
+                raise ValueError(f'scale values must be positive, got {scale}')
+        self.scale = scale
+        self.blur_kernel = int(blur_kernel)
+        self.blur_sigma = None if blur_sigma is None else \
+            tuple(map(float, blur_sigma))
+        if self.blur_sigma is not None and (
+                self.blur_kernel <= 0 or self.blur_kernel % 2 == 0):
+            raise ValueError(f'blur_kernel must be odd and positive, got '
+                             f'{blur_kernel}')
+        self.hflip_prob = None if hflip_prob is None else float(hflip_prob)
+        self.noise_std = None if noise_std is None else float(noise_std)
+        self.clip = None if clip is None else tuple(map(float, clip))
+        if (mean is None) != (std is None):
+            raise ValueError('give both mean and std, or neither')
+        self.mean = None if mean is None else tuple(map(float, mean))
+        self.std = None if std is None else tuple(map(float, std))
+
+    # ------------------------------------------------------------------
+    def color_jitter(self, img: torch.Tensor) -> torch.Tensor:
+        """``ColorJitterPro.forward``: the five operations in a random
+        order (``torch.randperm(5)``), one factor each."""
+        ops = (self.brightness, self.contrast, self.saturation, self.hue,
+               self.gamma)
+        if all(op is None for op in ops):
+            return img
+        for fn_id in torch.randperm(5).tolist():
+            rng = ops[fn_id]
+            if rng is None:
+                continue
+            factor = _uniform(*rng)
+            if fn_id == 0:
+                img = adjust_brightness(img, factor)
+            elif fn_id == 1:
+                img = adjust_contrast(img, factor)
+            elif fn_id == 2:
+                img = adjust_saturation(img, factor)
+            elif fn_id == 3:
+                img = adjust_hue(img, factor)
+            else:
+                # the authors clamp first (NaN gradients of x**gamma at 0)
+                img = adjust_gamma(img.clamp(1e-8, 1.0), factor)
+        return img
+
+    def affine_params(self, width: int,
+                      height: int) -> Tuple[float, Tuple[int, int], float]:
+        """``RandomAffine.get_params``: angle, integer translation,
+        scale."""
+        angle = 0.0 if self.degrees is None else _uniform(*self.degrees)
+        if self.translate is not None:
+            max_dx = float(self.translate[0] * width)
+            max_dy = float(self.translate[1] * height)
+            tx = int(round(_uniform(-max_dx, max_dx)))
+            ty = int(round(_uniform(-max_dy, max_dy)))
+        else:
+            tx = ty = 0
+        scale = 1.0 if self.scale is None else _uniform(*self.scale)
+        return angle, (tx, ty), scale
+
+    @property
+    def uses_affine(self) -> bool:
+        return not (self.degrees is None and self.translate is None
+                    and self.scale is None)
+
+    def augment01(self, x: torch.Tensor) -> torch.Tensor:
+        """The augmentation of a batch of images in ``[0, 1]``."""
+        if x.dim() != 4:
+            raise ValueError(f'CoTTAAugment needs images [N, C, H, W], got '
+                             f'shape {tuple(x.shape)}')
+        h, w = x.shape[-2:]
+        if self.clip is not None:
+            x = x.clamp(*self.clip)
+        x = self.color_jitter(x)
+        ph, pw = int(h * self.pad_fraction), int(w * self.pad_fraction)
+        if ph or pw:
+            x = F.pad(x, [pw, pw, ph, ph], mode='replicate')
+        if self.uses_affine:
+            angle, translate, scale = self.affine_params(x.shape[-1],
+                                                         x.shape[-2])
+            x = affine(x, angle, translate, scale)
+        if self.blur_sigma is not None:
+            x = gaussian_blur(x, self.blur_kernel, _uniform(*self.blur_sigma))
+        x = center_crop(x, (h, w))
+        if self.hflip_prob is not None and \
+                bool(torch.rand(1) < self.hflip_prob):
+            x = x.flip(-1)
+        if self.noise_std is not None:
+            noise = torch.randn(x.size()) * self.noise_std
+            x = x + noise.to(device=x.device, dtype=x.dtype)
+        if self.clip is not None:
+            x = x.clamp(*self.clip)
+        return x
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mean is None:
+            return self.augment01(x)
+        mean = torch.tensor(self.mean, dtype=x.dtype,
+                            device=x.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, dtype=x.dtype,
+                           device=x.device).view(1, -1, 1, 1)
+        return (self.augment01(x * std + mean) - mean) / std
+
+    def __repr__(self) -> str:
+        fields = ('brightness', 'contrast', 'saturation', 'hue', 'gamma',
+                  'pad_fraction', 'degrees', 'translate', 'scale',
+                  'blur_kernel', 'blur_sigma', 'hflip_prob', 'noise_std',
+                  'clip', 'mean', 'std')
+        args = ', '.join(f'{f}={getattr(self, f)}' for f in fields)
+        return f'{type(self).__name__}({args})'

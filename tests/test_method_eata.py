@@ -1,0 +1,435 @@
+"""EATA against an independent transcription of the authors' code
+(github.com/mr-eggplant/EATA: ``forward_and_adapt_eata``,
+``update_model_probs``, the Fisher loop of ``main.py``) on a tiny per-sample
+classifier in float64."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmseg.registry import MODELS
+
+import mmseg_stag  # noqa: F401  (registers STAGLoss)
+from mmseg_stag.classification.forward import make_forward
+from mmseg_stag.methods.base import use_batch_statistics
+from mmseg_stag.methods.eata import EATA
+from mmseg_stag.registry import TTA_METHODS
+
+C = 5
+E0 = 0.4 * math.log(C)
+LR = 0.05  # large, so that a wrong update is visible
+OPT = dict(type='SGD', lr=LR, momentum=0.9)
+FORWARD = make_forward('3')
+
+
+def make_model(seed=2, norm='ln'):
+    torch.manual_seed(seed)
+    norm_layer = nn.LayerNorm(8) if norm == 'ln' else nn.BatchNorm1d(8)
+    model = nn.Sequential(nn.Linear(6, 8), norm_layer, nn.ReLU(),
+                          nn.Linear(8, C))
+    with torch.no_grad():
+        model[3].weight.mul_(6.0)  # confident enough for E0 = 0.4 ln C
+        model[1].weight.uniform_(0.5, 1.5)
+        model[1].bias.uniform_(-0.3, 0.3)
+    return model.double().eval()
+
+
+def batch(seed, n=16):
+    return torch.randn(n, 6, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(seed))
+
+
+def build(model, **kwargs):
+    kwargs.setdefault('optimizer', OPT)
+    method = EATA(**kwargs)
+    method.configure(model, model[3])
+    return method
+
+
+# ---------------------------------------------------------------------------
+# the authors' code, transcribed
+def ref_entropy(x):
+    return -(x.softmax(1) * x.log_softmax(1)).sum(1)
+
+
+def ref_update_model_probs(current, new_probs):
+    if current is None:
+        if new_probs.size(0) == 0:
+            return None
+        with torch.no_grad():
+            return new_probs.mean(0)
+    if new_probs.size(0) == 0:
+        with torch.no_grad():
+            return current
+    with torch.no_grad():
+        return 0.9 * current + (1 - 0.9) * new_probs.mean(0)
+
+
+def ref_forward_and_adapt_eata(x, model, optimizer, fishers, e_margin,
+                               current_model_probs, fisher_alpha, d_margin):
+    outputs = model(x)
+    entropys = ref_entropy(outputs)
+    filter_ids_1 = torch.where(entropys < e_margin)
+    ids1 = filter_ids_1
+    ids2 = torch.where(ids1[0] > -0.1)
+    entropys = entropys[filter_ids_1]
+    if current_model_probs is not None:
+        cos = F.cosine_similarity(current_model_probs.unsqueeze(dim=0),
+                                  outputs[filter_ids_1].softmax(1), dim=1)
+        filter_ids_2 = torch.where(torch.abs(cos) < d_margin)
+        entropys = entropys[filter_ids_2]
+        ids2 = filter_ids_2
+        updated_probs = ref_update_model_probs(
+            current_model_probs,
+            outputs[filter_ids_1][filter_ids_2].softmax(1))
+    else:
+        updated_probs = ref_update_model_probs(
+            current_model_probs, outputs[filter_ids_1].softmax(1))
+    coeff = 1 / (torch.exp(entropys.clone().detach() - e_margin))
+    entropys = entropys.mul(coeff)
+    loss = entropys.mean(0)
+    if fishers is not None:
+        ewc_loss = 0
+        for name, param in model.named_parameters():
+            if name in fishers:
+                ewc_loss += fisher_alpha * (
+                    fishers[name][0] * (param - fishers[name][1])**2).sum()
+        loss += ewc_loss
+    if x[ids1][ids2].size(0) != 0:
+        loss.backward()
+        optimizer.step()
+    optimizer.zero_grad()
+    return (outputs, entropys.size(0), filter_ids_1[0].size(0),
+            updated_probs, loss)
+
+
+def norm_params(model):
+    return [model[1].weight, model[1].bias]
+
+
+def ref_setup(model):
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    for p in norm_params(ref):
+        p.requires_grad_(True)
+    return ref, torch.optim.SGD(norm_params(ref), LR, momentum=0.9)
+
+
+def ref_fishers(model, batches):
+    """Fisher by hand with autograd.grad: mean over batches of grad^2 of the
+    cross-entropy to the argmax."""
+    names = ['1.weight', '1.bias']
+    params = norm_params(model)
+    sums = [torch.zeros_like(p) for p in params]
+    for x in batches:
+        out = model(x)
+        loss = F.cross_entropy(out, out.argmax(1))
+        grads = torch.autograd.grad(loss, params)
+        sums = [s + g**2 for s, g in zip(sums, grads)]
+    return {n: (s / len(batches), p.detach().clone())
+            for n, s, p in zip(names, sums, params)}
+
+
+def assert_params_equal(a, b):
+    for (na, pa), (nb, pb) in zip(a.named_parameters(),
+                                  b.named_parameters()):
+        assert na == nb
+        torch.testing.assert_close(pa, pb, rtol=1e-12, atol=1e-12,
+                                   msg=na)
+
+
+# ---------------------------------------------------------------------------
+def test_registry_and_defaults():
+    for name in ('EATA', 'eata'):
+        assert isinstance(TTA_METHODS.build(dict(type=name)), EATA)
+    m = EATA()
+    assert m.optimizer_cfg == dict(type='SGD', lr=0.00025, momentum=0.9)
+    assert m.trainable_cfg == dict(kind='norm_affine')
+    assert (m.entropy_margin, m.d_margin, m.fisher_alpha) == (0.4, 0.05,
+                                                              2000.0)
+    assert m.needs_source_data and not EATA(fisher_alpha=0).needs_source_data
+    model = make_model()
+    m.configure(model, model[3])
+    assert m.e_margin == pytest.approx(0.4 * math.log(C))
+
+
+def test_select_filters_and_model_probs_by_hand():
+    """Both filters on hand-made logits, default d_margin."""
+    method = build(make_model(), fisher_alpha=0)
+    logits = torch.tensor([
+        [9., 0., 0., 0., 0.],   # reliable, class 0
+        [0., 0., 9., 0., 0.],   # reliable, class 2
+        [1., 1., 1., 1., 1.],   # unreliable (H = ln 5)
+        [0., 0., 0., 0., 9.],   # reliable, class 4
+    ], dtype=torch.float64)
+    # no p_bar yet: filter 1 only; p_bar = mean of the reliable probs
+    ent, reliable, selected = method.select(logits)
+    torch.testing.assert_close(ent, ref_entropy(logits))
+    assert reliable.tolist() == [True, True, False, True]
+    assert selected.tolist() == reliable.tolist()
+    probs = logits.softmax(1)
+    torch.testing.assert_close(method.model_probs, probs[[0, 1, 3]].mean(0))
+    # p_bar concentrated on class 0: only the class-0 sample is redundant
+    method.model_probs = torch.tensor([0.998, 0.0005, 0.0005, 0.0005,
+                                       0.0005], dtype=torch.float64)
+    p_bar = method.model_probs.clone()
+    cos = F.cosine_similarity(p_bar[None], probs, dim=1)
+    assert cos[0] > 0.05 and cos[1] < 0.05 and cos[3] < 0.05
+    _, reliable, selected = method.select(logits)
+    assert reliable.tolist() == [True, True, False, True]
+    assert selected.tolist() == [False, True, False, True]
+    torch.testing.assert_close(
+        method.model_probs, 0.9 * p_bar + 0.1 * probs[[1, 3]].mean(0))
+    # nothing selected: p_bar unchanged
+    _, _, selected = method.select(logits[[0, 2]])
+    assert not selected.any()
+    torch.testing.assert_close(
+        method.model_probs, 0.9 * p_bar + 0.1 * probs[[1, 3]].mean(0))
+    # no p_bar and nothing reliable: stays None
+    fresh = build(make_model(), fisher_alpha=0)
+    fresh.select(logits[[2]])
+    assert fresh.model_probs is None
+
+
+@pytest.mark.parametrize('d_margin', [0.05, 0.7])
+def test_eta_matches_authors_code_over_batches(d_margin):
+    """ETA (fisher_alpha=0): filters, weights, loss, p_bar and parameters
+    equal the authors' forward_and_adapt_eata over consecutive batches."""
+    model = make_model()
+    ref, ref_opt = ref_setup(model)
+    method = build(model, fisher_alpha=0, d_margin=d_margin)
+    probs = None
+    saw_redundant = False
+    for k in range(4):
+        x = batch(10 + k)
+        with torch.no_grad():
+            expected_pred = model(x)
+        out_ref, n2, n1, probs, loss = ref_forward_and_adapt_eata(
+            x, ref, ref_opt, None, E0, probs, 0.0, d_margin)
+        pred = method.adapt(FORWARD, x)
+        torch.testing.assert_close(pred, expected_pred)
+        torch.testing.assert_close(pred, out_ref.detach())
+        stats = method.last_stats
+        assert stats['num_reliable'] == n1
+        assert stats['num_selected'] == n2
+        assert 0 < n1 < x.shape[0]
+        saw_redundant |= n2 < n1
+        if n2:
+            assert stats['loss'] == pytest.approx(loss.item(), rel=1e-12)
+        else:
+            assert 'loss' not in stats
+        torch.testing.assert_close(method.model_probs, probs, rtol=1e-12,
+                                   atol=1e-12)
+        assert_params_equal(model, ref)
+    if d_margin == 0.7:
+        assert saw_redundant  # the second filter was exercised
+    assert method.num_samples_update_1 >= method.num_samples_update_2 > 0
+
+
+def test_weights_and_loss_by_hand():
+    """One step from p_bar = None: loss = mean of H exp(-(H - E0)) over the
+    reliable samples, and the update is SGD on it."""
+    model = make_model()
+    method = build(model, fisher_alpha=0)
+    x = batch(3)
+    with torch.no_grad():
+        ent = ref_entropy(model(x))
+    keep = ent < E0
+    weights = torch.exp(-(ent[keep] - E0))
+    assert torch.all(weights > 1)  # H < E0
+    expected = (ent[keep] * weights).mean()
+    ref, ref_opt = ref_setup(model)
+    out = ref(x)
+    h = ref_entropy(out)[keep]
+    (h * torch.exp(-(h.detach() - E0))).mean().backward()
+    ref_opt.step()
+    method.adapt(FORWARD, x)
+    assert method.last_stats['loss'] == pytest.approx(expected.item(),
+                                                      rel=1e-12)
+    assert method.last_stats['loss_base'] == method.last_stats['loss']
+    assert_params_equal(model, ref)
+
+
+def test_fisher_matches_hand_loop_and_eata_matches_authors_code():
+    model = make_model()
+    source = [batch(100 + i, n=8) for i in range(3)]
+    expected = ref_fishers(copy.deepcopy(model), source)
+    ref, ref_opt = ref_setup(model)
+    method = build(model, fisher_alpha=2000.0, d_margin=0.7)
+    assert method.needs_source_data
+    # (images, labels) batches are accepted; labels are ignored
+    method.fit_source(FORWARD, [(x, torch.zeros(8)) for x in source])
+    assert set(method.fishers) == set(expected)
+    for name, (fisher, theta0) in expected.items():
+        torch.testing.assert_close(method.fishers[name][0], fisher,
+                                   rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(method.fishers[name][1], theta0)
+        assert fisher.abs().sum() > 0
+    # no gradient left, no parameter moved, nothing else got a gradient
+    assert all(p.grad is None for p in model.parameters())
+    assert_params_equal(model, ref)
+    # EWC term is zero at theta_0, then equals the hand value
+    assert method.ewc_term().item() == 0.0
+    with torch.no_grad():
+        model[1].weight.add_(torch.linspace(-0.2, 0.2, 8,
+                                            dtype=torch.float64))
+        model[1].bias.sub_(0.05)
+        ref[1].weight.copy_(model[1].weight)
+        ref[1].bias.copy_(model[1].bias)
+    hand = 2000.0 * sum(
+        (f * (p.detach() - t0)**2).sum() for (f, t0), p in zip(
+            expected.values(), norm_params(model)))
+    torch.testing.assert_close(method.ewc_term().detach(), hand)
+    assert hand > 0
+    # two adaptation steps with the EWC term, against the authors' code
+    probs = None
+    for k in range(2):
+        x = batch(20 + k)
+        _, n2, n1, probs, loss = ref_forward_and_adapt_eata(
+            x, ref, ref_opt, expected, E0, probs, 2000.0, 0.7)
+        method.adapt(FORWARD, x)
+        assert n2 > 0
+        assert method.last_stats['loss'] == pytest.approx(loss.item(),
+                                                          rel=1e-10)
+        assert method.last_stats['loss_ewc'] > 0
+        assert_params_equal(model, ref)
+
+
+def test_fisher_required_before_adapt_and_eta_needs_none():
+    model = make_model()
+    method = build(model)
+    with pytest.raises(RuntimeError, match='fit_source'):
+        method.adapt(FORWARD, batch(0))
+    with pytest.raises(RuntimeError, match='fit_source'):
+        method.ewc_term()
+    with pytest.raises(ValueError, match='no batches'):
+        method.fit_source(FORWARD, [])
+    eta = build(make_model(), fisher_alpha=0)
+    eta.fit_source(FORWARD, [batch(1)])  # no-op
+    assert eta.fishers is None
+    eta.adapt(FORWARD, batch(0))
+    with pytest.raises(RuntimeError, match='configure'):
+        EATA().fit_source(FORWARD, [batch(1)])
+
+
+def test_per_pixel_outputs_rejected():
+    model = make_model()
+    method = build(model, fisher_alpha=0)
+
+    def per_pixel(m, x):
+        logits = torch.randn(2, C, 3, 3, dtype=torch.float64)
+        return logits, [(torch.randn(2, 8, 3, 3, dtype=torch.float64),
+                         logits)]
+
+    with pytest.raises(ValueError, match='per-sample classification'):
+        method.adapt(per_pixel, batch(0))
+
+
+def test_updates_only_norm_affine_params():
+    for norm in ('ln', 'bn'):
+        model = make_model(norm=norm)
+        if norm == 'bn':
+            use_batch_statistics(model)
+        before = copy.deepcopy(model.state_dict())
+        method = build(model, fisher_alpha=0)
+        assert [n for n, _ in method.params] == ['1.weight', '1.bias']
+        assert [n for n, p in model.named_parameters()
+                if p.requires_grad] == ['1.weight', '1.bias']
+        method.adapt(FORWARD, batch(5))
+        assert method.num_updates == 1
+        for k, v in model.state_dict().items():
+            changed = not torch.equal(v, before[k])
+            assert changed == (k in ('1.weight', '1.bias')), (norm, k)
+
+
+def test_no_selected_sample_no_update_without_stag():
+    model = make_model()
+    before = copy.deepcopy(model.state_dict())
+    method = build(model, fisher_alpha=0, entropy_margin=1e-9)
+    method.adapt(FORWARD, batch(5))
+    assert method.num_updates == 0 and method.step == 0
+    assert method.last_stats['num_reliable'] == 0
+    assert 'loss' not in method.last_stats
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert method.optimizer.state_dict()['state'] == {}
+
+
+def test_stag_objective_beta_decay_and_empty_filter():
+    beta0, gamma = 2.0, 3.0
+    stag_loss = MODELS.build(dict(type='STAGLoss'))
+    model = make_model()
+    ref, ref_opt = ref_setup(model)
+    method = build(model, fisher_alpha=0,
+                   stag=dict(beta0=beta0, gamma=gamma))
+    probs = None
+    for k in range(3):
+        x = batch(30 + k)
+        # independent total: authors' EATA loss + beta_t * STAGLoss
+        _, [(feats, logits)] = FORWARD(ref, x)
+        ent = ref_entropy(logits)
+        ids1 = torch.where(ent < E0)[0]
+        if probs is None:
+            sel = ids1
+        else:
+            cos = F.cosine_similarity(probs[None],
+                                      logits[ids1].softmax(1), dim=1)
+            sel = ids1[cos.abs() < 0.05]
+        # (sel == ids1 while p_bar is None, as in the authors' code)
+        probs = ref_update_model_probs(probs, logits[sel].detach().softmax(1))
+        h = ent[sel]
+        beta = beta0 * math.exp(-k / gamma)
+        l_stag = stag_loss(feats, logits, ref[3].weight, ref[3].bias)
+        total = beta * l_stag
+        if len(sel):
+            base = (h * torch.exp(-(h.detach() - E0))).mean()
+            total = base + total
+        ref_opt.zero_grad()
+        total.backward()
+        ref_opt.step()
+        method.adapt(FORWARD, x)
+        stats = method.last_stats
+        assert stats['beta'] == pytest.approx(beta, rel=1e-12)
+        assert stats['loss_stag'] == pytest.approx(l_stag.item(), rel=1e-10)
+        assert stats['loss'] == pytest.approx(total.item(), rel=1e-10)
+        if len(sel):
+            assert stats['loss'] == pytest.approx(
+                stats['loss_base'] + beta * stats['loss_stag'], rel=1e-12)
+        assert_params_equal(model, ref)
+    assert method.num_updates == method.step == 3
+    assert method.beta == pytest.approx(beta0 * math.exp(-3 / gamma))
+
+    # an empty filter with STAG still updates, with beta_t L_STAG alone
+    model = make_model()
+    before = copy.deepcopy(model.state_dict())
+    ref, ref_opt = ref_setup(model)
+    method = build(model, fisher_alpha=0, entropy_margin=1e-9,
+                   stag=dict(beta0=beta0, gamma=gamma))
+    x = batch(5)
+    method.adapt(FORWARD, x)
+    assert method.last_stats['num_selected'] == 0
+    assert 'loss_base' not in method.last_stats
+    assert method.num_updates == 1
+    _, [(feats, logits)] = FORWARD(ref, x)
+    (beta0 * stag_loss(feats, logits, ref[3].weight,
+                       ref[3].bias)).backward()
+    ref_opt.step()
+    assert_params_equal(model, ref)
+    assert not torch.equal(model[1].weight, before['1.weight'])
+
+
+def test_same_seed_same_result():
+    def run():
+        model = make_model(seed=3)
+        method = build(model, d_margin=0.6)
+        method.fit_source(FORWARD, [batch(200 + i) for i in range(2)])
+        for k in range(3):
+            method.adapt(FORWARD, batch(40 + k))
+        return model.state_dict(), method.model_probs
+
+    (a, pa), (b, pb) = run(), run()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert torch.equal(pa, pb)
