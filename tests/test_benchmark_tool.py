@@ -25,3 +25,22 @@ def test_benchmark_counts_passes(tmp_path):
     for kind in ('tent', 'bn_adapt'):
         assert res[kind]['stag_time_ratio']['median'] > 0
     assert 'stag_time_ratio' in proc.stdout
+
+
+def test_benchmark_classification_arms(tmp_path):
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+         'resnet50', '--cls-size', '32', '--batch-size', '2', '--steps',
+         '1', '--warmup', '0', '--out', str(out)],
+        capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())['models']['resnet50']
+    assert set(res) == {'tent', 'eata'}  # BN Adapt is segmentation-only
+    passes = {arm: (r['forwards'], r['backwards'])
+              for kind in res.values() for arm, r in kind.items()
+              if isinstance(r, dict) and 'forwards' in r}
+    assert passes == {
+        'tent': (1, 1), 'tent+stag': (1, 1),
+        'tent two-forward reference': (2, 1),
+        'eata': (1, 1), 'eata+stag': (1, 1)}

@@ -1,21 +1,31 @@
 """Benchmark: what STAG adds to a TTA step, and what predict-then-adapt saves.
 
-For each SegFormer variant and each baseline (TENT, BN Adapt) it runs, in
-one process and interleaved after a warm-up (A, B, A, B, ...), one TTA step
-of the baseline and one of the baseline + STAG, each on its own copy of the
-model and the same input, and measures per step:
+For each model and each baseline it runs, in one process and interleaved
+after a warm-up (A, B, A, B, ...), one TTA step of the baseline and one of
+the baseline + STAG, each on its own copy of the model and the same input,
+and measures per step:
 
 * wall time;
 * peak memory above the step's starting point: CPU RSS sampled every 0.5 ms
   by a thread (CUDA: ``torch.cuda.max_memory_allocated``);
-* forward passes (decode-head calls) and backward passes
-  (``torch.autograd.backward`` calls).
+* forward passes (calls of the decode head's classifier / of the
+  classifier network)
+  and backward passes (``torch.autograd.backward`` calls).
+
+Models: SegFormer MiT-B0 / MiT-B5 with MMSeg's head (D=256) and B5 with the
+NVlabs head (D=768) at ``--size`` (paper: 960x540), baselines TENT and BN
+Adapt; ImageNet classifiers ResNet-50 (BN) and ViT-B/16 (LN), built from
+MMSeg's ``ResNet`` / ``VisionTransformer`` backbones with a linear
+classifier (the torchvision / timm architectures: 25.6 M / 86.6 M
+parameters), at ``--cls-size`` (224) with ``--batch-size`` (64), baselines
+TENT and EATA (its Fisher term included, from one random batch).
 
 It also times our TENT step against a reference loop written the way
 CoTTA's code does it: a no-grad forward for the prediction, then a second
 forward with gradients for the loss.
 
-    python tools/benchmark.py [--models b0 b5 b5-nvlabs] [--size 960 540]
+    python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
+        [--size 960 540] [--cls-size 224] [--batch-size 64]
         [--steps 5] [--warmup 2] [--out benchmark.json]
 
 Prints medians, the +STAG/baseline ratio with its spread (min-max of the
@@ -33,9 +43,10 @@ import threading
 import time
 
 import torch
+import torch.nn as nn
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-MODEL_CONFIGS = {
+SEG_MODELS = {
     'b0': ('configs/stag_acdc/segformer_mit-b5_acdc-continual_tent.py',
            dict(embed_dims=32, num_layers=[2, 2, 2, 2]), [32, 64, 160, 256]),
     'b5': ('configs/stag_acdc/segformer_mit-b5_acdc-continual_tent.py', {},
@@ -44,21 +55,71 @@ MODEL_CONFIGS = {
         'configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_tent.py',
         {}, None),
 }
-STAG = {'tent': dict(beta0=500.0, gamma=35.0),
-        'bn_adapt': dict(beta0=250.0, gamma=25.0)}
+#: ImageNet classifiers: (MMSeg backbone config, feature dimension)
+CLS_MODELS = {
+    'resnet50': (dict(type='ResNet', depth=50, out_indices=(3, ),
+                      style='pytorch', norm_cfg=dict(type='BN')), 2048),
+    'vit-b16': (dict(type='VisionTransformer', img_size=224, patch_size=16,
+                     embed_dims=768, num_layers=12, num_heads=12,
+                     mlp_ratio=4, out_indices=(11, ), with_cls_token=True,
+                     output_cls_token=True, final_norm=True,
+                     norm_cfg=dict(type='LN', eps=1e-6)), 768),
+}
+#: beta0/gamma of the +STAG arm (paper Table appendix_hp; timing does not
+#: depend on them)
+STAG = {
+    'seg': {'tent': dict(beta0=500.0, gamma=35.0),
+            'bn_adapt': dict(beta0=250.0, gamma=25.0)},
+    'resnet50': {'tent': dict(beta0=100.0, gamma=100.0),
+                 'eata': dict(beta0=25.0, gamma=150.0)},
+    'vit-b16': {'tent': dict(beta0=300.0, gamma=50.0),
+                'eata': dict(beta0=100.0, gamma=100.0)},
+}
+#: the baselines' own settings (SPEC §3 reference defaults)
+METHODS = {
+    'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt')},
+    'cls': {'tent': dict(type='tent', optimizer=dict(
+        type='SGD', lr=0.00025, momentum=0.9)),
+        # random weights give near-uniform predictions, which EATA's
+        # filters would all reject (no update at all): the filters are
+        # opened so that the step timed is EATA's update on kept samples
+        'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
+}
+
+
+class BackboneClassifier(nn.Module):
+    """An MMSeg backbone, global pooling (or the class token) and a linear
+    classifier ``fc``: the ResNet-50 / ViT-B/16 ImageNet architectures."""
+
+    def __init__(self, backbone: dict, feature_dim: int,
+                 num_classes: int = 1000):
+        super().__init__()
+        from mmseg.registry import MODELS
+        self.backbone = MODELS.build(backbone)
+        self.fc = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x):
+        out = self.backbone(x)[-1]
+        if isinstance(out, (list, tuple)):  # ViT: [patch map, class token]
+            features = out[1]
+        else:
+            features = out.mean((2, 3))
+        return self.fc(features)
 
 
 def build_model(name, seed=0):
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
-    config, backbone, in_channels = MODEL_CONFIGS[name]
+    init_default_scope('mmseg')
+    torch.manual_seed(seed)
+    if name in CLS_MODELS:
+        return BackboneClassifier(*CLS_MODELS[name]).eval()
+    config, backbone, in_channels = SEG_MODELS[name]
     cfg = Config.fromfile(osp.join(REPO, config))
     cfg.model.backbone.update(backbone)
     if in_channels:
         cfg.model.decode_head.in_channels = in_channels
-    init_default_scope('mmseg')
-    torch.manual_seed(seed)
     return MODELS.build(cfg.model).eval()
 
 
@@ -111,17 +172,16 @@ class PeakMemory:
 
 
 class PassCounter:
-    """Counts decode-head forwards and autograd backward calls."""
+    """Counts the calls of one module (the decode head, or the whole
+    classifier network) and autograd backward calls."""
 
-    def __init__(self, model):
+    def __init__(self, module):
         self.forwards = self.backwards = 0
-        head_forward = model.decode_head.forward
 
-        def counted(*args, **kwargs):
+        def count(*_):
             self.forwards += 1
-            return head_forward(*args, **kwargs)
 
-        model.decode_head.forward = counted
+        module.register_forward_pre_hook(count)
 
     def __enter__(self):
         self._backward = torch.autograd.backward
@@ -137,38 +197,77 @@ class PassCounter:
         torch.autograd.backward = self._backward
 
 
-def make_method(kind, model, stag):
-    from mmseg_stag.registry import build_tta_method
-    method = build_tta_method(dict(type=kind, stag=stag))
-    method.configure(model, model.classifier)
-    return method
+class Task:
+    """How one model is driven: its input, the methods' one-pass forward,
+    a plain prediction, and the module whose calls are counted."""
+
+    def __init__(self, name, args, device):
+        self.name = name
+        self.kind = 'cls' if name in CLS_MODELS else 'seg'
+        self.base = build_model(name).to(device)
+        if self.kind == 'cls':
+            from mmseg_stag.classification import make_forward
+            size = args.cls_size
+            self.inputs = torch.randn(args.batch_size, 3, size, size,
+                                      device=device)
+            self.forward = make_forward('fc')
+            self.predict = lambda model, x: model(x)
+            self.counted = lambda model: model
+            self.stag = STAG[name]
+        else:
+            width, height = args.size
+            self.inputs = torch.randn(1, 3, height, width, device=device)
+            metas = [dict(ori_shape=(height, width),
+                          img_shape=(height, width),
+                          pad_shape=(height, width),
+                          padding_size=[0, 0, 0, 0])]
+            self.forward = lambda m, x: m.inference_with_features(x, metas)
+            self.predict = lambda m, x: m.inference(x, metas)
+            # the decode head's forward is called directly by MMSeg (no
+            # hooks); its 1x1 classifier runs once per head forward
+            self.counted = lambda model: model.classifier
+            self.stag = STAG['seg']
+        self.methods = METHODS[self.kind]
+
+    def make_method(self, kind, stag):
+        """A configured method on a fresh copy of the model."""
+        from mmseg_stag.methods import use_batch_statistics
+        from mmseg_stag.registry import build_tta_method
+        model = copy.deepcopy(self.base)
+        if self.kind == 'cls':
+            # the classification baselines normalise with batch statistics
+            use_batch_statistics(model)
+        method = build_tta_method(dict(self.methods[kind], stag=stag))
+        classifier = model.fc if self.kind == 'cls' else model.classifier
+        method.configure(model, classifier)
+        if method.needs_source_data:  # EATA's Fisher, not timed
+            method.fit_source(self.forward, [self.inputs])
+        return method, PassCounter(self.counted(model))
+
+    def ours_step(self, method):
+        return method.adapt(self.forward, self.inputs)
+
+    def two_forward_step(self, method):
+        """CoTTA-style: predict under no_grad, then forward again for the
+        loss."""
+        model = method.model
+        method.set_modes(model)
+        with torch.no_grad():
+            prediction = self.predict(model, self.inputs)
+        with torch.enable_grad():
+            _, head_outputs = self.forward(model, self.inputs)
+            loss, _ = method.objective(head_outputs)
+            method.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            method.optimizer.step()
+        return prediction
 
 
-def ours_step(method, inputs, metas):
-    return method.adapt(
-        lambda m, x: m.inference_with_features(x, metas), inputs)
-
-
-def two_forward_step(method, inputs, metas):
-    """CoTTA-style: predict under no_grad, then forward again for the loss."""
-    model = method.model
-    method.set_modes(model)
-    with torch.no_grad():
-        prediction = model.inference(inputs, metas)
-    with torch.enable_grad():
-        _, head_outputs = model.inference_with_features(inputs, metas)
-        loss, _ = method.objective(head_outputs)
-        method.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        method.optimizer.step()
-    return prediction
-
-
-def measure(step, method, inputs, metas, counter):
+def measure(step, method, counter):
     f0, b0 = counter.forwards, counter.backwards
     with PeakMemory() as mem:
         start = time.perf_counter()
-        step(method, inputs, metas)
+        step(method)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -177,7 +276,7 @@ def measure(step, method, inputs, metas, counter):
                 backwards=counter.backwards - b0)
 
 
-def interleave(arms, inputs, metas, steps, warmup):
+def interleave(arms, steps, warmup):
     """``arms``: name -> (step function, method, counter). Runs warm-up
     steps, then ``steps`` rounds of every arm in turn."""
     records = {name: [] for name in arms}
@@ -186,7 +285,7 @@ def interleave(arms, inputs, metas, steps, warmup):
         for name in order:
             step, method, counter = arms[name]
             with counter:
-                rec = measure(step, method, inputs, metas, counter)
+                rec = measure(step, method, counter)
             if i >= warmup:
                 records[name].append(rec)
     return records
@@ -206,24 +305,20 @@ def ratio_stats(a, b, key):
 
 
 def run_model(name, args, device):
-    width, height = args.size
-    inputs = torch.randn(1, 3, height, width, device=device)
-    metas = [dict(ori_shape=(height, width), img_shape=(height, width),
-                  pad_shape=(height, width), padding_size=[0, 0, 0, 0])]
-    base = build_model(name).to(device)
+    task = Task(name, args, device)
     results = {}
     for kind in args.methods:
+        if kind not in task.methods:
+            continue
         arms = {}
-        for label, stag in ((kind, None), (f'{kind}+stag', STAG[kind])):
-            model = copy.deepcopy(base)
-            arms[label] = (ours_step, make_method(kind, model, stag),
-                           PassCounter(model))
+        for label, stag in ((kind, None), (f'{kind}+stag', task.stag[kind])):
+            method, counter = task.make_method(kind, stag)
+            arms[label] = (task.ours_step, method, counter)
         if kind == 'tent' and not args.skip_reference:
-            model = copy.deepcopy(base)
-            arms['tent two-forward reference'] = (
-                two_forward_step, make_method('tent', model, None),
-                PassCounter(model))
-        records = interleave(arms, inputs, metas, args.steps, args.warmup)
+            method, counter = task.make_method('tent', None)
+            arms['tent two-forward reference'] = (task.two_forward_step,
+                                                  method, counter)
+        records = interleave(arms, args.steps, args.warmup)
         res = {label: dict(summary(recs), steps=recs)
                for label, recs in records.items()}
         plus = f'{kind}+stag'
@@ -261,11 +356,20 @@ def main():
         description='Time and memory of TTA steps with and without STAG '
         '(interleaved, one process)')
     parser.add_argument('--models', nargs='+', default=['b0', 'b5'],
-                        choices=sorted(MODEL_CONFIGS))
-    parser.add_argument('--methods', nargs='+', default=['tent', 'bn_adapt'],
-                        choices=sorted(STAG))
+                        choices=sorted(SEG_MODELS) + sorted(CLS_MODELS))
+    parser.add_argument('--methods', nargs='+',
+                        default=['tent', 'bn_adapt', 'eata'],
+                        choices=['tent', 'bn_adapt', 'eata'],
+                        help='baselines (bn_adapt: segmentation only, '
+                        'eata: classification only)')
     parser.add_argument('--size', type=int, nargs=2, default=(960, 540),
-                        metavar=('W', 'H'), help='input size (paper: 960 540)')
+                        metavar=('W', 'H'), help='segmentation input size '
+                        '(paper: 960 540)')
+    parser.add_argument('--cls-size', type=int, default=224,
+                        help='classification input side (224)')
+    parser.add_argument('--batch-size', type=int, default=64,
+                        help='classification batch size (64, the mild '
+                        'ImageNet-C protocol)')
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--threads', type=int, default=None)
@@ -280,9 +384,13 @@ def main():
     machine = dict(platform=platform.platform(), processor=platform.machine(),
                    cpus=os.cpu_count(), torch=torch.__version__,
                    threads=torch.get_num_threads(), device=device)
-    print(f'machine: {machine}; input {args.size[0]}x{args.size[1]}, '
-          f'{args.warmup} warm-up + {args.steps} measured steps per arm')
-    results = dict(machine=machine, size=list(args.size), steps=args.steps,
+    print(f'machine: {machine}; segmentation input {args.size[0]}x'
+          f'{args.size[1]}, classification {args.batch_size}x3x'
+          f'{args.cls_size}x{args.cls_size}; {args.warmup} warm-up + '
+          f'{args.steps} measured steps per arm')
+    results = dict(machine=machine, size=list(args.size),
+                   cls_size=args.cls_size, batch_size=args.batch_size,
+                   steps=args.steps,
                    models={name: run_model(name, args, device)
                            for name in args.models})
     if osp.dirname(args.out):
