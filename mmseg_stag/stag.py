@@ -143,6 +143,29 @@ def entropy_logit_gradient(logits: torch.Tensor, dim: int = 1) -> torch.Tensor:
     return -p * (log_p + entropy)
 
 
+def anchor_coefficients(weight: torch.Tensor,
+                        bias: Optional[torch.Tensor] = None,
+                        mode: str = 'diagonal') -> torch.Tensor:
+    """The anchors in the basis of the classifier rows: ``a_k = sum_j V_kj
+    w_j``. ``diagonal``: ``V = diag(s_k)``, returned as the vector ``s``
+    ``[C]`` (eq:appendix_sk); ``full``: ``V = dH_k/dZ_kj``, ``[C, C]``
+    (eq:appendix_dHk_dZ). See :func:`structural_anchors`."""
+    if mode not in ANCHOR_MODES:
+        raise ValueError(f'anchor must be one of {ANCHOR_MODES}, got {mode!r}')
+    weight = check_classifier(weight, bias)
+    grad_z = entropy_logit_gradient(inter_class_logits(weight, bias), dim=1)
+    return grad_z.diagonal().clone() if mode == 'diagonal' else grad_z
+
+
+def anchors_from_coefficients(weight: torch.Tensor,
+                              coefficients: torch.Tensor) -> torch.Tensor:
+    """``a_k = sum_j V_kj w_j``: ``[C, D]``."""
+    weight = flatten_classifier_weight(weight)
+    if coefficients.dim() == 1:
+        return coefficients.unsqueeze(1) * weight
+    return coefficients @ weight
+
+
 def structural_anchors(weight: torch.Tensor,
                        bias: Optional[torch.Tensor] = None,
                        mode: str = 'diagonal') -> torch.Tensor:
@@ -160,13 +183,8 @@ def structural_anchors(weight: torch.Tensor,
     Anchors are constants for the alignment loss: the caller decides whether
     gradients may flow (they are usually computed under ``no_grad``).
     """
-    if mode not in ANCHOR_MODES:
-        raise ValueError(f'anchor must be one of {ANCHOR_MODES}, got {mode!r}')
-    weight = check_classifier(weight, bias)
-    grad_z = entropy_logit_gradient(inter_class_logits(weight, bias), dim=1)
-    if mode == 'diagonal':
-        return grad_z.diagonal().unsqueeze(1) * weight
-    return grad_z @ weight
+    return anchors_from_coefficients(
+        weight, anchor_coefficients(weight, bias, mode))
 
 
 # --------------------------------------------------------------------------
@@ -210,11 +228,39 @@ def _project_on_anchors(features: torch.Tensor,
     return torch.einsum('ndhw,cd->nchw', features, anchors)
 
 
+def projections_from_logits(logits: torch.Tensor,
+                            coefficients: torch.Tensor,
+                            bias: Optional[torch.Tensor] = None
+                            ) -> torch.Tensor:
+    """``h . a_k`` for every class computed from the logits: with
+    ``z = W h + b`` and ``a_k = sum_j V_kj w_j``, ``h . a_k = sum_j V_kj
+    (z_j - b_j)`` (``s_k (z_k - b_k)`` for diagonal anchors).
+
+    The same values (and the same gradient w.r.t. ``h`` through ``z``) as
+    projecting the features, at ``C`` instead of ``D`` numbers per sample
+    and without a second ``D``-sized gradient on the features. Valid only
+    when ``logits`` are the classifier's output on the features and the
+    classifier weight is not adapted (through ``z`` the loss would reach
+    ``W``, which the anchors, constants of the loss, must not).
+    """
+    shape = (1, -1) + (1, ) * (logits.dim() - 2)
+    centred = logits if bias is None else logits - bias.view(shape).to(
+        logits.dtype)
+    coefficients = coefficients.to(logits.dtype)
+    if coefficients.dim() == 1:
+        return centred * coefficients.view(shape)
+    if logits.dim() == 2:
+        return centred @ coefficients.t()
+    return torch.einsum('nj...,kj->nk...', centred, coefficients)
+
+
 def stag_alignment(features: torch.Tensor,
                    logits: torch.Tensor,
                    anchors: torch.Tensor,
                    eps: float = 1e-8,
-                   label: str = 'hard') -> torch.Tensor:
+                   label: str = 'hard',
+                   projections: Optional[torch.Tensor] = None
+                   ) -> torch.Tensor:
     """Per-sample (per-pixel) alignment loss ``L_STAG(x)``, eq:stag_loss.
 
     ``hard``: ``-(g . a_y) / (||g|| ||a_y|| + eps)`` with ``g = s h``, computed
@@ -224,6 +270,10 @@ def stag_alignment(features: torch.Tensor,
     ``soft`` (ablation variant): ``-sum_k p_k cos(s_k h, a_k)`` with
     ``s_k = -p_k (ln p_k + H(p))``, the same ``eps`` in every cosine.
 
+    ``projections``: ``h . a_k`` if already known (see
+    :func:`projections_from_logits`); otherwise the features are projected
+    on the anchors.
+
     Returns:
         ``[N]`` or ``[N, H, W]``.
     """
@@ -232,7 +282,8 @@ def stag_alignment(features: torch.Tensor,
     feature_norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
     anchor_norm = torch.linalg.vector_norm(anchors, dim=1)
     anchor_norm = anchor_norm.view((1, -1) + (1, ) * (features.dim() - 2))
-    proj = _project_on_anchors(features, anchors)
+    proj = _project_on_anchors(features, anchors) if projections is None \
+        else projections
     sens_all = entropy_logit_gradient(logits, dim=1)
     if label == 'hard':
         pred = logits.argmax(dim=1, keepdim=True)

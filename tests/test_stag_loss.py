@@ -114,3 +114,45 @@ def test_custom_imports_in_config_registers_loss(tmp_path):
     name, weight, value = out.split()
     assert name == 'STAGLoss' and float(weight) == 3.0
     assert -3.0 <= float(value) <= 3.0
+
+
+@pytest.mark.parametrize('anchor', ['diagonal', 'full'])
+@pytest.mark.parametrize('label', ['hard', 'soft'])
+@pytest.mark.parametrize('per_pixel', [False, True])
+def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel):
+    """With a frozen classifier weight the projections come from the logits:
+    same loss and same gradients on every upstream parameter as projecting
+    the features (the reference ``stag.stag_loss``), a trainable bias
+    included (it reaches the loss only through the sensitivities)."""
+    torch.manual_seed(1)
+    dtype = torch.float64
+    body = nn.Sequential(nn.Linear(5, 7), nn.LayerNorm(7), nn.ReLU()) \
+        .to(dtype)
+    head = (nn.Conv2d(7, 4, 1) if per_pixel else nn.Linear(7, 4)).to(dtype)
+    head.weight.requires_grad_(False)
+    x = torch.randn(3, 5, 2, 3, dtype=dtype) if per_pixel else \
+        torch.randn(6, 5, dtype=dtype)
+    loss = MODELS.build(dict(type='STAGLoss', anchor=anchor, label=label))
+
+    def features(x):
+        if per_pixel:
+            return body(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return body(x)
+
+    def grads(value):
+        params = list(body.parameters()) + [head.bias]
+        return torch.autograd.grad(value, params, allow_unused=True)
+
+    h = features(x)
+    z = head(h)
+    got = loss(h, z, head.weight, head.bias)
+    g_got = grads(got)
+    h = features(x)
+    z = head(h)
+    ref = stag.stag_loss(h, z, head.weight, head.bias, anchor=anchor,
+                         label=label)
+    g_ref = grads(ref)
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
+    for a, b in zip(g_got, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+    assert all(g.abs().max() > 0 for g in g_got)

@@ -24,6 +24,14 @@ class STAGLoss(nn.Module):
     in-place update such as an optimizer step), so a frozen classifier pays
     for them once and an adapted one once per step.
 
+    ``logits`` must be the classifier's output on ``features`` (the paper's
+    ``z = W h + b``). When the classifier weight is frozen
+    (``requires_grad`` False, as for TENT and BN Adapt), the projections
+    ``h . a_k`` are computed from the logits
+    (:func:`~mmseg_stag.stag.projections_from_logits`): same values and
+    same gradients, without the ``C x D`` projection of every sample/pixel
+    and without a second ``D``-sized gradient on the features.
+
     Args:
         eps (float): the ``epsilon`` of eq:stag_loss. Default: 1e-8.
         anchor (str): ``'diagonal'`` (paper, eq:structural_anchor) or
@@ -63,6 +71,7 @@ class STAGLoss(nn.Module):
         self._loss_name = loss_name
         self._anchor_key: Optional[Tuple] = None
         self._anchors: Optional[torch.Tensor] = None
+        self._coefficients: Optional[torch.Tensor] = None
         self.anchor_computations = 0
 
     @staticmethod
@@ -76,16 +85,28 @@ class STAGLoss(nn.Module):
     def anchors(self, cls_weight: torch.Tensor,
                 cls_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Structural anchors ``[C, D]`` for this classifier (cached)."""
+        self._update_anchors(cls_weight, cls_bias)
+        return self._anchors
+
+    def anchor_coefficients(self, cls_weight: torch.Tensor,
+                            cls_bias: Optional[torch.Tensor] = None
+                            ) -> torch.Tensor:
+        """``V`` with ``a_k = sum_j V_kj w_j`` (cached with the anchors)."""
+        self._update_anchors(cls_weight, cls_bias)
+        return self._coefficients
+
+    def _update_anchors(self, cls_weight, cls_bias) -> None:
         key = self._tensor_key(cls_weight) + self._tensor_key(cls_bias)
         if self._anchors is None or key != self._anchor_key:
             with torch.no_grad():
-                self._anchors = stag.structural_anchors(
-                    cls_weight.detach(),
-                    None if cls_bias is None else cls_bias.detach(),
+                weight = cls_weight.detach()
+                self._coefficients = stag.anchor_coefficients(
+                    weight, None if cls_bias is None else cls_bias.detach(),
                     mode=self.anchor)
+                self._anchors = stag.anchors_from_coefficients(
+                    weight, self._coefficients)
             self._anchor_key = key
             self.anchor_computations += 1
-        return self._anchors
 
     def _to_bool_mask(self, valid_mask: Optional[torch.Tensor]
                       ) -> Optional[torch.Tensor]:
@@ -126,8 +147,14 @@ class STAGLoss(nn.Module):
         stag.check_inputs(features, logits, num_classes=weight.shape[0],
                           feature_dim=weight.shape[1], valid_mask=mask)
         anchors = self.anchors(cls_weight, cls_bias).to(features.dtype)
+        projections = None
+        if not cls_weight.requires_grad:
+            # a trainable bias enters z and (z - b) alike: no gradient
+            projections = stag.projections_from_logits(
+                logits, self._coefficients, cls_bias)
         per_sample = stag.stag_alignment(features, logits, anchors,
-                                         eps=self.eps, label=self.label)
+                                         eps=self.eps, label=self.label,
+                                         projections=projections)
         loss = stag.check_finite_loss(stag.reduce_batch_loss(per_sample, mask),
                                       features=features, logits=logits)
         return self.loss_weight * loss
