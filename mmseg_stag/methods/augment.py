@@ -203,14 +203,14 @@ def gaussian_blur(img: torch.Tensor, kernel_size: int,
                          f'{kernel_size}')
     if sigma <= 0:
         raise ValueError(f'sigma must be positive, got {sigma}')
-    n, c, h, w = img.shape
+    h, w = img.shape[-2:]
     k = gaussian_kernel1d(kernel_size, sigma, img.dtype, img.device)
     half = kernel_size // 2
     x = F.pad(img, [half, half, half, half], mode='reflect')
-    x = F.conv2d(x, k.view(1, 1, 1, -1).expand(c, 1, 1, kernel_size),
-                 groups=c)
-    return F.conv2d(x, k.view(1, 1, -1, 1).expand(c, 1, kernel_size, 1),
-                    groups=c)
+    # weighted sums of shifted views: a few multiply-adds per pixel, several
+    # times faster on CPU than a depthwise convolution with a tiny kernel
+    rows = sum(k[i] * x[..., i:i + h, :] for i in range(kernel_size))
+    return sum(k[i] * rows[..., i:i + w] for i in range(kernel_size))
 
 
 def center_crop(img: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
