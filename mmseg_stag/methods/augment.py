@@ -159,14 +159,16 @@ def inverse_affine_matrix(angle: float, translate: Sequence[float],
 
 def affine(img: torch.Tensor, angle: float, translate: Sequence[float],
            scale: float, shear: Sequence[float] = (0.0, 0.0),
-           fill: float = 0.0) -> torch.Tensor:
+           fill: float = 0.0,
+           crop: Optional[Tuple[int, int]] = None) -> torch.Tensor:
     """Bilinear affine warp about the centre of ``img [N, C, H, W]``.
 
     torchvision's tensor ``affine``: the inverse matrix acts on pixel-centre
     coordinates relative to the image centre (here through
     ``F.affine_grid``, ``align_corners=False``); outside the image the value
     is ``fill``, blended with the bilinearly sampled validity mask as
-    torchvision does.
+    torchvision does. ``crop=(oh, ow)``: only the :func:`center_crop` of
+    that size of the warped image is computed.
     """
     n, c, h, w = img.shape
     m = inverse_affine_matrix(angle, translate, scale, shear)
@@ -175,12 +177,17 @@ def affine(img: torch.Tensor, angle: float, translate: Sequence[float],
     theta = torch.tensor([[m[0], m[1] * h / w, 2.0 * m[2] / w],
                           [m[3] * w / h, m[4], 2.0 * m[5] / h]],
                          dtype=img.dtype, device=img.device)
-    grid = F.affine_grid(theta.expand(n, 2, 3), [n, c + 1, h, w],
+    # one matrix for the whole batch: one grid, shared
+    grid = F.affine_grid(theta.unsqueeze(0), [1, c + 1, h, w],
                          align_corners=False)
+    if crop is not None:
+        grid = center_crop(grid.permute(0, 3, 1, 2), crop).permute(0, 2, 3, 1)
+    oh, ow = grid.shape[1:3]
     ones = torch.ones((n, 1, h, w), dtype=img.dtype, device=img.device)
-    out = F.grid_sample(torch.cat((img, ones), dim=1), grid, mode='bilinear',
+    out = F.grid_sample(torch.cat((img, ones), dim=1),
+                        grid.expand(n, oh, ow, 2), mode='bilinear',
                         padding_mode='zeros', align_corners=False)
-    out, mask = out[:, :-1], out[:, -1:].expand(n, c, h, w)
+    out, mask = out[:, :-1], out[:, -1:].expand(n, c, oh, ow)
     return out * mask + (1.0 - mask) * fill
 
 
@@ -194,19 +201,24 @@ def gaussian_kernel1d(kernel_size: int, sigma: float,
 
 
 def gaussian_blur(img: torch.Tensor, kernel_size: int,
-                  sigma: float) -> torch.Tensor:
+                  sigma: float, pad: bool = True) -> torch.Tensor:
     """Gaussian blur of ``img [N, C, H, W]`` (square kernel, one sigma),
     reflect padding: a separable form of torchvision's 2-D kernel
-    ``outer(k, k)``."""
+    ``outer(k, k)``. ``pad=False``: no padding, only the pixels whose whole
+    window lies inside the image."""
     if kernel_size <= 0 or kernel_size % 2 == 0:
         raise ValueError(f'kernel_size must be odd and positive, got '
                          f'{kernel_size}')
     if sigma <= 0:
         raise ValueError(f'sigma must be positive, got {sigma}')
-    h, w = img.shape[-2:]
     k = gaussian_kernel1d(kernel_size, sigma, img.dtype, img.device)
     half = kernel_size // 2
-    x = F.pad(img, [half, half, half, half], mode='reflect')
+    if pad:
+        x = F.pad(img, [half, half, half, half], mode='reflect')
+        h, w = img.shape[-2:]
+    else:  # 'valid': the output is smaller by the kernel's margins
+        x = img
+        h, w = img.shape[-2] - 2 * half, img.shape[-1] - 2 * half
     # weighted sums of shifted views: a few multiply-adds per pixel, several
     # times faster on CPU than a depthwise convolution with a tiny kernel
     rows = sum(k[i] * x[..., i:i + h, :] for i in range(kernel_size))
@@ -427,12 +439,22 @@ class CoTTAAugment:
         ph, pw = int(h * self.pad_fraction), int(w * self.pad_fraction)
         if ph or pw:
             x = F.pad(x, [pw, pw, ph, ph], mode='replicate')
+        # Only the final center crop is kept: when the padding leaves room
+        # for the blur kernel's margin, warp and blur just that window
+        # (plus the margin) - the same pixels, a quarter of the work.
+        half = self.blur_kernel // 2 if self.blur_sigma is not None else 0
+        window = (h + 2 * half, w + 2 * half) \
+            if ph >= half and pw >= half else None
         if self.uses_affine:
             angle, translate, scale = self.affine_params(x.shape[-1],
                                                          x.shape[-2])
-            x = affine(x, angle, translate, scale)
+            x = affine(x, angle, translate, scale, crop=window)
+        elif window is not None:
+            x = center_crop(x, window)
         if self.blur_sigma is not None:
-            x = gaussian_blur(x, self.blur_kernel, _uniform(*self.blur_sigma))
+            sigma = _uniform(*self.blur_sigma)
+            x = gaussian_blur(x, self.blur_kernel, sigma,
+                              pad=window is None)
         x = center_crop(x, (h, w))
         if self.hflip_prob is not None and \
                 bool(torch.rand(1) < self.hflip_prob):
