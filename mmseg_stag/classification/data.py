@@ -190,8 +190,24 @@ class CorruptionSet(Dataset):
         return torch.stack([self[int(i)][0] for i in indices])
 
 
+class ImageFiles(CorruptionSet):
+    """Items read from image files (``paths``) with ImageNet's
+    preprocessing (``transform_args`` of :func:`imagenet_preprocess`)."""
+
+    paths: List[str]
+    transform_args: dict
+
+    def files(self) -> List[str]:
+        return self.paths
+
+    def __getitem__(self, index: int):
+        with Image.open(self.paths[index]) as image:
+            x = imagenet_preprocess(image, **self.transform_args)
+        return x, int(self.labels[index])
+
+
 @CLS_DATASETS.register_module()
-class ImageNetC(CorruptionSet):
+class ImageNetC(ImageFiles):
     """ImageNet-C images of one corruption and severity.
 
     Args:
@@ -229,14 +245,6 @@ class ImageNetC(CorruptionSet):
                      f'({corruption}, severity {self.severity})')
         self.classes, self.paths, self.labels = scan_class_folders(
             folder, wnids, n_examples, subset_seed)
-
-    def files(self) -> List[str]:
-        return self.paths
-
-    def __getitem__(self, index: int):
-        with Image.open(self.paths[index]) as image:
-            x = imagenet_preprocess(image, **self.transform_args)
-        return x, int(self.labels[index])
 
 
 @CLS_DATASETS.register_module()
@@ -309,7 +317,7 @@ class CIFARC(CorruptionSet):
 
 
 @CLS_DATASETS.register_module()
-class ImageFolder(CorruptionSet):
+class ImageFolder(ImageFiles):
     """Clean images ``<data_root>/<wnid>/*.JPEG`` (the ImageNet validation
     folder): the source-domain data EATA's Fisher information is taken from.
 
@@ -334,14 +342,6 @@ class ImageFolder(CorruptionSet):
         _require_dir(data_root, 'clean image folder (source_data.data_root)')
         self.classes, self.paths, self.labels = scan_class_folders(
             data_root, wnids, n_examples, subset_seed)
-
-    def files(self) -> List[str]:
-        return self.paths
-
-    def __getitem__(self, index: int):
-        with Image.open(self.paths[index]) as image:
-            x = imagenet_preprocess(image, **self.transform_args)
-        return x, int(self.labels[index])
 
 
 @CLS_DATASETS.register_module()

@@ -216,6 +216,30 @@ class TTAMethod:
         self.optimizer = OPTIMIZERS.build(
             dict(self.optimizer_cfg, params=[p for _, p in self.params]))
 
+    def exclude_modules(self, exclude_regex: Optional[str]) -> None:
+        """Freeze the selected parameters whose module name matches
+        ``exclude_regex`` (substring search, as the authors' SAR/DeYO
+        ``collect_params``) and rebuild the optimizer on the others."""
+        if exclude_regex is None:
+            return
+        pattern = re.compile(exclude_regex)
+        kept = []
+        for name, p in self.params:
+            module_name = name.rsplit('.', 1)[0] if '.' in name else ''
+            if pattern.search(module_name):
+                p.requires_grad_(False)
+            else:
+                kept.append((name, p))
+        if not kept:
+            raise ValueError(
+                f'{type(self).__name__}: every parameter of trainable='
+                f'{self.trainable_cfg} matches exclude_regex='
+                f'{exclude_regex!r}')
+        if len(kept) != len(self.params):
+            self.params = kept
+            self.optimizer = OPTIMIZERS.build(
+                dict(self.optimizer_cfg, params=[p for _, p in kept]))
+
     def set_modes(self, model: nn.Module) -> None:
         """Train/eval behaviour of the layers; called before every forward
         because MMEngine's test loop puts the model in eval mode."""

@@ -6,11 +6,9 @@ Follows the authors' code (github.com/mr-eggplant/SAR, ``sar.py``
 """
 import copy
 import math
-import re
 from typing import Dict, Optional
 
 import torch
-from mmengine.optim import OPTIMIZERS
 
 from mmseg_stag.registry import TTA_METHODS
 from .base import TTAMethod, per_sample_logits, softmax_entropy
@@ -119,23 +117,7 @@ class SAR(TTAMethod):
 
     def configure(self, model, classifier):
         super().configure(model, classifier)
-        if self.exclude_regex is not None:
-            pattern = re.compile(self.exclude_regex)
-            kept = []
-            for name, p in self.params:
-                module_name = name.rsplit('.', 1)[0] if '.' in name else ''
-                if pattern.search(module_name):
-                    p.requires_grad_(False)
-                else:
-                    kept.append((name, p))
-            if not kept:
-                raise ValueError(
-                    f'SAR: every parameter of trainable={self.trainable_cfg}'
-                    f' matches exclude_regex={self.exclude_regex!r}')
-            if len(kept) != len(self.params):
-                self.params = kept
-                self.optimizer = OPTIMIZERS.build(
-                    dict(self.optimizer_cfg, params=[p for _, p in kept]))
+        self.exclude_modules(self.exclude_regex)
         self.num_classes = int(classifier.weight.shape[0])
         self.e_margin = self.entropy_margin * math.log(self.num_classes)
         self.ema = None
