@@ -5,7 +5,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmseg_stag_installed
 
-.PHONY: install demo test clean-venv
+.PHONY: install demo demo-cls test clean-venv
 
 install: $(STAMP)
 
@@ -15,6 +15,9 @@ $(STAMP): setup.py tools/install_env.sh
 
 demo: $(STAMP)
 	$(PY) tools/demo.py --work-dir work_dirs/demo
+
+demo-cls: $(STAMP)
+	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls
 
 test: $(STAMP)
 	$(PY) -m pytest

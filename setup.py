@@ -39,7 +39,9 @@ setup(
     ],
     extras_require={
         'tests': ['pytest'],
-        'demo': ['scikit-image', 'imagecorruptions-imaug'],
+        'demo': ['scikit-image', 'imagecorruptions-imaug', 'mlxtend'],
+        # ImageNet-C models: torchvision ResNet-50, timm ResNet-50-GN/ViT-B
+        'cls': ['torchvision', 'timm'],
     },
     zip_safe=False,
 )

@@ -94,6 +94,17 @@ def corrupt_images(images: np.ndarray, name: str, severity: int = 5,
     return np.concatenate(parts)
 
 
+def save_if_changed(path: str, array: np.ndarray) -> None:
+    """``np.save`` unless the file already holds this array (a rewrite would
+    change its modification time, hence the runs' data fingerprints)."""
+    if osp.isfile(path):
+        old = np.load(path, mmap_mode='r')
+        if old.shape == array.shape and old.dtype == array.dtype and \
+                np.array_equal(old, array):
+            return
+    np.save(path, array)
+
+
 def write_corrupted_set(root: str, images: np.ndarray, labels: np.ndarray,
                         corruptions: Sequence[str] = CORRUPTIONS,
                         severity: int = 5, seed: int = 0,
@@ -115,7 +126,7 @@ def write_corrupted_set(root: str, images: np.ndarray, labels: np.ndarray,
         for name in os.listdir(root):
             if name.endswith('.npy'):
                 os.remove(osp.join(root, name))
-    np.save(osp.join(root, 'labels.npy'), labels)
+    save_if_changed(osp.join(root, 'labels.npy'), labels)
     paths = {}
     for name in corruptions:
         path = osp.join(root, f'{name}.npy')
