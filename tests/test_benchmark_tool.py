@@ -25,6 +25,11 @@ def test_benchmark_counts_passes(tmp_path):
     for kind in ('tent', 'bn_adapt'):
         assert res[kind]['stag_time_ratio']['median'] > 0
     assert 'stag_time_ratio' in proc.stdout
+    for kind in ('tent', 'bn_adapt'):
+        assert res[kind]['stag_term']['seconds'] > 0
+    # STAG keeps its few per-pixel maps for the backward, never less
+    tent = res['tent']
+    assert tent['tent+stag']['saved_mb'] > tent['tent']['saved_mb']
 
 
 def test_benchmark_classification_arms(tmp_path):
@@ -44,3 +49,20 @@ def test_benchmark_classification_arms(tmp_path):
         'tent': (1, 1), 'tent+stag': (1, 1),
         'tent two-forward reference': (2, 1),
         'eata': (1, 1), 'eata+stag': (1, 1)}
+
+
+def test_saved_for_backward_counts_distinct_storages():
+    sys.path.insert(0, osp.join(REPO, 'tools'))
+    try:
+        import benchmark
+    finally:
+        sys.path.pop(0)
+    import torch
+    x = torch.ones(1000, requires_grad=True)
+    w = torch.full((1000, ), 2.0)
+    with benchmark.SavedForBackward() as saved:
+        y = x * w           # saves x and w: 2 x 4,000 bytes
+        z = (y * x).sum()   # saves y, and x again (counted once)
+    assert saved.mb * 2**20 == 3 * 4000
+    z.backward()
+    assert torch.equal(x.grad, 2 * 2 * x.detach())

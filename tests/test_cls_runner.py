@@ -453,7 +453,7 @@ def test_demo_config_runs_on_demo_layout(tmp_path):
         type='SmallCNN', norm='GN', width=16, groups=4)).state_dict()}, ckpt)
     work = str(tmp_path / 'work')
     test_cls.main([
-        osp.join(REPO, 'configs/cls/demo/mnist-c_continual_cnn-gn_tent.py'),
+        osp.join(REPO, 'configs/cls/demo/mnist-c_mild_cnn-gn_tent.py'),
         '--work-dir', work, '--data-root', root, '--checkpoint', ckpt,
         '--cfg-options', f'data.corruptions={list(NAMES[:2])}'
     ])

@@ -5,9 +5,12 @@ after a warm-up (A, B, A, B, ...), one TTA step of the baseline and one of
 the baseline + STAG, each on its own copy of the model and the same input,
 and measures per step:
 
-* wall time;
+* wall time (the median and the fastest step, the estimate least
+  affected by other load on the machine);
 * peak memory above the step's starting point: CPU RSS sampled every 0.5 ms
   by a thread (CUDA: ``torch.cuda.max_memory_allocated``);
+* memory saved for the backward pass: the distinct storages autograd
+  keeps (exact, no allocator noise);
 * forward passes (calls of the decode head's classifier / of the
   classifier network)
   and backward passes (``torch.autograd.backward`` calls).
@@ -19,6 +22,10 @@ MMSeg's ``ResNet`` / ``VisionTransformer`` backbones with a linear
 classifier (the torchvision / timm architectures: 25.6 M / 86.6 M
 parameters), at ``--cls-size`` (224) with ``--batch-size`` (64), baselines
 TENT and EATA (its Fisher term included, from one random batch).
+
+It also times the STAG term alone (its forward and backward on the
+classifier inputs/outputs of one real forward): what +STAG adds, without
+the run-to-run noise of a whole step on a shared machine.
 
 It also times our TENT step against a reference loop written the way
 CoTTA's code does it: a no-grad forward for the prediction, then a second
@@ -263,15 +270,38 @@ class Task:
         return prediction
 
 
+class SavedForBackward:
+    """Bytes of the distinct tensor storages autograd saves for the
+    backward pass during the block (parameters included): the graph's
+    memory, exact and free of allocator noise, unlike peak RSS."""
+
+    def __enter__(self):
+        self.storages = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            self.storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(
+            pack, lambda tensor: tensor)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        self.mb = sum(self.storages.values()) / 2**20
+
+
 def measure(step, method, counter):
     f0, b0 = counter.forwards, counter.backwards
-    with PeakMemory() as mem:
+    with PeakMemory() as mem, SavedForBackward() as saved:
         start = time.perf_counter()
         step(method)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    return dict(seconds=seconds, peak_mb=mem.delta_mb,
+    return dict(seconds=seconds, peak_mb=mem.delta_mb, saved_mb=saved.mb,
                 forwards=counter.forwards - f0,
                 backwards=counter.backwards - b0)
 
@@ -292,8 +322,13 @@ def interleave(arms, steps, warmup):
 
 
 def summary(records):
-    return {k: statistics.median(r[k] for r in records)
-            for k in ('seconds', 'peak_mb', 'forwards', 'backwards')}
+    medians = {k: statistics.median(r[k] for r in records)
+               for k in ('seconds', 'peak_mb', 'saved_mb', 'forwards',
+                         'backwards')}
+    # the fastest step: the estimate least affected by other load on the
+    # machine (what ``timeit`` reports)
+    medians['seconds_min'] = min(r['seconds'] for r in records)
+    return medians
 
 
 def ratio_stats(a, b, key):
@@ -302,6 +337,32 @@ def ratio_stats(a, b, key):
         return None
     return dict(median=statistics.median(ratios), min=min(ratios),
                 max=max(ratios))
+
+
+def time_stag_term(task, stag, repeats=10):
+    """Median seconds of the STAG term alone, forward and backward, on the
+    classifier inputs/outputs of one real forward: what +STAG adds to a
+    step, measured without the noise of the whole step."""
+    from mmseg.registry import MODELS
+    model = task.base
+    with torch.no_grad():
+        _, head_outputs = task.forward(model, task.inputs)
+    classifier = model.fc if task.kind == 'cls' else model.classifier
+    loss_fn = MODELS.build(dict(type='STAGLoss'))
+    beta = stag['beta0']
+    times = []
+    for i in range(repeats + 1):
+        leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
+                  for f, z in head_outputs]
+        start = time.perf_counter()
+        loss = sum(loss_fn(f, z, classifier.weight, classifier.bias)
+                   for f, z in leaves) / len(leaves)
+        (beta * loss).backward()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if i:  # the first call computes the (cached) anchors
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def run_model(name, args, device):
@@ -326,6 +387,11 @@ def run_model(name, args, device):
                                              'seconds')
         res['stag_memory_ratio'] = ratio_stats(records[kind], records[plus],
                                                'peak_mb')
+        res['stag_saved_ratio'] = ratio_stats(records[kind], records[plus],
+                                              'saved_mb')
+        term = time_stag_term(task, task.stag[kind])
+        res['stag_term'] = dict(seconds=term,
+                                fraction_of_step=term / res[kind]['seconds'])
         if 'tent two-forward reference' in records:
             res['speedup_vs_two_forward'] = ratio_stats(
                 records['tent'], records['tent two-forward reference'],
@@ -337,18 +403,22 @@ def run_model(name, args, device):
 
 def print_table(name, kind, res):
     print(f'\n{name} {kind}')
-    print(f"{'arm':32s} {'time s':>9s} {'peak MB':>9s} {'fwd':>4s} "
-          f"{'bwd':>4s}")
+    print(f"{'arm':32s} {'time s':>9s} {'min s':>9s} {'peak MB':>9s} "
+          f"{'saved MB':>9s} {'fwd':>4s} {'bwd':>4s}")
     for label, r in res.items():
-        if isinstance(r, dict) and 'seconds' in r:
-            print(f"{label:32s} {r['seconds']:9.3f} {r['peak_mb']:9.1f} "
+        if isinstance(r, dict) and 'peak_mb' in r:
+            print(f"{label:32s} {r['seconds']:9.3f} {r['seconds_min']:9.3f} "
+                  f"{r['peak_mb']:9.1f} {r['saved_mb']:9.1f} "
                   f"{r['forwards']:4.0f} {r['backwards']:4.0f}")
-    for key in ('stag_time_ratio', 'stag_memory_ratio',
+    for key in ('stag_time_ratio', 'stag_memory_ratio', 'stag_saved_ratio',
                 'speedup_vs_two_forward'):
         r = res.get(key)
         if r:
             print(f'{key:32s} {r["median"]:.4f} (min {r["min"]:.4f}, '
                   f'max {r["max"]:.4f})')
+    term = res['stag_term']
+    print(f"{'STAG term alone (fwd+bwd)':32s} {term['seconds']:.4f} s = "
+          f"{100 * term['fraction_of_step']:.2f} % of the baseline step")
 
 
 def main():

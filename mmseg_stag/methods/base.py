@@ -358,3 +358,31 @@ class TTAMethod:
         return (f'{type(self).__name__}(stag={stag}, '
                 f'optimizer={self.optimizer_cfg}, '
                 f'trainable={self.trainable_cfg})')
+
+
+class SampleFilteringMethod(TTAMethod):
+    """Base of the baselines whose loss keeps samples through two filters
+    (EATA, DeYO): counts the kept samples over the stream under the authors'
+    names and reports this step's counts in the stats."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.num_samples_update_1 = 0  # passed the first filter, so far
+        self.num_samples_update_2 = 0  # passed both filters, so far
+        self._select_stats: Dict[str, float] = {}
+
+    def record_selection(self, reliable: torch.Tensor,
+                         selected: torch.Tensor) -> int:
+        """Counts one batch's kept samples; returns how many are selected."""
+        num_reliable, num_selected = int(reliable.sum()), int(selected.sum())
+        self.num_samples_update_1 += num_reliable
+        self.num_samples_update_2 += num_selected
+        self._select_stats = dict(num_reliable=float(num_reliable),
+                                  num_selected=float(num_selected))
+        return num_selected
+
+    def objective(self, head_outputs):
+        self._select_stats = {}
+        total, stats = super().objective(head_outputs)
+        stats.update(self._select_stats)
+        return total, stats

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from mmseg_stag.registry import TTA_METHODS
-from .base import TTAMethod, per_sample_logits, softmax_entropy
+from .base import (SampleFilteringMethod, per_sample_logits,
+                   softmax_entropy)
 
 #: Module names the authors' ``collect_params`` never adapts (substring
 #: tests on module names, as in their code, inherited from SAR): the last
@@ -82,7 +83,7 @@ def patch_shuffle(x: torch.Tensor,
 
 
 @TTA_METHODS.register_module(name=['DeYO', 'deyo'])
-class DeYO(TTAMethod):
+class DeYO(SampleFilteringMethod):
     """DeYO: entropy minimisation on samples whose prediction depends on
     the object's shape.
 
@@ -158,11 +159,8 @@ class DeYO(TTAMethod):
         self.num_classes: Optional[int] = None
         self.ent_margin: Optional[float] = None  # tau_Ent (absolute)
         self.margin_e0: Optional[float] = None  # Ent_0 (absolute)
-        self.num_samples_update_1 = 0  # filter 1, summed over batches
-        self.num_samples_update_2 = 0  # both filters, summed over batches
         self._forward = None
         self._inputs = None
-        self._select_stats: Dict[str, float] = {}
 
     def configure(self, model, classifier):
         super().configure(model, classifier)
@@ -213,12 +211,7 @@ class DeYO(TTAMethod):
         _, logits = per_sample_logits(head_outputs, 'DeYO')
         entropies, reliable, selected, plpd = self.select(
             logits, self._inputs, self._forward)
-        num_reliable, num_selected = int(reliable.sum()), int(selected.sum())
-        self.num_samples_update_1 += num_reliable
-        self.num_samples_update_2 += num_selected
-        self._select_stats = dict(num_reliable=float(num_reliable),
-                                  num_selected=float(num_selected))
-        if num_selected == 0:
+        if self.record_selection(reliable, selected) == 0:
             return None
         ent = entropies[selected]
         plpd = plpd[selected[reliable]]
@@ -228,12 +221,6 @@ class DeYO(TTAMethod):
                      self.reweight_plpd * (1 / torch.exp(-1. * plpd)))
             ent = ent.mul(coeff)
         return ent.mean(0)
-
-    def objective(self, head_outputs):
-        self._select_stats = {}
-        total, stats = super().objective(head_outputs)
-        stats.update(self._select_stats)
-        return total, stats
 
     def adapt(self, forward, inputs):
         """One forward with gradients, the PLPD forward of the shuffled

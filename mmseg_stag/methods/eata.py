@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from mmseg_stag.registry import TTA_METHODS
-from .base import TTAMethod, per_sample_logits, softmax_entropy
+from .base import (SampleFilteringMethod, per_sample_logits,
+                   softmax_entropy)
 
 
 def update_model_probs(current: Optional[torch.Tensor],
@@ -29,7 +30,7 @@ def update_model_probs(current: Optional[torch.Tensor],
 
 
 @TTA_METHODS.register_module(name=['EATA', 'eata'])
-class EATA(TTAMethod):
+class EATA(SampleFilteringMethod):
     """EATA: sample-efficient entropy minimisation with an EWC regulariser.
 
     Per batch (per-sample logits ``[N, C]``, entropies ``H``):
@@ -92,9 +93,6 @@ class EATA(TTAMethod):
         #: ``{param name: (fisher, theta_0)}``, set by :meth:`fit_source`
         self.fishers: Optional[Dict[str, Tuple[torch.Tensor,
                                                torch.Tensor]]] = None
-        self.num_samples_update_1 = 0  # reliable samples so far
-        self.num_samples_update_2 = 0  # reliable and non-redundant so far
-        self._select_stats: Dict[str, float] = {}
 
     @property
     def needs_source_data(self) -> bool:
@@ -191,12 +189,7 @@ class EATA(TTAMethod):
         no sample is selected. Updates ``p_bar`` (once per call)."""
         _, logits = per_sample_logits(head_outputs, 'EATA')
         entropies, reliable, selected = self.select(logits)
-        num_reliable, num_selected = int(reliable.sum()), int(selected.sum())
-        self.num_samples_update_1 += num_reliable
-        self.num_samples_update_2 += num_selected
-        self._select_stats = dict(num_reliable=float(num_reliable),
-                                  num_selected=float(num_selected))
-        if num_selected == 0:
+        if self.record_selection(reliable, selected) == 0:
             return None
         ent = entropies[selected]
         coeff = 1 / torch.exp(ent.detach() - self.e_margin)
@@ -206,12 +199,6 @@ class EATA(TTAMethod):
             self._select_stats['loss_ewc'] = ewc.item()
             loss = loss + ewc
         return loss
-
-    def objective(self, head_outputs):
-        self._select_stats = {}
-        total, stats = super().objective(head_outputs)
-        stats.update(self._select_stats)
-        return total, stats
 
     def adapt(self, forward, inputs):
         if self.model is not None and self.fisher_alpha > 0 and \
