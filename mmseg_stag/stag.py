@@ -279,6 +279,10 @@ def stag_alignment(features: torch.Tensor,
     """
     if label not in LABEL_MODES:
         raise ValueError(f'label must be one of {LABEL_MODES}, got {label!r}')
+    if features.dim() == 2 and not features.is_contiguous():
+        # a strided view such as a ViT's class token: the norm's backward
+        # would keep the whole token map alive; an [N, D] copy is cheap
+        features = features.contiguous()
     feature_norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
     anchor_norm = torch.linalg.vector_norm(anchors, dim=1)
     anchor_norm = anchor_norm.view((1, -1) + (1, ) * (features.dim() - 2))

@@ -156,3 +156,39 @@ def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel):
     for a, b in zip(g_got, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
     assert all(g.abs().max() > 0 for g in g_got)
+
+
+def test_class_token_view_does_not_keep_the_token_map():
+    """Features that are a strided view (a ViT's class token ``x[:, 0]``):
+    what the loss saves for its backward must not hold the whole
+    ``[N, T, D]`` token map, and the gradients are those of a copy."""
+    torch.manual_seed(0)
+    n, t, d, c = 4, 50, 16, 3
+    scale = torch.ones(d, requires_grad=True)
+    head = nn.Linear(d, c)
+    head.weight.requires_grad_(False)
+    loss_fn = MODELS.build(dict(type='STAGLoss'))
+    inputs = torch.randn(n, t, d)
+
+    def run(copy_token):
+        tokens = inputs * scale  # [N, T, D], in the graph
+        h = tokens[:, 0].contiguous() if copy_token else tokens[:, 0]
+        z = head(h)
+        storages = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            value = loss_fn(h, z, head.weight, head.bias)
+        grad, = torch.autograd.grad(value, [scale])
+        return value, grad, storages, tokens.untyped_storage().nbytes()
+
+    value, grad, storages, token_bytes = run(copy_token=False)
+    assert storages and max(storages.values()) < token_bytes
+    ref_value, ref_grad, _, _ = run(copy_token=True)
+    torch.testing.assert_close(value, ref_value)
+    torch.testing.assert_close(grad, ref_grad)
+    assert grad.abs().max() > 0
