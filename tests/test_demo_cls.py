@@ -54,3 +54,16 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
         'mild_bn']['rows']
     assert [r['per_corruption'] for r in rows2] == \
         [r['per_corruption'] for r in setting['rows']]
+
+
+def test_demo_cls_rejects_bad_options(tmp_path):
+    for bad, message in ((['--n-test', '0'], '--n-test'),
+                         (['--n-test', '4000'], '--n-test'),
+                         (['--epochs', '0'], '--epochs'),
+                         (['--gamma-grid', '0'], '--gamma-grid')):
+        proc = subprocess.run(
+            [sys.executable, osp.join(REPO, 'tools/demo_cls.py'),
+             '--work-dir', str(tmp_path)] + bad,
+            capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2 and message in proc.stderr, bad
+    assert not os.listdir(tmp_path)  # nothing written

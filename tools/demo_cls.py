@@ -102,7 +102,19 @@ def parse_args(argv=None):
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--workers', type=int, default=2,
                    help='processes that corrupt the images')
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # 5,000 digits: EATA's Fisher needs 2,000 clean training digits
+    if not 1 <= args.n_test <= 3000:
+        p.error(f'--n-test must be in [1, 3000], got {args.n_test}')
+    if args.epochs is not None and args.epochs < 1:
+        p.error(f'--epochs must be >= 1, got {args.epochs}')
+    if args.workers < 1:
+        p.error(f'--workers must be >= 1, got {args.workers}')
+    for name in ('beta_grid', 'gamma_grid'):
+        if not all(v > 0 for v in getattr(args, name)):
+            p.error(f'--{name.replace("_", "-")} values must be > 0, got '
+                    f'{getattr(args, name)}')
+    return args
 
 
 def make_data(args, log):
