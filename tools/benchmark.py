@@ -344,6 +344,7 @@ def time_stag_term(task, stag, repeats=10):
     classifier inputs/outputs of one real forward: what +STAG adds to a
     step, measured without the noise of the whole step."""
     from mmseg.registry import MODELS
+    from mmseg_stag.methods.base import mean_over_outputs
     model = task.base
     with torch.no_grad():
         _, head_outputs = task.forward(model, task.inputs)
@@ -355,8 +356,9 @@ def time_stag_term(task, stag, repeats=10):
         leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
                   for f, z in head_outputs]
         start = time.perf_counter()
-        loss = sum(loss_fn(f, z, classifier.weight, classifier.bias)
-                   for f, z in leaves) / len(leaves)
+        loss = mean_over_outputs(
+            lambda f, z: loss_fn(f, z, classifier.weight, classifier.bias),
+            leaves)
         (beta * loss).backward()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
