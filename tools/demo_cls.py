@@ -141,13 +141,19 @@ def make_data(args, log):
     return root, clean, (x_tr, y_tr), (x_te, y_te)
 
 
+def nets_in_use(args):
+    """The ``--nets`` that a chosen scenario runs on."""
+    return [n for n in args.nets
+            if any(n in SCENARIOS[s][3] for s in args.scenarios)]
+
+
 def make_models(args, train, test, log):
     import torch
     from mmseg_stag.classification import CLS_MODELS
     from mmseg_stag.classification.demo_train import (evaluate,
                                                       train_classifier)
     paths, clean = {}, {}
-    for net in args.nets:
+    for net in nets_in_use(args):
         title, cfg = NETS[net]
         path = osp.join(args.work_dir, 'models', f'{net}.pth')
         paths[net] = path
