@@ -1,16 +1,25 @@
-"""mmseg_stag: STAG (Structural Test-time Alignment of Gradients) for MMSeg 1.x.
+"""mmseg_stag: STAG (Structural Test-time Alignment of Gradients) for online
+test-time adaptation, as an MMSegmentation 1.x plugin.
 
-Importing the package registers its components in MMSeg's registries, so a
-config only needs ``custom_imports=dict(imports=['mmseg_stag'])``.
+``mmseg_stag.core`` (STAG math and loss, head probe, methods) and
+``mmseg_stag.classification`` need neither MMSeg nor MMCV. When MMSeg is
+installed, importing the package also registers the segmentation parts in
+MMSeg's registries (``mmseg_stag.segmentation``), so a config only needs
+``custom_imports=dict(imports=['mmseg_stag'])``.
 """
-from . import datasets, engine, evaluation, losses, methods, models  # noqa
-from .losses import STAGLoss
-from .stag import (stag_beta, stag_loss, structural_anchors,
-                   sample_sensitivity)
+import importlib.util
 
-__version__ = '0.1.0'
+from .core import STAGLoss, stag
+from .core.stag import (sample_sensitivity, stag_beta, stag_loss,
+                        structural_anchors)
+
+if importlib.util.find_spec('mmseg') is not None:
+    # MMSeg is there: register its parts (an import error here is real)
+    from . import segmentation  # noqa: F401
+
+__version__ = '0.2.0'
 
 __all__ = [
-    'STAGLoss', 'stag_beta', 'stag_loss', 'structural_anchors',
+    'STAGLoss', 'stag', 'stag_beta', 'stag_loss', 'structural_anchors',
     'sample_sensitivity', '__version__'
 ]

@@ -5,7 +5,7 @@ import os.path as osp
 import pytest
 import torch
 
-from mmseg_stag.datasets import make_acdc_like_tree
+from demo import make_acdc_like_tree
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY_MIT = dict(embed_dims=8, num_layers=[1, 1, 1, 1], num_heads=[1, 2, 2, 2],

@@ -72,17 +72,14 @@ CLS_MODELS = {
                      output_cls_token=True, final_norm=True,
                      norm_cfg=dict(type='LN', eps=1e-6)), 768),
 }
-#: beta0/gamma of the +STAG arm (paper Table appendix_hp; timing does not
-#: depend on them)
-STAG = {
-    'seg': {'tent': dict(beta0=500.0, gamma=35.0),
-            'bn_adapt': dict(beta0=250.0, gamma=25.0)},
-    'resnet50': {'tent': dict(beta0=100.0, gamma=100.0),
-                 'eata': dict(beta0=25.0, gamma=150.0)},
-    'vit-b16': {'tent': dict(beta0=300.0, gamma=50.0),
-                'eata': dict(beta0=100.0, gamma=100.0)},
+#: the paper's setting (Table appendix_hp, mmseg_stag/paper_hparams.py)
+#: whose beta0/gamma the +STAG arm uses (timing does not depend on them)
+STAG_SETTING = {
+    'seg': ('acdc', 'continual', 'segformer-b5'),
+    'resnet50': ('imagenet-c', 'mild', 'resnet50-bn'),
+    'vit-b16': ('imagenet-c', 'mild', 'vit-b16'),
 }
-#: the baselines' own settings (SPEC §3 reference defaults)
+#: the baselines' own settings (their authors' reference defaults)
 METHODS = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt')},
     'cls': {'tent': dict(type='tent', optimizer=dict(
@@ -212,15 +209,19 @@ class Task:
         self.name = name
         self.kind = 'cls' if name in CLS_MODELS else 'seg'
         self.base = build_model(name).to(device)
+        from mmseg_stag.core import HeadProbe
+        from mmseg_stag.paper_hparams import paper_stag
+        setting = STAG_SETTING[name if self.kind == 'cls' else 'seg']
+        self.stag = {m: {k: float(v) for k, v in
+                         paper_stag(*setting, m).items()}
+                     for m in METHODS[self.kind]}
         if self.kind == 'cls':
-            from mmseg_stag.classification import make_forward
             size = args.cls_size
             self.inputs = torch.randn(args.batch_size, 3, size, size,
                                       device=device)
-            self.forward = make_forward('fc')
+            self.forward = HeadProbe('fc')
             self.predict = lambda model, x: model(x)
             self.counted = lambda model: model
-            self.stag = STAG[name]
         else:
             width, height = args.size
             self.inputs = torch.randn(1, 3, height, width, device=device)
@@ -228,42 +229,44 @@ class Task:
                           img_shape=(height, width),
                           pad_shape=(height, width),
                           padding_size=[0, 0, 0, 0])]
-            self.forward = lambda m, x: m.inference_with_features(x, metas)
+            self.forward = HeadProbe(
+                'decode_head.conv_seg', 'per_pixel',
+                run=lambda m, x: m.inference(x, metas))
             self.predict = lambda m, x: m.inference(x, metas)
             # the decode head's forward is called directly by MMSeg (no
             # hooks); its 1x1 classifier runs once per head forward
-            self.counted = lambda model: model.classifier
-            self.stag = STAG['seg']
+            self.counted = lambda model: model.decode_head.conv_seg
         self.methods = METHODS[self.kind]
 
     def make_method(self, kind, stag):
         """A configured method on a fresh copy of the model."""
-        from mmseg_stag.methods import use_batch_statistics
-        from mmseg_stag.registry import build_tta_method
+        from mmseg_stag.core import build_method, use_batch_statistics
         model = copy.deepcopy(self.base)
         if self.kind == 'cls':
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
-        method = build_tta_method(dict(self.methods[kind], stag=stag))
-        classifier = model.fc if self.kind == 'cls' else model.classifier
-        method.configure(model, classifier)
+        method = build_method(dict(self.methods[kind], stag=stag))
+        method.configure(model, self.forward.classifier(model),
+                         'per_sample' if self.kind == 'cls' else 'per_pixel')
         if method.needs_source_data:  # EATA's Fisher, not timed
             method.fit_source(self.forward, [self.inputs])
         return method, PassCounter(self.counted(model))
 
     def ours_step(self, method):
-        return method.adapt(self.forward, self.inputs)
+        from mmseg_stag.core import BatchContext
+        with torch.set_grad_enabled(method.updates):
+            return method.adapt(BatchContext(self.inputs, self.forward))[0]
 
     def two_forward_step(self, method):
         """CoTTA-style: predict under no_grad, then forward again for the
         loss."""
+        from mmseg_stag.core import BatchContext
         model = method.model
-        method.set_modes(model)
         with torch.no_grad():
             prediction = self.predict(model, self.inputs)
         with torch.enable_grad():
-            _, head_outputs = self.forward(model, self.inputs)
-            loss, _ = method.objective(head_outputs)
+            ctx = method.forward(BatchContext(self.inputs, self.forward))
+            loss = method.loss(ctx)
             method.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             method.optimizer.step()
@@ -343,13 +346,12 @@ def time_stag_term(task, stag, repeats=10):
     """Median seconds of the STAG term alone, forward and backward, on the
     classifier inputs/outputs of one real forward: what +STAG adds to a
     step, measured without the noise of the whole step."""
-    from mmseg.registry import MODELS
-    from mmseg_stag.methods.base import mean_over_outputs
+    from mmseg_stag.core import STAGLoss, mean_over_outputs
     model = task.base
     with torch.no_grad():
         _, head_outputs = task.forward(model, task.inputs)
-    classifier = model.fc if task.kind == 'cls' else model.classifier
-    loss_fn = MODELS.build(dict(type='STAGLoss'))
+    classifier = task.forward.classifier(model)
+    loss_fn = STAGLoss()
     beta = stag['beta0']
     times = []
     for i in range(repeats + 1):

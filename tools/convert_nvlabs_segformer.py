@@ -7,14 +7,15 @@
 The source is read with ``torch.load(weights_only=True)``; a legacy pickle
 that needs more is refused unless ``--trust-pickle`` is given (only for a file
 you trust). The output (``state_dict`` + plain ``meta``) loads with
-``weights_only=True`` into ``TTAEncoderDecoder`` with MMSeg's
+``weights_only=True`` into an ``EncoderDecoder`` with MMSeg's
 ``MixVisionTransformer`` and ``NVSegformerHead``. The key mapping is
-documented in ``mmseg_stag/models/nvlabs_convert.py``.
+documented in ``mmseg_stag/segmentation/models/nvlabs_convert.py``.
 """
 import argparse
 import sys
 
-from mmseg_stag.models.nvlabs_convert import convert_nvlabs_checkpoint
+from mmseg_stag.segmentation.models.nvlabs_convert import \
+    convert_nvlabs_checkpoint
 
 
 def parse_args(argv=None):

@@ -87,7 +87,7 @@ def test_options(args, method, data_root, rounds, extra=()):
             f'test_dataloader.dataset.rounds={rounds}',
             f'default_hooks.logger.interval={args.log_interval}']
     if method not in ('source', 'bn-adapt'):  # the ones with an optimizer
-        opts.append(f'custom_hooks.0.optimizer.lr={args.lr}')
+        opts.append(f'test_cfg.method.optimizer.lr={args.lr}')
     return opts + list(extra)
 
 
@@ -119,7 +119,7 @@ def select_beta(args, method, ckpt, data_root):
         result = evaluate(
             args, method, ckpt, data_root, wd, 1,
             extra=['test_dataloader.dataset.conditions=[fog]',
-                   f'custom_hooks.0.stag.beta0={beta0}'], quiet=True)
+                   f'test_cfg.method.stag.beta0={beta0}'], quiet=True)
         scores[beta0] = result['stages'][0]['mIoU']
         print(f'      {method}: beta0={beta0:g} -> round-1 fog mIoU '
               f'{scores[beta0]:.2f}')
@@ -195,7 +195,7 @@ def main():
     start = time.time()
 
     sys.path.insert(0, REPO)
-    from mmseg_stag.demo import make_demo_benchmark
+    from demo import make_demo_benchmark
     data_root = osp.join(args.work_dir, 'data')
     print(f'[1/5] demo data in {data_root}')
     make_demo_benchmark(data_root, tuple(args.size), args.train_images,
@@ -216,7 +216,7 @@ def main():
               'conditions', flush=True)
         wd = osp.join(args.work_dir, method)
         shutil.rmtree(osp.join(wd, 'segmaps'), ignore_errors=True)
-        extra = [f'custom_hooks.0.stag.beta0={betas[method]}'] \
+        extra = [f'test_cfg.method.stag.beta0={betas[method]}'] \
             if method in betas else []
         results[method] = evaluate(args, method, ckpt, data_root, wd,
                                    args.rounds, extra=extra, show=True)

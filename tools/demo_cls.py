@@ -118,7 +118,7 @@ def parse_args(argv=None):
 
 
 def make_data(args, log):
-    from mmseg_stag.classification.demo_data import (load_mnist_rgb,
+    from demo.cls_data import (load_mnist_rgb,
                                                      save_if_changed,
                                                      split_train_test,
                                                      write_corrupted_set)
@@ -150,7 +150,7 @@ def nets_in_use(args):
 def make_models(args, train, test, log):
     import torch
     from mmseg_stag.classification import CLS_MODELS
-    from mmseg_stag.classification.demo_train import (evaluate,
+    from demo.cls_train import (evaluate,
                                                       train_classifier)
     paths, clean = {}, {}
     for net in nets_in_use(args):

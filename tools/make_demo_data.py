@@ -7,9 +7,15 @@ target with fog/night/rain/snow)::
 Re-running with the same parameters is a no-op (``manifest.json``).
 """
 import argparse
+import os.path as osp
+import sys
 import time
 
-from mmseg_stag.demo import make_demo_benchmark
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from demo import make_demo_benchmark  # noqa: E402
 
 
 def main():

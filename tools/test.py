@@ -8,8 +8,9 @@ Same usage and flags as MMSegmentation's ``tools/test.py``::
 Differences: the checkpoint is loaded with PyTorch's safe
 ``weights_only=True`` loader and checked strictly against the config (a
 class-count or head mismatch is an error naming the key); ``--trust-pickle``
-is the explicit opt-in for trusted legacy pickles. The TTA method (if any)
-comes from the config's ``custom_hooks`` (``TTAHook``).
+is the explicit opt-in for trusted legacy pickles. The online-adaptation
+method (if any) comes from the config's ``test_cfg``
+(``OnlineAdaptationLoop``).
 """
 import argparse
 import os

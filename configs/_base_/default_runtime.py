@@ -11,7 +11,8 @@ randomness = dict(seed=0, deterministic=False)
 vis_backends = [dict(type='LocalVisBackend')]
 visualizer = dict(
     type='SegLocalVisualizer', vis_backends=vis_backends, name='visualizer')
-log_processor = dict(by_epoch=False)
+# prints the online loop's loss, L_STAG and beta with the ETA
+log_processor = dict(type='OnlineAdaptationLogProcessor', by_epoch=False)
 log_level = 'INFO'
 load_from = None
 resume = False

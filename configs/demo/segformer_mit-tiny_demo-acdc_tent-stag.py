@@ -1,4 +1,3 @@
-_base_ = [
-    '../_base_/models/segformer_mit-tiny.py', '../_base_/datasets/acdc_demo.py',
-    '../_base_/default_runtime.py', '../_base_/tta/tent_stag.py'
-]
+# + STAG; tools/demo.py overrides beta0 with its round-1 fog choice
+_base_ = ['./segformer_mit-tiny_demo-acdc_tent.py']
+test_cfg = dict(method=dict(stag=dict(beta0=500.0, gamma=35.0, eps=1e-8)))

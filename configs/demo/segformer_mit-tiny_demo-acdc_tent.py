@@ -1,4 +1,4 @@
 _base_ = [
     '../_base_/models/segformer_mit-tiny.py', '../_base_/datasets/acdc_demo.py',
-    '../_base_/default_runtime.py', '../_base_/tta/tent.py'
+    '../_base_/default_runtime.py', '../_base_/methods/tent.py'
 ]

@@ -1,4 +1,3 @@
-_base_ = [
-    '../_base_/models/segformer_mit-b5.py', '../_base_/datasets/acdc_continual.py',
-    '../_base_/default_runtime.py', '../_base_/tta/bn_adapt_stag.py'
-]
+# + STAG, beta0/gamma of the paper's Table appendix_hp (ACDC)
+_base_ = ['./segformer_mit-b5_acdc-continual_bn-adapt.py']
+test_cfg = dict(method=dict(stag=dict(beta0=250.0, gamma=25.0, eps=1e-8)))

@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch.nn as nn
 
 from mmseg_stag.checkpoint import extract_state_dict, load_checkpoint_file
-from .forward import find_classifier
+from mmseg_stag.core import HeadProbe
 from .registry import CLS_MODELS
 
 EXTRA_HINT = ('install the classification extras with `pip install -e '
@@ -144,5 +144,5 @@ def build_cls_model(cfg: dict,
     model = CLS_MODELS.build(cfg)
     if path:
         load_weights(model, path, allow_unsafe_pickle)
-    name, _ = find_classifier(model, classifier)
+    name, _ = HeadProbe(classifier).find(model)
     return model.eval(), name

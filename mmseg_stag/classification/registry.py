@@ -1,7 +1,7 @@
 """Registries of the classification components (models, data, scenarios).
 
 They live here rather than in MMSeg's registries: none of them is an MMSeg
-concept. TTA methods come from :data:`mmseg_stag.registry.TTA_METHODS`.
+concept. Methods come from :data:`mmseg_stag.core.METHODS`.
 """
 from mmengine.registry import Registry
 

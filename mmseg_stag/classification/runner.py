@@ -26,10 +26,9 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
-from mmseg_stag.methods import use_batch_statistics
-from mmseg_stag.registry import TTA_METHODS
+from mmseg_stag.core import (BatchContext, HeadProbe, build_method,
+                             use_batch_statistics)
 from .data import StreamData
-from .forward import make_forward
 from .scenarios import Stage
 
 #: Display names of the registered methods (paper spelling).
@@ -50,7 +49,7 @@ class RowSpec:
 
     Args:
         name: row title, e.g. ``'TENT'``, ``'TENT+STAG'``.
-        method: a ``TTA_METHODS`` config (``type`` and its arguments; a
+        method: a ``METHODS`` config (``type`` and its arguments; a
             ``stag`` key turns STAG on).
         base: for a +STAG row, the name of the row it improves on (the
             table's gain column).
@@ -73,7 +72,7 @@ def rows_from_config(method: dict,
     """The rows of one ``method`` ± ``stag`` config.
 
     Args:
-        method: the baseline's ``TTA_METHODS`` config (without ``stag``).
+        method: the baseline's ``METHODS`` config (without ``stag``).
         stag: ``dict(beta0, gamma, ...)`` of the +STAG row.
         rows: any of ``'source'``, ``'base'``, ``'stag'``.
         bn_batch_stats: see :class:`RowSpec` (never for Source).
@@ -229,8 +228,9 @@ def prepare(source: nn.Module, classifier_name: str, spec: RowSpec,
     model = copy.deepcopy(source).to(device)
     if spec.bn_batch_stats:
         use_batch_statistics(model)
-    method = TTA_METHODS.build(copy.deepcopy(spec.method))
-    method.configure(model, model.get_submodule(classifier_name))
+    method = build_method(copy.deepcopy(spec.method))
+    probe = HeadProbe(classifier_name)
+    method.configure(model, probe.classifier(model), 'per_sample')
     if method.needs_source_data:
         if source_data is None:
             raise ValueError(
@@ -238,8 +238,7 @@ def prepare(source: nn.Module, classifier_name: str, spec: RowSpec,
                 'source-domain images before the stream (e.g. EATA\'s '
                 'Fisher information): set `source_data` in the config, or '
                 'turn that part off (EATA: method.fisher_alpha=0, i.e. ETA)')
-        method.fit_source(make_forward(classifier_name),
-                          source_data.batches(device))
+        method.fit_source(probe, source_data.batches(device))
     return method
 
 
@@ -276,7 +275,8 @@ def run_row(spec: RowSpec,
         source_data: clean images for methods that need them (EATA).
     """
     key = key or run_key(spec.name, spec.method, spec.bn_batch_stats, seed)
-    forward = make_forward(classifier_name)
+    probe = HeadProbe(classifier_name)
+    build_method(spec.method).check_output('per_sample')  # before any work
     result = RowResult(spec.name, list(data.names), base=spec.base)
     done = read_records(jsonl, key) if resume else {}
     method = None
@@ -308,7 +308,8 @@ def run_row(spec: RowSpec,
         batches = iterate_batches(data, stage.batches, num_workers)
         for i, (x, y, domain) in enumerate(batches):
             method.on_stage(stage.name)
-            logits = method.adapt(forward, x.to(device))
+            with torch.set_grad_enabled(method.updates):
+                logits, _ = method.adapt(BatchContext(x.to(device), probe))
             hit = (logits.argmax(1).cpu() == y).numpy()
             np.add.at(correct, domain.numpy(), hit)
             np.add.at(total, domain.numpy(), 1)

@@ -1,4 +1,4 @@
-# Continual Cityscapes -> ACDC (SPEC §2, CoTTA's protocol): the ACDC train
+# Continual Cityscapes -> ACDC (CoTTA's ACDC protocol): the ACDC train
 # split of fog -> night -> rain -> snow, repeated `rounds` times in one run,
 # resized to 960x540 (keep ratio), batch 1, no shuffle. The prediction is
 # resized back to the original 1920x1080 for the metric.
@@ -27,4 +27,3 @@ test_dataloader = dict(
         rounds=10,
         pipeline=test_pipeline))
 test_evaluator = dict(type='ContinualIoUMetric')
-test_cfg = dict(type='TestLoop')

@@ -1,6 +1,6 @@
 # SegFormer-B5 as in MMSeg 1.x's model zoo (SegformerHead, channels=256, so
-# the classifier input is D=256), wrapped so that one forward pass yields the
-# logits and the head features. Checkpoint: MMSeg's
+# the classifier input is D=256): a plain EncoderDecoder (the online loop's
+# probe reads the head features at decode_head.conv_seg). Checkpoint: MMSeg's
 # segformer_mit-b5_8x1_1024x1024_160k_cityscapes_20211206_072934-87a052ec.pth
 norm_cfg = dict(type='BN', requires_grad=True)  # SyncBN needs a process group
 data_preprocessor = dict(
@@ -11,7 +11,7 @@ data_preprocessor = dict(
     pad_val=0,
     seg_pad_val=255)
 model = dict(
-    type='TTAEncoderDecoder',
+    type='EncoderDecoder',
     data_preprocessor=data_preprocessor,
     pretrained=None,
     backbone=dict(

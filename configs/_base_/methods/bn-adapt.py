@@ -1,0 +1,9 @@
+# BN Adapt: BatchNorm layers use the current batch's statistics; no gradient
+# step of its own. The optimizer and trainable parameters serve a +STAG
+# config (add `stag=...`): norm affine parameters, Adam 7.5e-6.
+test_cfg = dict(
+    type='OnlineAdaptationLoop',
+    method=dict(
+        type='bn_adapt',
+        optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
+        trainable=dict(kind='norm_affine')))

@@ -1,0 +1,2 @@
+# Source: the model is evaluated as it is, no adaptation.
+test_cfg = dict(type='OnlineAdaptationLoop', method=dict(type='source'))

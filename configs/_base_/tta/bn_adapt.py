@@ -1,2 +1,0 @@
-# BN Adapt: BatchNorm layers use the current batch's statistics.
-custom_hooks = [dict(type='TTAHook', method='bn_adapt')]

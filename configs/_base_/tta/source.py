@@ -1,2 +1,0 @@
-# Source: the model is evaluated as it is, no adaptation.
-custom_hooks = [dict(type='TTAHook', method='source')]

@@ -1,0 +1,24 @@
+"""The task-agnostic core: STAG's math and loss, the head probe, the shared
+losses, SAM, and the online-adaptation methods. Plain PyTorch (and MMEngine's
+registry/optimizer builder): it imports neither MMSeg nor MMCV."""
+from . import stag
+from .losses import (cross_entropy_to_teacher, mean_over_outputs,
+                     per_sample_logits, pseudo_label_cross_entropy,
+                     softmax_entropy)
+from .methods import (BaseMethod, BatchContext, BNAdapt, CoTTA, DeYO, EATA,
+                      SAR, Source, TENT)
+from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
+                     use_batch_statistics)
+from .probe import OUTPUT_KINDS, HeadProbe
+from .registry import METHODS, build_method
+from .sam import SAM
+from .stag_loss import STAGLoss
+
+__all__ = [
+    'stag', 'STAGLoss', 'HeadProbe', 'OUTPUT_KINDS', 'METHODS',
+    'build_method', 'BaseMethod', 'BatchContext', 'Source', 'BNAdapt', 'TENT',
+    'EATA', 'SAR', 'DeYO', 'CoTTA', 'SAM', 'NORM_LAYER_TYPES', 'norm_layers',
+    'select_parameters', 'use_batch_statistics', 'softmax_entropy',
+    'pseudo_label_cross_entropy', 'cross_entropy_to_teacher',
+    'mean_over_outputs', 'per_sample_logits'
+]

@@ -1,0 +1,15 @@
+"""The online-adaptation methods, one file each, registered in
+:data:`mmseg_stag.core.registry.METHODS` under their lower-case names."""
+from .base import BaseMethod, BatchContext, SampleFilteringMethod
+from .bn_adapt import BNAdapt
+from .cotta import CoTTA
+from .deyo import DeYO
+from .eata import EATA
+from .sar import SAR
+from .source import Source
+from .tent import TENT
+
+__all__ = [
+    'BaseMethod', 'BatchContext', 'SampleFilteringMethod', 'Source',
+    'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA'
+]

@@ -1,0 +1,218 @@
+"""EATA (Niu et al., ICML 2022): efficient anti-forgetting test-time
+adaptation.
+
+Follows the authors' code (github.com/mr-eggplant/EATA, ``eata.py``
+``forward_and_adapt_eata`` and the Fisher loop of ``main.py``).
+"""
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..losses import per_sample_logits, softmax_entropy
+from ..registry import METHODS
+from .base import SampleFilteringMethod
+
+
+def update_model_probs(current: Optional[torch.Tensor],
+                       new_probs: torch.Tensor) -> Optional[torch.Tensor]:
+    """The moving average ``p_bar`` of the selected samples' probabilities
+    (authors' ``update_model_probs``; detached)."""
+    new_probs = new_probs.detach()
+    if current is None:
+        if new_probs.size(0) == 0:
+            return None
+        return new_probs.mean(0)
+    if new_probs.size(0) == 0:
+        return current
+    return 0.9 * current + (1 - 0.9) * new_probs.mean(0)
+
+
+@METHODS.register_module(name='eata')
+class EATA(SampleFilteringMethod):
+    """EATA: sample-efficient entropy minimisation with an EWC regulariser.
+
+    Per batch (per-sample logits ``[N, C]``, entropies ``H``):
+
+    1. reliable samples: ``H < E0``, ``E0 = entropy_margin * ln C``;
+    2. non-redundant samples: once the moving average ``p_bar`` of the
+       selected samples' probability vectors exists, keep the reliable
+       samples with ``|cos(p_bar, softmax(z))| < d_margin``;
+    3. ``p_bar`` update (authors' ``update_model_probs``): the first
+       ``p_bar`` is the mean of the reliable samples' probabilities (the
+       redundancy filter cannot apply yet), afterwards
+       ``0.9 p_bar + 0.1 mean(selected)`` when some are selected;
+    4. ``L_base = mean_selected(H / exp(H - E0))`` (weights detached)
+       ``+ fisher_alpha * sum F (theta - theta_0)^2`` (EWC, eq. 8-9).
+
+    With no selected sample the authors skip the backward pass and the
+    optimizer step: :meth:`base_loss` returns ``None``, so without STAG
+    there is no update, and with STAG the update uses ``beta_t * L_STAG``
+    alone (no EWC term, as there is no EATA loss that step).
+
+    The Fisher information (``fisher_alpha > 0``) comes from
+    :meth:`fit_source` on clean source batches, as in the authors'
+    ``main.py``; adapting before it raises a RuntimeError.
+    ``fisher_alpha=0`` is ETA (no regulariser, no source data needed).
+
+    Args:
+        entropy_margin (float): ``E0`` as a fraction of ``ln C``.
+            Default: 0.4 (authors' ``main.py``).
+        d_margin (float): cosine threshold ``epsilon`` of the redundancy
+            filter. Default: 0.05.
+        fisher_alpha (float): weight of the EWC term. Default: 2000.
+        optimizer (dict): default SGD lr 0.00025, momentum 0.9 (authors'
+            ImageNet setting, batch 64).
+        **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
+    """
+
+    supported_outputs = ('per_sample', )
+
+    def __init__(self,
+                 entropy_margin: float = 0.4,
+                 d_margin: float = 0.05,
+                 fisher_alpha: float = 2000.0,
+                 optimizer: Optional[dict] = None,
+                 **kwargs):
+        if not entropy_margin > 0:
+            raise ValueError(
+                f'entropy_margin must be > 0, got {entropy_margin}')
+        if not d_margin > 0:
+            raise ValueError(f'd_margin must be > 0, got {d_margin}')
+        if not fisher_alpha >= 0:
+            raise ValueError(f'fisher_alpha must be >= 0, got {fisher_alpha}')
+        super().__init__(
+            optimizer=optimizer or dict(type='SGD', lr=0.00025,
+                                        momentum=0.9),
+            **kwargs)
+        self.entropy_margin = float(entropy_margin)
+        self.d_margin = float(d_margin)
+        self.fisher_alpha = float(fisher_alpha)
+        self.e_margin: Optional[float] = None  # E0, set by configure
+        self.num_classes: Optional[int] = None
+        self.model_probs: Optional[torch.Tensor] = None  # p_bar
+        #: ``{param name: (fisher, theta_0)}``, set by :meth:`fit_source`
+        self.fishers: Optional[Dict[str, Tuple[torch.Tensor,
+                                               torch.Tensor]]] = None
+
+    @property
+    def needs_source_data(self) -> bool:
+        """EATA (``fisher_alpha > 0``) needs clean batches; ETA does not."""
+        return self.fisher_alpha > 0
+
+    def configure(self, model, classifier, output='per_sample'):
+        super().configure(model, classifier, output)
+        self.num_classes = int(classifier.weight.shape[0])
+        self.e_margin = self.entropy_margin * math.log(self.num_classes)
+        self.model_probs = None
+        self.fishers = None
+
+    # ------------------------------------------------------------------
+    def fit_source(self, forward, batches) -> None:
+        """Fisher information of the trainable parameters (authors'
+        ``main.py``): per clean batch, cross-entropy to the model's own
+        argmax, backward, accumulate ``grad^2``; divide by the number of
+        batches; ``theta_0`` = the parameters now. No optimizer step.
+
+        Args:
+            forward: ``forward(model, x) -> (logits, head_outputs)``.
+            batches: iterable of image tensors (or ``(images, ...)``
+                tuples/lists, whose other items are ignored: the authors
+                replace the labels by the model's argmax).
+        """
+        if self.fisher_alpha == 0:
+            return  # ETA: no regulariser
+        if self.model is None:
+            raise RuntimeError('EATA.configure(model, classifier) must be '
+                               'called before fit_source')
+        sums = {name: torch.zeros_like(p) for name, p in self.params}
+        seen = set()
+        num_batches = 0
+        for batch in batches:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.enable_grad():
+                _, head_outputs = forward(self.model, x)
+                _, logits = per_sample_logits(head_outputs, 'EATA')
+                targets = logits.detach().max(1)[1]
+                F.cross_entropy(logits, targets).backward()
+            for name, p in self.params:
+                if p.grad is not None:
+                    sums[name] += p.grad.detach() ** 2
+                    seen.add(name)
+            num_batches += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if num_batches == 0:
+            raise ValueError('EATA.fit_source got no batches')
+        self.fishers = {name: (sums[name] / num_batches,
+                               p.detach().clone())
+                        for name, p in self.params if name in seen}
+
+    def ewc_term(self) -> torch.Tensor:
+        """``fisher_alpha * sum_params sum F (theta - theta_0)^2``."""
+        if self.fishers is None:
+            raise RuntimeError('EATA has no Fisher information: call '
+                               'fit_source(forward, clean_batches) first')
+        ref = self.params[0][1]
+        total = torch.zeros((), dtype=ref.dtype, device=ref.device)
+        for name, p in self.params:
+            if name in self.fishers:
+                fisher, theta0 = self.fishers[name]
+                total = total + self.fisher_alpha * (
+                    fisher * (p - theta0) ** 2).sum()
+        return total
+
+    # ------------------------------------------------------------------
+    def select(self, logits: torch.Tensor
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Both filters and the ``p_bar`` update for one batch.
+
+        Returns ``(entropies [N], reliable mask [N], selected mask [N])``;
+        the selected samples are reliable and non-redundant.
+        """
+        entropies = softmax_entropy(logits)
+        reliable = entropies < self.e_margin
+        selected = reliable.clone()
+        with torch.no_grad():
+            probs = logits.detach()[reliable].softmax(1)
+            if self.model_probs is not None:
+                cos = F.cosine_similarity(self.model_probs.unsqueeze(0),
+                                          probs, dim=1)
+                keep = cos.abs() < self.d_margin
+                selected[reliable.nonzero(as_tuple=True)[0]] = keep
+                probs = probs[keep]
+            self.model_probs = update_model_probs(self.model_probs, probs)
+        return entropies, reliable, selected
+
+    def base_loss(self, ctx) -> Optional[torch.Tensor]:
+        """Weighted entropy of the selected samples (+ EWC); ``None`` when
+        no sample is selected. Updates ``p_bar`` (once per call)."""
+        _, logits = per_sample_logits(ctx.head_outputs, 'EATA')
+        entropies, reliable, selected = self.select(logits)
+        if self.record_selection(ctx, reliable, selected) == 0:
+            return None
+        ent = entropies[selected]
+        coeff = 1 / torch.exp(ent.detach() - self.e_margin)
+        loss = ent.mul(coeff).mean(0)
+        if self.fishers is not None:
+            ewc = self.ewc_term()
+            ctx.stats['loss_ewc'] = ewc.item()
+            loss = loss + ewc
+        return loss
+
+    def adapt(self, ctx):
+        if self.model is not None and self.fisher_alpha > 0 and \
+                self.fishers is None:
+            raise RuntimeError(
+                f'EATA with fisher_alpha={self.fisher_alpha} needs the '
+                'Fisher information of clean source data: call '
+                'fit_source(forward, clean_batches) before adapt, or set '
+                'fisher_alpha=0 (ETA)')
+        return super().adapt(ctx)
+
+    def __repr__(self) -> str:
+        return (super().__repr__()[:-1] +
+                f', entropy_margin={self.entropy_margin}, '
+                f'd_margin={self.d_margin}, '
+                f'fisher_alpha={self.fisher_alpha})')

@@ -1,0 +1,215 @@
+"""SAR (Niu et al., ICLR 2023): sharpness-aware and reliable entropy
+minimisation.
+
+Follows the authors' code (github.com/mr-eggplant/SAR, ``sar.py``
+``forward_and_adapt_sar``, ``sam.py`` and ``collect_params``).
+"""
+import copy
+import math
+from typing import Optional
+
+import torch
+
+from ..losses import per_sample_logits, softmax_entropy
+from ..registry import METHODS
+from ..sam import SAM
+from .base import BaseMethod, BatchContext
+
+#: Module names the authors' ``collect_params`` never adapts: the last stage
+#: (``layer4`` of ResNets, ``blocks.9``-``blocks.11`` of ViT-B) and the final
+#: ``norm`` (substring tests on module names, as in their code).
+SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
+
+
+@METHODS.register_module(name='sar')
+class SAR(BaseMethod):
+    """SAR: reliable entropy minimisation with a SAM update and recovery.
+
+    One ``adapt`` call (authors' ``forward_and_adapt_sar``):
+
+    1. forward 1 (its logits are the prediction returned); entropies ``H``,
+       filter 1 ``H < E0`` (``E0 = entropy_margin * ln C``);
+       ``L1 = mean_{filter 1} H (+ beta_t L_STAG on every sample)``;
+       backward;
+    2. SAM first step (:class:`~mmseg_stag.core.sam.SAM`): ``e_w = rho * g / (||g|| + 1e-12)`` (``||g||`` the
+       2-norm of the per-parameter gradient 2-norms), ``theta += e_w``;
+    3. forward 2 at ``theta + e_w``; entropies ``H2`` of the filter-1
+       samples, filter 2 ``H2 < E0``;
+       ``L2 = mean_{filter 2} H2 (+ beta_t L_STAG on every sample of
+       forward 2)``; ``ema = 0.9 ema + 0.1 mean_{filter 2} H2`` (the base
+       loss value only); backward;
+    4. SAM second step: ``theta`` back to its old values, one step of the
+       base optimizer (SGD), gradients zeroed;
+    5. recovery: if ``ema < reset_constant``, the trainable parameters and
+       the optimizer state return to their values at ``configure`` and
+       ``ema`` to ``None`` (counted in ``num_resets``).
+
+    ``beta_t`` is the same in both forwards and advances once per update.
+
+    Empty filters (STAG off). The authors take the mean of an empty set
+    (NaN) and still run ``backward``: the gradients are then exactly zero,
+    so ``e_w = 0`` and the base optimizer steps with zero gradients, which
+    with momentum SGD moves the parameters by the momentum buffer alone;
+    ``ema`` is not updated (their ``isnan`` check). With
+    ``momentum_step_on_empty=True`` (default) this implementation does the
+    same without any NaN: no backward, no perturbation and no second
+    forward when filter 1 is empty (they have no effect), the parameters
+    are always restored to ``theta``, and the base optimizer steps with
+    zero gradients (a momentum-only step; nothing moves while the momentum
+    buffer is empty). ``False`` skips that step: no update at all. A
+    momentum-only step is not counted in ``num_updates``/``step``. With
+    STAG on the losses always exist (``L_STAG`` covers every sample), so
+    every call is a full SAM update.
+
+    Args:
+        entropy_margin (float): ``E0`` as a fraction of ``ln C``.
+            Default: 0.4.
+        rho (float): SAM neighbourhood size (non-adaptive SAM).
+            Default: 0.05.
+        reset_constant (float): recovery threshold ``e_m`` on the EMA of
+            the loss. Default: 0.2.
+        exclude_regex (str, optional): trainable parameters whose *module*
+            name matches (``re.search``) are left frozen. Default: the
+            authors' exclusion :data:`SAR_AUTHORS_EXCLUDE`; ``None``: keep
+            every parameter chosen by ``trainable``.
+        momentum_step_on_empty (bool): see above. Default: True.
+        reset_optimizer (bool): the recovery also restores the optimizer
+            state (momentum buffers). Default: True. The authors' reset
+            calls ``SAM.load_state_dict``, which restores SAM's own state
+            but not its base SGD's momentum buffers; ``False`` reproduces
+            that.
+        optimizer (dict): the base optimizer of SAM (MMEngine
+            ``OPTIMIZERS``). Default: SGD lr 0.00025, momentum 0.9.
+        **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
+    """
+
+    supported_outputs = ('per_sample', )
+
+    def __init__(self,
+                 entropy_margin: float = 0.4,
+                 rho: float = 0.05,
+                 reset_constant: float = 0.2,
+                 exclude_regex: Optional[str] = SAR_AUTHORS_EXCLUDE,
+                 momentum_step_on_empty: bool = True,
+                 reset_optimizer: bool = True,
+                 optimizer: Optional[dict] = None,
+                 **kwargs):
+        if not entropy_margin > 0:
+            raise ValueError(
+                f'entropy_margin must be > 0, got {entropy_margin}')
+        if not rho >= 0:
+            raise ValueError(f'rho must be >= 0, got {rho}')
+        super().__init__(
+            optimizer=optimizer or dict(type='SGD', lr=0.00025,
+                                        momentum=0.9),
+            **kwargs)
+        self.entropy_margin = float(entropy_margin)
+        self.rho = float(rho)
+        self.reset_constant = float(reset_constant)
+        self.exclude_regex = exclude_regex
+        self.momentum_step_on_empty = bool(momentum_step_on_empty)
+        self.reset_optimizer = bool(reset_optimizer)
+        self.e_margin: Optional[float] = None
+        self.ema: Optional[float] = None
+        self.num_resets = 0
+        self._initial_params = {}
+        self._initial_optimizer = None
+
+    def build_optimizer(self):
+        return SAM(super().build_optimizer(), rho=self.rho)
+
+    def configure(self, model, classifier, output='per_sample'):
+        super().configure(model, classifier, output)
+        self.exclude_modules(self.exclude_regex)
+        self.e_margin = self.entropy_margin * math.log(
+            int(classifier.weight.shape[0]))
+        self.ema = None
+        self._initial_params = {n: p.detach().clone()
+                                for n, p in self.params}
+        self._initial_optimizer = copy.deepcopy(
+            self.optimizer.base_optimizer.state_dict())
+
+    # ------------------------------------------------------------------
+    def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
+        """Mean entropy of the samples with ``H < E0`` (and in ``ctx.among``
+        when set); ``None`` when none is kept. Sets ``ctx.kept``."""
+        _, logits = per_sample_logits(ctx.head_outputs, 'SAR')
+        entropies = softmax_entropy(logits)
+        keep = entropies < self.e_margin
+        if ctx.among is not None:
+            keep = keep & ctx.among
+        ctx.kept = keep
+        ctx.stats['num_kept'] = float(keep.sum())
+        if not bool(keep.any()):
+            return None
+        return entropies[keep].mean(0)
+
+    def reset(self) -> None:
+        """Model recovery: trainable parameters (and, with
+        ``reset_optimizer``, the base optimizer's state) back to their values
+        at ``configure``; ``ema = None``."""
+        with torch.no_grad():
+            for name, p in self.params:
+                p.copy_(self._initial_params[name])
+        if self.reset_optimizer:
+            self.optimizer.base_optimizer.load_state_dict(
+                copy.deepcopy(self._initial_optimizer))
+        self.ema = None
+        self.num_resets += 1
+
+    def adapt(self, ctx: BatchContext):
+        if self.model is None:
+            raise RuntimeError('SAR.configure(model, classifier) must be '
+                               'called before adapt')
+        sam = self.optimizer
+        loss2, stats2 = None, {}
+        try:
+            # forward 1 (the prediction), filter 1, L1, backward
+            loss1 = self.loss(self.forward(ctx))
+            stats1 = {k + '1': v for k, v in ctx.stats.items()}
+            sam.zero_grad(set_to_none=True)
+            if loss1 is not None:
+                loss1.backward()
+                sam.first_step()  # theta + e_w
+                sam.zero_grad(set_to_none=True)
+                # forward 2 at theta + e_w, filter 2 among filter 1
+                second = self.forward(
+                    BatchContext(ctx.inputs, ctx.forward, among=ctx.kept))
+                loss2 = self.loss(second)
+                if 'loss_base' in second.stats:
+                    base = second.stats['loss_base']
+                    self.ema = base if self.ema is None else \
+                        0.9 * self.ema + (1 - 0.9) * base
+                stats2 = {k + '2': v for k, v in second.stats.items()}
+                if loss2 is not None:
+                    loss2.backward()
+                    sam.second_step()  # back to theta, base optimizer step
+        finally:
+            sam.unperturb()  # back to theta whatever happened
+        ctx.stats = {**stats1, **stats2}
+        updated = loss2 is not None
+        if updated:
+            self.step += 1
+            self.num_updates += 1
+        elif self.momentum_step_on_empty:
+            # the authors' zero-gradient step (see the class docstring)
+            for _, p in self.params:
+                p.grad = torch.zeros_like(p)
+            sam.base_optimizer.step()
+        sam.zero_grad(set_to_none=True)
+        ctx.stats['updated'] = float(updated)
+        ctx.stats['momentum_only_step'] = float(
+            not updated and self.momentum_step_on_empty)
+        reset = self.ema is not None and self.ema < self.reset_constant
+        if reset:
+            self.reset()
+        ctx.stats['reset'] = float(reset)
+        if self.ema is not None:
+            ctx.stats['ema'] = self.ema
+        return ctx.prediction.detach(), ctx.stats
+
+    def __repr__(self) -> str:
+        return (super().__repr__()[:-1] +
+                f', entropy_margin={self.entropy_margin}, rho={self.rho}, '
+                f'reset_constant={self.reset_constant}, '
+                f'exclude_regex={self.exclude_regex!r})')

@@ -1,0 +1,19 @@
+from ..registry import METHODS
+from .base import BaseMethod
+
+
+@METHODS.register_module(name='source')
+class Source(BaseMethod):
+    """The source model, unchanged: no update, evaluation mode.
+
+    A STAG term makes no sense without anything to update, so ``stag`` is
+    refused.
+    """
+
+    has_base_loss = False
+
+    def __init__(self, stag=None, **kwargs):
+        if stag is not None:
+            raise ValueError('source does not adapt: remove the stag option '
+                             '(use bn_adapt or tent with stag)')
+        super().__init__(stag=None, **kwargs)

@@ -1,0 +1,90 @@
+"""Which parameters a method adapts, and how normalisation layers behave."""
+import re
+from typing import List, Optional, Sequence, Tuple
+
+import torch.nn as nn
+
+#: Normalisation layer families selectable by name in ``norm_types``.
+NORM_LAYER_TYPES = {
+    'BN': nn.modules.batchnorm._BatchNorm,
+    'LN': nn.LayerNorm,
+    'GN': nn.GroupNorm,
+    'IN': nn.modules.instancenorm._InstanceNorm,
+}
+
+
+def norm_layers(model: nn.Module,
+                norm_types: Sequence[str] = ('BN', 'LN', 'GN', 'IN')
+                ) -> List[Tuple[str, nn.Module]]:
+    """``(name, module)`` of every normalisation layer of the given types.
+
+    Selection is by module type, not by name: MMSeg's MiT names its
+    stage-final LayerNorms ``layers.{i}.2`` (no "norm" in the name).
+    """
+    unknown = set(norm_types) - set(NORM_LAYER_TYPES)
+    if unknown:
+        raise ValueError(f'unknown norm_types {sorted(unknown)}; choose from '
+                         f'{sorted(NORM_LAYER_TYPES)}')
+    classes = tuple(NORM_LAYER_TYPES[t] for t in norm_types)
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, classes)]
+
+
+def select_parameters(model: nn.Module,
+                      kind: str = 'norm_affine',
+                      norm_types: Sequence[str] = ('BN', 'LN', 'GN', 'IN'),
+                      name_regex: Optional[str] = None
+                      ) -> List[Tuple[str, nn.Parameter]]:
+    """The parameters a method adapts, as ``(name, parameter)``.
+
+    Args:
+        model: the model.
+        kind: ``'norm_affine'`` (weight and bias of the normalisation layers
+            of ``norm_types``) or ``'all'``.
+        norm_types: families in :data:`NORM_LAYER_TYPES`.
+        name_regex: if given, keep only parameters whose full name matches.
+    """
+    if kind == 'norm_affine':
+        selected = [(f'{mod_name}.{p_name}' if mod_name else p_name, p)
+                    for mod_name, m in norm_layers(model, norm_types)
+                    for p_name, p in m.named_parameters(recurse=False)
+                    if p_name in ('weight', 'bias')]
+    elif kind == 'all':
+        selected = list(model.named_parameters())
+    else:
+        raise ValueError(
+            f"trainable kind must be 'norm_affine' or 'all', got {kind!r}")
+    if name_regex is not None:
+        pattern = re.compile(name_regex)
+        selected = [(n, p) for n, p in selected if pattern.search(n)]
+    return selected
+
+
+def exclude_by_module(params: List[Tuple[str, nn.Parameter]],
+                      exclude_regex: str) -> List[Tuple[str, nn.Parameter]]:
+    """The parameters whose *module* name does not match ``exclude_regex``
+    (``re.search``, the authors' substring tests in SAR/DeYO
+    ``collect_params``); the excluded ones are frozen."""
+    pattern = re.compile(exclude_regex)
+    kept = []
+    for name, p in params:
+        module_name = name.rsplit('.', 1)[0] if '.' in name else ''
+        if pattern.search(module_name):
+            p.requires_grad_(False)
+        else:
+            kept.append((name, p))
+    return kept
+
+
+def use_batch_statistics(model: nn.Module) -> None:
+    """BatchNorm layers normalise with the current batch's statistics.
+
+    As in the BN Adapt baseline (Schneider et al.; tent's ``norm.py``): the
+    running statistics are dropped so that evaluation mode cannot bring them
+    back.
+    """
+    for _, m in norm_layers(model, ('BN', )):
+        m.track_running_stats = False
+        m.running_mean = None
+        m.running_var = None
+        m.train()

@@ -1,0 +1,160 @@
+"""``HeadProbe``: one forward pass gives the prediction *and* the classifier's
+inputs and outputs, for any model (a segmentor or a classifier).
+
+STAG (and every entropy-style loss) needs the classifier's input features
+``h`` and its logits ``z`` from the very forward pass that makes the
+prediction. The probe hooks the classifier module (found by name in whichever
+model it is given: the adapted model, a teacher copy, a source copy) for the
+duration of one call and returns what it saw::
+
+    prediction, head_outputs = probe(model, inputs)
+    # head_outputs = [(features, logits), ...]: one pair per classifier call
+    # (one for a classifier or whole-image inference, one per crop for
+    # sliding-window inference), with their autograd graphs.
+"""
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+#: What a classifier's outputs are: ``[N, C]`` or ``[N, C, H, W]``.
+OUTPUT_KINDS = ('per_sample', 'per_pixel')
+
+HeadOutputs = List[Tuple[torch.Tensor, torch.Tensor]]
+#: ``forward(model, inputs) -> (prediction, head_outputs)``
+Forward = Callable[[nn.Module, Any], Tuple[torch.Tensor, HeadOutputs]]
+
+
+def check_output_kind(output: str) -> str:
+    if output not in OUTPUT_KINDS:
+        raise ValueError(f'output must be one of {OUTPUT_KINDS}, got '
+                         f'{output!r}')
+    return output
+
+
+class HeadProbe:
+    """Records ``(input, output)`` of a model's classifier module.
+
+    Args:
+        classifier (str, optional): dotted module name of the classifier
+            (``'fc'``, ``'head'``, ``'decode_head.conv_seg'``). ``None``
+            (per sample only): the last ``nn.Linear`` of the model.
+        output (str): ``'per_sample'`` (an ``nn.Linear``-like classifier,
+            features ``[N, D]``) or ``'per_pixel'`` (a plain 1x1 conv,
+            features ``[N, D, H, W]``).
+        run (callable, optional): ``run(model, inputs) -> prediction``, the
+            model's own forward pass. Default: ``model(inputs)``.
+    """
+
+    def __init__(self,
+                 classifier: Optional[str] = None,
+                 output: str = 'per_sample',
+                 run: Optional[Callable[[nn.Module, Any], Any]] = None):
+        self.output = check_output_kind(output)
+        if classifier is None and output == 'per_pixel':
+            raise ValueError('a per-pixel probe needs the classifier module '
+                             "name (e.g. 'decode_head.conv_seg')")
+        if classifier is not None and (not isinstance(classifier, str)
+                                       or not classifier):
+            raise ValueError('classifier must be a dotted module name, got '
+                             f'{classifier!r}')
+        self.classifier_name = classifier
+        self.run = run or (lambda model, inputs: model(inputs))
+
+    def find(self, model: nn.Module) -> Tuple[str, nn.Module]:
+        """``(name, module)`` of the classifier in ``model``; a ValueError
+        names what is wrong (no such module, not a valid classifier)."""
+        name = self.classifier_name
+        if name is None:
+            linears = [(n, m) for n, m in model.named_modules()
+                       if isinstance(m, nn.Linear)]
+            if not linears:
+                raise ValueError(
+                    f'{type(model).__name__} has no nn.Linear layer: name '
+                    'the classifier in the config (model.classifier=...)')
+            name, module = linears[-1]
+        else:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError as err:
+                raise ValueError(
+                    f'{type(model).__name__} has no module {name!r} (the '
+                    'classifier); name its final 1x1 conv / linear layer'
+                ) from err
+        if self.output == 'per_pixel':
+            check_pixel_classifier(module, name)
+        else:
+            check_sample_classifier(module, name)
+        return name, module
+
+    def classifier(self, model: nn.Module) -> nn.Module:
+        """The classifier module of ``model``."""
+        return self.find(model)[1]
+
+    def __call__(self, model: nn.Module, inputs: Any,
+                 run: Optional[Callable[[nn.Module, Any], Any]] = None
+                 ) -> Tuple[Any, HeadOutputs]:
+        """Run ``model`` once on ``inputs`` (``run`` or the probe's own);
+        returns ``(prediction, head_outputs)``."""
+        name, module = self.find(model)
+        records: HeadOutputs = []
+
+        def hook(_, args, output):
+            records.append((args[0], output))
+
+        handle = module.register_forward_hook(hook)
+        try:
+            prediction = (run or self.run)(model, inputs)
+        finally:
+            handle.remove()
+        if not records:
+            raise RuntimeError(f'the classifier {name!r} did not run during '
+                               "the model's forward pass; name the module "
+                               'that computes the logits')
+        want = 2 if self.output == 'per_sample' else 4
+        for features, _ in records:
+            if features.dim() != want:
+                raise ValueError(
+                    f'classifier {name!r} got an input of shape '
+                    f'{tuple(features.shape)}; {self.output} outputs need '
+                    f'{want}-d features')
+        return prediction, records
+
+
+def check_sample_classifier(module: nn.Module, name: str) -> nn.Module:
+    """A per-sample classifier has a ``[C, D]`` (or ``[C, D, 1, 1]``)
+    weight."""
+    weight = getattr(module, 'weight', None)
+    if not isinstance(weight, torch.Tensor) or not (
+            weight.dim() == 2 or
+            (weight.dim() == 4 and tuple(weight.shape[2:]) == (1, 1))):
+        raise ValueError(f'classifier {name!r} ({type(module).__name__}) '
+                         'needs a [C, D] or [C, D, 1, 1] weight')
+    return module
+
+
+def check_pixel_classifier(module: nn.Module, name: str) -> nn.Conv2d:
+    """A per-pixel classifier is a plain 1x1 conv (weight
+    ``[C, D, 1, 1]``, stride 1, groups 1, no padding): STAG's ``g = s h``
+    holds at every pixel of its input."""
+    if not isinstance(module, nn.Conv2d):
+        raise ValueError(
+            f'classifier {name!r} is a {type(module).__name__} ({module!r}), '
+            'not an nn.Conv2d: head without a 1x1 classifier (STAG needs a '
+            '1x1 conv whose weight is [C, D, 1, 1], applied to every pixel '
+            'of the head features)')
+    problems = []
+    if tuple(module.kernel_size) != (1, 1):
+        problems.append(f'kernel_size={tuple(module.kernel_size)}')
+    if tuple(module.stride) != (1, 1):
+        problems.append(f'stride={tuple(module.stride)}')
+    if module.groups != 1:
+        problems.append(f'groups={module.groups}')
+    if module.padding not in ((0, 0), 'valid', 'same'):
+        problems.append(f'padding={module.padding}')
+    if problems:
+        raise ValueError(
+            f"classifier {name!r} is {module!r} ({', '.join(problems)}): "
+            'head without a 1x1 classifier (STAG needs a plain 1x1 conv: '
+            'kernel 1x1, stride 1, groups 1, no padding)')
+    return module

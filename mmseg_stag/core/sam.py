@@ -1,0 +1,67 @@
+"""SAM (Foret et al., ICLR 2021) as a ``torch.optim.Optimizer``, the shape of
+the SAR authors' ``sam.py`` (non-adaptive): ``first_step`` moves to
+``theta + e_w``, ``second_step`` moves back and steps the base optimizer."""
+import torch
+
+
+class SAM(torch.optim.Optimizer):
+    """Sharpness-aware minimisation around a built base optimizer.
+
+    Args:
+        base_optimizer (Optimizer): the optimizer that takes the step (its
+            parameter groups become SAM's).
+        rho (float): neighbourhood size. Default: 0.05.
+    """
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer,
+                 rho: float = 0.05):
+        if not rho >= 0:
+            raise ValueError(f'rho must be >= 0, got {rho}')
+        super().__init__(base_optimizer.param_groups, dict(rho=rho))
+        self.base_optimizer = base_optimizer
+        self.param_groups = base_optimizer.param_groups
+
+    @torch.no_grad()
+    def grad_norm(self) -> torch.Tensor:
+        """2-norm of the per-parameter gradient 2-norms."""
+        return torch.norm(torch.stack([
+            p.grad.norm(p=2) for group in self.param_groups
+            for p in group['params'] if p.grad is not None]), p=2)
+
+    @torch.no_grad()
+    def first_step(self) -> None:
+        """``theta += rho g / (||g|| + 1e-12)`` (no-op without gradients)."""
+        if not any(p.grad is not None for group in self.param_groups
+                   for p in group['params']):
+            return
+        norm = self.grad_norm()
+        for group in self.param_groups:
+            scale = group['rho'] / (norm + 1e-12)
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                self.state[p]['old_p'] = p.detach().clone()
+                p.add_(p.grad * scale.to(p))
+
+    @torch.no_grad()
+    def unperturb(self) -> None:
+        """Back to ``theta`` wherever :meth:`first_step` moved."""
+        for group in self.param_groups:
+            for p in group['params']:
+                old = self.state[p].pop('old_p', None)
+                if old is not None:
+                    p.copy_(old)
+
+    @torch.no_grad()
+    def second_step(self) -> None:
+        """Back to ``theta``, then one step of the base optimizer with the
+        gradients at ``theta + e_w``."""
+        self.unperturb()
+        self.base_optimizer.step()
+
+    def step(self, closure=None):
+        raise RuntimeError('SAM needs first_step() and second_step() around '
+                           'a second forward/backward pass')
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.base_optimizer.zero_grad(set_to_none=set_to_none)

@@ -1,3 +1,0 @@
-from .tta_hook import TTAHook
-
-__all__ = ['TTAHook']

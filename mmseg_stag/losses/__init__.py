@@ -1,3 +1,0 @@
-from .stag_loss import STAGLoss
-
-__all__ = ['STAGLoss']

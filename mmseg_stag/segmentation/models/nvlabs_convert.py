@@ -1,0 +1,261 @@
+"""Convert NVlabs SegFormer checkpoints to MMSeg 1.x names.
+
+The source is NVlabs' own release (e.g. ``segformer.b5.1024x1024.city.160k
+.pth``: NVlabs ``mit_b*`` backbone + NVlabs ``SegFormerHead``, an MMSeg 0.x
+fork). The target is an ``EncoderDecoder`` with
+MMSeg's ``MixVisionTransformer`` backbone and :class:`NVSegformerHead`.
+
+Backbone keys (``backbone.`` prefix kept) follow MMSeg's own converter
+``tools/model_converters/mit2mmseg.py`` and the parameter names of MMSeg
+1.x's ``MixVisionTransformer``:
+
+- ``patch_embed{i}.proj.*`` -> ``layers.{i-1}.0.projection.*``
+- ``patch_embed{i}.norm.*`` -> ``layers.{i-1}.0.norm.*``
+- ``block{i}.{j}.norm1.*`` / ``.norm2.*`` -> ``layers.{i-1}.1.{j}.norm1.*``
+  / ``.norm2.*``
+- ``block{i}.{j}.attn.q.*`` and ``.attn.kv.*`` ->
+  ``layers.{i-1}.1.{j}.attn.attn.in_proj_*`` = ``cat([q, kv])`` (rows q, k,
+  v, as ``nn.MultiheadAttention`` expects)
+- ``block{i}.{j}.attn.proj.*`` -> ``layers.{i-1}.1.{j}.attn.attn.out_proj.*``
+- ``block{i}.{j}.attn.sr.*`` / ``.attn.norm.*`` -> same names under
+  ``layers.{i-1}.1.{j}.``
+- ``block{i}.{j}.mlp.fc1.*`` -> ``layers.{i-1}.1.{j}.ffn.layers.0.*``
+  (Linear weight ``[out, in]`` -> 1x1 conv ``[out, in, 1, 1]``)
+- ``block{i}.{j}.mlp.dwconv.dwconv.*`` -> ``layers.{i-1}.1.{j}.ffn.layers.1.*``
+- ``block{i}.{j}.mlp.fc2.*`` -> ``layers.{i-1}.1.{j}.ffn.layers.4.*``
+  (reshaped like ``fc1``)
+- ``norm{i}.*`` -> ``layers.{i-1}.2.*``
+
+(MMSeg keeps the block norms as ``norm1``/``norm2``; there are no ``ln1``/
+``ln2`` in MMSeg 1.2's MiT.) Head keys: ``decode_head.linear_c{i}.proj.*``
+and ``decode_head.linear_fuse.{conv,bn}.*`` are unchanged, the classifier
+``decode_head.linear_pred.*`` becomes ``decode_head.conv_seg.*``.
+
+Known keys that are dropped (they carry no weight of the NVlabs model's
+computation):
+
+- ``decode_head.conv_seg.*``: NVlabs' MMSeg 0.x ``BaseDecodeHead`` always
+  builds a ``conv_seg`` (``channels`` = 128 -> classes) that its
+  ``SegFormerHead`` never calls (it predicts with ``linear_pred``);
+- ``backbone.head.*``: MiT's ImageNet classification head, present in the
+  ImageNet ``mit_b*.pth`` files and unused for segmentation.
+
+Any other key is an error (listed), as is a ``q`` without its ``kv``.
+
+Numerical note: NVlabs' patch-embedding norms and attention ``sr`` norms use
+LayerNorm eps 1e-5, MMSeg's MiT uses 1e-6 everywhere (MMSeg's own
+``mit2mmseg`` conversion has the same, negligible, difference).
+"""
+import os
+import os.path as osp
+import re
+from collections import OrderedDict
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from mmseg_stag.checkpoint import (extract_state_dict, load_checkpoint_file,
+                                   plain_meta)
+
+_PATCH_EMBED = re.compile(r'^patch_embed([1-9])\.(proj|norm)\.(weight|bias)$')
+_STAGE_NORM = re.compile(r'^norm([1-9])\.(weight|bias)$')
+_BLOCK = re.compile(r'^block([1-9])\.(\d+)\.(.+)$')
+_BLOCK_SAME = re.compile(r'^(norm1|norm2|attn\.sr|attn\.norm)\.(weight|bias)$')
+_MLP = re.compile(r'^mlp\.(fc1|dwconv\.dwconv|fc2)\.(weight|bias)$')
+_FFN_INDEX = {'fc1': 0, 'dwconv.dwconv': 1, 'fc2': 4}
+_HEAD_SAME = re.compile(
+    r'^(linear_c[1-4]\.proj\.(weight|bias)|linear_fuse\.conv\.weight|'
+    r'linear_fuse\.bn\.(weight|bias|running_mean|running_var|'
+    r'num_batches_tracked))$')
+_HEAD_PRED = re.compile(r'^linear_pred\.(weight|bias)$')
+#: keys of NVlabs checkpoints that are dropped on purpose (see module doc)
+DROPPED_KEYS = re.compile(r'^(decode_head\.conv_seg|backbone\.head)\.'
+                          r'(weight|bias)$')
+
+
+class _Unknown(Exception):
+    """A key that is not part of an NVlabs SegFormer (internal)."""
+
+
+def _convert_block_key(stage: int, index: str, rest: str, value: torch.Tensor,
+                       backbone: Mapping[str, torch.Tensor]
+                       ) -> Optional[Tuple[str, torch.Tensor]]:
+    prefix = f'layers.{stage - 1}.1.{index}.'
+    if _BLOCK_SAME.match(rest):
+        return prefix + rest, value
+    match = re.match(r'^attn\.(q|kv|proj)\.(weight|bias)$', rest)
+    if match:
+        part, param = match.groups()
+        if part == 'proj':
+            return f'{prefix}attn.attn.out_proj.{param}', value
+        q_key = f'block{stage}.{index}.attn.q.{param}'
+        kv_key = f'block{stage}.{index}.attn.kv.{param}'
+        if part == 'kv':
+            if q_key not in backbone:
+                raise ValueError(f'backbone.{kv_key} has no matching '
+                                 f'backbone.{q_key}')
+            return None  # merged with attn.q below
+        if kv_key not in backbone:
+            raise ValueError(f'backbone.{q_key} has no matching '
+                             f'backbone.{kv_key}')
+        kv = backbone[kv_key]
+        if kv.shape[0] != 2 * value.shape[0] or kv.shape[1:] != \
+                value.shape[1:]:
+            raise ValueError(
+                f'backbone.{kv_key} has shape {tuple(kv.shape)}, expected '
+                f'2x backbone.{q_key} {tuple(value.shape)}')
+        # nn.MultiheadAttention's in_proj rows are [q; k; v] and NVlabs'
+        # kv rows are [k; v].
+        return f'{prefix}attn.attn.in_proj_{param}', torch.cat([value, kv])
+    match = _MLP.match(rest)
+    if match:
+        layer, param = match.groups()
+        if layer in ('fc1', 'fc2') and param == 'weight':
+            if value.dim() != 2:
+                raise ValueError(f'backbone.block{stage}.{index}.{rest}: '
+                                 f'expected a Linear weight, got shape '
+                                 f'{tuple(value.shape)}')
+            value = value.reshape(*value.shape, 1, 1)  # Linear -> 1x1 conv
+        return f'{prefix}ffn.layers.{_FFN_INDEX[layer]}.{param}', value
+    raise _Unknown
+
+
+def _convert_backbone_key(key: str, value: torch.Tensor,
+                          backbone: Mapping[str, torch.Tensor]
+                          ) -> Optional[Tuple[str, torch.Tensor]]:
+    """One NVlabs MiT entry (without ``backbone.``) -> ``(mmseg_key,
+    tensor)``, ``None`` when merged into another key."""
+    match = _PATCH_EMBED.match(key)
+    if match:
+        stage, part, param = match.groups()
+        part = 'projection' if part == 'proj' else 'norm'
+        return f'layers.{int(stage) - 1}.0.{part}.{param}', value
+    match = _STAGE_NORM.match(key)
+    if match:
+        stage, param = match.groups()
+        return f'layers.{int(stage) - 1}.2.{param}', value
+    match = _BLOCK.match(key)
+    if match:
+        stage, index, rest = match.groups()
+        return _convert_block_key(int(stage), index, rest, value, backbone)
+    raise _Unknown
+
+
+def _convert(state_dict: Mapping[str, torch.Tensor]
+             ) -> Tuple['OrderedDict[str, torch.Tensor]', List[str]]:
+    state = OrderedDict(
+        (k[len('module.'):] if k.startswith('module.') else k, v)
+        for k, v in state_dict.items())
+    backbone = {k[len('backbone.'):]: v for k, v in state.items()
+                if k.startswith('backbone.')}
+    converted: 'OrderedDict[str, torch.Tensor]' = OrderedDict()
+    unknown, dropped = [], []
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f'{key!r} is not a tensor '
+                             f'({type(value).__name__}); not a state dict')
+        if DROPPED_KEYS.match(key):
+            dropped.append(key)
+            continue
+        try:
+            if key.startswith('backbone.'):
+                item = _convert_backbone_key(key[len('backbone.'):], value,
+                                             backbone)
+                if item is not None:
+                    converted['backbone.' + item[0]] = item[1]
+                continue
+            if key.startswith('decode_head.'):
+                name = key[len('decode_head.'):]
+                if _HEAD_SAME.match(name):
+                    converted[key] = value
+                    continue
+                match = _HEAD_PRED.match(name)
+                if match:
+                    converted[f'decode_head.conv_seg.{match.group(1)}'] = \
+                        value
+                    continue
+            raise _Unknown
+        except _Unknown:
+            unknown.append(key)
+    if unknown:
+        hint = ''
+        if any(k.startswith('backbone.layers.') for k in unknown):
+            hint = (' (keys like backbone.layers.* suggest a checkpoint '
+                    'that is already in MMSeg format: load it directly)')
+        shown = ', '.join(unknown[:20]) + (' ...' if len(unknown) > 20 else '')
+        raise ValueError(
+            f'not an NVlabs SegFormer checkpoint: {len(unknown)} unknown '
+            f'key(s): {shown}{hint}')
+    if 'decode_head.conv_seg.weight' not in converted:
+        raise ValueError('not an NVlabs SegFormer checkpoint: no '
+                         'decode_head.linear_pred.weight (the classifier)')
+    return converted, dropped
+
+
+def convert_nvlabs_segformer(state_dict: Mapping[str, torch.Tensor]
+                             ) -> 'OrderedDict[str, torch.Tensor]':
+    """Map an NVlabs SegFormer state dict onto MMSeg 1.x names.
+
+    Args:
+        state_dict (Mapping[str, Tensor]): NVlabs keys (``backbone.*``,
+            ``decode_head.*``; a DDP ``module.`` prefix is removed).
+
+    Returns:
+        OrderedDict[str, Tensor]: Keys of an ``EncoderDecoder`` with MMSeg's
+        ``MixVisionTransformer`` and ``NVSegformerHead``. The known unused
+        keys (:data:`DROPPED_KEYS`) are left out.
+
+    Raises:
+        ValueError: Listing every key that is not part of an NVlabs
+            SegFormer, or naming an inconsistent ``attn.q``/``attn.kv``
+            pair.
+    """
+    return _convert(state_dict)[0]
+
+
+def convert_nvlabs_checkpoint(src: str,
+                              dst: str,
+                              allow_unsafe_pickle: bool = False) -> int:
+    """Convert the NVlabs checkpoint file ``src`` and save it to ``dst``.
+
+    ``src`` is read with ``torch.load(src, map_location='cpu',
+    weights_only=True)``; the weights are taken from ``state_dict``,
+    ``model`` or the top level. ``dst`` holds ``{'state_dict': converted,
+    'meta': plain}`` (``meta`` has only str/int/float/bool/None in dicts and
+    lists) and loads with ``torch.load(dst, weights_only=True)``.
+
+    Args:
+        src (str): NVlabs checkpoint (``.pth``).
+        dst (str): Output path; its directory is created.
+        allow_unsafe_pickle (bool): Trust ``src`` and unpickle arbitrary
+            objects (``weights_only=False``). Only for files from a trusted
+            source. Default: False.
+
+    Returns:
+        int: The number of tensors written.
+
+    Raises:
+        RuntimeError: ``src`` is a legacy pickle that the safe loader
+            refuses and ``allow_unsafe_pickle`` is False (the message names
+            ``--trust-pickle`` / ``allow_unsafe_pickle=True``).
+        ValueError: ``src`` is not an NVlabs SegFormer checkpoint.
+    """
+    checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
+    converted, dropped = _convert(extract_state_dict(checkpoint, src))
+    source_meta: Dict[str, Any] = {}
+    if isinstance(checkpoint, dict) and isinstance(
+            checkpoint.get('meta'), dict):
+        source_meta = plain_meta(checkpoint['meta']) or {}
+    meta = {
+        'converted_from': osp.basename(str(src)),
+        'converter': 'mmseg_stag.segmentation.models.nvlabs_convert',
+        'format': 'NVlabs SegFormer -> MMSeg 1.x MixVisionTransformer + '
+        'NVSegformerHead',
+        'num_tensors': len(converted),
+        'dropped_keys': dropped,
+        'source_meta': source_meta,
+    }
+    if osp.dirname(str(dst)):
+        os.makedirs(osp.dirname(str(dst)), exist_ok=True)
+    torch.save({'state_dict': converted, 'meta': meta}, dst)
+    return len(converted)

@@ -1,0 +1,132 @@
+"""The decode head of NVlabs' original SegFormer release, for MMSeg 1.x."""
+from typing import List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import ConvModule
+from mmseg.models.decode_heads.decode_head import BaseDecodeHead
+from mmseg.models.utils import resize
+from mmseg.registry import MODELS
+
+
+class TokenMLP(nn.Module):
+    """Per-pixel linear embedding, NVlabs' ``MLP`` (its only parameter is
+    ``proj``).
+
+    The feature map is flattened to tokens ``[N, H*W, C_in]``, projected by
+    ``proj`` (``nn.Linear``) and reshaped back to ``[N, C_out, H, W]``.
+
+    Args:
+        in_channels (int): Channels of the input level.
+        embedding_dim (int): Output channels.
+    """
+
+    def __init__(self, in_channels: int, embedding_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(in_channels, embedding_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, _, h, w = x.shape
+        tokens = self.proj(x.flatten(2).transpose(1, 2))  # [N, HW, E]
+        return tokens.transpose(1, 2).reshape(n, -1, h, w)
+
+
+@MODELS.register_module()
+class NVSegformerHead(BaseDecodeHead):
+    """SegFormer's all-MLP decode head as released by NVlabs.
+
+    Mirrors ``SegFormerHead`` of NVlabs' SegFormer repository
+    (``mmseg/models/decode_heads/segformer_head.py``, an MMSeg 0.x fork),
+    the head of ``segformer.b5.1024x1024.city.160k.pth`` used by the STAG
+    paper and by CoTTA:
+
+    1. each level ``c1..c4`` (strides 4, 8, 16, 32) is projected to
+       ``embedding_dim`` by a per-pixel linear layer ``linear_c{i}.proj``
+       (``nn.Linear`` on the flattened tokens);
+    2. ``c4``, ``c3``, ``c2`` are resized to ``c1``'s size (bilinear,
+       ``align_corners=False`` regardless of the head's ``align_corners``,
+       as NVlabs does);
+    3. they are concatenated in the order ``[c4, c3, c2, c1]`` and fused by
+       ``linear_fuse``, a 1x1 ``ConvModule`` (conv without bias + BN + ReLU,
+       keys ``linear_fuse.conv.*`` and ``linear_fuse.bn.*``);
+    4. dropout, then the 1x1 classifier.
+
+    Differences from the NVlabs code, none of which changes the function:
+    NVlabs' classifier is named ``linear_pred``; here it is
+    ``BaseDecodeHead.conv_seg`` (``embedding_dim -> num_classes``), so that
+    ``OnlineAdaptationLoop``'s default ``classifier`` finds it and
+    ``channels`` equals ``embedding_dim`` (768 for B5: the ``D`` of STAG).
+    NVlabs' base head also builds an unused ``conv_seg`` from ``channels``
+    (128 in its configs), which the converter drops. NVlabs hard-codes
+    ``SyncBN`` in ``linear_fuse``; here the head's ``norm_cfg`` is used (BN
+    if it is None) so that it runs on one CPU/GPU; the parameters and
+    buffers are the same. The ``feature_strides`` and ``decoder_params``
+    arguments of NVlabs are replaced by ``embedding_dim``.
+    ``tools/convert_nvlabs_segformer.py`` maps the checkpoint keys.
+
+    Args:
+        embedding_dim (int): Width of the per-level projections and of the
+            fused feature map. Default: 768.
+        in_channels (Sequence[int]): Channels of the four input levels
+            ``c1..c4``, e.g. ``[64, 128, 320, 512]`` for MiT-B5.
+        channels (int, optional): Channels before the classifier; must
+            equal ``embedding_dim`` (the default when omitted).
+        in_index (Sequence[int]): Indices of the four levels among the
+            backbone outputs. Default: ``[0, 1, 2, 3]``.
+        input_transform (str): Must be ``'multiple_select'`` (the default).
+        **kwargs: The other arguments of ``BaseDecodeHead``
+            (``num_classes``, ``dropout_ratio``, ``norm_cfg``, ``act_cfg``,
+            ``align_corners``, ``loss_decode``, ...).
+    """
+
+    def __init__(self,
+                 embedding_dim: int = 768,
+                 in_channels: Sequence[int] = (64, 128, 320, 512),
+                 channels: Optional[int] = None,
+                 in_index: Sequence[int] = (0, 1, 2, 3),
+                 input_transform: str = 'multiple_select',
+                 **kwargs):
+        if channels is None:
+            channels = embedding_dim
+        if channels != embedding_dim:
+            raise ValueError(
+                f'NVSegformerHead: channels ({channels}) must equal '
+                f'embedding_dim ({embedding_dim}): the classifier conv_seg '
+                'reads the fused embedding_dim-d feature')
+        if input_transform != 'multiple_select':
+            raise ValueError('NVSegformerHead needs input_transform='
+                             f"'multiple_select', got {input_transform!r}")
+        if len(in_channels) != 4 or len(in_index) != 4:
+            raise ValueError(
+                'NVSegformerHead expects 4 input levels, got '
+                f'in_channels={list(in_channels)}, in_index={list(in_index)}')
+        super().__init__(
+            in_channels=list(in_channels),
+            channels=channels,
+            in_index=list(in_index),
+            input_transform=input_transform,
+            **kwargs)
+        self.embedding_dim = embedding_dim
+        for level, level_channels in enumerate(self.in_channels, start=1):
+            self.add_module(f'linear_c{level}',
+                            TokenMLP(level_channels, embedding_dim))
+        self.linear_fuse = ConvModule(
+            in_channels=4 * embedding_dim,
+            out_channels=embedding_dim,
+            kernel_size=1,
+            norm_cfg=self.norm_cfg if self.norm_cfg is not None else dict(
+                type='BN', requires_grad=True),
+            act_cfg=self.act_cfg)
+
+    def forward(self, inputs: List[torch.Tensor]) -> torch.Tensor:
+        """Logits ``[N, num_classes, H/4, W/4]`` at ``c1``'s resolution."""
+        c1, c2, c3, c4 = self._transform_inputs(inputs)
+        size = c1.shape[2:]
+        embedded = []
+        for level, feat in ((4, c4), (3, c3), (2, c2), (1, c1)):
+            x = getattr(self, f'linear_c{level}')(feat)
+            if level != 1:
+                x = resize(x, size=size, mode='bilinear', align_corners=False)
+            embedded.append(x)
+        fused = self.linear_fuse(torch.cat(embedded, dim=1))
+        return self.cls_seg(fused)  # dropout, then conv_seg
