@@ -22,22 +22,27 @@ setup(
     long_description_content_type='text/markdown',
     packages=find_packages(include=['mmseg_stag', 'mmseg_stag.*']),
     python_requires='>=3.8',
-    # Ranges admit the tested stack (torch 2.13, mmengine 0.10.7, mmcv 2.1.0,
-    # mmsegmentation 1.2.2); mmseg 1.2.x refuses mmcv >= 2.2.0.
+    # The core (STAG math and loss, methods, probe) and the classification
+    # harness need torch and MMEngine only; the MMSeg side needs the `seg`
+    # extra (tools/install_env.sh installs it). Ranges admit the tested stack
+    # (torch 2.13, mmengine 0.10.7, mmcv 2.1.0, mmsegmentation 1.2.2); mmseg
+    # 1.2.x refuses mmcv >= 2.2.0.
     install_requires=[
         'torch>=1.13',
         'mmengine>=0.10.0,<1.0.0',
-        'mmcv>=2.0.0rc4,<2.2.0',
-        'mmsegmentation>=1.2.0,<1.3.0',
         'numpy',
         'matplotlib',
-        'ftfy',
-        'regex',
-        # mmcv's setup.py and mmengine's ``mmseg::`` config prefix import
-        # pkg_resources, which setuptools 81 removed.
-        'setuptools<81',
     ],
     extras_require={
+        'seg': [
+            'mmcv>=2.0.0rc4,<2.2.0',
+            'mmsegmentation>=1.2.0,<1.3.0',
+            'ftfy',
+            'regex',
+            # mmcv's setup.py and mmengine's ``mmseg::`` config prefix import
+            # pkg_resources, which setuptools 81 removed.
+            'setuptools<81',
+        ],
         'tests': ['pytest'],
         'demo': ['scikit-image', 'imagecorruptions-imaug', 'mlxtend'],
         # ImageNet-C models: torchvision ResNet-50, timm ResNet-50-GN/ViT-B

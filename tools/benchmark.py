@@ -1,7 +1,7 @@
-"""Benchmark: what STAG adds to a TTA step, and what predict-then-adapt saves.
+"""Benchmark: what STAG adds to an adaptation step, and what predict-then-adapt saves.
 
 For each model and each baseline it runs, in one process and interleaved
-after a warm-up (A, B, A, B, ...), one TTA step of the baseline and one of
+after a warm-up (A, B, A, B, ...), one adaptation step of the baseline and one of
 the baseline + STAG, each on its own copy of the model and the same input,
 and measures per step:
 
@@ -427,7 +427,7 @@ def print_table(name, kind, res):
 
 def main():
     parser = argparse.ArgumentParser(
-        description='Time and memory of TTA steps with and without STAG '
+        description='Time and memory of adaptation steps with and without STAG '
         '(interleaved, one process)')
     parser.add_argument('--models', nargs='+', default=['b0', 'b5'],
                         choices=sorted(SEG_MODELS) + sorted(CLS_MODELS))

@@ -169,7 +169,7 @@ def summarise(results, betas, seconds, path_json, path_md):
 
 def main():
     parser = argparse.ArgumentParser(
-        description='Offline continual TTA demo on a built-in stand-in for '
+        description='Offline continual adaptation demo on a built-in stand-in for '
         'Cityscapes -> ACDC')
     parser.add_argument('--work-dir', default='work_dirs/demo')
     parser.add_argument('--rounds', type=int, default=10)

@@ -1,4 +1,4 @@
-"""Offline classification demo: TTA baselines ± STAG on corrupted MNIST.
+"""Offline classification demo: online-adaptation baselines ± STAG on corrupted MNIST.
 
     python tools/demo_cls.py [--work-dir work_dirs/demo_cls]
         [--scenarios continual mild] [--nets bn gn ln]
@@ -75,7 +75,7 @@ METHOD_OPTIONS = {'eata': dict(d_margin=0.4, fisher_alpha=1.0),
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description='TTA baselines +/- STAG on corrupted MNIST (offline)')
+        description='Online-adaptation baselines +/- STAG on corrupted MNIST (offline)')
     p.add_argument('--work-dir', default='work_dirs/demo_cls')
     p.add_argument('--scenarios', nargs='+', default=list(SCENARIOS),
                    choices=list(SCENARIOS))

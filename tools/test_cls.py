@@ -1,4 +1,4 @@
-"""Online TTA (± STAG) on a corrupted classification benchmark.
+"""Online adaptation (± STAG) on a corrupted classification benchmark.
 
     python tools/test_cls.py CONFIG [--work-dir DIR] [--data-root DIR]
         [--checkpoint FILE] [--trust-pickle] [--resume]
@@ -31,7 +31,7 @@ if REPO not in sys.path:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Online TTA (+/- STAG) on a corrupted classification '
+        description='Online adaptation (+/- STAG) on a corrupted classification '
         'benchmark (configs/cls/)')
     parser.add_argument('config', help='config file under configs/cls/')
     parser.add_argument('--work-dir', help='output folder (default: '

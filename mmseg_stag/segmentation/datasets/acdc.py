@@ -27,7 +27,7 @@ CONTINUAL_META_KEYS = _default_pack_meta_keys() + tuple(
 
 @DATASETS.register_module()
 class ACDCContinualDataset(BaseSegDataset):
-    """ACDC (Sakaridis et al., ICCV 2021) as a continual TTA stream.
+    """ACDC (Sakaridis et al., ICCV 2021) as a continual adaptation stream.
 
     Reads the released layout::
 

@@ -173,7 +173,7 @@ def write_results(output_dir: str, stages: List[dict],
             ax.plot(*zip(*pts), marker='o', label=condition)
     ax.set_xlabel('round')
     ax.set_ylabel('mIoU (%)')
-    ax.set_title(f'continual TTA, mean {mean:.1f} mIoU')
+    ax.set_title(f'continual adaptation, mean {mean:.1f} mIoU')
     ax.grid(alpha=.3)
     ax.legend()
     fig.tight_layout()
