@@ -1,5 +1,8 @@
-"""Shared fixtures: a tiny ACDC-layout dataset and a tiny SegFormer checkpoint
-matching the real configs shrunk by ``--cfg-options``."""
+"""Shared fixtures and helpers: a tiny ACDC-layout dataset, a tiny SegFormer
+checkpoint matching the real configs shrunk by ``--cfg-options``, and tiny
+MMSeg segmentors built directly."""
+import copy
+import os
 import os.path as osp
 
 import pytest
@@ -8,6 +11,10 @@ import torch
 from demo import make_acdc_like_tree
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+#: the real STAG configs (``.format(method)``): MMSeg and NVlabs SegFormer head
+SEG_CFG = 'configs/stag_acdc/segformer_mit-b5_acdc-continual_{}.py'
+NVLABS_SEG_CFG = ('configs/stag_acdc/'
+                  'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
 TINY_MIT = dict(embed_dims=8, num_layers=[1, 1, 1, 1], num_heads=[1, 2, 2, 2],
                 drop_path_rate=0.0)
 TINY_IN_CHANNELS = [8, 16, 16, 16]
@@ -52,6 +59,54 @@ def build_from_config(config, opts, seed=0):
     return MODELS.build(cfg.model), cfg
 
 
+def mit_backbone(**overrides):
+    """A complete ``MixVisionTransformer`` config: the tiny MiT of
+    ``TINY_MIT`` (stage widths ``embed_dims * num_heads[i]``) unless
+    overridden."""
+    cfg = dict(type='MixVisionTransformer', in_channels=3, num_stages=4,
+               patch_sizes=[7, 3, 3, 3], sr_ratios=[8, 4, 2, 1],
+               out_indices=(0, 1, 2, 3), mlp_ratio=4, qkv_bias=True,
+               drop_rate=0.0, attn_drop_rate=0.0, init_cfg=None,
+               **copy.deepcopy(TINY_MIT))
+    cfg.update(copy.deepcopy(overrides))
+    return cfg
+
+
+def build_segmentor(decode_head, test_cfg=None, backbone=None, seed=0,
+                    **kwargs):
+    """MMSeg's plain ``EncoderDecoder`` (tiny MiT unless ``backbone`` is
+    given) with ``decode_head``, seeded, in eval mode; ``kwargs`` go to the
+    segmentor config (e.g. ``auxiliary_head``)."""
+    from mmengine.config import ConfigDict
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    init_default_scope('mmseg')
+    torch.manual_seed(seed)
+    cfg = ConfigDict(type='EncoderDecoder',
+                     backbone=backbone or mit_backbone(),
+                     decode_head=copy.deepcopy(decode_head),
+                     train_cfg=dict(),
+                     test_cfg=dict(test_cfg or dict(mode='whole')),
+                     **copy.deepcopy(kwargs))  # as built from a config file
+    return MODELS.build(cfg).eval()
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread_for_segmentation(request):
+    """Tests under ``tests/segmentation`` run tiny models: one intra-op
+    thread avoids OpenMP oversubscription on a shared machine (an order of
+    magnitude faster there); the thread count is restored afterwards."""
+    if f'{os.sep}segmentation{os.sep}' not in str(request.path):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope='session')
 def tiny_acdc(tmp_path_factory):
     root = tmp_path_factory.mktemp('acdc')
@@ -60,6 +115,8 @@ def tiny_acdc(tmp_path_factory):
 
 
 def save_checkpoint(model, path):
+    """A plain ``{'state_dict', 'meta'}`` checkpoint, loadable with
+    ``torch.load(weights_only=True)`` (ours and MMEngine's loader)."""
     torch.save({'state_dict': model.state_dict(), 'meta': {'seed': 0}}, path)
     return str(path)
 
@@ -68,9 +125,8 @@ def save_checkpoint(model, path):
 def tiny_checkpoint(tmp_path_factory, tiny_acdc):
     """A tiny MMSeg-head SegFormer checkpoint (random, seeded) with BN
     statistics that are not the identity."""
-    model, _ = build_from_config(
-        'configs/stag_acdc/segformer_mit-b5_acdc-continual_source.py',
-        tiny_options(tiny_acdc))
+    model, _ = build_from_config(SEG_CFG.format('source'),
+                                 tiny_options(tiny_acdc))
     bn = model.decode_head.fusion_conv.bn
     bn.running_mean.uniform_(-0.2, 0.2)
     bn.running_var.uniform_(0.5, 1.5)

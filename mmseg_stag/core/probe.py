@@ -122,14 +122,13 @@ class HeadProbe:
 
 
 def check_sample_classifier(module: nn.Module, name: str) -> nn.Module:
-    """A per-sample classifier has a ``[C, D]`` (or ``[C, D, 1, 1]``)
-    weight."""
+    """A per-sample classifier is linear: a ``[C, D]`` weight applied to
+    ``[N, D]`` features."""
     weight = getattr(module, 'weight', None)
-    if not isinstance(weight, torch.Tensor) or not (
-            weight.dim() == 2 or
-            (weight.dim() == 4 and tuple(weight.shape[2:]) == (1, 1))):
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f'classifier {name!r} ({type(module).__name__}) '
-                         'needs a [C, D] or [C, D, 1, 1] weight')
+                         'needs a [C, D] weight (a linear layer on [N, D] '
+                         'features)')
     return module
 
 

@@ -59,6 +59,13 @@ class SAM(torch.optim.Optimizer):
         self.unperturb()
         self.base_optimizer.step()
 
+    def load_base_state_dict(self, state_dict: dict) -> None:
+        """Load the base optimizer's state (momentum buffers...) and keep
+        SAM's parameter groups the base optimizer's (``load_state_dict``
+        replaces them with new dicts)."""
+        self.base_optimizer.load_state_dict(state_dict)
+        self.param_groups = self.base_optimizer.param_groups
+
     def step(self, closure=None):
         raise RuntimeError('SAM needs first_step() and second_step() around '
                            'a second forward/backward pass')

@@ -1,8 +1,9 @@
 """STAG math in pure PyTorch: structural anchors, sensitivities, alignment loss.
 
-Every function names the equation of the paper (``paper/stag_paper.tex``) it
-implements. Nothing here imports MMSeg/MMEngine so the module can be read and
-tested on its own.
+Every function names the equation it implements by the paper's LaTeX label
+(e.g. ``eq:stag_loss``; the README says where the paper's source is).
+Nothing here imports MMSeg/MMEngine so the module can be read and tested on
+its own.
 
 Shapes. The class axis is always ``dim=1``:
 

@@ -25,41 +25,14 @@ SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
 class SAR(BaseMethod):
     """SAR: reliable entropy minimisation with a SAM update and recovery.
 
-    One ``adapt`` call (authors' ``forward_and_adapt_sar``):
-
-    1. forward 1 (its logits are the prediction returned); entropies ``H``,
-       filter 1 ``H < E0`` (``E0 = entropy_margin * ln C``);
-       ``L1 = mean_{filter 1} H (+ beta_t L_STAG on every sample)``;
-       backward;
-    2. SAM first step (:class:`~mmseg_stag.core.sam.SAM`): ``e_w = rho * g / (||g|| + 1e-12)`` (``||g||`` the
-       2-norm of the per-parameter gradient 2-norms), ``theta += e_w``;
-    3. forward 2 at ``theta + e_w``; entropies ``H2`` of the filter-1
-       samples, filter 2 ``H2 < E0``;
-       ``L2 = mean_{filter 2} H2 (+ beta_t L_STAG on every sample of
-       forward 2)``; ``ema = 0.9 ema + 0.1 mean_{filter 2} H2`` (the base
-       loss value only); backward;
-    4. SAM second step: ``theta`` back to its old values, one step of the
-       base optimizer (SGD), gradients zeroed;
-    5. recovery: if ``ema < reset_constant``, the trainable parameters and
-       the optimizer state return to their values at ``configure`` and
-       ``ema`` to ``None`` (counted in ``num_resets``).
-
-    ``beta_t`` is the same in both forwards and advances once per update.
-
-    Empty filters (STAG off). The authors take the mean of an empty set
-    (NaN) and still run ``backward``: the gradients are then exactly zero,
-    so ``e_w = 0`` and the base optimizer steps with zero gradients, which
-    with momentum SGD moves the parameters by the momentum buffer alone;
-    ``ema`` is not updated (their ``isnan`` check). With
-    ``momentum_step_on_empty=True`` (default) this implementation does the
-    same without any NaN: no backward, no perturbation and no second
-    forward when filter 1 is empty (they have no effect), the parameters
-    are always restored to ``theta``, and the base optimizer steps with
-    zero gradients (a momentum-only step; nothing moves while the momentum
-    buffer is empty). ``False`` skips that step: no update at all. A
-    momentum-only step is not counted in ``num_updates``/``step``. With
-    STAG on the losses always exist (``L_STAG`` covers every sample), so
-    every call is a full SAM update.
+    One ``adapt`` (authors' ``forward_and_adapt_sar``): forward 1 (the
+    prediction), ``L1 = mean_{H < E0} H (+ beta_t L_STAG)``, backward,
+    :meth:`SAM.first_step`; forward 2 at ``theta + e_w``,
+    ``L2 = mean H2`` over the samples kept by both passes (``+ beta_t
+    L_STAG``), ``ema = 0.9 ema + 0.1 L2_base``, backward,
+    :meth:`SAM.second_step`; recovery (:meth:`reset`) when
+    ``ema < reset_constant``. ``beta_t`` is the same in both passes. Empty
+    filters: see ``momentum_step_on_empty`` and the README.
 
     Args:
         entropy_margin (float): ``E0`` as a fraction of ``ln C``.
@@ -72,7 +45,10 @@ class SAR(BaseMethod):
             name matches (``re.search``) are left frozen. Default: the
             authors' exclusion :data:`SAR_AUTHORS_EXCLUDE`; ``None``: keep
             every parameter chosen by ``trainable``.
-        momentum_step_on_empty (bool): see above. Default: True.
+        momentum_step_on_empty (bool): with both filters empty (STAG off),
+            step the base optimizer with zero gradients, i.e. by its
+            momentum alone, as the authors' NaN-loss path does. Default:
+            True; False: no update at all.
         reset_optimizer (bool): the recovery also restores the optimizer
             state (momentum buffers). Default: True. The authors' reset
             calls ``SAM.load_state_dict``, which restores SAM's own state
@@ -152,7 +128,7 @@ class SAR(BaseMethod):
             for name, p in self.params:
                 p.copy_(self._initial_params[name])
         if self.reset_optimizer:
-            self.optimizer.base_optimizer.load_state_dict(
+            self.optimizer.load_base_state_dict(
                 copy.deepcopy(self._initial_optimizer))
         self.ema = None
         self.num_resets += 1

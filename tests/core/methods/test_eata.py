@@ -1,22 +1,27 @@
 """EATA against an independent transcription of the authors' code
 (github.com/mr-eggplant/EATA: ``forward_and_adapt_eata``,
-``update_model_probs``, the Fisher loop of ``main.py``) on a tiny per-sample
-classifier in float64."""
+``update_model_probs``, the Fisher loop of ``main.py``;
+``tests/reference/eata_reference.py``) on a tiny per-sample classifier in
+float64."""
 import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from mmseg.registry import MODELS
 
-import mmseg_stag  # noqa: F401  (registers STAGLoss)
-from mmseg_stag.methods.base import use_batch_statistics
-from mmseg_stag.methods.eata import EATA
-from mmseg_stag.registry import TTA_METHODS
+from mmseg_stag.core import STAGLoss, build_method, use_batch_statistics
+from mmseg_stag.core.methods.eata import EATA
 
-from entropy_filter_fixtures import (  # noqa: F401  (shared fixtures)
-    C, E0, FORWARD, LR, OPT, batch, make_model)
+from reference.eata_reference import (ref_fishers,
+                                      ref_forward_and_adapt_eata,
+                                      ref_update_model_probs)
+from reference.entropy_reference import softmax_entropy as ref_entropy
+from reference.tta_testbed import C, E0, OPT, adapt, assert_params_equal
+from reference.tta_testbed import MLP_PROBE as FORWARD
+from reference.tta_testbed import make_mlp as make_model
+from reference.tta_testbed import norm_params, sgd_on_norm_params
+from reference.tta_testbed import vectors as batch
 
 
 def build(model, **kwargs):
@@ -27,101 +32,8 @@ def build(model, **kwargs):
 
 
 # ---------------------------------------------------------------------------
-# the authors' code, transcribed
-def ref_entropy(x):
-    return -(x.softmax(1) * x.log_softmax(1)).sum(1)
-
-
-def ref_update_model_probs(current, new_probs):
-    if current is None:
-        if new_probs.size(0) == 0:
-            return None
-        with torch.no_grad():
-            return new_probs.mean(0)
-    if new_probs.size(0) == 0:
-        with torch.no_grad():
-            return current
-    with torch.no_grad():
-        return 0.9 * current + (1 - 0.9) * new_probs.mean(0)
-
-
-def ref_forward_and_adapt_eata(x, model, optimizer, fishers, e_margin,
-                               current_model_probs, fisher_alpha, d_margin):
-    outputs = model(x)
-    entropys = ref_entropy(outputs)
-    filter_ids_1 = torch.where(entropys < e_margin)
-    ids1 = filter_ids_1
-    ids2 = torch.where(ids1[0] > -0.1)
-    entropys = entropys[filter_ids_1]
-    if current_model_probs is not None:
-        cos = F.cosine_similarity(current_model_probs.unsqueeze(dim=0),
-                                  outputs[filter_ids_1].softmax(1), dim=1)
-        filter_ids_2 = torch.where(torch.abs(cos) < d_margin)
-        entropys = entropys[filter_ids_2]
-        ids2 = filter_ids_2
-        updated_probs = ref_update_model_probs(
-            current_model_probs,
-            outputs[filter_ids_1][filter_ids_2].softmax(1))
-    else:
-        updated_probs = ref_update_model_probs(
-            current_model_probs, outputs[filter_ids_1].softmax(1))
-    coeff = 1 / (torch.exp(entropys.clone().detach() - e_margin))
-    entropys = entropys.mul(coeff)
-    loss = entropys.mean(0)
-    if fishers is not None:
-        ewc_loss = 0
-        for name, param in model.named_parameters():
-            if name in fishers:
-                ewc_loss += fisher_alpha * (
-                    fishers[name][0] * (param - fishers[name][1])**2).sum()
-        loss += ewc_loss
-    if x[ids1][ids2].size(0) != 0:
-        loss.backward()
-        optimizer.step()
-    optimizer.zero_grad()
-    return (outputs, entropys.size(0), filter_ids_1[0].size(0),
-            updated_probs, loss)
-
-
-def norm_params(model):
-    return [model[1].weight, model[1].bias]
-
-
-def ref_setup(model):
-    ref = copy.deepcopy(model)
-    ref.requires_grad_(False)
-    for p in norm_params(ref):
-        p.requires_grad_(True)
-    return ref, torch.optim.SGD(norm_params(ref), LR, momentum=0.9)
-
-
-def ref_fishers(model, batches):
-    """Fisher by hand with autograd.grad: mean over batches of grad^2 of the
-    cross-entropy to the argmax."""
-    names = ['1.weight', '1.bias']
-    params = norm_params(model)
-    sums = [torch.zeros_like(p) for p in params]
-    for x in batches:
-        out = model(x)
-        loss = F.cross_entropy(out, out.argmax(1))
-        grads = torch.autograd.grad(loss, params)
-        sums = [s + g**2 for s, g in zip(sums, grads)]
-    return {n: (s / len(batches), p.detach().clone())
-            for n, s, p in zip(names, sums, params)}
-
-
-def assert_params_equal(a, b):
-    for (na, pa), (nb, pb) in zip(a.named_parameters(),
-                                  b.named_parameters()):
-        assert na == nb
-        torch.testing.assert_close(pa, pb, rtol=1e-12, atol=1e-12,
-                                   msg=na)
-
-
-# ---------------------------------------------------------------------------
 def test_registry_and_defaults():
-    for name in ('EATA', 'eata'):
-        assert isinstance(TTA_METHODS.build(dict(type=name)), EATA)
+    assert isinstance(build_method(dict(type='eata')), EATA)
     m = EATA()
     assert m.optimizer_cfg == dict(type='SGD', lr=0.00025, momentum=0.9)
     assert m.trainable_cfg == dict(kind='norm_affine')
@@ -176,7 +88,7 @@ def test_eta_matches_authors_code_over_batches(d_margin):
     """ETA (fisher_alpha=0): filters, weights, loss, p_bar and parameters
     equal the authors' forward_and_adapt_eata over consecutive batches."""
     model = make_model()
-    ref, ref_opt = ref_setup(model)
+    ref, ref_opt = sgd_on_norm_params(model)
     method = build(model, fisher_alpha=0, d_margin=d_margin)
     probs = None
     saw_redundant = False
@@ -186,10 +98,9 @@ def test_eta_matches_authors_code_over_batches(d_margin):
             expected_pred = model(x)
         out_ref, n2, n1, probs, loss = ref_forward_and_adapt_eata(
             x, ref, ref_opt, None, E0, probs, 0.0, d_margin)
-        pred = method.adapt(FORWARD, x)
+        pred, stats = adapt(method, FORWARD, x)
         torch.testing.assert_close(pred, expected_pred)
         torch.testing.assert_close(pred, out_ref.detach())
-        stats = method.last_stats
         assert stats['num_reliable'] == n1
         assert stats['num_selected'] == n2
         assert 0 < n1 < x.shape[0]
@@ -218,23 +129,24 @@ def test_weights_and_loss_by_hand():
     weights = torch.exp(-(ent[keep] - E0))
     assert torch.all(weights > 1)  # H < E0
     expected = (ent[keep] * weights).mean()
-    ref, ref_opt = ref_setup(model)
+    ref, ref_opt = sgd_on_norm_params(model)
     out = ref(x)
     h = ref_entropy(out)[keep]
     (h * torch.exp(-(h.detach() - E0))).mean().backward()
     ref_opt.step()
-    method.adapt(FORWARD, x)
-    assert method.last_stats['loss'] == pytest.approx(expected.item(),
-                                                      rel=1e-12)
-    assert method.last_stats['loss_base'] == method.last_stats['loss']
+    _, stats = adapt(method, FORWARD, x)
+    assert stats['loss'] == pytest.approx(expected.item(), rel=1e-12)
+    assert stats['loss_base'] == stats['loss']
     assert_params_equal(model, ref)
 
 
 def test_fisher_matches_hand_loop_and_eata_matches_authors_code():
     model = make_model()
     source = [batch(100 + i, n=8) for i in range(3)]
-    expected = ref_fishers(copy.deepcopy(model), source)
-    ref, ref_opt = ref_setup(model)
+    source_model = copy.deepcopy(model)
+    expected = ref_fishers(source_model, norm_params(source_model),
+                           ['1.weight', '1.bias'], source)
+    ref, ref_opt = sgd_on_norm_params(model)
     method = build(model, fisher_alpha=2000.0, d_margin=0.7)
     assert method.needs_source_data
     # (images, labels) batches are accepted; labels are ignored
@@ -267,11 +179,10 @@ def test_fisher_matches_hand_loop_and_eata_matches_authors_code():
         x = batch(20 + k)
         _, n2, n1, probs, loss = ref_forward_and_adapt_eata(
             x, ref, ref_opt, expected, E0, probs, 2000.0, 0.7)
-        method.adapt(FORWARD, x)
+        _, stats = adapt(method, FORWARD, x)
         assert n2 > 0
-        assert method.last_stats['loss'] == pytest.approx(loss.item(),
-                                                          rel=1e-10)
-        assert method.last_stats['loss_ewc'] > 0
+        assert stats['loss'] == pytest.approx(loss.item(), rel=1e-10)
+        assert stats['loss_ewc'] > 0
         assert_params_equal(model, ref)
 
 
@@ -279,7 +190,7 @@ def test_fisher_required_before_adapt_and_eta_needs_none():
     model = make_model()
     method = build(model)
     with pytest.raises(RuntimeError, match='fit_source'):
-        method.adapt(FORWARD, batch(0))
+        adapt(method, FORWARD, batch(0))
     with pytest.raises(RuntimeError, match='fit_source'):
         method.ewc_term()
     with pytest.raises(ValueError, match='no batches'):
@@ -287,22 +198,9 @@ def test_fisher_required_before_adapt_and_eta_needs_none():
     eta = build(make_model(), fisher_alpha=0)
     eta.fit_source(FORWARD, [batch(1)])  # no-op
     assert eta.fishers is None
-    eta.adapt(FORWARD, batch(0))
+    adapt(eta, FORWARD, batch(0))
     with pytest.raises(RuntimeError, match='configure'):
         EATA().fit_source(FORWARD, [batch(1)])
-
-
-def test_per_pixel_outputs_rejected():
-    model = make_model()
-    method = build(model, fisher_alpha=0)
-
-    def per_pixel(m, x):
-        logits = torch.randn(2, C, 3, 3, dtype=torch.float64)
-        return logits, [(torch.randn(2, 8, 3, 3, dtype=torch.float64),
-                         logits)]
-
-    with pytest.raises(ValueError, match='per-sample classification'):
-        method.adapt(per_pixel, batch(0))
 
 
 def test_updates_only_norm_affine_params():
@@ -315,7 +213,7 @@ def test_updates_only_norm_affine_params():
         assert [n for n, _ in method.params] == ['1.weight', '1.bias']
         assert [n for n, p in model.named_parameters()
                 if p.requires_grad] == ['1.weight', '1.bias']
-        method.adapt(FORWARD, batch(5))
+        adapt(method, FORWARD, batch(5))
         assert method.num_updates == 1
         for k, v in model.state_dict().items():
             changed = not torch.equal(v, before[k])
@@ -326,10 +224,10 @@ def test_no_selected_sample_no_update_without_stag():
     model = make_model()
     before = copy.deepcopy(model.state_dict())
     method = build(model, fisher_alpha=0, entropy_margin=1e-9)
-    method.adapt(FORWARD, batch(5))
+    _, stats = adapt(method, FORWARD, batch(5))
     assert method.num_updates == 0 and method.step == 0
-    assert method.last_stats['num_reliable'] == 0
-    assert 'loss' not in method.last_stats
+    assert stats['num_reliable'] == 0
+    assert 'loss' not in stats
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert method.optimizer.state_dict()['state'] == {}
@@ -337,9 +235,9 @@ def test_no_selected_sample_no_update_without_stag():
 
 def test_stag_objective_beta_decay_and_empty_filter():
     beta0, gamma = 2.0, 3.0
-    stag_loss = MODELS.build(dict(type='STAGLoss'))
+    stag_loss = STAGLoss()
     model = make_model()
-    ref, ref_opt = ref_setup(model)
+    ref, ref_opt = sgd_on_norm_params(model)
     method = build(model, fisher_alpha=0,
                    stag=dict(beta0=beta0, gamma=gamma))
     probs = None
@@ -367,8 +265,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
         ref_opt.zero_grad()
         total.backward()
         ref_opt.step()
-        method.adapt(FORWARD, x)
-        stats = method.last_stats
+        _, stats = adapt(method, FORWARD, x)
         assert stats['beta'] == pytest.approx(beta, rel=1e-12)
         assert stats['loss_stag'] == pytest.approx(l_stag.item(), rel=1e-10)
         assert stats['loss'] == pytest.approx(total.item(), rel=1e-10)
@@ -382,13 +279,13 @@ def test_stag_objective_beta_decay_and_empty_filter():
     # an empty filter with STAG still updates, with beta_t L_STAG alone
     model = make_model()
     before = copy.deepcopy(model.state_dict())
-    ref, ref_opt = ref_setup(model)
+    ref, ref_opt = sgd_on_norm_params(model)
     method = build(model, fisher_alpha=0, entropy_margin=1e-9,
                    stag=dict(beta0=beta0, gamma=gamma))
     x = batch(5)
-    method.adapt(FORWARD, x)
-    assert method.last_stats['num_selected'] == 0
-    assert 'loss_base' not in method.last_stats
+    _, stats = adapt(method, FORWARD, x)
+    assert stats['num_selected'] == 0
+    assert 'loss_base' not in stats
     assert method.num_updates == 1
     _, [(feats, logits)] = FORWARD(ref, x)
     (beta0 * stag_loss(feats, logits, ref[3].weight,
@@ -404,7 +301,7 @@ def test_same_seed_same_result():
         method = build(model, d_margin=0.6)
         method.fit_source(FORWARD, [batch(200 + i) for i in range(2)])
         for k in range(3):
-            method.adapt(FORWARD, batch(40 + k))
+            adapt(method, FORWARD, batch(40 + k))
         return model.state_dict(), method.model_probs
 
     (a, pa), (b, pb) = run(), run()

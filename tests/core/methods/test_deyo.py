@@ -1,7 +1,7 @@
 """DeYO against an independent transcription of the authors' code
 (github.com/Jhyun17/DeYO, ``methods/deyo.py`` ``forward_and_adapt_deyo``,
-``aug_type='patch'``) on a tiny CNN in float64; the patch shuffle against a
-loop over the patches."""
+``aug_type='patch'``; ``tests/reference/deyo_reference.py``) on a tiny CNN
+in float64; the patch shuffle against a loop over the patches."""
 import copy
 import math
 
@@ -9,41 +9,18 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmseg.registry import MODELS
 
-import mmseg_stag  # noqa: F401  (registers STAGLoss)
-from mmseg_stag.classification.forward import make_forward
-from mmseg_stag.methods.deyo import DEYO_AUTHORS_EXCLUDE, DeYO, patch_shuffle
-from mmseg_stag.registry import TTA_METHODS
+from mmseg_stag.core import BatchContext, STAGLoss, build_method
+from mmseg_stag.core.methods.deyo import (DEYO_AUTHORS_EXCLUDE, DeYO,
+                                          patch_shuffle)
 
-C = 5
-LR = 0.05  # large, so that a wrong update is visible
-OPT = dict(type='SGD', lr=LR, momentum=0.9)
-FORWARD = make_forward('5')
-
-
-def make_model(seed=1):
-    """Conv-BN-ReLU, 2x2 average pooling (so that shuffling patches changes
-    the prediction), linear classifier (module '5')."""
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
-                          nn.Linear(16, C))
-    with torch.no_grad():
-        # confident enough for 0.5 ln C; the classifier keeps moderate
-        # weights (a very peaked W W^T makes STAG's anchors vanish)
-        model[0].weight.mul_(20.0)
-        model[0].bias.mul_(20.0)
-    return model.double().eval()
-
-
-def batch(seed, n=16, size=16):
-    """Images made of constant 4x4 blocks of a 4x4 grid (the patches of
-    DeYO's shuffle), so that shuffling often changes the prediction."""
-    cells = torch.randn(n, 3, 4, 4, dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(seed))
-    return cells.repeat_interleave(size // 4, -1).repeat_interleave(
-        size // 4, -2)
+from reference.deyo_reference import (ref_forward_and_adapt_deyo,
+                                      ref_shuffle_patches)
+from reference.tta_testbed import C, OPT, adapt, assert_params_equal
+from reference.tta_testbed import CNN_PROBE as FORWARD
+from reference.tta_testbed import block_images as batch
+from reference.tta_testbed import make_cnn as make_model
+from reference.tta_testbed import sgd_on_norm_params
 
 
 def build(model, **kwargs):
@@ -54,101 +31,8 @@ def build(model, **kwargs):
 
 
 # ---------------------------------------------------------------------------
-# the authors' code, transcribed (einops replaced by a loop over patches)
-def ref_entropy(x):
-    return -(x.softmax(1) * x.log_softmax(1)).sum(1)
-
-
-def ref_shuffle_patches(x, perm, patch_len=4):
-    """Output patch k (grid row k // patch_len, column k % patch_len) is the
-    input patch perm[b, k]; one patch at a time."""
-    n, _, h, w = x.shape
-    ph, pw = h // patch_len, w // patch_len
-    out = torch.empty_like(x)
-    for b in range(n):
-        for k in range(patch_len * patch_len):
-            src = int(perm[b, k])
-            r, c = divmod(k, patch_len)
-            sr, sc = divmod(src, patch_len)
-            out[b, :, r * ph:(r + 1) * ph, c * pw:(c + 1) * pw] = \
-                x[b, :, sr * ph:(sr + 1) * ph, sc * pw:(sc + 1) * pw]
-    return out
-
-
-def ref_forward_and_adapt_deyo(x, model, optimizer, deyo_margin, margin,
-                               plpd_threshold, reweight_ent=1,
-                               reweight_plpd=1, patch_len=4,
-                               stag_term=None):
-    """``forward_and_adapt_deyo``; ``stag_term(model, x)`` (optional)
-    returns a loss added to the authors' loss (covering every sample), in
-    which case the step happens even when a filter is empty."""
-    outputs = model(x)
-    optimizer.zero_grad()
-    extra = None if stag_term is None else stag_term(model, x)
-    entropys = ref_entropy(outputs)
-    filter_ids_1 = torch.where(entropys < deyo_margin)
-    entropys = entropys[filter_ids_1]
-    backward = len(entropys)
-    loss = None
-    final_backward = 0
-    if backward > 0:
-        x_prime = x[filter_ids_1].detach()
-        perm_idx = torch.argsort(torch.rand(x_prime.shape[0],
-                                            patch_len * patch_len), dim=-1)
-        x_prime = ref_shuffle_patches(x_prime, perm_idx, patch_len)
-        with torch.no_grad():
-            outputs_prime = model(x_prime)
-        prob_outputs = outputs[filter_ids_1].softmax(1)
-        prob_outputs_prime = outputs_prime.softmax(1)
-        cls1 = prob_outputs.argmax(dim=1)
-        plpd = (torch.gather(prob_outputs, dim=1, index=cls1.reshape(-1, 1))
-                - torch.gather(prob_outputs_prime, dim=1,
-                               index=cls1.reshape(-1, 1)))
-        plpd = plpd.reshape(-1)
-        filter_ids_2 = torch.where(plpd > plpd_threshold)
-        entropys = entropys[filter_ids_2]
-        final_backward = len(entropys)
-        if final_backward > 0:
-            plpd = plpd[filter_ids_2]
-            if reweight_ent or reweight_plpd:
-                coeff = (reweight_ent * (1 / (torch.exp(
-                    ((entropys.clone().detach()) - margin)))) +
-                    reweight_plpd * (1 / (torch.exp(
-                        -1. * plpd.clone().detach()))))
-                entropys = entropys.mul(coeff)
-            loss = entropys.mean(0)
-    if extra is not None:
-        loss = extra if loss is None else loss + extra
-    if loss is not None:
-        loss.backward()
-        optimizer.step()
-    optimizer.zero_grad()
-    return outputs, backward, final_backward, loss
-
-
-def norm_params(model):
-    return [model[1].weight, model[1].bias]
-
-
-def ref_setup(model, momentum=0.9):
-    ref = copy.deepcopy(model)
-    ref.requires_grad_(False)
-    for p in norm_params(ref):
-        p.requires_grad_(True)
-    return ref, torch.optim.SGD(norm_params(ref), LR, momentum=momentum)
-
-
-def assert_params_equal(a, b, tol=1e-12):
-    for (na, pa), (nb, pb) in zip(a.named_parameters(),
-                                  b.named_parameters()):
-        assert na == nb
-        torch.testing.assert_close(pa, pb, rtol=tol, atol=tol, msg=na)
-
-
-# ---------------------------------------------------------------------------
 def test_registry_and_defaults():
-    for name in ('DeYO', 'deyo'):
-        assert isinstance(TTA_METHODS.build(dict(type=name)), DeYO)
+    assert isinstance(build_method(dict(type='deyo')), DeYO)
     m = DeYO()
     assert m.optimizer_cfg == dict(type='SGD', lr=0.00025, momentum=0.9)
     assert m.trainable_cfg == dict(kind='norm_affine')
@@ -256,14 +140,13 @@ def test_matches_authors_code_over_batches(margins):
     model = make_model()
     method = build(model, deyo_margin=deyo_margin, plpd_threshold=plpd_thr,
                    reweight_ent=rw_ent, reweight_plpd=rw_plpd)
-    ref, ref_opt = ref_setup(model)
+    ref, ref_opt = sgd_on_norm_params(model)
     e0 = 0.4 * math.log(C)
     nontrivial = False
     for i in range(3):
         x = batch(10 + i)
         torch.manual_seed(100 + i)
-        out = method.adapt(FORWARD, x)
-        stats = method.last_stats
+        out, stats = adapt(method, FORWARD, x)
         torch.manual_seed(100 + i)
         ref_out, n1, n2, ref_loss = ref_forward_and_adapt_deyo(
             x, ref, ref_opt, deyo_margin * math.log(C), e0, plpd_thr,
@@ -311,8 +194,7 @@ def test_loss_by_hand_on_fixed_inputs():
     # prediction y, not at the shuffled one
     assert (pp.argmax(1) != y).any()
     torch.manual_seed(5)
-    method.adapt(FORWARD, x)
-    stats = method.last_stats
+    _, stats = adapt(method, FORWARD, x)
     assert stats['num_reliable'] == int(keep1.sum())
     assert stats['num_selected'] == int(keep2.sum())
     assert 0 < stats['num_selected'] < stats['num_reliable'] < len(x)
@@ -322,9 +204,40 @@ def test_loss_by_hand_on_fixed_inputs():
     thr = plpd[keep2][j].item()
     method = build(make_model(), plpd_threshold=thr)
     torch.manual_seed(5)
-    method.adapt(FORWARD, x)
-    assert method.last_stats['num_selected'] == int((plpd > thr).sum()) \
+    _, stats = adapt(method, FORWARD, x)
+    assert stats['num_selected'] == int((plpd > thr).sum()) \
         == int(keep2.sum()) - 1
+
+
+def test_base_loss_on_a_context_of_its_own():
+    """``base_loss`` works on any context with inputs, forward and head
+    outputs (no adapt call around it): the PLPD forward runs on
+    ``ctx.inputs`` through ``ctx.forward``; ``ctx.kept`` marks the
+    samples of both filters. Without images it raises."""
+    model = make_model()
+    method = build(model, plpd_threshold=0.0)
+    x = batch(10)
+    calls = []
+
+    def counting(net, inputs):
+        calls.append(inputs.shape[0])
+        return FORWARD(net, inputs)
+
+    _, outs = FORWARD(model, x)
+    ctx = BatchContext(x, counting, head_outputs=outs)
+    torch.manual_seed(5)
+    loss = method.base_loss(ctx)
+    # the same numbers as inside adapt (test_loss_by_hand_on_fixed_inputs)
+    other = build(make_model(), plpd_threshold=0.0)
+    torch.manual_seed(5)
+    _, stats = adapt(other, FORWARD, x)
+    assert loss.item() == pytest.approx(stats['loss_base'], rel=1e-12)
+    assert ctx.stats['num_reliable'] == stats['num_reliable']
+    assert calls == [stats['num_reliable']]  # the shuffled reliable images
+    assert int(ctx.kept.sum()) == stats['num_selected']
+    assert loss.requires_grad and model[1].weight.grad is None
+    with pytest.raises(ValueError, match=r'images \[N, C, H, W\]'):
+        method.base_loss(BatchContext(x[:, 0], FORWARD, head_outputs=outs))
 
 
 def test_one_step_changes_exactly_the_norm_affine_params():
@@ -332,7 +245,7 @@ def test_one_step_changes_exactly_the_norm_affine_params():
     before = {n: t.clone() for n, t in model.state_dict().items()}
     method = build(model, plpd_threshold=0.0)
     torch.manual_seed(0)
-    method.adapt(FORWARD, batch(10))
+    adapt(method, FORWARD, batch(10))
     assert method.num_updates == 1
     after = model.state_dict()
     changed = {n for n in before if not torch.equal(before[n], after[n])}
@@ -346,7 +259,7 @@ def test_same_seed_same_parameters():
         method = build(model, plpd_threshold=0.0)
         torch.manual_seed(seed)
         for i in range(3):
-            method.adapt(FORWARD, batch(20 + i))
+            adapt(method, FORWARD, batch(20 + i))
         return model
 
     a, b, c = run(0), run(0), run(1)
@@ -362,31 +275,30 @@ def test_empty_filters_no_update_without_stag_update_with_stag():
         model = make_model()
         ref = copy.deepcopy(model)
         method = build(model, **kwargs)
-        out = method.adapt(FORWARD, x)
+        out, stats = adapt(method, FORWARD, x)
         assert method.num_updates == 0 and method.step == 0
-        assert 'loss' not in method.last_stats
-        assert method.last_stats['num_selected'] == 0
+        assert 'loss' not in stats
+        assert stats['num_selected'] == 0
         assert_params_equal(model, ref, tol=0)
         with torch.no_grad():
             torch.testing.assert_close(out, ref(x))
         # with STAG: beta_t L_STAG alone moves the parameters
         model = make_model()
         method = build(model, stag=dict(beta0=10.0, gamma=5.0), **kwargs)
-        method.adapt(FORWARD, x)
+        _, stats = adapt(method, FORWARD, x)
         assert method.num_updates == 1
-        assert 'loss_base' not in method.last_stats
-        assert method.last_stats['loss'] == pytest.approx(
-            10.0 * method.last_stats['loss_stag'])
+        assert 'loss_base' not in stats
+        assert stats['loss'] == pytest.approx(10.0 * stats['loss_stag'])
         assert not torch.equal(model[1].weight, ref[1].weight)
 
 
 def test_stag_adds_beta_times_stag_loss_and_nothing_else():
-    stag_loss = MODELS.build(dict(type='STAGLoss'))
+    stag_loss = STAGLoss()
     beta0, gamma = 3.0, 2.0
     model = make_model()
     method = build(model, plpd_threshold=0.0,
                    stag=dict(beta0=beta0, gamma=gamma))
-    ref, ref_opt = ref_setup(model)
+    ref, ref_opt = sgd_on_norm_params(model)
     for t in range(3):
         x = batch(30 + t)
         beta = beta0 * math.exp(-t / gamma)
@@ -399,8 +311,7 @@ def test_stag_adds_beta_times_stag_loss_and_nothing_else():
             return beta * seen['l']
 
         torch.manual_seed(t)
-        method.adapt(FORWARD, x)
-        stats = method.last_stats
+        _, stats = adapt(method, FORWARD, x)
         torch.manual_seed(t)
         _, _, n2, ref_loss = ref_forward_and_adapt_deyo(
             x, ref, ref_opt, 0.5 * math.log(C), 0.4 * math.log(C), 0.0,
@@ -414,24 +325,3 @@ def test_stag_adds_beta_times_stag_loss_and_nothing_else():
             rel=1e-12)
         assert_params_equal(model, ref)
     assert method.step == 3
-
-
-def test_per_pixel_outputs_rejected():
-    model = make_model()
-    method = build(model)
-
-    def seg_forward(net, x):
-        logits = torch.randn(x.shape[0], C, 4, 4, dtype=x.dtype,
-                             requires_grad=True)
-        feats = torch.randn(x.shape[0], 16, 4, 4, dtype=x.dtype)
-        return logits, [(feats, logits)]
-
-    with pytest.raises(ValueError, match='per-sample classification'):
-        method.adapt(seg_forward, batch(0))
-
-
-def test_base_loss_outside_adapt_raises():
-    model = make_model()
-    method = build(model)
-    with pytest.raises(RuntimeError, match='adapt'):
-        method.base_loss(FORWARD(model, batch(0))[1])

@@ -1,4 +1,6 @@
-"""``STAGLoss`` through MMSeg's ``MODELS`` registry."""
+"""``STAGLoss``: the core's plain ``nn.Module``, and the same class built
+through MMSeg's ``MODELS`` registry (registered by ``import mmseg_stag``
+when MMSeg is installed)."""
 import subprocess
 import sys
 import textwrap
@@ -8,12 +10,26 @@ import torch
 import torch.nn as nn
 from mmseg.registry import MODELS
 
-import mmseg_stag  # noqa: F401  (registers STAGLoss)
-from mmseg_stag import stag
+import mmseg_stag  # noqa: F401  (registers STAGLoss into MMSeg's MODELS)
+from mmseg_stag.core import STAGLoss, stag
 
 
-def test_build_from_registry_and_call():
-    loss = MODELS.build(dict(type='STAGLoss'))
+@pytest.fixture(params=['core', 'mmseg'])
+def build_loss(request):
+    """``build_loss(**options)``: ``STAGLoss(**options)`` directly, or
+    ``MODELS.build(dict(type='STAGLoss', **options))``."""
+    if request.param == 'core':
+        return lambda **options: STAGLoss(**options)
+    return lambda **options: MODELS.build(dict(type='STAGLoss', **options))
+
+
+def test_registered_class_is_the_core_module():
+    assert MODELS.get('STAGLoss') is STAGLoss
+    assert isinstance(MODELS.build(dict(type='STAGLoss')), nn.Module)
+
+
+def test_build_and_call(build_loss):
+    loss = build_loss()
     assert loss.loss_name == 'loss_stag'
     head = nn.Conv2d(8, 5, 1)
     feats = torch.randn(2, 8, 4, 6, requires_grad=True)
@@ -26,16 +42,15 @@ def test_build_from_registry_and_call():
     assert feats.grad is not None and head.weight.grad is not None
 
 
-def test_options_are_passed_through():
+def test_options_are_passed_through(build_loss):
     torch.manual_seed(0)
     fc = nn.Linear(6, 4)
     feats = torch.randn(5, 6)
     logits = fc(feats)
     for anchor in ('diagonal', 'full'):
         for label in ('hard', 'soft'):
-            loss = MODELS.build(
-                dict(type='STAGLoss', eps=1e-3, anchor=anchor, label=label,
-                     loss_weight=2.5, loss_name='loss_x'))
+            loss = build_loss(eps=1e-3, anchor=anchor, label=label,
+                              loss_weight=2.5, loss_name='loss_x')
             assert loss.loss_name == 'loss_x'
             expected = 2.5 * stag.stag_loss(feats, logits, fc.weight,
                                             fc.bias, eps=1e-3, anchor=anchor,
@@ -44,14 +59,14 @@ def test_options_are_passed_through():
                 loss(feats, logits, fc.weight, fc.bias), expected)
 
 
-def test_bad_options_raise():
+def test_bad_options_raise(build_loss):
     for bad in (dict(anchor='row'), dict(label='fuzzy'), dict(eps=-1.0)):
         with pytest.raises(ValueError, match='STAGLoss'):
-            MODELS.build(dict(type='STAGLoss', **bad))
+            build_loss(**bad)
 
 
-def test_ignore_index_label_map_as_mask():
-    loss = MODELS.build(dict(type='STAGLoss', ignore_index=255))
+def test_ignore_index_label_map_as_mask(build_loss):
+    loss = build_loss(ignore_index=255)
     head = nn.Conv2d(3, 4, 1)
     feats = torch.randn(1, 3, 2, 3)
     logits = head(feats)
@@ -65,8 +80,8 @@ def test_ignore_index_label_map_as_mask():
              valid_mask=torch.ones(1, 2, 3))
 
 
-def test_anchor_cache_follows_classifier_updates():
-    loss = MODELS.build(dict(type='STAGLoss'))
+def test_anchor_cache_follows_classifier_updates(build_loss):
+    loss = build_loss()
     fc = nn.Linear(4, 3)
     feats = torch.randn(2, 4)
     for _ in range(3):
@@ -132,7 +147,7 @@ def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel):
     head.weight.requires_grad_(False)
     x = torch.randn(3, 5, 2, 3, dtype=dtype) if per_pixel else \
         torch.randn(6, 5, dtype=dtype)
-    loss = MODELS.build(dict(type='STAGLoss', anchor=anchor, label=label))
+    loss = STAGLoss(anchor=anchor, label=label)
 
     def features(x):
         if per_pixel:
@@ -167,7 +182,7 @@ def test_class_token_view_does_not_keep_the_token_map():
     scale = torch.ones(d, requires_grad=True)
     head = nn.Linear(d, c)
     head.weight.requires_grad_(False)
-    loss_fn = MODELS.build(dict(type='STAGLoss'))
+    loss_fn = STAGLoss()
     inputs = torch.randn(n, t, d)
 
     def run(copy_token):

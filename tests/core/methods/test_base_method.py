@@ -1,4 +1,6 @@
-"""TTA methods on a tiny per-pixel model, independent of MMSeg's segmentors."""
+"""``BaseMethod`` through Source, BN Adapt and TENT on a tiny per-pixel
+model (a 1x1-conv classifier read by a per-pixel ``HeadProbe``), without any
+MMSeg segmentor."""
 import copy
 import math
 
@@ -6,10 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-import mmseg_stag  # noqa: F401
-from mmseg_stag import stag
-from mmseg_stag.methods import BNAdapt, Source, TENT, select_parameters
-from mmseg_stag.registry import TTA_METHODS
+from mmseg_stag.core import (METHODS, BatchContext, BNAdapt, HeadProbe,
+                             Source, TENT, build_method, select_parameters,
+                             stag)
+
+from reference.tta_testbed import adapt
 
 
 class TinySegNet(nn.Module):
@@ -26,13 +29,10 @@ class TinySegNet(nn.Module):
 
     def forward(self, x):
         self.forwards += 1
-        feats = self.body(x)
-        logits = self.classifier(feats)
-        return logits, [(feats, logits)]
+        return self.classifier(self.body(x))
 
 
-def FORWARD(model, x):
-    return model(x)
+FORWARD = HeadProbe('classifier', output='per_pixel')
 
 
 def make_model(seed=0):
@@ -45,30 +45,48 @@ def make_model(seed=0):
 
 
 def images(seed=1, n=2):
-    return torch.randn(n, 3, 6, 7, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(n, 3, 6, 7,
+                       generator=torch.Generator().manual_seed(seed))
 
 
 def configured(method, model):
-    method.configure(model, model.classifier)
+    method.configure(model, model.classifier, 'per_pixel')
     return method
 
 
+def features_and_logits(model, x):
+    """The head's input and output, computed directly (no probe)."""
+    feats = model.body(x)
+    return feats, model.classifier(feats)
+
+
 def test_registry_names():
-    for name, cls in (('source', Source), ('Source', Source),
-                      ('bn_adapt', BNAdapt), ('tent', TENT), ('TENT', TENT)):
-        assert isinstance(TTA_METHODS.build(dict(type=name)), cls)
+    for name, cls in (('source', Source), ('bn_adapt', BNAdapt),
+                      ('tent', TENT)):
+        assert isinstance(METHODS.build(dict(type=name)), cls)
+        assert isinstance(build_method(dict(type=name)), cls)
+    # the old capitalised names are gone
+    for old in ('Source', 'TENT', 'BNAdapt', 'EATA', 'SAR', 'DeYO', 'CoTTA'):
+        with pytest.raises(KeyError, match='unknown method'):
+            build_method(dict(type=old))
+    with pytest.raises(ValueError, match='type'):
+        build_method(dict(stag=None))
+    tent = build_method(dict(type='tent', loss='pseudo_ce'))
+    assert tent.loss_type == 'pseudo_ce' and callable(tent.loss)
 
 
 def test_source_changes_nothing_and_never_backprops():
     model = make_model()
     before = copy.deepcopy(model.state_dict())
     method = configured(Source(), model)
+    assert not method.updates
     x = images()
     with torch.no_grad():
-        expected, _ = model(x)
+        expected = model(x)
     for _ in range(3):
-        out = method.adapt(FORWARD, x)
+        out, stats = adapt(method, FORWARD, x)
         torch.testing.assert_close(out, expected)
+        assert not out.requires_grad and stats == {}
     assert model.forwards == 4
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -86,8 +104,8 @@ def test_tent_updates_only_norm_affine_params_one_forward_one_backward():
                         'body.4.bias'}
     x = images()
     with torch.no_grad():
-        unadapted, _ = copy.deepcopy(model)(x)
-    first = method.adapt(FORWARD, x)
+        unadapted = copy.deepcopy(model)(x)
+    first, _ = adapt(method, FORWARD, x)
     # predict-then-adapt: the first prediction is the unadapted model's
     torch.testing.assert_close(first, unadapted)
     assert model.forwards == 1
@@ -97,10 +115,9 @@ def test_tent_updates_only_norm_affine_params_one_forward_one_backward():
     # BatchNorm kept its running statistics (eval mode)
     assert model.body[1].running_mean is not None
     assert not model.body[1].training
-    method.adapt(FORWARD, x)
+    _, stats = adapt(method, FORWARD, x)
     assert model.forwards == 2 and method.num_updates == 2
-    assert method.last_stats['loss'] == pytest.approx(
-        method.last_stats['loss_base'])
+    assert stats['loss'] == pytest.approx(stats['loss_base'])
 
 
 def test_one_backward_per_batch_counted_through_autograd():
@@ -113,17 +130,35 @@ def test_one_backward_per_batch_counted_through_autograd():
         p.register_hook(lambda g, calls=calls: calls.append(1))
     x = images()
     for step in range(3):
-        method.adapt(FORWARD, x)
+        adapt(method, FORWARD, x)
         # every selected tensor receives exactly one gradient per step
         assert len(calls) == len(method.params) * (step + 1)
     assert model.forwards == 3
+
+
+def test_the_caller_sets_the_grad_mode_and_modes_are_set_once():
+    """``adapt`` neither enables gradients (an updating method under
+    ``no_grad`` cannot backpropagate) nor resets the layers' modes (set
+    once by ``configure``)."""
+    model = make_model()
+    method = configured(TENT(optimizer=dict(type='SGD', lr=0.1)), model)
+    before = {n: p.detach().clone() for n, p in method.params}
+    with torch.no_grad():
+        with pytest.raises(RuntimeError):
+            method.adapt(BatchContext(images(), FORWARD))
+    for n, p in method.params:
+        assert torch.equal(p, before[n]), n
+    assert not model.training
+    model.body[1].train()  # the caller's choice after configure stays
+    adapt(method, FORWARD, images())
+    assert model.body[1].training and not model.body[4].training
 
 
 def sgd_update(method_factory, x):
     model = make_model()
     method = configured(method_factory(), model)
     before = {n: p.detach().clone() for n, p in method.params}
-    method.adapt(FORWARD, x)
+    adapt(method, FORWARD, x)
     return {n: p.detach() - before[n] for n, p in method.params}, model
 
 
@@ -137,7 +172,7 @@ def test_stag_adds_exactly_beta_times_stag_loss_gradient():
     # independent L_STAG gradient on a fresh copy of the model
     model = make_model()
     params = dict(select_parameters(model))
-    logits, ((feats, _), ) = model(x)
+    feats, logits = features_and_logits(model, x)
     l_stag = stag.stag_loss(feats, logits, model.classifier.weight,
                             model.classifier.bias)
     grads = torch.autograd.grad(l_stag, list(params.values()))
@@ -154,8 +189,8 @@ def test_beta_decays_per_update_and_optional_stage_reset():
     x = images()
     betas = []
     for _ in range(3):
-        method.adapt(FORWARD, x)
-        betas.append(method.last_stats['beta'])
+        _, stats = adapt(method, FORWARD, x)
+        betas.append(stats['beta'])
     assert betas == pytest.approx([10.0 * math.exp(-t / 2.0)
                                    for t in range(3)])
 
@@ -166,18 +201,21 @@ def test_beta_decays_per_update_and_optional_stage_reset():
     seen = []
     for stage in (0, 0, 1, 1):
         method.on_stage(stage)
-        method.adapt(FORWARD, x)
-        seen.append(method.last_stats['beta'])
+        _, stats = adapt(method, FORWARD, x)
+        seen.append(stats['beta'])
     assert seen == pytest.approx([10.0, 10.0 * math.exp(-0.5)] * 2)
 
 
 def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
     model = make_model()
     method = configured(TENT(loss='pseudo_ce'), model)
-    logits, outs = model(images())
+    x = images()
+    logits, outs = FORWARD(model, x)
     expected = nn.functional.cross_entropy(logits, logits.argmax(1))
-    torch.testing.assert_close(method.base_loss(outs), expected)
-    with pytest.raises(ValueError, match='TENT loss'):
+    torch.testing.assert_close(
+        method.base_loss(BatchContext(x, FORWARD, head_outputs=outs)),
+        expected)
+    with pytest.raises(ValueError, match='tent loss'):
         TENT(loss='kl')
 
 
@@ -187,12 +225,12 @@ def test_bn_adapt_uses_batch_statistics_without_updates():
     method = configured(BNAdapt(), model)
     assert not method.updates and method.params == []
     x = images(n=3)
-    reference = copy.deepcopy(model)
+    reference = make_model()
     reference.body[1].train()
     reference.body[1].momentum = 0.0
     with torch.no_grad():
-        expected, _ = reference(x)
-    out = method.adapt(FORWARD, x)
+        expected = reference(x)
+    out, _ = adapt(method, FORWARD, x)
     torch.testing.assert_close(out, expected)
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name])
@@ -207,11 +245,11 @@ def test_bn_adapt_stag_updates_affine_params_by_stag_alone():
     assert set(delta) == {'body.1.weight', 'body.1.bias', 'body.4.weight',
                           'body.4.bias'}
     fresh = make_model()
-    BNAdapt().configure(fresh, fresh.classifier)  # batch statistics
+    configured(BNAdapt(), fresh)  # batch statistics
     params = dict(select_parameters(fresh))
     for p in params.values():
         p.requires_grad_(True)
-    logits, ((feats, _), ) = fresh(x)
+    feats, logits = features_and_logits(fresh, x)
     l_stag = stag.stag_loss(feats, logits, fresh.classifier.weight,
                             fresh.classifier.bias)
     grads = torch.autograd.grad(l_stag, list(params.values()))
@@ -230,12 +268,12 @@ def test_adapted_classifier_recomputes_anchors_every_step():
         model)
     x = images()
     for _ in range(3):
-        method.adapt(FORWARD, x)
+        adapt(method, FORWARD, x)
     assert method.stag_loss.anchor_computations == 3
     frozen = make_model()
     method = configured(TENT(stag=dict(beta0=1.0, gamma=10.0)), frozen)
     for _ in range(3):
-        method.adapt(FORWARD, x)
+        adapt(method, FORWARD, x)
     assert method.stag_loss.anchor_computations == 1
 
 
@@ -255,4 +293,6 @@ def test_bad_configs_raise():
     with pytest.raises(ValueError, match='no parameter matches'):
         configured(TENT(trainable=dict(name_regex='nothing')), make_model())
     with pytest.raises(RuntimeError, match='configure'):
-        TENT().adapt(FORWARD, None)
+        TENT().adapt(BatchContext(None, FORWARD))
+    with pytest.raises(ValueError, match='output must be one of'):
+        TENT().configure(make_model(), make_model().classifier, 'per_token')

@@ -1,11 +1,12 @@
-"""The STAG math checked against autograd and naive reference formulas."""
+"""The STAG math (``mmseg_stag.core.stag``) checked against autograd and
+naive reference formulas."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from mmseg_stag import stag
+from mmseg_stag.core import stag
 
 DTYPE = torch.float64
 
@@ -42,6 +43,13 @@ def naive_stag_per_sample(features, weight, bias, anchors, eps, label='hard'):
         cos = (g * a).sum(1) / (g.norm(dim=1) * a.norm(dim=1) + eps)
         losses.append(p[:, k] * cos)
     return -torch.stack(losses, 1).sum(1)
+
+
+def test_old_import_path_is_the_core_module():
+    import mmseg_stag
+    assert mmseg_stag.stag is stag
+    assert mmseg_stag.stag_loss is stag.stag_loss
+    assert mmseg_stag.stag_beta is stag.stag_beta
 
 
 def test_online_gradient_equals_autograd_of_entropy():

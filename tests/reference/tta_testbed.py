@@ -1,0 +1,123 @@
+"""The test bed shared by the method tests (not a transcription): tiny
+float64 networks, seeded batches, the head probes that run them, one
+``adapt`` call as a caller makes it, and comparisons of parameters.
+
+Two per-sample networks:
+
+* :func:`make_mlp` (EATA, SAR): ``Linear -> LayerNorm/BatchNorm1d -> ReLU ->
+  Linear``; the classifier (module ``'3'``) is confident enough for the
+  ``0.4 ln C`` entropy filter; inputs from :func:`vectors`.
+* :func:`make_cnn` (DeYO, CoTTA): ``Conv -> BatchNorm2d -> ReLU -> 2x2
+  average pooling -> Flatten -> Linear`` (classifier ``'5'``); images from
+  :func:`block_images` (constant blocks of DeYO's 4x4 patch grid) or
+  :func:`unit_images` (uniform in ``[0, 1]``, CoTTA's augmentations).
+"""
+import copy
+import math
+
+import torch
+import torch.nn as nn
+
+from mmseg_stag.core import BatchContext, HeadProbe
+
+C = 5  # classes of both networks
+E0 = 0.4 * math.log(C)  # the 0.4 ln C entropy margin of EATA and SAR
+LR = 0.05  # large, so that a wrong update is visible
+OPT = dict(type='SGD', lr=LR, momentum=0.9)
+
+MLP_PROBE = HeadProbe('3')  # classifier of make_mlp
+CNN_PROBE = HeadProbe('5')  # classifier of make_cnn
+
+
+def make_mlp(seed=2, norm='ln'):
+    """``Linear(6, 8) -> LayerNorm(8) (or BatchNorm1d) -> ReLU ->
+    Linear(8, C)`` in float64, evaluation mode, confident classifier."""
+    torch.manual_seed(seed)
+    norm_layer = nn.LayerNorm(8) if norm == 'ln' else nn.BatchNorm1d(8)
+    model = nn.Sequential(nn.Linear(6, 8), norm_layer, nn.ReLU(),
+                          nn.Linear(8, C))
+    with torch.no_grad():
+        model[3].weight.mul_(6.0)  # confident enough for E0 = 0.4 ln C
+        model[1].weight.uniform_(0.5, 1.5)
+        model[1].bias.uniform_(-0.3, 0.3)
+    return model.double().eval()
+
+
+def vectors(seed, n=16):
+    """A seeded batch ``[n, 6]`` for :func:`make_mlp`."""
+    return torch.randn(n, 6, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(seed))
+
+
+def make_cnn(seed=1, scale=20.0):
+    """Conv-BN-ReLU, 2x2 average pooling (so that shuffling patches changes
+    the prediction), linear classifier (module ``'5'``), float64, eval.
+
+    The first conv is scaled by ``scale`` (20 for DeYO: confident enough
+    for ``0.5 ln C`` while the classifier keeps moderate weights, a very
+    peaked ``W W^T`` making STAG's anchors vanish; 10 for CoTTA)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                          nn.Linear(16, C))
+    with torch.no_grad():
+        model[0].weight.mul_(scale)
+        model[0].bias.mul_(scale)
+    return model.double().eval()
+
+
+def block_images(seed, n=16, size=16):
+    """Images made of constant blocks of a 4x4 grid (the patches of DeYO's
+    shuffle), so that shuffling often changes the prediction."""
+    cells = torch.randn(n, 3, 4, 4, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(seed))
+    return cells.repeat_interleave(size // 4, -1).repeat_interleave(
+        size // 4, -2)
+
+
+def unit_images(seed, n=8, size=16):
+    """Images in ``[0, 1]``."""
+    return torch.rand(n, 3, size, size, dtype=torch.float64,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def adapt(method, forward, inputs):
+    """One batch as the caller runs it: gradients enabled iff the method
+    updates; returns ``(prediction, stats)``."""
+    with torch.set_grad_enabled(method.updates):
+        return method.adapt(BatchContext(inputs, forward))
+
+
+def norm_params(model):
+    """The affine parameters of the normalisation layer ``model[1]``."""
+    return [model[1].weight, model[1].bias]
+
+
+def sgd_on_norm_params(model, lr=LR, momentum=0.9):
+    """The authors' setup: a copy of ``model`` with only the norm affine
+    parameters trainable, and ``torch.optim.SGD`` on them."""
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    for p in norm_params(ref):
+        p.requires_grad_(True)
+    return ref, torch.optim.SGD(norm_params(ref), lr, momentum=momentum)
+
+
+def assert_params_equal(a, b, tol=1e-12):
+    """Same parameter names, in order, and values within ``tol``."""
+    pa, pb = list(a.named_parameters()), list(b.named_parameters())
+    assert len(pa) == len(pb)
+    for (na, ta), (nb, tb) in zip(pa, pb):
+        assert na == nb
+        torch.testing.assert_close(ta, tb, rtol=tol, atol=tol, msg=na)
+
+
+def assert_lists_close(a, b, tol=1e-12):
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=tol, atol=tol)
+
+
+def assert_state_unchanged(model, before):
+    """``model.state_dict()`` equals the ``before`` copy exactly."""
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
