@@ -12,7 +12,7 @@ from mmseg_stag.core import (METHODS, BatchContext, BNAdapt, HeadProbe,
                              Source, TENT, build_method, select_parameters,
                              stag)
 
-from reference.tta_testbed import adapt
+from reference.adaptation_testbed import adapt
 
 
 class TinySegNet(nn.Module):

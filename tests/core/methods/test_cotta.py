@@ -13,10 +13,10 @@ from mmseg_stag.core.losses import cross_entropy_to_teacher
 from mmseg_stag.core.methods.cotta import CoTTA
 
 from reference.cotta_reference import RefCoTTA, ref_softmax_entropy
-from reference.tta_testbed import C, adapt, assert_params_equal
-from reference.tta_testbed import CNN_PROBE as FORWARD
-from reference.tta_testbed import make_cnn
-from reference.tta_testbed import unit_images as batch
+from reference.adaptation_testbed import C, adapt, assert_params_equal
+from reference.adaptation_testbed import CNN_PROBE as FORWARD
+from reference.adaptation_testbed import make_cnn
+from reference.adaptation_testbed import unit_images as batch
 
 LR = 1e-2  # large, so that a wrong update is visible
 

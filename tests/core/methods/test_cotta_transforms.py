@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from mmseg_stag.core.methods import cotta_transforms as A
 
-from reference.tta_testbed import unit_images as batch
+from reference.adaptation_testbed import unit_images as batch
 
 
 def test_augment_shape_range_and_identity_settings():

@@ -16,11 +16,11 @@ from mmseg_stag.core.methods.deyo import (DEYO_AUTHORS_EXCLUDE, DeYO,
 
 from reference.deyo_reference import (ref_forward_and_adapt_deyo,
                                       ref_shuffle_patches)
-from reference.tta_testbed import C, OPT, adapt, assert_params_equal
-from reference.tta_testbed import CNN_PROBE as FORWARD
-from reference.tta_testbed import block_images as batch
-from reference.tta_testbed import make_cnn as make_model
-from reference.tta_testbed import sgd_on_norm_params
+from reference.adaptation_testbed import C, OPT, adapt, assert_params_equal
+from reference.adaptation_testbed import CNN_PROBE as FORWARD
+from reference.adaptation_testbed import block_images as batch
+from reference.adaptation_testbed import make_cnn as make_model
+from reference.adaptation_testbed import sgd_on_norm_params
 
 
 def build(model, **kwargs):

@@ -17,11 +17,11 @@ from reference.eata_reference import (ref_fishers,
                                       ref_forward_and_adapt_eata,
                                       ref_update_model_probs)
 from reference.entropy_reference import softmax_entropy as ref_entropy
-from reference.tta_testbed import C, E0, OPT, adapt, assert_params_equal
-from reference.tta_testbed import MLP_PROBE as FORWARD
-from reference.tta_testbed import make_mlp as make_model
-from reference.tta_testbed import norm_params, sgd_on_norm_params
-from reference.tta_testbed import vectors as batch
+from reference.adaptation_testbed import C, E0, OPT, adapt, assert_params_equal
+from reference.adaptation_testbed import MLP_PROBE as FORWARD
+from reference.adaptation_testbed import make_mlp as make_model
+from reference.adaptation_testbed import norm_params, sgd_on_norm_params
+from reference.adaptation_testbed import vectors as batch
 
 
 def build(model, **kwargs):

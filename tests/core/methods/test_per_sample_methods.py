@@ -9,9 +9,9 @@ import torch.nn as nn
 
 from mmseg_stag.core import BatchContext, build_method, per_sample_logits
 
-from reference.tta_testbed import C, adapt, assert_state_unchanged
-from reference.tta_testbed import block_images as batch
-from reference.tta_testbed import make_cnn as make_model
+from reference.adaptation_testbed import C, adapt, assert_state_unchanged
+from reference.adaptation_testbed import block_images as batch
+from reference.adaptation_testbed import make_cnn as make_model
 
 PER_SAMPLE_ONLY = ('eata', 'sar', 'deyo', 'cotta')
 
