@@ -80,8 +80,8 @@ def load_segmentor_checkpoint(model: nn.Module,
                               ) -> Dict[str, Any]:
     """Strictly load a checkpoint into a segmentor, with clear errors.
 
-    The classifier (``classifier_name``, by default the model's own
-    ``classifier_name`` attribute or ``decode_head.conv_seg``) is checked
+    The classifier (``classifier_name``, default ``decode_head.conv_seg``)
+    is checked
     first so that a class-count mismatch is reported as such; then every key
     must match (no missing, no unexpected keys, same shapes).
 
@@ -91,8 +91,7 @@ def load_segmentor_checkpoint(model: nn.Module,
     checkpoint = load_checkpoint_file(path, allow_unsafe_pickle)
     state = extract_state_dict(checkpoint, path)
     own = model.state_dict()
-    classifier_name = classifier_name or getattr(
-        model, 'classifier_name', 'decode_head.conv_seg')
+    classifier_name = classifier_name or 'decode_head.conv_seg'
     cls_key = f'{classifier_name}.weight'
     if cls_key in own:
         if cls_key not in state:

@@ -96,6 +96,14 @@ def main():
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
+    online = cfg.get('test_cfg', {}).get('type') == 'OnlineAdaptationLoop'
+    world_size = int(os.environ.get('WORLD_SIZE', '1'))
+    if online and (args.launcher != 'none' or world_size > 1):
+        # before any process group or worker starts (the loop refuses too)
+        from mmseg_stag.segmentation.engine.online_loop import \
+            DISTRIBUTED_ERROR
+        n = world_size if world_size > 1 else 'several'
+        raise SystemExit('error: ' + DISTRIBUTED_ERROR.format(n=n))
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir', None) is None:
@@ -115,8 +123,9 @@ def main():
     from mmengine.model import is_model_wrapper
     model = runner.model.module if is_model_wrapper(
         runner.model) else runner.model
-    load_segmentor_checkpoint(model, args.checkpoint,
-                              allow_unsafe_pickle=args.trust_pickle)
+    load_segmentor_checkpoint(
+        model, args.checkpoint, allow_unsafe_pickle=args.trust_pickle,
+        classifier_name=cfg.test_cfg.get('classifier'))
     print_log(f'Loaded checkpoint {args.checkpoint}', logger='current')
     runner.test()
 

@@ -16,8 +16,8 @@ from mmseg_stag.core import BatchContext, HeadProbe, build_method
 DISTRIBUTED_ERROR = (
     'OnlineAdaptationLoop: a continual stream is sequential (every image is '
     'predicted by the model adapted on all images before it), so it cannot '
-    'be split across {n} ranks: each rank would adapt on every {n}th image '
-    'and the metric would see a different stream. Run it with '
+    'be split across {n} ranks: each rank would adapt on only 1 of every {n} '
+    'images and the metric would see a different stream. Run it with '
     '--launcher none (one process; use several GPUs by running several '
     'configs/seeds side by side).')
 

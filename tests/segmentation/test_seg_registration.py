@@ -1,0 +1,63 @@
+"""``import mmseg_stag`` registers the segmentation parts in MMSeg's
+registries, and the STAG configs use them: a plain ``EncoderDecoder`` and
+the ``OnlineAdaptationLoop`` with a registered method."""
+import glob
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+from mmseg.registry import (DATASETS, LOG_PROCESSORS, LOOPS, METRICS,
+                            MODELS)
+
+import mmseg_stag
+from mmseg_stag.core import METHODS, STAGLoss
+from mmseg_stag.segmentation import (ACDCContinualDataset,
+                                     ContinualIoUMetric, NVSegformerHead,
+                                     OnlineAdaptationLogProcessor,
+                                     OnlineAdaptationLoop)
+from seg_helpers import REPO
+
+STAG_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'stag_acdc',
+                                         '*.py')))
+
+
+def test_registered_types():
+    init_default_scope('mmseg')
+    assert MODELS.get('NVSegformerHead') is NVSegformerHead
+    assert MODELS.get('STAGLoss') is STAGLoss is mmseg_stag.STAGLoss
+    assert LOOPS.get('OnlineAdaptationLoop') is OnlineAdaptationLoop
+    assert LOG_PROCESSORS.get('OnlineAdaptationLogProcessor') is \
+        OnlineAdaptationLogProcessor
+    assert METRICS.get('ContinualIoUMetric') is ContinualIoUMetric
+    assert DATASETS.get('ACDCContinualDataset') is ACDCContinualDataset
+    # the removed wrapper is not registered any more
+    assert MODELS.get('TTAEncoderDecoder') is None
+    loss = MODELS.build(dict(type='STAGLoss'))
+    assert isinstance(loss, STAGLoss)
+
+
+def test_there_are_ten_stag_configs():
+    assert len(STAG_CONFIGS) == 10
+
+
+@pytest.mark.parametrize('path', STAG_CONFIGS, ids=osp.basename)
+def test_stag_configs_use_the_online_loop(path):
+    cfg = Config.fromfile(path)
+    assert cfg.custom_imports['imports'] == ['mmseg_stag']
+    assert cfg.model['type'] == 'EncoderDecoder'
+    assert cfg.test_cfg['type'] == 'OnlineAdaptationLoop'
+    assert cfg.log_processor['type'] == 'OnlineAdaptationLogProcessor'
+    assert cfg.test_evaluator['type'] == 'ContinualIoUMetric'
+    method = cfg.test_cfg['method']
+    name = osp.basename(path)[:-3].rsplit('_', 1)[1]
+    assert method['type'] == name.replace('-stag', '').replace('-', '_')
+    assert method['type'] in METHODS.module_dict
+    # (beta0, gamma) against the paper's table: tests/test_paper_hparams.py
+    assert ('stag' in method) == name.endswith('-stag')
+    head = cfg.model['decode_head']['type']
+    assert head == ('NVSegformerHead' if 'nvlabs' in path else
+                    'SegformerHead')
+    # the default classifier is the head's 1x1 conv_seg
+    assert cfg.test_cfg.get('classifier',
+                            'decode_head.conv_seg') == 'decode_head.conv_seg'
