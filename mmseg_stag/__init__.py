@@ -5,7 +5,8 @@ test-time adaptation, as an MMSegmentation 1.x plugin.
 ``mmseg_stag.classification`` need neither MMSeg nor MMCV. When MMSeg is
 installed, importing the package also registers the segmentation parts in
 MMSeg's registries (``mmseg_stag.segmentation``), so a config only needs
-``custom_imports=dict(imports=['mmseg_stag'])``.
+``custom_imports=dict(imports=['mmseg_stag'])``; an installed MMSeg that
+cannot be imported (e.g. MMCV missing) raises its own import error.
 """
 import importlib.util
 

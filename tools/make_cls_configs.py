@@ -92,12 +92,31 @@ def leaf_configs() -> Dict[str, str]:
     return dict(sorted(files.items()))
 
 
+def stale_configs(out_dir: str) -> List[str]:
+    """Generated files (they start with :data:`HEADER`) whose row has left
+    the table."""
+    wanted = {osp.normpath(osp.join(out_dir, rel)) for rel in leaf_configs()}
+    stale = []
+    for folder in sorted(set(BENCHMARK_DIRS.values())):
+        root = osp.join(out_dir, folder)
+        for name in sorted(os.listdir(root)) if osp.isdir(root) else []:
+            path = osp.normpath(osp.join(root, name))
+            if path in wanted or not name.endswith('.py'):
+                continue
+            with open(path, encoding='utf-8') as f:
+                if f.read(len(HEADER)) == HEADER:
+                    stale.append(path)
+    return stale
+
+
 def write_configs(out_dir: str, check: bool = False) -> List[str]:
-    """Write (or, with ``check``, compare) the generated configs.
+    """Write (or, with ``check``, compare) the generated configs; generated
+    files whose row has left the table are removed (or, with ``check``,
+    reported).
 
     Returns:
-        The paths that were written, or that differ from the generator's
-        output when ``check`` is set.
+        The paths that were written or removed, or that differ from the
+        generator's output when ``check`` is set.
     """
     changed = []
     for rel, text in leaf_configs().items():
@@ -111,6 +130,10 @@ def write_configs(out_dir: str, check: bool = False) -> List[str]:
             os.makedirs(osp.dirname(path), exist_ok=True)
             with open(path, 'w', encoding='utf-8') as f:
                 f.write(text)
+    for path in stale_configs(out_dir):
+        changed.append(path)
+        if not check:
+            os.remove(path)
     return changed
 
 

@@ -77,9 +77,12 @@ class HeadProbe:
             try:
                 module = model.get_submodule(name)
             except AttributeError as err:
+                candidates = [n for n, m in model.named_modules()
+                              if isinstance(m, (nn.Linear, nn.Conv2d))]
                 raise ValueError(
                     f'{type(model).__name__} has no module {name!r} (the '
-                    'classifier); name its final 1x1 conv / linear layer'
+                    'classifier); name its final 1x1 conv / linear layer '
+                    f'(its linear and conv layers: {candidates[-8:]})'
                 ) from err
         if self.output == 'per_pixel':
             check_pixel_classifier(module, name)

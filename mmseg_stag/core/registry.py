@@ -12,7 +12,7 @@ def build_method(cfg: dict):
     cfg = dict(cfg)
     if 'type' not in cfg:
         raise ValueError(f'a method config needs a type, got {cfg}')
-    if cfg['type'] not in METHODS:
+    if isinstance(cfg['type'], str) and cfg['type'] not in METHODS:
         raise KeyError(f"unknown method {cfg['type']!r}; available: "
                        f'{sorted(METHODS.module_dict)}')
     return METHODS.build(dict(cfg, _scope_='mmseg_stag'))

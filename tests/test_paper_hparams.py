@@ -1,0 +1,140 @@
+"""The paper's beta0/gamma table (``mmseg_stag/paper_hparams.py``) is the one
+source of the numbers: the generated classification configs, the ACDC
+configs, tools/benchmark.py's +STAG arm and the README all match it."""
+import argparse
+import glob
+import os.path as osp
+
+import pytest
+import torch.nn as nn
+from mmengine.config import Config
+
+from mmseg_stag.core import METHODS
+from mmseg_stag.paper_hparams import PAPER_STAG, markdown_table, paper_stag
+from tools import benchmark
+from tools.make_cls_configs import (BENCHMARK_DIRS, NOT_IMPLEMENTED,
+                                    leaf_configs, write_configs)
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ACDC = ('acdc', 'continual', 'segformer-b5')
+
+
+def test_table_rows_and_lookup():
+    keys = [r[:4] for r in PAPER_STAG]
+    assert len(set(keys)) == len(keys)  # one row per setting
+    for *key, beta0, gamma in PAPER_STAG:
+        # method types are spelled as the registry spells them
+        assert key[3] in METHODS.module_dict or key[3] in NOT_IMPLEMENTED
+        assert paper_stag(*key) == dict(beta0=beta0, gamma=gamma)
+        assert beta0 > 0 and gamma > 0
+    assert paper_stag(*ACDC, 'tent') == dict(beta0=500, gamma=35)
+    with pytest.raises(KeyError, match='appendix_hp'):
+        paper_stag(*ACDC, 'sar')
+    lines = markdown_table().splitlines()
+    assert len(lines) == 2 + len(PAPER_STAG)
+    assert lines[2] == '| acdc | continual | segformer-b5 | bn_adapt | 250 ' \
+        '| 25 |'
+
+
+def test_generated_cls_configs_are_the_generators_output():
+    root = osp.join(REPO, 'configs', 'cls')
+    assert write_configs(root, check=True) == []
+    # and no stale file of a row that left the table
+    on_disk = {osp.relpath(p, root) for folder in set(BENCHMARK_DIRS.values())
+               for p in glob.glob(osp.join(root, folder, '*.py'))}
+    assert on_disk == set(leaf_configs())
+
+
+def test_cls_configs_use_the_table():
+    rows = [r for r in PAPER_STAG
+            if r[3] not in NOT_IMPLEMENTED and r[0] in BENCHMARK_DIRS]
+    assert len(rows) == len([r for r in leaf_configs()
+                             if not r.endswith('_source.py')])
+    for b, s, m, method, beta0, gamma in rows:
+        rel = f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method.replace("_", "-")}.py'
+        cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls', rel))
+        assert cfg.method.type == method, rel
+        assert dict(cfg.stag) == dict(beta0=beta0, gamma=gamma), rel
+
+
+def test_acdc_configs_use_the_table():
+    paths = sorted(glob.glob(osp.join(REPO, 'configs/stag_acdc/*-stag.py')))
+    seen = set()
+    for path in paths:
+        cfg = Config.fromfile(path)
+        method = cfg.test_cfg.method
+        want = paper_stag(*ACDC, method.type)
+        assert (method.stag.beta0, method.stag.gamma) == \
+            (want['beta0'], want['gamma']), path
+        seen.add((osp.basename(path).split('_')[1], method.type))
+    # MMSeg's and NVlabs' heads, each with TENT and BN Adapt
+    assert seen == {(h, t) for h in ('mit-b5', 'mit-b5-nvlabs')
+                    for t in ('tent', 'bn_adapt')}
+
+
+# --------------------------------------------- tools/benchmark.py's +STAG
+class TinyClassifier(nn.Module):
+    """Stands in for ResNet-50 / ViT-B/16: BN body and a linear ``fc``."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4),
+                                  nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                  nn.Flatten())
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):
+        return self.fc(self.body(x))
+
+
+class TinySegmentor(nn.Module):
+    """Stands in for the SegFormers: a BN backbone and the decode head's
+    1x1 classifier ``decode_head.conv_seg``."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+        self.decode_head = nn.Module()
+        self.decode_head.conv_seg = nn.Conv2d(4, 3, 1)
+
+
+class ArmsBuilt(Exception):
+    pass
+
+
+def test_benchmark_stag_arm_uses_the_table(monkeypatch):
+    settings = {'b0': ACDC, 'b5': ACDC, 'b5-nvlabs': ACDC,
+                'resnet50': ('imagenet-c', 'mild', 'resnet50-bn'),
+                'vit-b16': ('imagenet-c', 'mild', 'vit-b16')}
+    assert set(benchmark.SEG_MODELS) | set(benchmark.CLS_MODELS) == \
+        set(settings)
+    monkeypatch.setattr(
+        benchmark, 'build_model',
+        lambda name, seed=0: (TinyClassifier() if name in benchmark.CLS_MODELS
+                              else TinySegmentor()).eval())
+    built = {}
+
+    def capture(arms, steps, warmup):
+        built.update(arms)
+        raise ArmsBuilt  # the arms are what is checked: no step is run
+
+    monkeypatch.setattr(benchmark, 'interleave', capture)
+    for name, setting in settings.items():
+        kinds = ('tent', 'eata') if name in benchmark.CLS_MODELS else \
+            ('tent', 'bn_adapt')
+        for kind in kinds:
+            built.clear()
+            args = argparse.Namespace(methods=[kind], size=(8, 8),
+                                      cls_size=8, batch_size=2, steps=1,
+                                      warmup=0, skip_reference=True)
+            with pytest.raises(ArmsBuilt):
+                benchmark.run_model(name, args, 'cpu')
+            assert set(built) == {kind, f'{kind}+stag'}, (name, kind)
+            assert built[kind][1].stag_cfg is None
+            assert built[f'{kind}+stag'][1].stag_cfg == \
+                paper_stag(*setting, kind), (name, kind)
+
+
+def test_readme_shows_the_table():
+    with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
+        assert markdown_table() in f.read()

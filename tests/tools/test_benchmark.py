@@ -1,0 +1,66 @@
+"""tools/benchmark.py runs and counts passes (no timing is asserted)."""
+import json
+import os.path as osp
+import subprocess
+import sys
+
+import torch
+
+from tools import benchmark
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def test_benchmark_counts_passes(tmp_path):
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+         'b0', '--size', '64', '32', '--steps', '2', '--warmup', '0',
+         '--out', str(out)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())['models']['b0']
+    passes = {arm: (r['forwards'], r['backwards'])
+              for kind in res.values() for arm, r in kind.items()
+              if isinstance(r, dict) and 'forwards' in r}
+    assert passes == {
+        'tent': (1, 1), 'tent+stag': (1, 1),
+        'tent two-forward reference': (2, 1),
+        'bn_adapt': (1, 0), 'bn_adapt+stag': (1, 1)}
+    for kind in ('tent', 'bn_adapt'):
+        assert res[kind]['stag_time_ratio']['median'] > 0
+    assert 'stag_time_ratio' in proc.stdout
+    for kind in ('tent', 'bn_adapt'):
+        assert res[kind]['stag_term']['seconds'] > 0
+    # STAG keeps its few per-pixel maps for the backward, never less
+    tent = res['tent']
+    assert tent['tent+stag']['saved_mb'] > tent['tent']['saved_mb']
+
+
+def test_benchmark_classification_arms(tmp_path):
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+         'resnet50', '--cls-size', '32', '--batch-size', '2', '--steps',
+         '1', '--warmup', '0', '--out', str(out)],
+        capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())['models']['resnet50']
+    assert set(res) == {'tent', 'eata'}  # BN Adapt is segmentation-only
+    passes = {arm: (r['forwards'], r['backwards'])
+              for kind in res.values() for arm, r in kind.items()
+              if isinstance(r, dict) and 'forwards' in r}
+    assert passes == {
+        'tent': (1, 1), 'tent+stag': (1, 1),
+        'tent two-forward reference': (2, 1),
+        'eata': (1, 1), 'eata+stag': (1, 1)}
+
+
+def test_saved_for_backward_counts_distinct_storages():
+    x = torch.ones(1000, requires_grad=True)
+    w = torch.full((1000, ), 2.0)
+    with benchmark.SavedForBackward() as saved:
+        y = x * w           # saves x and w: 2 x 4,000 bytes
+        z = (y * x).sum()   # saves y, and x again (counted once)
+    assert saved.mb * 2**20 == 3 * 4000
+    z.backward()
+    assert torch.equal(x.grad, 2 * 2 * x.detach())

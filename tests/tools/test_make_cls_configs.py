@@ -1,0 +1,100 @@
+"""tools/make_cls_configs.py: the generated configs of ``configs/cls``
+(what it writes, ``--check``) and that each of them loads with the paper's
+settings. That the files on disk are the generator's output is checked in
+tests/test_paper_hparams.py."""
+import os
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+
+from mmseg_stag.classification import CLS_MODELS, CORRUPTIONS
+from mmseg_stag.core import METHODS
+from mmseg_stag.paper_hparams import PAPER_STAG, paper_stag
+from tools.make_cls_configs import (BENCHMARK_DIRS, HEADER, NOT_IMPLEMENTED,
+                                    leaf_configs, main, write_configs)
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def test_one_config_per_implemented_row_and_a_source_per_setting():
+    files = leaf_configs()
+    rows = [r for r in PAPER_STAG
+            if r[3] not in NOT_IMPLEMENTED and r[0] in BENCHMARK_DIRS]
+    settings = {r[:3] for r in rows}
+    assert len(files) == len(rows) + len(settings)
+    for b, s, m, method, beta0, gamma in rows:
+        text = files[f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_'
+                     f'{method.replace("_", "-")}.py']
+        assert text.startswith(HEADER)
+        assert f'stag = dict(beta0={beta0}, gamma={gamma})\n' in text
+    for b, s, m in settings:
+        assert f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_source.py' in files
+    assert not any('ecotta' in rel for rel in files)
+
+
+def test_main_writes_and_checks(tmp_path, capsys):
+    out = str(tmp_path / 'cls')
+    assert main([out, '--check']) == 1  # nothing there yet
+    assert not osp.exists(out)  # --check writes nothing
+    assert main([out]) == 0
+    written = sorted(osp.relpath(osp.join(d, n), out)
+                     for d, _, names in os.walk(out) for n in names)
+    assert written == sorted(leaf_configs())
+    assert main([out, '--check']) == 0
+    assert '0 config(s) differ' in capsys.readouterr().out
+    # an edited file is reported, then rewritten
+    path = osp.join(out, sorted(leaf_configs())[0])
+    with open(path, 'a', encoding='utf-8') as f:
+        f.write('# edited\n')
+    assert write_configs(out, check=True) == [path]
+    assert main([out, '--check']) == 1
+    assert path in capsys.readouterr().out
+    assert main([out]) == 0
+    assert write_configs(out, check=True) == []
+    assert "not generated (no implementation): ['ecotta-k4', 'ecotta-k5']" \
+        in capsys.readouterr().out
+
+
+def test_a_generated_file_whose_row_left_the_table_is_stale(tmp_path):
+    out = str(tmp_path / 'cls')
+    assert main([out]) == 0
+    stale = osp.join(out, 'cifar-c', 'cifar10-c_continual_wrn-28-10_old.py')
+    hand_written = osp.join(out, 'cifar-c', 'my_own.py')
+    with open(stale, 'w', encoding='utf-8') as f:
+        f.write(HEADER + "method = dict(type='tent')\n")
+    with open(hand_written, 'w', encoding='utf-8') as f:
+        f.write("method = dict(type='tent')\n")
+    assert write_configs(out, check=True) == [osp.normpath(stale)]
+    assert osp.isfile(stale)  # --check removes nothing
+    assert write_configs(out) == [osp.normpath(stale)]
+    assert not osp.exists(stale) and osp.isfile(hand_written)
+
+
+def test_paper_hyper_parameters_in_configs():
+    cases = {
+        'imagenet-c/imagenet-c_mild_resnet50-bn_tent.py': (100, 100, 2.5e-4),
+        'imagenet-c/imagenet-c_mild_resnet50-gn_eata.py': (250, 100, 2.5e-4),
+        'imagenet-c/imagenet-c_mild_vit-b16_tent.py': (300, 50, 1e-3),
+        'imagenet-c/imagenet-c_bs1_vit-b16_sar.py': (1000, 10000,
+                                                     0.001 / 64),
+        'cifar-c/cifar10-c_continual_wrn-28-10_bn-adapt.py': (90, 15, 1e-3),
+        'cifar-c/cifar10-c_continual_wrn-28-10_tent.py': (100, 10, 1e-3),
+        'cifar-c/cifar100-c_continual_wrn-40-2_tent.py': (500, 5, 1e-3),
+    }
+    for rel, (beta0, gamma, lr) in cases.items():
+        cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls', rel))
+        assert (cfg.stag.beta0, cfg.stag.gamma) == (beta0, gamma), rel
+        assert cfg.method.optimizer.lr == pytest.approx(lr), rel
+        assert list(cfg.data.corruptions) == list(CORRUPTIONS)
+    assert paper_stag('cifar100-c', 'continual', 'wrn-40-2',
+                      'cotta') == dict(beta0=10, gamma=400)
+    assert len(leaf_configs()) >= 40
+
+
+def test_every_cls_config_loads():
+    for rel in leaf_configs():
+        cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls', rel))
+        assert cfg.model.type in CLS_MODELS.module_dict
+        assert cfg.method.type in METHODS.module_dict, rel
+        assert {'data', 'scenario', 'method', 'rows', 'seed'} <= set(cfg)
