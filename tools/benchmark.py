@@ -1,9 +1,10 @@
-"""Benchmark: what STAG adds to an adaptation step, and what predict-then-adapt saves.
+"""Benchmark: what STAG adds to an adaptation step, and what
+predict-then-adapt saves.
 
 For each model and each baseline it runs, in one process and interleaved
-after a warm-up (A, B, A, B, ...), one adaptation step of the baseline and one of
-the baseline + STAG, each on its own copy of the model and the same input,
-and measures per step:
+after a warm-up (A, B, A, B, ...), one adaptation step of the baseline and
+one of the baseline + STAG, each on its own copy of the model and the same
+input, and measures per step:
 
 * wall time (the median and the fastest step, the estimate least
   affected by other load on the machine);
@@ -427,8 +428,8 @@ def print_table(name, kind, res):
 
 def main():
     parser = argparse.ArgumentParser(
-        description='Time and memory of adaptation steps with and without STAG '
-        '(interleaved, one process)')
+        description='Time and memory of adaptation steps with and without '
+        'STAG (interleaved, one process)')
     parser.add_argument('--models', nargs='+', default=['b0', 'b5'],
                         choices=sorted(SEG_MODELS) + sorted(CLS_MODELS))
     parser.add_argument('--methods', nargs='+',

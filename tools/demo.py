@@ -169,8 +169,8 @@ def summarise(results, betas, seconds, path_json, path_md):
 
 def main():
     parser = argparse.ArgumentParser(
-        description='Offline continual adaptation demo on a built-in stand-in for '
-        'Cityscapes -> ACDC')
+        description='Offline continual adaptation demo on a built-in '
+        'stand-in for Cityscapes -> ACDC')
     parser.add_argument('--work-dir', default='work_dirs/demo')
     parser.add_argument('--rounds', type=int, default=10)
     parser.add_argument('--methods', nargs='+', default=list(METHODS),

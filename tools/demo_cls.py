@@ -1,4 +1,5 @@
-"""Offline classification demo: online-adaptation baselines ± STAG on corrupted MNIST.
+"""Offline classification demo: adaptation baselines ± STAG on corrupted
+MNIST.
 
     python tools/demo_cls.py [--work-dir work_dirs/demo_cls]
         [--scenarios continual mild] [--nets bn gn ln]
@@ -75,7 +76,8 @@ METHOD_OPTIONS = {'eata': dict(d_margin=0.4, fisher_alpha=1.0),
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description='Online-adaptation baselines +/- STAG on corrupted MNIST (offline)')
+        description='Online-adaptation baselines +/- STAG on corrupted '
+        'MNIST (offline)')
     p.add_argument('--work-dir', default='work_dirs/demo_cls')
     p.add_argument('--scenarios', nargs='+', default=list(SCENARIOS),
                    choices=list(SCENARIOS))
@@ -118,10 +120,8 @@ def parse_args(argv=None):
 
 
 def make_data(args, log):
-    from demo.cls_data import (load_mnist_rgb,
-                                                     save_if_changed,
-                                                     split_train_test,
-                                                     write_corrupted_set)
+    from demo.cls_data import (load_mnist_rgb, save_if_changed,
+                               split_train_test, write_corrupted_set)
     images, labels = load_mnist_rgb(32)
     (x_tr, y_tr), (x_te, y_te) = split_train_test(images, labels,
                                                   args.n_test, args.seed)
@@ -150,8 +150,7 @@ def nets_in_use(args):
 def make_models(args, train, test, log):
     import torch
     from mmseg_stag.classification import CLS_MODELS
-    from demo.cls_train import (evaluate,
-                                                      train_classifier)
+    from demo.cls_train import evaluate, train_classifier
     paths, clean = {}, {}
     for net in nets_in_use(args):
         title, cfg = NETS[net]

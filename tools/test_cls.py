@@ -31,8 +31,8 @@ if REPO not in sys.path:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='Online adaptation (+/- STAG) on a corrupted classification '
-        'benchmark (configs/cls/)')
+        description='Online adaptation (+/- STAG) on a corrupted '
+        'classification benchmark (configs/cls/)')
     parser.add_argument('config', help='config file under configs/cls/')
     parser.add_argument('--work-dir', help='output folder (default: '
                         'work_dirs/cls/<config name>)')

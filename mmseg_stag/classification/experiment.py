@@ -8,7 +8,8 @@ Config keys (the ``_base_`` files under ``configs/cls/_base_`` fill most):
   severity=5, corruptions=[...], ...)``;
 * ``scenario``: ``dict(type='mild' | 'label_shift' | 'batch_size_1' |
   'mixed' | 'continual', batch_size=...)``;
-* ``method``: the baseline's ``METHODS`` config (:mod:`mmseg_stag.core`); ``method_name``
+* ``method``: the baseline's ``METHODS`` config (:mod:`mmseg_stag.core`);
+  ``method_name``
   (optional) its display name;
 * ``stag``: ``dict(beta0=..., gamma=...)`` of the +STAG row (paper Table
   appendix_hp);

@@ -1,4 +1,4 @@
-"""Online predict-then-adapt evaluation of online-adaptation methods on a test stream.
+"""Online predict-then-adapt evaluation of adaptation methods on a stream.
 
 Each *row* (a method, with or without STAG) starts from the source model.
 For every stage of the stream (:mod:`.scenarios`) whose ``reset`` flag is

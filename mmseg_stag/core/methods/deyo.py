@@ -5,7 +5,7 @@ Follows the authors' code (github.com/Jhyun17/DeYO, ``methods/deyo.py``
 defaults of ``config.py``/``main.py``).
 """
 import math
-from typing import Dict, Optional, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F

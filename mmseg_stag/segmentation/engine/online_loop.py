@@ -1,6 +1,6 @@
 """``OnlineAdaptationLoop``: MMSeg's test loop that adapts the model online."""
 import functools
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from mmengine.dist import get_world_size

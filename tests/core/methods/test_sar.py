@@ -17,9 +17,9 @@ from mmseg_stag.core.methods.sar import SAR, SAR_AUTHORS_EXCLUDE
 
 from reference.entropy_reference import softmax_entropy as ref_entropy
 from reference.sar_reference import RefSAR
-from reference.adaptation_testbed import (C, E0, LR, OPT, adapt,
-                                   assert_lists_close, assert_params_equal,
-                                   assert_state_unchanged)
+from reference.adaptation_testbed import (
+    C, E0, LR, OPT, adapt, assert_lists_close, assert_params_equal,
+    assert_state_unchanged)
 from reference.adaptation_testbed import MLP_PROBE as FORWARD
 from reference.adaptation_testbed import make_mlp as make_model
 from reference.adaptation_testbed import norm_params

@@ -441,4 +441,3 @@ def test_distributed_guard(tiny_acdc, tiny_checkpoint, tmp_path,
     assert DISTRIBUTED_ERROR.format(n=2) in str(err.value)
     assert 'cannot be split across 2 ranks' in str(err.value)
     assert_nothing_ran(recorder, tmp_path)
-

@@ -90,8 +90,8 @@ def mmseg_run(tiny_acdc, tiny_checkpoint, tmp_path_factory):
     assert osp.isfile(MMSEG_TEST_PY), MMSEG_TEST_PY
     work_dir = tmp_path_factory.mktemp('mmseg_test')
     proc = run_script(
-        [sys.executable, MMSEG_TEST_PY, TENT_STAG, tiny_checkpoint, '--work-dir',
-         str(work_dir), '--cfg-options'] +
+        [sys.executable, MMSEG_TEST_PY, TENT_STAG, tiny_checkpoint,
+         '--work-dir', str(work_dir), '--cfg-options'] +
         as_cli(tiny_options(tiny_acdc, rounds=2)), cwd=str(work_dir))
     return proc, work_dir
 
