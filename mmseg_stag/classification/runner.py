@@ -33,7 +33,7 @@ from .scenarios import Stage
 
 #: Display names of the registered methods (paper spelling).
 METHOD_NAMES = {
-    'source': 'Source', 'bn_adapt': 'BN Adapt', 'bnadapt': 'BN Adapt',
+    'source': 'Source', 'bn_adapt': 'BN Adapt',
     'tent': 'TENT', 'eata': 'EATA', 'sar': 'SAR', 'deyo': 'DeYO',
     'cotta': 'CoTTA'
 }
