@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from demo import make_acdc_like_tree
+from demo_data import make_acdc_like_tree
 from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG,  # noqa: F401
                          TINY_IN_CHANNELS, TINY_MIT, as_cli,
                          build_from_config, build_segmentor, mit_backbone,

@@ -195,7 +195,7 @@ def main():
     start = time.time()
 
     sys.path.insert(0, REPO)
-    from demo import make_demo_benchmark
+    from demo_data import make_demo_benchmark
     data_root = osp.join(args.work_dir, 'data')
     print(f'[1/5] demo data in {data_root}')
     make_demo_benchmark(data_root, tuple(args.size), args.train_images,

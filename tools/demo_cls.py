@@ -120,8 +120,8 @@ def parse_args(argv=None):
 
 
 def make_data(args, log):
-    from demo.cls_data import (load_mnist_rgb, save_if_changed,
-                               split_train_test, write_corrupted_set)
+    from demo_data.cls_data import (load_mnist_rgb, save_if_changed,
+                                    split_train_test, write_corrupted_set)
     images, labels = load_mnist_rgb(32)
     (x_tr, y_tr), (x_te, y_te) = split_train_test(images, labels,
                                                   args.n_test, args.seed)
@@ -150,7 +150,7 @@ def nets_in_use(args):
 def make_models(args, train, test, log):
     import torch
     from mmseg_stag.classification import CLS_MODELS
-    from demo.cls_train import evaluate, train_classifier
+    from demo_data.cls_train import evaluate, train_classifier
     paths, clean = {}, {}
     for net in nets_in_use(args):
         title, cfg = NETS[net]

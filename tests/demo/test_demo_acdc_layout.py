@@ -1,5 +1,5 @@
-"""``demo/acdc_layout.py``: the ACDC-layout writer of the tests and demos is
-deterministic and writes the real formats."""
+"""``demo_data/acdc_layout.py``: the ACDC-layout writer of the tests and
+demos is deterministic and writes the real formats."""
 import filecmp
 import os
 import os.path as osp
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from demo import make_acdc_like_tree
+from demo_data import make_acdc_like_tree
 
 
 def tree_files(root):

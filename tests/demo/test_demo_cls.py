@@ -1,6 +1,6 @@
-"""The offline classification demo: its data (``demo/cls_data.py``: the
+"""The offline classification demo: its data (``demo_data/cls_data.py``: the
 stratified split, corrupted sets in the CIFAR-C layout), its seeded training
-(``demo/cls_train.py``) and ``make demo-cls`` (``tools/demo_cls.py``),
+(``demo_data/cls_train.py``) and ``make demo-cls`` (``tools/demo_cls.py``),
 reduced: real MNIST digits, the 15 corruptions, a trained source model,
 STAG selection and the table."""
 import json
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from demo.cls_data import (corrupt_images, split_train_test,
-                           write_corrupted_set)
-from demo.cls_train import random_shift, train_classifier
+from demo_data.cls_data import (corrupt_images, split_train_test,
+                                write_corrupted_set)
+from demo_data.cls_train import random_shift, train_classifier
 from mmseg_stag.classification import CIFARC, SmallCNN, to_tensor
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

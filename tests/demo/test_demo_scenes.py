@@ -1,4 +1,4 @@
-"""The offline demo's scene generator (``demo/scenes.py``): deterministic
+"""The offline demo's scene generator (``demo_data/scenes.py``): deterministic
 files, Cityscapes classes, condition effects, and the ACDC/Cityscapes
 layouts read back by the real dataset classes."""
 import filecmp
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from demo import apply_condition, make_demo_benchmark, render_scene
+from demo_data import apply_condition, make_demo_benchmark, render_scene
 from mmseg_stag.segmentation.datasets import ACDCContinualDataset
 
 SMALL = dict(size=(64, 32), num_train=4, num_val=2, images_per_condition=2)

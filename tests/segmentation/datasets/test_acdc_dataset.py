@@ -1,5 +1,5 @@
 """``ACDCContinualDataset`` on tiny generated data (``make_acdc_like_tree``
-of ``demo/``): stream order, tags, paths, the real pipeline and config,
+of ``demo_data/``): stream order, tags, paths, the real pipeline and config,
 errors (the writer itself: tests/demo/test_demo_acdc_layout.py)."""
 import os
 import os.path as osp
@@ -13,7 +13,7 @@ from mmseg.registry import DATASETS
 from mmengine.config import Config
 from PIL import Image
 
-from demo import make_acdc_like_tree
+from demo_data import make_acdc_like_tree
 from mmseg_stag.segmentation.datasets import (CONTINUAL_META_KEYS,
                                               STREAM_TAGS,
                                               ACDCContinualDataset)
