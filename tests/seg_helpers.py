@@ -98,3 +98,34 @@ def save_checkpoint(model, path):
     ``torch.load(weights_only=True)`` (ours and MMEngine's loader)."""
     torch.save({'state_dict': model.state_dict(), 'meta': {'seed': 0}}, path)
     return str(path)
+
+
+def make_runner(method, data_root, checkpoint, work_dir, config=SEG_CFG,
+                extra=None, rounds=1):
+    """MMEngine's ``Runner`` of a real STAG config (``config.format(
+    method)``) shrunk to the tiny model and data, with the checkpoint."""
+    import uuid
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from mmseg_stag.checkpoint import load_segmentor_checkpoint
+    cfg = Config.fromfile(osp.join(REPO, config.format(method)))
+    opts = tiny_options(data_root, rounds=rounds,
+                        head='nvlabs' if 'nvlabs' in config else 'mmseg')
+    opts.update(extra or {})
+    cfg.merge_from_dict(opts)
+    cfg.work_dir = str(work_dir)
+    cfg.experiment_name = f'test_{uuid.uuid4().hex[:8]}'
+    runner = Runner.from_cfg(cfg)
+    load_segmentor_checkpoint(runner.model, checkpoint)
+    return runner
+
+
+def fresh_model(config, method, tiny_acdc, checkpoint, device, extra=None):
+    """The config's model with the checkpoint's weights, unadapted, on the
+    device the runner used."""
+    from mmseg_stag.checkpoint import load_segmentor_checkpoint
+    opts = dict(tiny_options(tiny_acdc), **(extra or {}))
+    model, cfg = build_from_config(config.format(method), opts)
+    load_segmentor_checkpoint(model, checkpoint)
+    return model.to(device).eval(), cfg

@@ -6,7 +6,7 @@ from .losses import (cross_entropy_to_teacher, mean_over_outputs,
                      per_sample_logits, pseudo_label_cross_entropy,
                      softmax_entropy)
 from .methods import (BaseMethod, BatchContext, BNAdapt, CoTTA, DeYO, EATA,
-                      SAR, Source, TENT)
+                      SAR, Source, TENT, View)
 from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
                      use_batch_statistics)
 from .probe import OUTPUT_KINDS, HeadProbe
@@ -17,7 +17,7 @@ from .stag_loss import STAGLoss
 __all__ = [
     'stag', 'STAGLoss', 'HeadProbe', 'OUTPUT_KINDS', 'METHODS',
     'build_method', 'BaseMethod', 'BatchContext', 'Source', 'BNAdapt', 'TENT',
-    'EATA', 'SAR', 'DeYO', 'CoTTA', 'SAM', 'NORM_LAYER_TYPES', 'norm_layers',
+    'EATA', 'SAR', 'DeYO', 'CoTTA', 'View', 'SAM', 'NORM_LAYER_TYPES', 'norm_layers',
     'select_parameters', 'use_batch_statistics', 'softmax_entropy',
     'pseudo_label_cross_entropy', 'cross_entropy_to_teacher',
     'mean_over_outputs', 'per_sample_logits'

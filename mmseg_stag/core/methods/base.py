@@ -20,17 +20,35 @@ Life cycle (DequanWang/tent, mariodoebler/test-time-adaptation)::
         #  -> backward -> optimizer step; prediction made *before* the step
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+from mmengine.logging import print_log
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
 from ..losses import HeadOutputs, mean_over_outputs
 from ..params import exclude_by_module, select_parameters
 from ..probe import OUTPUT_KINDS, Forward, check_output_kind
-from ..stag import stag_beta
+from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
+
+
+@dataclass
+class View:
+    """One test-time view of a segmentation batch (e.g. a scale x flip of
+    MMSeg's ``TestTimeAug``), as CoTTA's teacher reads them.
+
+    Args:
+        inputs: the view's preprocessed images.
+        forward: ``forward(model, inputs)`` with the view's metainfo.
+        to_original_size: ``f(seg_logits) -> logits [N, C, H0, W0]``: the
+            view's prediction with its flip undone, resized to the original
+            image size (MMSeg's ``postprocess_result``).
+    """
+    inputs: Any
+    forward: Forward
+    to_original_size: Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -48,6 +66,13 @@ class BatchContext:
             forward filters only among them); ``None``: all.
         kept: the samples the method's own filter kept (filtering methods).
         stats: numbers the method reports for this batch (logged).
+        labels_at_original_size: segmentation only: ``f(seg_logits) ->
+            labels [N, H0, W0]``, the argmax of a prediction resized to the
+            images' original size (MMSeg's ``postprocess_result``), what
+            the metric scores. ``None`` for classification.
+        views: segmentation with a multi-view pipeline only: every
+            :class:`View` of the batch; ``views[main_view]`` is ``inputs``.
+        main_view: see ``views``.
     """
     inputs: Any
     forward: Forward
@@ -56,6 +81,10 @@ class BatchContext:
     among: Optional[torch.Tensor] = None
     kept: Optional[torch.Tensor] = None
     stats: Dict[str, float] = field(default_factory=dict)
+    labels_at_original_size: Optional[Callable[[torch.Tensor],
+                                               torch.Tensor]] = None
+    views: Optional[List[View]] = None
+    main_view: int = 0
 
 
 class BaseMethod:
@@ -63,13 +92,18 @@ class BaseMethod:
 
     Args:
         stag (dict, optional): ``dict(beta0=..., gamma=..., eps=1e-8,
-            anchor='diagonal', label='hard')`` adds ``beta_t * L_STAG``
-            (:class:`~mmseg_stag.core.STAGLoss`). ``None``: off.
+            anchor='diagonal', label='hard', reset_per_stage=False)`` adds
+            ``beta_t * L_STAG`` (:class:`~mmseg_stag.core.STAGLoss`).
+            ``reset_per_stage``: restart ``t`` (so ``beta_t = beta0``) when
+            the stream's stage changes; the paper's Algorithm 1 never resets
+            ``t``. ``None``: STAG off.
         optimizer (dict): an MMEngine ``OPTIMIZERS`` config without params.
             Default: Adam, lr 7.5e-6, betas (0.9, 0.999) (CoTTA's ACDC setup).
         trainable (dict): arguments of :func:`select_parameters`.
-        reset_beta_per_stage (bool): restart ``t`` (so ``beta_t = beta0``)
-            when the stream's stage changes. The paper never resets.
+        reset_optimizer_per_stage (bool): a fresh optimizer (no moments)
+            when the stream's stage changes, as CoTTA's ACDC code does
+            (``single_gpu_tent``/``single_gpu_cotta`` build their Adam at
+            every call, one call per stage). Default: False.
     """
 
     #: whether the method has a loss of its own (``L_base``)
@@ -83,7 +117,7 @@ class BaseMethod:
                  stag: Optional[dict] = None,
                  optimizer: Optional[dict] = None,
                  trainable: Optional[dict] = None,
-                 reset_beta_per_stage: bool = False):
+                 reset_optimizer_per_stage: bool = False):
         self.stag_cfg = None if stag is None else dict(stag)
         self.stag_loss = None
         if self.stag_cfg is not None:
@@ -93,12 +127,14 @@ class BaseMethod:
                                  f'{self.stag_cfg}')
             self.stag_loss = STAGLoss(**{
                 k: v for k, v in self.stag_cfg.items()
-                if k not in ('beta0', 'gamma', 'type')})
+                if k not in ('beta0', 'gamma', 'type', 'reset_per_stage')})
             stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'], 0)
         self.optimizer_cfg = dict(optimizer or dict(
             type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
         self.trainable_cfg = dict(trainable or dict(kind='norm_affine'))
-        self.reset_beta_per_stage = reset_beta_per_stage
+        self.reset_beta_per_stage = bool(
+            (self.stag_cfg or {}).get('reset_per_stage', False))
+        self.reset_optimizer_per_stage = bool(reset_optimizer_per_stage)
 
         self.model: Optional[nn.Module] = None
         self.classifier: Optional[nn.Module] = None
@@ -155,6 +191,8 @@ class BaseMethod:
         for _, p in self.params:
             p.requires_grad_(True)
         self.optimizer = self.build_optimizer()
+        if self.stag_loss is not None:
+            log_anchor_signs(classifier)
 
     def build_optimizer(self):
         return OPTIMIZERS.build(
@@ -184,10 +222,13 @@ class BaseMethod:
         (EATA's Fisher information); nothing by default."""
 
     def on_stage(self, stage) -> None:
-        """Called with each batch's stage tag (``None`` when untagged)."""
-        if stage != self.stage and self.stage is not None and \
-                self.reset_beta_per_stage:
-            self.step = 0
+        """Called with each batch's stage tag (``None`` when untagged);
+        a new stage restarts ``t`` and/or the optimizer if configured."""
+        if stage != self.stage and self.stage is not None:
+            if self.reset_beta_per_stage:
+                self.step = 0
+            if self.reset_optimizer_per_stage and self.optimizer is not None:
+                self.optimizer = self.build_optimizer()
         self.stage = stage
 
     # ------------------------------------------------------------------
@@ -261,8 +302,26 @@ class BaseMethod:
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg
+        reset = (', reset_optimizer_per_stage=True'
+                 if self.reset_optimizer_per_stage else '')
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
-                f'trainable={self.trainable_cfg})')
+                f'trainable={self.trainable_cfg}{reset})')
+
+
+@torch.no_grad()
+def log_anchor_signs(classifier: nn.Module) -> Tuple[int, float, float]:
+    """Log how many classes have ``s_k > 0`` (their anchor ``a_k = s_k w_k``
+    points away from ``w_k``) and the range of ``s_k``
+    (eq:structural_anchor). Returns ``(num_positive, min, max)``."""
+    weight = classifier.weight.detach().flatten(1).double()
+    bias = None if classifier.bias is None else classifier.bias.detach()
+    s = anchor_coefficients(weight, None if bias is None else bias.double())
+    positive = int((s > 0).sum())
+    lo, hi = float(s.min()), float(s.max())
+    print_log(f'STAG anchors: {positive} of {s.numel()} classes have s_k > 0 '
+              f'(anchor pointing away from w_k); s_k in [{lo:.4g}, {hi:.4g}]',
+              logger='current')
+    return positive, lo, hi
 
 
 class SampleFilteringMethod(BaseMethod):

@@ -7,9 +7,10 @@ from mmengine.dist import get_world_size
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.runner import TestLoop, autocast
+from mmengine.structures import PixelData
 from mmseg.registry import LOOPS
 
-from mmseg_stag.core import BatchContext, HeadProbe, build_method
+from mmseg_stag.core import BatchContext, HeadProbe, View, build_method
 
 #: The message of the distributed guard (a later mode will run whole streams
 #: per rank; see the README).
@@ -35,8 +36,9 @@ class OnlineAdaptationLoop(TestLoop):
          │   ├─ forward(model, inputs): HeadProbe around model.inference
          │   │    -> seg_logits, [(features, logits) at the head's size]
          │   ├─ method.loss(ctx) = L_base + beta_t * L_STAG
+         │   │    (labels at the original size: postprocess_result, once)
          │   └─ backward, optimizer step     (prediction made before it)
-         ├─ model.postprocess_result(seg_logits, data_samples)
+         ├─ model.postprocess_result(seg_logits, data_samples)  [or reused]
          ├─ evaluator.process(outputs)       (per-image areas, per stage)
          └─ message_hub: test/loss, test/loss_stag, test/beta, ...
 
@@ -51,6 +53,11 @@ class OnlineAdaptationLoop(TestLoop):
         classifier (str): module name of the decode head's 1x1 classifier.
             Default: ``'decode_head.conv_seg'`` (every MMSeg decode head).
         fp16 (bool): autocast the forward pass. Default: False.
+        main_view (int, optional): with a multi-view pipeline
+            (``ScaleFlipViews`` or MMCV's ``TestTimeAug``, for CoTTA's
+            teacher): the view the model adapts on and the metric scores,
+            unflipped. Default: ``ScaleFlipViews.main_view`` of the
+            pipeline, else 0.
     """
 
     def __init__(self,
@@ -59,14 +66,21 @@ class OnlineAdaptationLoop(TestLoop):
                  evaluator: Union[dict, list],
                  method: dict,
                  classifier: str = 'decode_head.conv_seg',
-                 fp16: bool = False):
+                 fp16: bool = False,
+                 main_view: Optional[int] = None):
         if get_world_size() > 1:
             raise RuntimeError(DISTRIBUTED_ERROR.format(n=get_world_size()))
         self.method = build_method(method)  # bad options fail here
         self.method.check_output('per_pixel')
         self.probe = HeadProbe(classifier, output='per_pixel')
         self.probe.find(self._model(runner))  # no such 1x1 conv: fail now
+        if main_view is not None and (int(main_view) != main_view
+                                      or main_view < 0):
+            raise ValueError(f'main_view must be an index >= 0, got '
+                             f'{main_view!r}')
         super().__init__(runner, dataloader, evaluator, fp16)
+        self.main_view = pipeline_main_view(self.dataloader.dataset) \
+            if main_view is None else int(main_view)
 
     @staticmethod
     def _model(runner):
@@ -97,30 +111,126 @@ class OnlineAdaptationLoop(TestLoop):
         self.runner.call_hook('after_test')
         return metrics
 
+    def probe_forward(self, metas):
+        """``forward(model, inputs)``: the probe around ``model.inference``
+        with this batch's (or view's) metainfo."""
+        return functools.partial(
+            self.probe, run=lambda m, x: m.inference(x, metas))
+
+    def view(self, model, view_batch: dict) -> View:
+        """One view of a multi-view batch, preprocessed."""
+        with torch.no_grad():
+            data = model.data_preprocessor(view_batch, False)
+        samples = data['data_samples']
+        post = Postprocess(model, samples)
+
+        def to_original_size(seg_logits):
+            return torch.stack([s.seg_logits.data for s in post(seg_logits)])
+
+        return View(data['inputs'],
+                    self.probe_forward([s.metainfo for s in samples]),
+                    to_original_size)
+
     def run_iter(self, idx: int, data_batch: dict) -> None:
         """Predict, then adapt, on one batch (see the class docstring)."""
         self.runner.call_hook(
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
         model = self._model(self.runner)
+        views = split_views(data_batch)
+        if self.main_view >= len(views):
+            raise ValueError(f'main_view={self.main_view}, but the pipeline '
+                             f'gives {len(views)} view(s) per image')
         with torch.no_grad():
-            data = model.data_preprocessor(data_batch, False)
+            data = model.data_preprocessor(views[self.main_view], False)
         inputs, data_samples = data['inputs'], data['data_samples']
         metas = [s.metainfo for s in data_samples]
+        if len(views) > 1 and any(m.get('flip') for m in metas):
+            raise ValueError(f'main_view={self.main_view} is a flipped view; '
+                             'choose the unflipped one at scale 1')
         self.method.on_stage(batch_stage(metas))
-        forward = functools.partial(
-            self.probe, run=lambda m, x: m.inference(x, metas))
+        postprocess = Postprocess(model, data_samples)
+        ctx = BatchContext(
+            inputs, self.probe_forward(metas),
+            labels_at_original_size=postprocess.labels,
+            views=[self.view(model, v) for v in views]
+            if len(views) > 1 else None, main_view=self.main_view)
         with torch.set_grad_enabled(self.method.updates), \
                 autocast(enabled=self.fp16):
-            seg_logits, stats = self.method.adapt(
-                BatchContext(inputs, forward))
-        with torch.no_grad():
-            outputs = model.postprocess_result(seg_logits, data_samples)
+            prediction, stats = self.method.adapt(ctx)
+        if prediction.is_floating_point():  # logits at the input size
+            outputs = postprocess(prediction)
+        else:  # labels at the original size (CoTTA's evaluated label map)
+            outputs = set_labels(data_samples, prediction)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         for key, value in stats.items():
             self.runner.message_hub.update_scalar(f'test/{key}', value)
         self.runner.call_hook(
             'after_test_iter', batch_idx=idx, data_batch=data_batch,
             outputs=outputs)
+
+
+class Postprocess:
+    """``model.postprocess_result`` of one batch, computed once per
+    prediction: the loss (labels at the original size) and the metric share
+    it."""
+
+    def __init__(self, model, data_samples):
+        self.model, self.data_samples = model, data_samples
+        self.done = self.outputs = None
+
+    @torch.no_grad()
+    def __call__(self, seg_logits: torch.Tensor) -> list:
+        # the same storage and version: the same prediction (``done`` keeps
+        # the tensor alive, so its memory cannot serve another tensor)
+        key = (seg_logits.data_ptr(), tuple(seg_logits.shape),
+               seg_logits._version)
+        if self.done is None or key != self.done[0]:
+            self.outputs = self.model.postprocess_result(
+                seg_logits.detach(), self.data_samples)
+            self.done = (key, seg_logits)
+        return self.outputs
+
+    def labels(self, seg_logits: torch.Tensor) -> torch.Tensor:
+        """``[N, H0, W0]`` predicted labels at the original image size."""
+        labels = [s.pred_sem_seg.data[0] for s in self(seg_logits)]
+        shapes = {tuple(label.shape) for label in labels}
+        if len(shapes) > 1:
+            raise ValueError('labels at the original size need images of '
+                             f'one size per batch, got {sorted(shapes)}')
+        return torch.stack(labels)
+
+
+def pipeline_main_view(dataset) -> int:
+    """``main_view`` of the dataset's ``ScaleFlipViews`` (0 without)."""
+    transforms = getattr(getattr(dataset, 'pipeline', None), 'transforms', [])
+    for transform in transforms:
+        if hasattr(transform, 'main_view'):
+            return transform.main_view
+    return 0
+
+
+def split_views(data_batch: dict) -> list:
+    """``[data_batch]``, or one batch per view of a multi-view pipeline
+    (``TestTimeAug`` collates ``inputs`` as a list of views, each a list of
+    images)."""
+    inputs = data_batch['inputs']
+    if not (isinstance(inputs, (list, tuple)) and inputs
+            and isinstance(inputs[0], (list, tuple))):
+        return [data_batch]
+    return [dict(inputs=inputs[i], data_samples=data_batch['data_samples'][i])
+            for i in range(len(inputs))]
+
+
+def set_labels(data_samples: list, labels: torch.Tensor) -> list:
+    """``pred_sem_seg`` of each sample from labels ``[N, H0, W0]`` at the
+    original size."""
+    for sample, label in zip(data_samples, labels):
+        shape = tuple(sample.metainfo['ori_shape'])
+        if tuple(label.shape) != shape:
+            raise ValueError(f'a label prediction of shape {tuple(label.shape)}'
+                             f' for an image of original size {shape}')
+        sample.set_data(dict(pred_sem_seg=PixelData(data=label[None])))
+    return data_samples
 
 
 def batch_stage(metas: Sequence[dict]) -> Optional[int]:

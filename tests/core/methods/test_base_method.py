@@ -196,7 +196,7 @@ def test_beta_decays_per_update_and_optional_stage_reset():
 
     model = make_model()
     method = configured(
-        TENT(stag=dict(beta0=10.0, gamma=2.0), reset_beta_per_stage=True),
+        TENT(stag=dict(beta0=10.0, gamma=2.0, reset_per_stage=True)),
         model)
     seen = []
     for stage in (0, 0, 1, 1):
@@ -217,6 +217,92 @@ def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
         expected)
     with pytest.raises(ValueError, match='tent loss'):
         TENT(loss='kl')
+
+
+def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
+    """CoTTA's ACDC TENT: the label map comes from the caller at the
+    original size; the head's logits are resized bilinearly straight to it
+    (here a hand-computed 2x upsampling with align_corners=False of a
+    1x1 map is the map itself: the constant case), mean CE over pixels."""
+    model = make_model()
+    method = configured(TENT(loss='pseudo_ce_fullres'), model)
+    x = images()
+    logits, outs = FORWARD(model, x)
+    labels = torch.randint(0, 5, (2, 12, 14))
+    seen = []
+
+    def at_original_size(prediction):
+        seen.append(prediction)
+        return labels
+
+    ctx = BatchContext(x, FORWARD, prediction=logits, head_outputs=outs,
+                       labels_at_original_size=at_original_size)
+    up = nn.functional.interpolate(logits, size=(12, 14), mode='bilinear',
+                                   align_corners=False)
+    expected = -up.log_softmax(1).gather(1, labels[:, None]).mean()
+    torch.testing.assert_close(method.base_loss(ctx), expected)
+    assert seen == [logits]
+    # constant logits per image: the resize changes nothing
+    const = logits.mean((2, 3), keepdim=True).expand_as(logits)
+    ctx.head_outputs = [(outs[0][0], const)]
+    torch.testing.assert_close(
+        method.base_loss(ctx),
+        nn.functional.cross_entropy(
+            const[:, :, :1, :1].expand(-1, -1, 12, 14), labels))
+    # classification has no original-size labels: refused when configured
+    with pytest.raises(ValueError, match='per_pixel outputs only'):
+        TENT(loss='pseudo_ce_fullres').check_output('per_sample')
+    with pytest.raises(ValueError, match='segmentation loop'):
+        method.base_loss(BatchContext(x, FORWARD, prediction=logits,
+                                      head_outputs=outs))
+
+
+def test_optimizer_reset_per_stage():
+    """``reset_optimizer_per_stage``: a fresh optimizer (no moments) when
+    the stage changes, as CoTTA's ACDC code builds its Adam per stage."""
+    x = images()
+    for reset in (False, True):
+        method = configured(TENT(reset_optimizer_per_stage=reset),
+                            make_model())
+        first = method.optimizer
+        for stage in (0, 0):
+            method.on_stage(stage)
+            adapt(method, FORWARD, x)
+        assert method.optimizer is first and first.state
+        method.on_stage(1)
+        assert (method.optimizer is not first) == reset
+        assert (len(method.optimizer.state) == 0) == reset
+        assert [p for g in method.optimizer.param_groups
+                for p in g['params']] == [p for _, p in method.params]
+
+
+def test_anchor_signs_are_logged_when_stag_is_configured(monkeypatch):
+    """The count of classes with ``s_k > 0`` and the range of ``s_k``, with
+    ``s_k`` computed independently: ``dH_k / dZ_kk`` by autograd."""
+    model = make_model()
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([3., -2., 0., 1., -1.]))
+    weight = model.classifier.weight.detach().flatten(1).double()
+    bias = model.classifier.bias.detach().double()
+    sens = []
+    for k in range(5):
+        z = (weight[k] @ weight.T + bias).requires_grad_(True)
+        p = z.softmax(0)
+        (grad, ) = torch.autograd.grad(-(p * p.log()).sum(), z)
+        sens.append(float(grad[k]))
+    positive = sum(v > 0 for v in sens)
+    assert 0 < positive < 5  # both signs occur for this classifier
+    from mmseg_stag.core.methods import base
+    assert base.log_anchor_signs(model.classifier) == (
+        positive, pytest.approx(min(sens)), pytest.approx(max(sens)))
+    logged = []
+    monkeypatch.setattr(base, 'print_log',
+                        lambda msg, **kwargs: logged.append(msg))
+    configured(TENT(stag=dict(beta0=1.0, gamma=1.0)), model)
+    assert len(logged) == 1
+    assert f'STAG anchors: {positive} of 5 classes have s_k > 0' in logged[0]
+    configured(TENT(), model)  # STAG off: nothing to say
+    assert len(logged) == 1
 
 
 def test_bn_adapt_uses_batch_statistics_without_updates():

@@ -8,38 +8,20 @@ import glob
 import os
 import os.path as osp
 import shutil
-import uuid
 
 import pytest
 import torch
-from mmengine.config import Config
 from mmengine.hooks import Hook
-from mmengine.runner import Runner
 
 from mmseg_stag import stag
-from mmseg_stag.checkpoint import load_segmentor_checkpoint
 from mmseg_stag.core import select_parameters
 from mmseg_stag.segmentation.engine import batch_stage, online_loop
 from mmseg_stag.segmentation.engine.online_loop import DISTRIBUTED_ERROR
 from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG, build_from_config,
-                         tiny_options)
+                         fresh_model, make_runner, tiny_options)
 
 CLASSIFIER = 'decode_head.conv_seg'
 SLIDE = dict(mode='slide', crop_size=(32, 32), stride=(24, 24))
-
-
-def make_runner(method, data_root, checkpoint, work_dir, config=SEG_CFG,
-                extra=None, rounds=1):
-    cfg = Config.fromfile(osp.join(REPO, config.format(method)))
-    opts = tiny_options(data_root, rounds=rounds,
-                        head='nvlabs' if 'nvlabs' in config else 'mmseg')
-    opts.update(extra or {})
-    cfg.merge_from_dict(opts)
-    cfg.work_dir = str(work_dir)
-    cfg.experiment_name = f'test_{uuid.uuid4().hex[:8]}'
-    runner = Runner.from_cfg(cfg)
-    load_segmentor_checkpoint(runner.model, checkpoint)
-    return runner
 
 
 class StreamRecorder(Hook):
@@ -114,15 +96,6 @@ class Run:
         path = osp.join(self.runner.log_dir, f'{self.runner.timestamp}.log')
         with open(path) as f:
             return [line for line in f if 'Iter(test) [' in line]
-
-
-def fresh_model(config, method, tiny_acdc, checkpoint, device, extra=None):
-    """The config's model with the checkpoint's weights, unadapted, on the
-    device the runner used."""
-    opts = dict(tiny_options(tiny_acdc), **(extra or {}))
-    model, cfg = build_from_config(config.format(method), opts)
-    load_segmentor_checkpoint(model, checkpoint)
-    return model.to(device).eval(), cfg
 
 
 def unadapted_outputs(run, config, method, tiny_acdc, checkpoint,
@@ -205,8 +178,9 @@ def test_loop_logs_the_method_scalars(method, tiny_acdc, tiny_checkpoint,
         assert f'[{k + 1}/8]' in line
         assert 'loss: ' in line and 'loss_base: ' in line
         if method == 'tent-stag':
-            # beta_t of the batch's own update: beta0 exp(-t / gamma)
-            beta = stag.stag_beta(500.0, 35.0, k)
+            # beta_t of the batch's own update: beta0 exp(-t / gamma), t
+            # restarting with each stage (two images a stage here)
+            beta = stag.stag_beta(500.0, 35.0, k % 2)
             assert f'beta: {beta:.4f}' in line
             assert 'loss_stag: ' in line
         else:
@@ -214,7 +188,7 @@ def test_loop_logs_the_method_scalars(method, tiny_acdc, tiny_checkpoint,
     assert {'test/loss', 'test/loss_base'} <= set(scalars)
     if method == 'tent-stag':
         assert scalars['test/beta'].current() == pytest.approx(
-            stag.stag_beta(500.0, 35.0, 7))
+            stag.stag_beta(500.0, 35.0, 1))
         stats = {k: scalars[f'test/{k}'].current()
                  for k in ('loss', 'loss_base', 'loss_stag', 'beta')}
         assert stats['loss'] == pytest.approx(
@@ -224,17 +198,19 @@ def test_loop_logs_the_method_scalars(method, tiny_acdc, tiny_checkpoint,
         assert 'test/beta' not in scalars
 
 
-def test_stage_tags_reach_the_method(tiny_acdc, tiny_checkpoint, tmp_path,
-                                     monkeypatch):
+@pytest.mark.parametrize('reset', [True, False])
+def test_stage_tags_reach_the_method(reset, tiny_acdc, tiny_checkpoint,
+                                     tmp_path, monkeypatch):
     """The loop hands each batch's stage to the method: with
-    ``reset_beta_per_stage`` beta_t restarts at beta0 on every stage (two
-    images a stage here)."""
+    ``stag.reset_per_stage`` (the ACDC configs) beta_t restarts at beta0 on
+    every stage (two images a stage here), without it t runs on."""
     run = Run('tent-stag', tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch,
-              extra={'test_cfg.method.reset_beta_per_stage': True})
+              extra={'test_cfg.method.stag.reset_per_stage': reset})
     assert run.method.stage == 3 and run.method.num_updates == 8
     lines = [line for line in run.log_lines()
              if 'continual/mIoU' not in line]
-    betas = [stag.stag_beta(500.0, 35.0, t) for t in (0, 1) * 4]
+    steps = (0, 1) * 4 if reset else range(8)
+    betas = [stag.stag_beta(500.0, 35.0, t) for t in steps]
     assert len(lines) == 8
     for line, beta in zip(lines, betas):
         assert f'beta: {beta:.4f}' in line
@@ -316,6 +292,7 @@ def test_slide_inference_predicts_then_adapts(tiny_acdc, tiny_checkpoint,
     forward pass; the batch is evaluated on the prediction made before the
     update and the next batch sees the adapted model."""
     extra = {'model.test_cfg': SLIDE,
+             'test_cfg.method.loss': 'entropy',  # per crop, at head size
              'test_cfg.method.optimizer': dict(_delete_=True, type='SGD',
                                                lr=0.5)}
     run = Run('tent', tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch,
