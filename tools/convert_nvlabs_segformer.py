@@ -7,9 +7,10 @@
 The source is read with ``torch.load(weights_only=True)``; a legacy pickle
 that needs more is refused unless ``--trust-pickle`` is given (only for a file
 you trust). The output (``state_dict`` + plain ``meta``) loads with
-``weights_only=True`` into an ``EncoderDecoder`` with MMSeg's
-``MixVisionTransformer`` and ``NVSegformerHead``. The key mapping is
-documented in ``mmseg_stag/segmentation/models/nvlabs_convert.py``.
+``weights_only=True`` into an ``EncoderDecoder`` with
+``NVMixVisionTransformer`` (MMSeg's MiT with NVlabs' LayerNorm eps values)
+and ``NVSegformerHead``. The key mapping is documented in
+``mmseg_stag/segmentation/models/nvlabs_convert.py``.
 """
 import argparse
 import sys
@@ -21,7 +22,7 @@ from mmseg_stag.segmentation.models.nvlabs_convert import \
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Convert an NVlabs SegFormer checkpoint (MiT backbone + '
-        'SegFormerHead) to MMSeg 1.x keys (MixVisionTransformer + '
+        'SegFormerHead) to MMSeg 1.x keys (NVMixVisionTransformer + '
         'NVSegformerHead)')
     parser.add_argument('src', help='NVlabs checkpoint (.pth)')
     parser.add_argument('dst', help='output checkpoint (.pth)')

@@ -13,7 +13,8 @@ from mmseg.registry import (DATASETS, LOG_PROCESSORS, LOOPS, METRICS,
 import mmseg_stag
 from mmseg_stag.core import METHODS, STAGLoss
 from mmseg_stag.segmentation import (ACDCContinualDataset,
-                                     ContinualIoUMetric, NVSegformerHead,
+                                     ContinualIoUMetric,
+                                     NVMixVisionTransformer, NVSegformerHead,
                                      OnlineAdaptationLogProcessor,
                                      OnlineAdaptationLoop)
 from seg_helpers import REPO
@@ -25,6 +26,7 @@ STAG_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'stag_acdc',
 def test_registered_types():
     init_default_scope('mmseg')
     assert MODELS.get('NVSegformerHead') is NVSegformerHead
+    assert MODELS.get('NVMixVisionTransformer') is NVMixVisionTransformer
     assert MODELS.get('STAGLoss') is STAGLoss is mmseg_stag.STAGLoss
     assert LOOPS.get('OnlineAdaptationLoop') is OnlineAdaptationLoop
     assert LOG_PROCESSORS.get('OnlineAdaptationLogProcessor') is \
@@ -56,8 +58,10 @@ def test_stag_configs_use_the_online_loop(path):
     # (beta0, gamma) against the paper's table: tests/test_paper_hparams.py
     assert ('stag' in method) == name.endswith('-stag')
     head = cfg.model['decode_head']['type']
-    assert head == ('NVSegformerHead' if 'nvlabs' in path else
-                    'SegformerHead')
+    nvlabs = 'nvlabs' in osp.basename(path)  # not the checkout's path
+    assert head == ('NVSegformerHead' if nvlabs else 'SegformerHead')
+    assert cfg.model['backbone']['type'] == (
+        'NVMixVisionTransformer' if nvlabs else 'MixVisionTransformer')
     # the default classifier is the head's 1x1 conv_seg
     assert cfg.test_cfg.get('classifier',
                             'decode_head.conv_seg') == 'decode_head.conv_seg'

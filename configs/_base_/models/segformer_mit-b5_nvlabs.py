@@ -4,6 +4,13 @@
 # `python tools/convert_nvlabs_segformer.py`.
 _base_ = ['./segformer_mit-b5.py']
 model = dict(
+    # MMSeg's MiT with NVlabs' LayerNorm eps (1e-5 in the patch-embedding and
+    # attention sr norms, 1e-6 elsewhere), the checkpoint's own numerics
+    backbone=dict(
+        type='NVMixVisionTransformer',
+        patch_embed_norm_eps=1e-5,
+        sr_norm_eps=1e-5,
+        norm_cfg=dict(type='LN', eps=1e-6)),
     decode_head=dict(
         _delete_=True,
         type='NVSegformerHead',

@@ -3,7 +3,9 @@
 The source is NVlabs' own release (e.g. ``segformer.b5.1024x1024.city.160k
 .pth``: NVlabs ``mit_b*`` backbone + NVlabs ``SegFormerHead``, an MMSeg 0.x
 fork). The target is an ``EncoderDecoder`` with
-MMSeg's ``MixVisionTransformer`` backbone and :class:`NVSegformerHead`.
+:class:`NVMixVisionTransformer` (MMSeg's ``MixVisionTransformer`` with
+NVlabs' LayerNorm eps values, same parameter names) and
+:class:`NVSegformerHead`.
 
 Backbone keys (``backbone.`` prefix kept) follow MMSeg's own converter
 ``tools/model_converters/mit2mmseg.py`` and the parameter names of MMSeg
@@ -43,8 +45,11 @@ computation):
 Any other key is an error (listed), as is a ``q`` without its ``kv``.
 
 Numerical note: NVlabs' patch-embedding norms and attention ``sr`` norms use
-LayerNorm eps 1e-5, MMSeg's MiT uses 1e-6 everywhere (MMSeg's own
-``mit2mmseg`` conversion has the same, negligible, difference).
+LayerNorm eps 1e-5 and the other norms 1e-6; MMSeg's ``MixVisionTransformer``
+uses 1e-6 everywhere (as after MMSeg's own ``mit2mmseg`` conversion). The
+converted weights load into either (same names), but only
+:class:`NVMixVisionTransformer` (the ``*nvlabs*`` configs) computes exactly
+what NVlabs' model computes.
 """
 import os
 import os.path as osp
@@ -141,6 +146,10 @@ def _convert_backbone_key(key: str, value: torch.Tensor,
     raise _Unknown
 
 
+def _shown(keys: List[str]) -> str:
+    return ', '.join(keys[:20]) + (' ...' if len(keys) > 20 else '')
+
+
 def _convert(state_dict: Mapping[str, torch.Tensor]
              ) -> Tuple['OrderedDict[str, torch.Tensor]', List[str]]:
     state = OrderedDict(
@@ -182,10 +191,9 @@ def _convert(state_dict: Mapping[str, torch.Tensor]
         if any(k.startswith('backbone.layers.') for k in unknown):
             hint = (' (keys like backbone.layers.* suggest a checkpoint '
                     'that is already in MMSeg format: load it directly)')
-        shown = ', '.join(unknown[:20]) + (' ...' if len(unknown) > 20 else '')
         raise ValueError(
             f'not an NVlabs SegFormer checkpoint: {len(unknown)} unknown '
-            f'key(s): {shown}{hint}')
+            f'key(s): {_shown(unknown)}{hint}')
     if 'decode_head.conv_seg.weight' not in converted:
         raise ValueError('not an NVlabs SegFormer checkpoint: no '
                          'decode_head.linear_pred.weight (the classifier)')
@@ -201,9 +209,9 @@ def convert_nvlabs_segformer(state_dict: Mapping[str, torch.Tensor]
             ``decode_head.*``; a DDP ``module.`` prefix is removed).
 
     Returns:
-        OrderedDict[str, Tensor]: Keys of an ``EncoderDecoder`` with MMSeg's
-        ``MixVisionTransformer`` and ``NVSegformerHead``. The known unused
-        keys (:data:`DROPPED_KEYS`) are left out.
+        OrderedDict[str, Tensor]: Keys of an ``EncoderDecoder`` with
+        :class:`NVMixVisionTransformer` and ``NVSegformerHead``. The known
+        unused keys (:data:`DROPPED_KEYS`) are left out.
 
     Raises:
         ValueError: Listing every key that is not part of an NVlabs
@@ -211,6 +219,45 @@ def convert_nvlabs_segformer(state_dict: Mapping[str, torch.Tensor]
             pair.
     """
     return _convert(state_dict)[0]
+
+
+def convert_nvlabs_mit(state_dict: Mapping[str, torch.Tensor]
+                       ) -> 'OrderedDict[str, torch.Tensor]':
+    """Map an NVlabs MiT state dict onto MMSeg 1.x backbone names.
+
+    The backbone part of :func:`convert_nvlabs_segformer`, for a MiT on its
+    own (e.g. NVlabs' ``mit_b*`` module's ``state_dict()``).
+
+    Args:
+        state_dict (Mapping[str, Tensor]): NVlabs MiT keys without the
+            ``backbone.`` prefix (``patch_embed1.proj.weight``,
+            ``block1.0.attn.q.weight``, ...). The ImageNet classification
+            head ``head.*`` is left out.
+
+    Returns:
+        OrderedDict[str, Tensor]: Keys of :class:`NVMixVisionTransformer`
+        (and of MMSeg's ``MixVisionTransformer``).
+
+    Raises:
+        ValueError: Listing every unknown key, or naming an inconsistent
+            ``attn.q``/``attn.kv`` pair.
+    """
+    converted: 'OrderedDict[str, torch.Tensor]' = OrderedDict()
+    unknown = []
+    for key, value in state_dict.items():
+        if DROPPED_KEYS.match('backbone.' + key):
+            continue
+        try:
+            item = _convert_backbone_key(key, value, state_dict)
+        except _Unknown:
+            unknown.append(key)
+            continue
+        if item is not None:
+            converted[item[0]] = item[1]
+    if unknown:
+        raise ValueError(f'not an NVlabs MiT state dict: {len(unknown)} '
+                         f'unknown key(s): {_shown(unknown)}')
+    return converted
 
 
 def convert_nvlabs_checkpoint(src: str,
@@ -249,7 +296,7 @@ def convert_nvlabs_checkpoint(src: str,
     meta = {
         'converted_from': osp.basename(str(src)),
         'converter': 'mmseg_stag.segmentation.models.nvlabs_convert',
-        'format': 'NVlabs SegFormer -> MMSeg 1.x MixVisionTransformer + '
+        'format': 'NVlabs SegFormer -> MMSeg 1.x NVMixVisionTransformer + '
         'NVSegformerHead',
         'num_tensors': len(converted),
         'dropped_keys': dropped,

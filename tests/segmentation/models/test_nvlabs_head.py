@@ -18,6 +18,7 @@ import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.segmentation.models import (NVSegformerHead,
                                             convert_nvlabs_checkpoint,
                                             convert_nvlabs_segformer)
+from reference import nvlabs_mit_reference as nvref
 from seg_helpers import (NVLABS_SEG_CFG, REPO, build_from_config,
                          build_segmentor, mit_backbone, tiny_options)
 
@@ -45,8 +46,10 @@ def build_head(**kwargs):
 
 
 def build_nvlabs_segmentor():
-    """MMSeg's plain EncoderDecoder: this file's MiT + NVSegformerHead."""
-    model = build_segmentor(head_cfg(), backbone=mit_backbone(**MIT))
+    """MMSeg's plain EncoderDecoder: this file's MiT (with NVlabs' eps) +
+    NVSegformerHead."""
+    model = build_segmentor(head_cfg(), backbone=mit_backbone(
+        type='NVMixVisionTransformer', **MIT))
     assert type(model) is EncoderDecoder
     return model
 
@@ -290,42 +293,12 @@ def test_converted_values_land_in_place():
                                                        1, 1)
 
 
-def nvlabs_block_reference(x, hw, p, num_heads, sr, eps):
-    """NVlabs' ``Block.forward`` (Attention + Mix-FFN) with functional ops
-    on the NVlabs tensors ``p`` (keys without ``backbone.block{i}.{j}.``)."""
-    B, N, C = x.shape
-    H, W = hw
-    h = F.layer_norm(x, (C, ), p['norm1.weight'], p['norm1.bias'], eps)
-    q = F.linear(h, p['attn.q.weight'], p['attn.q.bias'])
-    q = q.reshape(B, N, num_heads, C // num_heads).permute(0, 2, 1, 3)
-    if sr > 1:
-        r = h.permute(0, 2, 1).reshape(B, C, H, W)
-        r = F.conv2d(r, p['attn.sr.weight'], p['attn.sr.bias'], stride=sr)
-        r = F.layer_norm(r.reshape(B, C, -1).permute(0, 2, 1), (C, ),
-                         p['attn.norm.weight'], p['attn.norm.bias'], eps)
-    else:
-        r = h
-    kv = F.linear(r, p['attn.kv.weight'], p['attn.kv.bias'])
-    kv = kv.reshape(B, -1, 2, num_heads, C // num_heads).permute(
-        2, 0, 3, 1, 4)
-    attn = (q @ kv[0].transpose(-2, -1)) * (C // num_heads)**-0.5
-    out = (attn.softmax(-1) @ kv[1]).transpose(1, 2).reshape(B, N, C)
-    x = x + F.linear(out, p['attn.proj.weight'], p['attn.proj.bias'])
-    h = F.layer_norm(x, (C, ), p['norm2.weight'], p['norm2.bias'], eps)
-    h = F.linear(h, p['mlp.fc1.weight'], p['mlp.fc1.bias'])
-    hidden = h.shape[-1]
-    h = h.transpose(1, 2).reshape(B, hidden, H, W)
-    h = F.conv2d(h, p['mlp.dwconv.dwconv.weight'],
-                 p['mlp.dwconv.dwconv.bias'], padding=1, groups=hidden)
-    h = F.gelu(h.flatten(2).transpose(1, 2))
-    return x + F.linear(h, p['mlp.fc2.weight'], p['mlp.fc2.bias'])
-
-
 @pytest.mark.parametrize('stage, index', [(1, 0), (2, 1), (4, 0)])
 def test_converted_block_computes_the_nvlabs_block(stage, index):
     """Functional check of the q/kv merge, the head split and the Mix-FFN
     reshape: the MMSeg block with converted weights computes what the NVlabs
-    block computes with the original ones."""
+    block (transcribed, with its eps values) computes with the original
+    ones."""
     nv = nvlabs_state_dict()
     model = build_nvlabs_segmentor()
     model.load_state_dict(convert_nvlabs_segformer(nv), strict=True)
@@ -335,12 +308,13 @@ def test_converted_block_computes_the_nvlabs_block(stage, index):
     width, hw = WIDTHS[stage - 1], (8, 16)
     x = torch.randn(2, hw[0] * hw[1], width,
                     generator=torch.Generator().manual_seed(stage))
+    reference = nvref.Block(width, MIT['num_heads'][stage - 1],
+                            MIT['mlp_ratio'],
+                            sr_ratio=MIT['sr_ratios'][stage - 1]).eval()
+    reference.load_state_dict(p, strict=True)
     with torch.no_grad():
         ours = block(x, hw)
-        # MMSeg's MiT uses LayerNorm eps 1e-6 throughout (see converter doc)
-        ref = nvlabs_block_reference(x, hw, p, MIT['num_heads'][stage - 1],
-                                     MIT['sr_ratios'][stage - 1],
-                                     eps=block.norm1.eps)
+        ref = reference(x, *hw)
     torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
 
 
