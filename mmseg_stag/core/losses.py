@@ -36,9 +36,28 @@ def full_resolution_cross_entropy(logits: torch.Tensor,
 def cross_entropy_to_teacher(student_logits: torch.Tensor,
                              teacher_logits: torch.Tensor) -> torch.Tensor:
     """Per-sample ``-sum_c softmax(teacher)_c log_softmax(student)_c``
-    (CoTTA's ``softmax_entropy(x, x_ema)``)."""
+    (CoTTA's CIFAR ``softmax_entropy(x, x_ema)``)."""
     return -(teacher_logits.softmax(1) *
              student_logits.log_softmax(1)).sum(1)
+
+
+def symmetric_cross_entropy(student_logits: torch.Tensor,
+                            teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Per-sample mean of the cross-entropies both ways between student and
+    teacher (CoTTA's ImageNet ``softmax_entropy(x, x_ema)``).
+
+    Args:
+        student_logits (Tensor): ``x``, class axis at dim 1.
+        teacher_logits (Tensor): ``x_ema``, same shape (detach it to train
+            the student only).
+
+    Returns:
+        Tensor: ``0.5 CE(teacher -> student) + 0.5 CE(student -> teacher)``,
+        the class axis summed out.
+    """
+    # qinenergy/cotta imagenet/cotta.py: softmax_entropy(x, x_ema)
+    return 0.5 * cross_entropy_to_teacher(student_logits, teacher_logits) + \
+        0.5 * cross_entropy_to_teacher(teacher_logits, student_logits)
 
 
 def mean_over_outputs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],

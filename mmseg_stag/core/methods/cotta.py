@@ -3,8 +3,9 @@
 Follows the authors' CIFAR code (github.com/qinenergy/cotta,
 ``cifar/cotta.py`` ``CoTTA.forward_and_adapt``, ``update_ema_variables``,
 ``copy_model_and_optimizer``; ``cifar/my_transforms.py``; the defaults of
-``cifar/cfgs/cifar10/cotta.yaml``). Per-sample classification only; the
-per-pixel ACDC variant (multi-scale views, per-pixel confidence) is not
+``cifar/cfgs/cifar10/cotta.yaml``); ``loss='symmetric_ce'`` gives the loss of
+their ImageNet code (``imagenet/cotta.py``). Per-sample classification only;
+the per-pixel ACDC variant (multi-scale views, per-pixel confidence) is not
 implemented yet.
 """
 import copy
@@ -13,7 +14,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..losses import cross_entropy_to_teacher, per_sample_logits
+from ..losses import (cross_entropy_to_teacher, per_sample_logits,
+                      symmetric_cross_entropy)
 from ..registry import METHODS
 from .base import BaseMethod, BatchContext
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
@@ -39,8 +41,9 @@ class CoTTA(BaseMethod):
        augmented batches (:class:`~.cotta_transforms.CoTTAAugment`); otherwise
        ``standard_ema``;
     3. ``L_base = mean_n -sum_c softmax(teacher)_c log_softmax(student)_c``
-       (``+ beta_t L_STAG`` on the student's forward); backward; optimizer
-       step;
+       (``loss='ce'``, the CIFAR code) or the mean of the cross-entropies
+       both ways (``loss='symmetric_ce'``, the ImageNet code), ``+ beta_t
+       L_STAG`` on the student's forward; backward; optimizer step;
     4. teacher update ``theta_t <- a theta_t + (1 - a) theta_s`` for every
        parameter (not the buffers, as the authors);
     5. stochastic restore: for every trainable parameter named ``weight``/
@@ -82,10 +85,19 @@ class CoTTA(BaseMethod):
         optimizer (dict): default Adam lr 1e-3, betas (0.9, 0.999) (the
             authors' CIFAR configs).
         trainable (dict): default ``dict(kind='all')`` (every parameter).
+        loss (str): the student's loss to the (detached) teacher
+            prediction, per sample, averaged: ``'ce'`` (the authors' CIFAR
+            ``softmax_entropy``, ``-sum p_t log p_s``) or ``'symmetric_ce'``
+            (their ImageNet ``softmax_entropy``, ``-0.5 sum p_t log p_s
+            - 0.5 sum p_s log p_t``). Default: ``'ce'``.
         **kwargs: see :class:`BaseMethod` (``stag``, ...).
     """
 
     supported_outputs = ('per_sample', )
+
+    #: per-sample student-to-teacher losses (CIFAR, ImageNet code)
+    LOSSES = dict(ce=cross_entropy_to_teacher,
+                  symmetric_ce=symmetric_cross_entropy)
 
     def __init__(self,
                  ema_momentum: float = 0.999,
@@ -96,7 +108,11 @@ class CoTTA(BaseMethod):
                  always_augment: bool = False,
                  optimizer: Optional[dict] = None,
                  trainable: Optional[dict] = None,
+                 loss: str = 'ce',
                  **kwargs):
+        if loss not in self.LOSSES:
+            raise ValueError(f'cotta loss must be one of '
+                             f'{tuple(self.LOSSES)}, got {loss!r}')
         if not 0.0 <= ema_momentum <= 1.0:
             raise ValueError(
                 f'ema_momentum must be in [0, 1], got {ema_momentum}')
@@ -116,6 +132,7 @@ class CoTTA(BaseMethod):
         self.ap = float(ap)
         self.num_augs = int(num_augs)
         self.always_augment = bool(always_augment)
+        self.loss_type = loss
         self.augment_cfg = dict(augment or {})
         aug_args = dict(self.augment_cfg)
         preset = cotta_augment_params(
@@ -146,14 +163,14 @@ class CoTTA(BaseMethod):
 
     # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> torch.Tensor:
-        """Mean cross-entropy of the student to the teacher's prediction of
-        the batch, which becomes ``ctx.prediction`` (CoTTA evaluates the
-        teacher)."""
+        """Mean ``loss`` (cross-entropy or symmetric cross-entropy) of the
+        student to the teacher's prediction of the batch, which becomes
+        ``ctx.prediction`` (CoTTA evaluates the teacher)."""
         _, logits = per_sample_logits(ctx.head_outputs, 'CoTTA')
         teacher, stats = self.teacher_prediction(ctx.forward, ctx.inputs)
         ctx.prediction = teacher
         ctx.stats.update(stats)
-        return cross_entropy_to_teacher(logits, teacher).mean(0)
+        return self.LOSSES[self.loss_type](logits, teacher).mean(0)
 
     @torch.no_grad()
     def teacher_prediction(self, forward, inputs
@@ -201,7 +218,8 @@ class CoTTA(BaseMethod):
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +
-                f', ema_momentum={self.ema_momentum}, '
+                f', loss={self.loss_type!r}, '
+                f'ema_momentum={self.ema_momentum}, '
                 f'restore_prob={self.restore_prob}, ap={self.ap}, '
                 f'num_augs={self.num_augs}, '
                 f'always_augment={self.always_augment}, '

@@ -30,9 +30,11 @@ class SAR(BaseMethod):
     :meth:`SAM.first_step`; forward 2 at ``theta + e_w``,
     ``L2 = mean H2`` over the samples kept by both passes (``+ beta_t
     L_STAG``), ``ema = 0.9 ema + 0.1 L2_base``, backward,
-    :meth:`SAM.second_step`; recovery (:meth:`reset`) when
-    ``ema < reset_constant``. ``beta_t`` is the same in both passes. Empty
-    filters: see ``momentum_step_on_empty`` and the README.
+    :meth:`SAM.second_step`; recovery (:meth:`recover`) when
+    ``ema < reset_constant``: the parameters return to their values at
+    ``configure``, the EMA and the base optimizer's momentum are kept (the
+    authors' ``SAR.forward``/``reset``). ``beta_t`` is the same in both
+    passes. Empty filters: see ``momentum_step_on_empty`` and the README.
 
     Args:
         entropy_margin (float): ``E0`` as a fraction of ``ln C``.
@@ -40,7 +42,8 @@ class SAR(BaseMethod):
         rho (float): SAM neighbourhood size (non-adaptive SAM).
             Default: 0.05.
         reset_constant (float): recovery threshold ``e_m`` on the EMA of
-            the loss. Default: 0.2.
+            the loss. Default: 0.2 (the authors compare with the literal
+            0.2; their ``reset_constant_em`` argument is unused).
         exclude_regex (str, optional): trainable parameters whose *module*
             name matches (``re.search``) are left frozen. Default: the
             authors' exclusion :data:`SAR_AUTHORS_EXCLUDE`; ``None``: keep
@@ -49,11 +52,19 @@ class SAR(BaseMethod):
             step the base optimizer with zero gradients, i.e. by its
             momentum alone, as the authors' NaN-loss path does. Default:
             True; False: no update at all.
-        reset_optimizer (bool): the recovery also restores the optimizer
-            state (momentum buffers). Default: True. The authors' reset
-            calls ``SAM.load_state_dict``, which restores SAM's own state
-            but not its base SGD's momentum buffers; ``False`` reproduces
-            that.
+        reset_optimizer (bool): the recovery also restores the base
+            optimizer's state (momentum buffers) to its value at
+            ``configure``. Default: False, as the authors: their reset calls
+            ``SAM.load_state_dict``, which restores SAM's own state (only
+            ``old_p``) and the groups' hyper-parameters (never changed
+            here), not the momentum buffers held in
+            ``base_optimizer.state``.
+        reset_clears_ema (bool): after a recovery the EMA starts afresh
+            (``None``). Default: False, as the authors: ``SAR.forward``
+            calls ``self.reset()`` (which sets ``self.ema = None``) and then
+            ``self.ema = ema``, so the EMA of the recovering batch is kept
+            and recovery fires again on the next batches while it stays
+            below ``reset_constant``.
         optimizer (dict): the base optimizer of SAM (MMEngine
             ``OPTIMIZERS``). Default: SGD lr 0.00025, momentum 0.9.
         **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
@@ -67,7 +78,8 @@ class SAR(BaseMethod):
                  reset_constant: float = 0.2,
                  exclude_regex: Optional[str] = SAR_AUTHORS_EXCLUDE,
                  momentum_step_on_empty: bool = True,
-                 reset_optimizer: bool = True,
+                 reset_optimizer: bool = False,
+                 reset_clears_ema: bool = False,
                  optimizer: Optional[dict] = None,
                  **kwargs):
         if not entropy_margin > 0:
@@ -85,6 +97,7 @@ class SAR(BaseMethod):
         self.exclude_regex = exclude_regex
         self.momentum_step_on_empty = bool(momentum_step_on_empty)
         self.reset_optimizer = bool(reset_optimizer)
+        self.reset_clears_ema = bool(reset_clears_ema)
         self.e_margin: Optional[float] = None
         self.ema: Optional[float] = None
         self.num_resets = 0
@@ -121,17 +134,35 @@ class SAR(BaseMethod):
         return entropies[keep].mean(0)
 
     def reset(self) -> None:
-        """Model recovery: trainable parameters (and, with
-        ``reset_optimizer``, the base optimizer's state) back to their values
-        at ``configure``; ``ema = None``."""
+        """The authors' ``SAR.reset``: trainable parameters back to their
+        values at ``configure``, ``ema = None``; the base optimizer's
+        momentum is kept unless ``reset_optimizer``."""
         with torch.no_grad():
             for name, p in self.params:
                 p.copy_(self._initial_params[name])
         if self.reset_optimizer:
+            # deviation (reset_optimizer): also clear the momentum buffers
             self.optimizer.load_base_state_dict(
                 copy.deepcopy(self._initial_optimizer))
         self.ema = None
         self.num_resets += 1
+
+    def recover(self) -> bool:
+        """Model recovery after each batch (the authors' ``SAR.forward``):
+        :meth:`reset` when ``ema < reset_constant``, then the EMA is put
+        back unless ``reset_clears_ema``.
+
+        Returns:
+            bool: whether the recovery fired.
+        """
+        ema = self.ema
+        if ema is None or not ema < self.reset_constant:
+            return False
+        self.reset()
+        if self.reset_clears_ema:
+            return True  # deviation (reset_clears_ema): the EMA stays None
+        self.ema = ema  # sar.py SAR.forward: `self.ema = ema` after reset
+        return True
 
     def adapt(self, ctx: BatchContext):
         if self.model is None:
@@ -176,10 +207,7 @@ class SAR(BaseMethod):
         ctx.stats['updated'] = float(updated)
         ctx.stats['momentum_only_step'] = float(
             not updated and self.momentum_step_on_empty)
-        reset = self.ema is not None and self.ema < self.reset_constant
-        if reset:
-            self.reset()
-        ctx.stats['reset'] = float(reset)
+        ctx.stats['reset'] = float(self.recover())
         if self.ema is not None:
             ctx.stats['ema'] = self.ema
         return ctx.prediction.detach(), ctx.stats
@@ -188,4 +216,6 @@ class SAR(BaseMethod):
         return (super().__repr__()[:-1] +
                 f', entropy_margin={self.entropy_margin}, rho={self.rho}, '
                 f'reset_constant={self.reset_constant}, '
+                f'reset_optimizer={self.reset_optimizer}, '
+                f'reset_clears_ema={self.reset_clears_ema}, '
                 f'exclude_regex={self.exclude_regex!r})')

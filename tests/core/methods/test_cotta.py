@@ -1,6 +1,7 @@
 """CoTTA against an independent transcription of the authors' code
 (github.com/qinenergy/cotta, ``cifar/cotta.py`` ``forward_and_adapt``,
-``update_ema_variables``, ``copy_model_and_optimizer``;
+``update_ema_variables``, ``copy_model_and_optimizer``, and
+``imagenet/cotta.py``'s symmetric loss and ``forward_and_adapt``;
 ``tests/reference/cotta_reference.py``) on a tiny CNN in float64."""
 import copy
 import math
@@ -8,11 +9,15 @@ import math
 import pytest
 import torch
 
-from mmseg_stag.core import BatchContext, STAGLoss, build_method
-from mmseg_stag.core.losses import cross_entropy_to_teacher
+from mmseg_stag.core import (BatchContext, STAGLoss, build_method,
+                             use_batch_statistics)
+from mmseg_stag.core.losses import (cross_entropy_to_teacher,
+                                    symmetric_cross_entropy)
 from mmseg_stag.core.methods.cotta import CoTTA
 
-from reference.cotta_reference import RefCoTTA, ref_softmax_entropy
+from reference.cotta_reference import (RefCoTTA, RefCoTTAImageNet,
+                                       ref_softmax_entropy,
+                                       ref_symmetric_softmax_entropy)
 from reference.adaptation_testbed import C, adapt, assert_params_equal
 from reference.adaptation_testbed import CNN_PROBE as FORWARD
 from reference.adaptation_testbed import make_cnn
@@ -53,6 +58,7 @@ def test_registry_and_defaults():
     assert (m.ema_momentum, m.restore_prob, m.ap, m.num_augs) == (
         0.999, 0.01, 0.92, 32)
     assert not m.always_augment
+    assert m.loss_type == 'ce'  # the CIFAR code's loss
     aug = m.augment
     assert (aug.brightness, aug.contrast, aug.saturation, aug.hue,
             aug.gamma) == ((0.6, 1.4), (0.7, 1.3), (0.5, 1.5),
@@ -182,6 +188,87 @@ def test_cross_entropy_to_teacher_is_the_authors_softmax_entropy():
     torch.testing.assert_close(cross_entropy_to_teacher(x, x_ema),
                                ref_softmax_entropy(x, x_ema), rtol=1e-15,
                                atol=1e-15)
+
+
+def test_symmetric_cross_entropy_is_the_authors_imagenet_softmax_entropy():
+    gen = torch.Generator().manual_seed(1)
+    x, x_ema = torch.randn(2, 6, C, dtype=torch.float64, generator=gen)
+    torch.testing.assert_close(symmetric_cross_entropy(x, x_ema),
+                               ref_symmetric_softmax_entropy(x, x_ema),
+                               rtol=1e-15, atol=1e-15)
+    # the student's gradient with a detached teacher, as both use it
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    symmetric_cross_entropy(ours, x_ema).mean().backward()
+    ref_symmetric_softmax_entropy(theirs, x_ema).mean().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-15,
+                               atol=1e-15)
+    # not the one-sided loss of the CIFAR code
+    assert not torch.allclose(symmetric_cross_entropy(x, x_ema),
+                              cross_entropy_to_teacher(x, x_ema))
+
+
+def test_unknown_loss_is_refused():
+    with pytest.raises(ValueError, match='cotta loss must be one of'):
+        CoTTA(loss='entropy')
+
+
+@pytest.mark.parametrize('ap', [1.01, 0.0])
+def test_symmetric_loss_matches_authors_imagenet_code_over_batches(ap):
+    """``loss='symmetric_ce'`` equals the authors' ImageNet
+    ``forward_and_adapt`` (their lazy augmentations are our default; their
+    SGD, momentum 0.9, Nesterov) over consecutive batches; their teacher's
+    ``train()`` changes nothing on a model normalising with batch
+    statistics, as their ``configure_model`` leaves it."""
+    model = make_model()
+    use_batch_statistics(model)
+    kwargs = dict(ema_momentum=0.9, restore_prob=0.2, ap=ap, num_augs=3)
+    sgd = dict(lr=LR, momentum=0.9, dampening=0, nesterov=True)
+    method = build(model, loss='symmetric_ce',
+                   optimizer=dict(type='SGD', **sgd), **kwargs)
+    ref = RefCoTTAImageNet(model, method.augment, 0.9, 0.2, ap, 3, LR,
+                           optim=lambda p: torch.optim.SGD(p, **sgd))
+    for i in range(3):
+        x = batch(10 + i)
+        torch.manual_seed(100 + i)
+        out, stats = adapt(method, FORWARD, x)
+        torch.manual_seed(100 + i)
+        ref_out, ref_loss = ref.forward_and_adapt(x)
+        torch.testing.assert_close(out, ref_out.detach(), rtol=1e-10,
+                                   atol=1e-12)
+        assert stats['augmented'] == float(ap > 1)
+        assert stats['loss_base'] == pytest.approx(ref_loss.item(),
+                                                   rel=1e-10)
+        assert_params_equal(model, ref.model, tol=1e-10)
+        assert_params_equal(method.teacher, ref.model_ema, tol=1e-10)
+        assert_params_equal(method.anchor, ref.model_anchor, tol=0)
+    assert method.num_updates == 3
+
+
+def test_symmetric_and_one_sided_losses_differ_on_a_different_teacher():
+    """The option changes the loss (and so the update) once the teacher
+    differs from the student (SGD: Adam's first step is about lr times the
+    gradient's sign whatever the loss)."""
+    x = batch(40)
+    losses, students = {}, {}
+    for loss in ('ce', 'symmetric_ce'):
+        model = make_model()
+        method = build(model, ap=0.0, restore_prob=0.0, loss=loss,
+                       optimizer=dict(type='SGD', lr=LR))
+        torch.manual_seed(0)
+        with torch.no_grad():  # the same teacher, different from the student
+            for p in method.teacher.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+            zt, zs = method.teacher(x), model(x)
+        _, stats = adapt(method, FORWARD, x)
+        losses[loss] = stats['loss_base']
+        students[loss] = model
+        expected = dict(ce=ref_softmax_entropy,
+                        symmetric_ce=ref_symmetric_softmax_entropy)[loss]
+        assert losses[loss] == pytest.approx(
+            expected(zs, zt).mean().item(), rel=1e-12)
+    assert losses['ce'] != pytest.approx(losses['symmetric_ce'], rel=1e-3)
+    assert not torch.allclose(students['ce'][5].weight,
+                              students['symmetric_ce'][5].weight)
 
 
 def test_base_loss_on_its_own_sets_the_teacher_prediction():

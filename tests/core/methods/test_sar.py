@@ -1,8 +1,8 @@
 """SAR against an independent transcription of the authors' code
-(github.com/mr-eggplant/SAR: ``forward_and_adapt_sar``, ``sam.py`` with
-``torch.optim.SGD`` as base optimizer, ``collect_params``;
-``tests/reference/sar_reference.py``) on a tiny per-sample classifier in
-float64."""
+(github.com/mr-eggplant/SAR: ``SAR.forward``/``reset``,
+``forward_and_adapt_sar``, ``sam.py`` with ``torch.optim.SGD`` as base
+optimizer, ``collect_params``; ``tests/reference/sar_reference.py``) on a
+tiny per-sample classifier in float64."""
 import copy
 import math
 from collections import OrderedDict
@@ -34,11 +34,29 @@ def build(model, **kwargs):
     return method
 
 
-def reference(model, stag=None, forward=FORWARD):
-    """The authors' SAR step on a copy of ``model`` (SGD lr ``LR``, momentum
-    0.9, on the norm affine parameters)."""
+def reference(model, stag=None, forward=FORWARD, reset_constant=0.0):
+    """The authors' SAR on a copy of ``model`` (SGD lr ``LR``, momentum
+    0.9, on the norm affine parameters); recovery never fires unless
+    ``reset_constant`` (the authors' literal 0.2) is given."""
     return RefSAR(model, forward, norm_params, lambda m: m[3], LR,
-                  stag=stag)
+                  stag=stag, reset_constant=reset_constant)
+
+
+def tempered(temperature):
+    """FORWARD with its logits multiplied by ``temperature`` (a confident
+    batch for > 1, an uncertain one for < 1)."""
+    def forward(model, x):
+        _, [(f, z)] = FORWARD(model, x)
+        z = z * temperature
+        return z, [(f, z)]
+    return forward
+
+
+def momentum_buffers(sam, params):
+    """The base SGD's momentum buffers of ``params`` (``None`` if none)."""
+    state = sam.base_optimizer.state
+    return [state[p]['momentum_buffer'] if p in state else None
+            for p in params]
 
 
 def recording(snapshots):
@@ -57,6 +75,8 @@ def test_registry_and_defaults():
     assert m.trainable_cfg == dict(kind='norm_affine')
     assert (m.entropy_margin, m.rho, m.reset_constant) == (0.4, 0.05, 0.2)
     assert m.exclude_regex == SAR_AUTHORS_EXCLUDE
+    # the authors' recovery keeps the EMA and the momentum
+    assert not m.reset_optimizer and not m.reset_clears_ema
     model = make_model()
     m.configure(model, model[3])
     assert m.e_margin == pytest.approx(0.4 * math.log(C))
@@ -228,52 +248,188 @@ def test_fresh_empty_filter_changes_nothing():
     assert_state_unchanged(model, before)
 
 
-def test_reset_restores_params_and_optimizer_state():
+# ---------------------------------------------------------------------------
+# Recovery. The authors' SAR.forward: forward_and_adapt_sar, then
+# `if reset_flag: self.reset()` (parameters and SAM.load_state_dict, then
+# `self.ema = None`), then `self.ema = ema`: the EMA survives the reset, and
+# so does the base SGD's momentum (not part of SAM's state).
+
+#: temperatures of the batches of the recovery run: a confident first batch
+#: sets the EMA below 0.2 (recovery), uncertain batches (the first of them
+#: keeps no sample) raise it back through a run of recoveries; confident
+#: batches pull it below 0.2 again for a second run
+RECOVERY_TEMPERATURES = (4.0, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 30.0, 30.0, 30.0,
+                         1.0, 0.6, 0.6)
+RECOVERY_RESETS = [True] * 5 + [False] * 4 + [True] * 2 + [False] * 2
+
+
+def test_recovery_matches_authors_code_over_batches():
+    """Step for step with the authors' code at their threshold 0.2:
+    recovery fires on consecutive batches (the EMA is kept through the
+    reset), stops, fires again; parameters, EMA and SGD momentum equal
+    theirs after every batch."""
+    model = make_model()
+    initial = [p.detach().clone() for p in norm_params(model)]
+    ref = reference(model, reset_constant=0.2)
+    method = build(model, reset_constant=0.2)
+    resets = []
+    for k, temperature in enumerate(RECOVERY_TEMPERATURES):
+        x = batch(50 + k)
+        ref.forward = tempered(temperature)
+        pred, stats = adapt(method, tempered(temperature), x)
+        out_ref, rec = ref.step(x, E0)
+        torch.testing.assert_close(pred, out_ref, rtol=1e-12, atol=1e-12)
+        assert stats['reset'] == float(rec['reset'])
+        resets.append(rec['reset'])
+        assert method.ema == pytest.approx(ref.ema, rel=1e-12)
+        assert method.ema == pytest.approx(rec['ema'], rel=1e-12)  # kept
+        assert stats['ema'] == method.ema
+        assert_params_equal(model, ref.model)
+        assert_lists_close(
+            momentum_buffers(method.optimizer, norm_params(model)),
+            momentum_buffers(ref.optimizer, ref.params))
+        if rec['reset']:
+            assert_lists_close(norm_params(model), initial, tol=0)
+            assert all(b.abs().sum() > 0 for b in momentum_buffers(
+                method.optimizer, norm_params(model)))
+    # two runs of recoveries, each followed by batches without one
+    assert resets == RECOVERY_RESETS
+    assert method.num_resets == 7
+    # batch 1 kept no sample: a momentum-only step, then a recovery
+    assert method.num_updates == len(RECOVERY_TEMPERATURES) - 1
+
+
+def test_recovery_options_are_visible_against_the_authors_code():
+    """Each deviation changes the run of the test above (so that test
+    would catch it): cleared momentum moves the first update after a
+    recovery elsewhere; a cleared EMA stops the run of recoveries."""
+    for option in ('reset_optimizer', 'reset_clears_ema'):
+        model = make_model()
+        ref = reference(model, reset_constant=0.2)
+        method = build(model, reset_constant=0.2, **{option: True})
+        differs = False
+        for k, temperature in enumerate(RECOVERY_TEMPERATURES[:6]):
+            x = batch(50 + k)
+            ref.forward = tempered(temperature)
+            _, stats = adapt(method, tempered(temperature), x)
+            _, rec = ref.step(x, E0)
+            differs |= not torch.allclose(model[1].weight,
+                                          ref.model[1].weight)
+            differs |= stats['reset'] != float(rec['reset'])
+        assert differs, option
+
+
+def recovery_pair(**kwargs):
+    """Two methods on copies of one model after the same first batch, one
+    recovering (threshold 1e9) and one not (threshold 0); returns
+    ``(recovering, its model, other, its model, initial parameters)``."""
+    model = make_model()
+    initial = [p.detach().clone() for p in norm_params(model)]
+    other_model = copy.deepcopy(model)
+    method = build(model, reset_constant=1e9, **kwargs)
+    other = build(other_model, reset_constant=0.0)
+    _, stats = adapt(method, FORWARD, batch(10))
+    _, other_stats = adapt(other, FORWARD, batch(10))
+    assert stats['reset'] == 1.0 and other_stats['reset'] == 0.0
+    assert method.num_resets == 1 and method.num_updates == 1
+    return method, model, other, other_model, initial
+
+
+def test_recovery_keeps_ema_and_momentum_and_fires_again():
+    method, model, other, other_model, initial = recovery_pair()
+    assert_lists_close(norm_params(model), initial, tol=0)
+    assert not torch.allclose(other_model[1].weight, initial[0])
+    # the EMA and the momentum of the step before the reset are kept
+    assert method.ema is not None and method.ema == other.ema
+    assert_lists_close(momentum_buffers(method.optimizer, norm_params(model)),
+                       momentum_buffers(other.optimizer,
+                                        norm_params(other_model)), tol=0)
+    # ema < reset_constant still: the next batch recovers again
+    ema = method.ema
+    _, stats = adapt(method, FORWARD, batch(11))
+    assert stats['reset'] == 1.0 and method.num_resets == 2
+    assert method.ema == pytest.approx(0.9 * ema + 0.1 * stats['loss_base2'],
+                                       rel=1e-12)
+    # the update after a recovery starts from theta_0 with the momentum
+    method.reset_constant = 0.0
+    buffers = [b.clone() for b in momentum_buffers(method.optimizer,
+                                                   norm_params(model))]
+    adapt(method, FORWARD, batch(12))
+    fresh_model = make_model()
+    fresh = build(fresh_model)
+    adapt(fresh, FORWARD, batch(12))
+    grads = momentum_buffers(fresh.optimizer, norm_params(fresh_model))
+    for p, p0, b, g in zip(norm_params(model), initial, buffers, grads):
+        # SGD, momentum 0.9, no dampening: theta_0 - lr (0.9 b + g)
+        torch.testing.assert_close(p, p0 - LR * (0.9 * b + g), rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_reset_on_its_own_is_the_authors_reset():
+    """``reset()``: parameters back, ``ema = None`` (the authors'
+    ``SAR.reset``), momentum kept."""
     model = make_model()
     initial = [p.detach().clone() for p in norm_params(model)]
     method = build(model)
-    sgd = method.optimizer.base_optimizer
-    initial_opt = copy.deepcopy(sgd.state_dict())
-    assert initial_opt['state'] == {}
     adapt(method, FORWARD, batch(10))
-    assert sgd.state_dict()['state'] != {}
-    ema1 = method.ema
-    assert ema1 is not None and method.num_resets == 0
-    # EMA of the second-forward base loss
-    _, stats = adapt(method, FORWARD, batch(11))
-    assert method.ema == pytest.approx(
-        0.9 * ema1 + 0.1 * stats['loss_base2'], rel=1e-12)
-    # recovery: ema < reset_constant after this update
-    method.reset_constant = 1e9
-    _, stats = adapt(method, FORWARD, batch(12))
-    assert stats['reset'] == 1.0 and method.num_resets == 1
-    assert method.ema is None
-    assert_lists_close(norm_params(model), initial)
-    assert method.optimizer.base_optimizer.state_dict() == initial_opt
-    assert method.num_updates == 3  # updates are still counted
-    # the next step equals a fresh method's first step (momentum cleared)
+    buffers = [b.clone() for b in momentum_buffers(method.optimizer,
+                                                   norm_params(model))]
+    method.reset()
+    assert method.ema is None and method.num_resets == 1
+    assert_lists_close(norm_params(model), initial, tol=0)
+    assert_lists_close(momentum_buffers(method.optimizer,
+                                        norm_params(model)), buffers, tol=0)
+
+
+def test_reset_optimizer_option_clears_the_momentum():
+    method, model, other, _, initial = recovery_pair(reset_optimizer=True)
+    sgd = method.optimizer.base_optimizer
+    assert sgd.state_dict()['state'] == {}
+    assert other.optimizer.base_optimizer.state_dict()['state'] != {}
+    assert_lists_close(norm_params(model), initial, tol=0)
+    assert method.ema == other.ema  # the EMA is still kept
+    # the next update is a fresh method's first update
     method.reset_constant = 0.0
     adapt(method, FORWARD, batch(13))
     fresh_model = make_model()
-    fresh = build(fresh_model)
-    adapt(fresh, FORWARD, batch(13))
+    adapt(build(fresh_model), FORWARD, batch(13))
     assert_params_equal(model, fresh_model)
 
-    # reset_optimizer=False (the authors' SAM keeps its SGD's momentum)
-    model = make_model()
-    method = build(model, reset_optimizer=False)
-    adapt(method, FORWARD, batch(10))
-    method.reset_constant = 1e9
-    adapt(method, FORWARD, batch(12))
-    assert method.num_resets == 1
-    assert_lists_close(norm_params(model), initial)
-    state = method.optimizer.base_optimizer.state_dict()['state']
-    assert state[0]['momentum_buffer'].abs().sum() > 0
+
+def test_reset_clears_ema_option():
+    method, model, other, other_model, initial = recovery_pair(
+        reset_clears_ema=True)
+    assert method.ema is None and other.ema is not None
+    assert_lists_close(norm_params(model), initial, tol=0)
+    assert_lists_close(momentum_buffers(method.optimizer, norm_params(model)),
+                       momentum_buffers(other.optimizer,
+                                        norm_params(other_model)), tol=0)
+    # the EMA restarts from the next batch's loss
+    method.reset_constant = 0.0
+    _, stats = adapt(method, FORWARD, batch(11))
+    assert method.ema == stats['loss_base2']
 
 
-def test_reset_keeps_sam_and_base_param_groups_shared():
+def test_both_options_restart_the_method_from_scratch():
+    """``reset_optimizer`` and ``reset_clears_ema`` together: after a
+    recovery the method behaves as a freshly configured one."""
+    method, model, _, _, _ = recovery_pair(reset_optimizer=True,
+                                           reset_clears_ema=True)
+    method.reset_constant = 0.0
+    fresh_model = make_model()
+    fresh = build(fresh_model)
+    for k in range(2):
+        adapt(method, FORWARD, batch(20 + k))
+        adapt(fresh, FORWARD, batch(20 + k))
+        assert method.ema == pytest.approx(fresh.ema, rel=1e-12)
+        assert_params_equal(model, fresh_model)
+
+
+@pytest.mark.parametrize('reset_optimizer', [False, True])
+def test_reset_keeps_sam_and_base_param_groups_shared(reset_optimizer):
     model = make_model()
-    method = build(model, reset_constant=1e9)
+    method = build(model, reset_constant=1e9,
+                   reset_optimizer=reset_optimizer)
     sam = method.optimizer
     assert sam.param_groups is sam.base_optimizer.param_groups
     _, stats = adapt(method, FORWARD, batch(10))
