@@ -17,7 +17,8 @@ from .stag_loss import STAGLoss
 __all__ = [
     'stag', 'STAGLoss', 'HeadProbe', 'OUTPUT_KINDS', 'METHODS',
     'build_method', 'BaseMethod', 'BatchContext', 'Source', 'BNAdapt', 'TENT',
-    'EATA', 'SAR', 'DeYO', 'CoTTA', 'View', 'SAM', 'NORM_LAYER_TYPES', 'norm_layers',
+    'EATA', 'SAR', 'DeYO', 'CoTTA', 'View', 'SAM', 'NORM_LAYER_TYPES',
+    'norm_layers',
     'select_parameters', 'use_batch_statistics', 'softmax_entropy',
     'pseudo_label_cross_entropy', 'cross_entropy_to_teacher',
     'symmetric_cross_entropy', 'mean_over_outputs', 'per_sample_logits'
