@@ -10,7 +10,8 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from mmseg_stag.core import METHODS
-from mmseg_stag.paper_hparams import PAPER_STAG, markdown_table, paper_stag
+from mmseg_stag.paper_hparams import (PAPER_STAG, config_stag, markdown_table,
+                                     our_markdown_table, paper_stag)
 from tools import benchmark
 from tools.make_cls_configs import (BENCHMARK_DIRS, NOT_IMPLEMENTED,
                                     leaf_configs, write_configs)
@@ -63,13 +64,16 @@ def test_acdc_configs_use_the_table():
     for path in paths:
         cfg = Config.fromfile(path)
         method = cfg.test_cfg.method
-        want = paper_stag(*ACDC, method.type)
+        want = config_stag(*ACDC, method.type)
         assert (method.stag.beta0, method.stag.gamma) == \
             (want['beta0'], want['gamma']), path
         seen.add((osp.basename(path).split('_')[1], method.type))
-    # MMSeg's and NVlabs' heads, each with TENT and BN Adapt
+    # MMSeg's and NVlabs' heads, each with every method
     assert seen == {(h, t) for h in ('mit-b5', 'mit-b5-nvlabs')
-                    for t in ('tent', 'bn_adapt')}
+                    for t in ('tent', 'bn_adapt', 'cotta', 'eata', 'sar',
+                              'deyo')}
+    with pytest.raises(KeyError, match='appendix_hp'):
+        paper_stag(*ACDC, 'cotta')  # not the paper's: ours, and said so
 
 
 # --------------------------------------------- tools/benchmark.py's +STAG
@@ -137,4 +141,6 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
 
 def test_readme_shows_the_table():
     with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
-        assert markdown_table() in f.read()
+        readme = f.read()
+    assert markdown_table() in readme
+    assert our_markdown_table() in readme

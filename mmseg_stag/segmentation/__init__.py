@@ -1,11 +1,12 @@
 """The MMSeg side: registers the online loop, its log processor, the NVlabs
-SegFormer backbone and head, the ACDC stream, the per-stage metric and
-``STAGLoss`` in MMSeg's registries (imported by ``import mmseg_stag`` when
-MMSeg is there)."""
+SegFormer backbone and head, the ACDC stream and its views, the per-stage
+metric and ``STAGLoss`` in MMSeg's registries (imported by ``import
+mmseg_stag`` when MMSeg is there)."""
 from mmseg.registry import MODELS
 
 from mmseg_stag.core import STAGLoss
-from .datasets import CONTINUAL_META_KEYS, STREAM_TAGS, ACDCContinualDataset
+from .datasets import (CONTINUAL_META_KEYS, STREAM_TAGS, ACDCContinualDataset,
+                       ScaleFlipViews)
 from .engine import OnlineAdaptationLogProcessor, OnlineAdaptationLoop
 from .evaluation import ContinualIoUMetric
 from .models import (NVMixVisionTransformer, NVSegformerHead,
@@ -18,7 +19,7 @@ MODELS.register_module(module=STAGLoss)
 __all__ = [
     'OnlineAdaptationLoop', 'OnlineAdaptationLogProcessor',
     'ACDCContinualDataset', 'CONTINUAL_META_KEYS', 'STREAM_TAGS',
-    'ContinualIoUMetric', 'NVMixVisionTransformer', 'NVSegformerHead',
-    'convert_nvlabs_segformer', 'convert_nvlabs_mit',
+    'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
+    'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',
     'convert_nvlabs_checkpoint'
 ]

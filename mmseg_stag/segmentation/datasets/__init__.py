@@ -1,3 +1,7 @@
 from .acdc import CONTINUAL_META_KEYS, STREAM_TAGS, ACDCContinualDataset
+from .scale_flip_views import ScaleFlipViews
 
-__all__ = ['ACDCContinualDataset', 'CONTINUAL_META_KEYS', 'STREAM_TAGS']
+__all__ = [
+    'ACDCContinualDataset', 'CONTINUAL_META_KEYS', 'STREAM_TAGS',
+    'ScaleFlipViews'
+]

@@ -58,6 +58,10 @@ class OnlineAdaptationLoop(TestLoop):
             teacher): the view the model adapts on and the metric scores,
             unflipped. Default: ``ScaleFlipViews.main_view`` of the
             pipeline, else 0.
+        source_dataloader (DataLoader | dict, optional): clean source
+            images for a method that needs them before the stream (EATA's
+            Fisher information), e.g. Cityscapes val; their labels are not
+            used. Required by such a method, unused by the others.
     """
 
     def __init__(self,
@@ -67,7 +71,8 @@ class OnlineAdaptationLoop(TestLoop):
                  method: dict,
                  classifier: str = 'decode_head.conv_seg',
                  fp16: bool = False,
-                 main_view: Optional[int] = None):
+                 main_view: Optional[int] = None,
+                 source_dataloader: Optional[Union[dict, object]] = None):
         if get_world_size() > 1:
             raise RuntimeError(DISTRIBUTED_ERROR.format(n=get_world_size()))
         self.method = build_method(method)  # bad options fail here
@@ -78,9 +83,20 @@ class OnlineAdaptationLoop(TestLoop):
                                       or main_view < 0):
             raise ValueError(f'main_view must be an index >= 0, got '
                              f'{main_view!r}')
+        if self.method.needs_source_data and source_dataloader is None:
+            raise ValueError(
+                f'{self.method.name} needs clean source images before the '
+                'stream (e.g. EATA\'s Fisher information): set '
+                'test_cfg.source_dataloader (see configs/_base_/datasets/'
+                'cityscapes_source.py), or configure the method without it '
+                '(EATA: fisher_alpha=0)')
         super().__init__(runner, dataloader, evaluator, fp16)
         self.main_view = pipeline_main_view(self.dataloader.dataset) \
             if main_view is None else int(main_view)
+        self.source_dataloader = None
+        if self.method.needs_source_data:  # a missing folder fails here
+            self.source_dataloader = runner.build_dataloader(
+                source_dataloader, seed=runner.seed)
 
     @staticmethod
     def _model(runner):
@@ -95,6 +111,8 @@ class OnlineAdaptationLoop(TestLoop):
         model.eval()
         self.method.configure(model, self.probe.classifier(model),
                               'per_pixel')
+        if self.source_dataloader is not None:
+            self.fit_source(model)
         for metric in self.evaluator.metrics:
             if getattr(metric, 'output_dir', False) is None:
                 metric.output_dir = self.runner.work_dir
@@ -110,6 +128,25 @@ class OnlineAdaptationLoop(TestLoop):
         self.runner.call_hook('after_test_epoch', metrics=metrics)
         self.runner.call_hook('after_test')
         return metrics
+
+    def fit_source(self, model) -> None:
+        """The method's statistics of the clean source images."""
+        def inputs():
+            for batch in self.source_dataloader:
+                with torch.no_grad():
+                    yield model.data_preprocessor(batch, False)['inputs']
+
+        def forward(m, x):  # whole-image metainfo, as the images come
+            shape = tuple(x.shape[-2:])
+            metas = [dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
+                          padding_size=[0, 0, 0, 0])] * len(x)
+            return self.probe(m, x, run=lambda m_, x_: m_.inference(x_,
+                                                                    metas))
+
+        print_log(f'{self.method.name}: statistics of '
+                  f'{len(self.source_dataloader.dataset)} clean source '
+                  'images', logger='current')
+        self.method.fit_source(forward, inputs())
 
     def probe_forward(self, metas):
         """``forward(model, inputs)``: the probe around ``model.inference``

@@ -1,4 +1,4 @@
-"""EATA, SAR, DeYO and CoTTA are defined on per-sample classifier outputs
+"""EATA, SAR and DeYO are defined on per-sample classifier outputs
 only: a per-pixel task is refused when the method is configured, before any
 batch; logits that are not ``[N, C]`` are refused on the batch as well."""
 import copy
@@ -13,7 +13,7 @@ from reference.adaptation_testbed import C, adapt, assert_state_unchanged
 from reference.adaptation_testbed import block_images as batch
 from reference.adaptation_testbed import make_cnn as make_model
 
-PER_SAMPLE_ONLY = ('eata', 'sar', 'deyo', 'cotta')
+PER_SAMPLE_ONLY = ('eata', 'sar', 'deyo')
 
 
 def build(name):

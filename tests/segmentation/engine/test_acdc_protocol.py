@@ -2,6 +2,7 @@
 cotta_acdc_reference.py``), in float64 on a generated ACDC-layout stream of
 two rounds: the same adapted parameters after every stage and the same
 per-stage mIoU."""
+import copy
 import itertools
 import json
 import os.path as osp
@@ -10,9 +11,16 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 
-from reference.cotta_acdc_reference import (single_gpu_tent, stage_miou,
+from mmseg_stag.segmentation.engine.online_loop import split_views
+from reference.cotta_acdc_reference import (label_miou, single_gpu_cotta,
+                                            single_gpu_tent, stage_miou,
                                             tent_params)
 from seg_helpers import SEG_CFG, fresh_model, make_runner
+
+
+def stage_of(batch):
+    """The stage tag of a data batch (one view or several)."""
+    return split_views(batch)[0]['data_samples'][0].metainfo['stage']
 
 
 class StageEnds(Hook):
@@ -23,8 +31,7 @@ class StageEnds(Hook):
 
     def after_test_iter(self, runner, batch_idx, data_batch=None,
                         outputs=None):
-        stage = data_batch['data_samples'][0].metainfo['stage']
-        self.params[stage] = {n: p.detach().clone()
+        self.params[stage_of(data_batch)] = {n: p.detach().clone()
                               for n, p in self.model.named_parameters()
                               if p.requires_grad}
 
@@ -46,10 +53,8 @@ def run_ours(method, tiny_acdc, checkpoint, work_dir, extra=None):
 def stream_by_stage(runner):
     """The runner's test batches, grouped by stage (CoTTA: one data loader
     per condition and round)."""
-    def stage(batch):
-        return batch['data_samples'][0].metainfo['stage']
     return [(s, list(b)) for s, b in
-            itertools.groupby(runner.test_dataloader, key=stage)]
+            itertools.groupby(runner.test_dataloader, key=stage_of)]
 
 
 def test_tent_config_is_cottas_single_gpu_tent(tiny_acdc, tiny_checkpoint,
@@ -90,3 +95,84 @@ def test_one_adam_for_the_whole_stream_is_not_cottas(tiny_acdc,
     assert torch.equal(ours[0][name], reset[0][name])
     assert not torch.allclose(ours[1][name], reset[1][name], rtol=0,
                               atol=1e-12)
+
+
+class SeedAtFirstBatch(Hook):
+    """Seeds the global generator once the stream's iterator exists, so the
+    restore masks draw the same numbers as the transcription's."""
+
+    priority = 'HIGHEST'
+
+    def __init__(self, seed):
+        self.seed = seed
+
+    def before_test_iter(self, runner, batch_idx, data_batch=None):
+        if batch_idx == 0:
+            torch.manual_seed(self.seed)
+
+
+SHARPEN = 12.0
+#: a small multi-view pipeline (6 views, main view 2) on the tiny stream
+VIEWS = {
+    'test_dataloader.dataset.pipeline.1.scale': (128, 64),
+    'test_dataloader.dataset.pipeline.1.ratios': [0.5, 1.0, 1.5],
+}
+
+
+def test_cotta_config_is_cottas_single_gpu_cotta(tiny_acdc, tiny_checkpoint,
+                                                 tmp_path):
+    runner = make_runner('cotta', tiny_acdc, tiny_checkpoint, tmp_path,
+                         rounds=2, extra=VIEWS)
+    runner.model.double()
+    sharpen(runner.model)
+    ends = StageEnds(runner.model)
+    runner.register_hook(ends)
+    runner.register_hook(SeedAtFirstBatch(7))
+    runner.test()
+    assert runner.test_loop.main_view == 2
+    # both branches of the label occur: confident and not confident pixels
+    confident = runner.message_hub.log_scalars['test/confident_pixels']
+    assert 0.05 < min(confident.data[0]) and max(confident.data[0]) < 0.95
+    with open(osp.join(str(tmp_path), 'continual_results.json')) as f:
+        ours_miou = [s['mIoU'] for s in json.load(f)['stages']]
+    method, ours = runner.test_loop.method, ends.params
+    # every parameter is adapted
+    assert set(ours[0]) == {n for n, _ in runner.model.named_parameters()}
+
+    model, _ = fresh_model(SEG_CFG, 'cotta', tiny_acdc, tiny_checkpoint,
+                           'cpu', extra=VIEWS)
+    model.double()
+    sharpen(model)
+    anchor = {k: v.clone() for k, v in model.state_dict().items()}
+    ema_model, anchor_model = copy.deepcopy(model), copy.deepcopy(model)
+    for p in ema_model.parameters():
+        p.detach_()
+    stages = [(s, [split(b) for b in batches])
+              for s, batches in stream_by_stage(runner)]
+    torch.manual_seed(7)
+    for stage, batches in stages:
+        results = single_gpu_cotta(model, batches, anchor, ema_model,
+                                   anchor_model, img_id=2)
+        theirs = dict(model.named_parameters())
+        for name, value in ours[stage].items():
+            torch.testing.assert_close(value, theirs[name], rtol=0,
+                                       atol=1e-12, msg=f'{stage} {name}')
+        gts = [b[2]['data_samples'][0].gt_sem_seg.data for b in batches]
+        assert ours_miou[stage] == pytest.approx(
+            label_miou(results, gts), abs=1e-9)
+    for name, value in method.teacher.named_parameters():
+        torch.testing.assert_close(value, dict(
+            ema_model.named_parameters())[name], rtol=0, atol=1e-12)
+
+
+def sharpen(model, factor=SHARPEN):
+    """Scales the tiny random classifier so that the source model's
+    confidence straddles CoTTA's 0.69 threshold."""
+    with torch.no_grad():
+        model.decode_head.conv_seg.weight.mul_(factor)
+        model.decode_head.conv_seg.bias.mul_(factor)
+
+
+def split(batch):
+    """A multi-view data batch as one data batch per view."""
+    return split_views(batch)

@@ -1,0 +1,20 @@
+# The ACDC stream with CoTTA's teacher views (tools/cotta.py: 960x540 x
+# ratios 0.5 ... 2.0, unflipped and flipped = 14 views per image). The
+# unflipped view at ratio 1 is the one the student adapts on and the metric
+# scores (the loop finds it: ScaleFlipViews.main_view). Fewer views, e.g.:
+#   --cfg-options "test_dataloader.dataset.pipeline.1.ratios=[0.5,1.0,1.5]"
+_base_ = ['./acdc_continual.py']
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(
+        type='ScaleFlipViews',
+        scale=(960, 540),
+        ratios=(0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0),
+        flip=True,
+        transforms=[
+            dict(type='LoadAnnotations'),
+            dict(type='PackSegInputs',
+                 meta_keys={{_base_.continual_meta_keys}}),
+        ]),
+]
+test_dataloader = dict(dataset=dict(pipeline=test_pipeline))
