@@ -47,3 +47,22 @@ def tiny_checkpoint(tmp_path_factory, tiny_acdc):
     bn.running_var.uniform_(0.5, 1.5)
     path = tmp_path_factory.mktemp('ckpt') / 'tiny_segformer.pth'
     return save_checkpoint(model, path)
+
+
+@pytest.fixture(scope='session')
+def tiny_cityscapes(tmp_path_factory):
+    """Four clean images in Cityscapes' val layout (EATA's source data)."""
+    import numpy as np
+
+    from demo_data.acdc_layout import save_png
+    root = tmp_path_factory.mktemp('cityscapes')
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        stem = f'aachen_{k:06d}_000019'
+        save_png(str(root / 'leftImg8bit' / 'val' / 'aachen' /
+                     f'{stem}_leftImg8bit.png'),
+                 rng.integers(0, 256, (48, 96, 3), dtype=np.uint8))
+        save_png(str(root / 'gtFine' / 'val' / 'aachen' /
+                     f'{stem}_gtFine_labelTrainIds.png'),
+                 rng.integers(0, 19, (48, 96), dtype=np.uint8))
+    return str(root)

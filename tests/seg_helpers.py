@@ -129,3 +129,14 @@ def fresh_model(config, method, tiny_acdc, checkpoint, device, extra=None):
     model, cfg = build_from_config(config.format(method), opts)
     load_segmentor_checkpoint(model, checkpoint)
     return model.to(device).eval(), cfg
+
+
+def run_script(cmd, cwd, timeout=300, **env):
+    """Run a script on the CPU with one thread: fast on a shared machine,
+    and two runs of the same stream give the same numbers."""
+    import os
+    import subprocess
+    env = dict(os.environ, OMP_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='',
+               **env)
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout)

@@ -4,6 +4,7 @@ Same usage and flags as MMSegmentation's ``tools/test.py``::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR]
         [--show] [--show-dir DIR] [--cfg-options k=v ...] [--launcher none]
+        [--save-adapted FILE]
 
 Differences: the checkpoint is loaded with PyTorch's safe
 ``weights_only=True`` loader and checked strictly against the config (a
@@ -49,6 +50,12 @@ def parse_args():
         action='store_true',
         help='allow unsafe unpickling of a trusted legacy checkpoint '
         '(torch.load weights_only=False); off by default')
+    parser.add_argument(
+        '--save-adapted',
+        metavar='FILE',
+        help='after the stream, save the adapted model\'s state dict to '
+        'FILE (a plain {"state_dict", "meta"} checkpoint, loadable with '
+        'weights_only=True)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -128,6 +135,22 @@ def main():
         classifier_name=cfg.test_cfg.get('classifier'))
     print_log(f'Loaded checkpoint {args.checkpoint}', logger='current')
     runner.test()
+    if args.save_adapted:
+        save_adapted(model, args)
+
+
+def save_adapted(model, args):
+    """The adapted model's weights (the student, for CoTTA) as a plain
+    checkpoint, written atomically."""
+    import torch
+    path = args.save_adapted
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save(dict(state_dict=state,
+                    meta=dict(config=args.config, checkpoint=args.checkpoint)),
+               path + '.tmp')
+    os.replace(path + '.tmp', path)
+    print_log(f'adapted model saved to {path}', logger='current')
 
 
 if __name__ == '__main__':

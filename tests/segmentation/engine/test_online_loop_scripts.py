@@ -5,11 +5,9 @@ under ``torchrun`` with two CPU ranks. Subprocesses are slow: each script
 runs once per module and its results are shared by the tests."""
 import glob
 import json
-import os
 import os.path as osp
 import re
 import socket
-import subprocess
 import sys
 
 import mmseg
@@ -17,10 +15,9 @@ import pytest
 import torch
 
 from mmseg_stag.segmentation.engine.online_loop import DISTRIBUTED_ERROR
-from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
+from seg_helpers import REPO, SEG_CFG, as_cli, run_script, tiny_options
 
 TENT_STAG = osp.join(REPO, SEG_CFG.format('tent-stag'))
-TIMEOUT = 300
 STAGES = ['fog', 'night', 'rain', 'snow'] * 2
 
 # Two CPU ranks for MMEngine's pytorch launcher on any machine: MMEngine's
@@ -49,15 +46,6 @@ parallel.DistributedDataParallel.__init__ = _cpu_ddp_init
 #: MMSeg's own packaged test script
 MMSEG_TEST_PY = osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools',
                          'test.py')
-
-
-def run_script(cmd, cwd, **env):
-    """Run on the CPU with one thread: fast on a shared machine, and two
-    runs of the same stream give the same numbers."""
-    env = dict(os.environ, OMP_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='',
-               **env)
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=TIMEOUT)
 
 
 def free_port():
