@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import BatchContext, build_method, per_sample_logits
+from mmseg_stag.core import (BatchContext, build_method, flatten_outputs,
+                             per_sample_logits)
 
 from reference.adaptation_testbed import C, adapt, assert_state_unchanged
 from reference.adaptation_testbed import block_images as batch
@@ -95,3 +96,49 @@ def test_per_sample_logits():
                            head_outputs=[(torch.randn(2, 16, 3, 3), z)])
         with pytest.raises(ValueError, match='per-sample classification'):
             method.base_loss(ctx)
+
+
+def test_flatten_outputs_pixels_as_samples_in_order():
+    """Per-pixel pairs: pixel (n, i, j) of a pair is row n*h*w + i*w + j;
+    crops are concatenated in order; per-sample pairs pass unchanged."""
+    feats = torch.randn(2, 3, 2, 4, dtype=torch.float64)
+    logits = torch.randn(2, C, 2, 4, dtype=torch.float64)
+    f, z = flatten_outputs([(feats, logits)], 'X')
+    assert f.shape == (16, 3) and z.shape == (16, C)
+    for n in range(2):
+        for i in range(2):
+            for j in range(4):
+                row = n * 8 + i * 4 + j
+                assert torch.equal(z[row], logits[n, :, i, j])
+                assert torch.equal(f[row], feats[n, :, i, j])
+    # two crops (sliding windows): all the first crop's pixels, then the
+    # second's
+    crop = (torch.randn(2, 3, 3, 3, dtype=torch.float64),
+            torch.randn(2, C, 3, 3, dtype=torch.float64))
+    f2, z2 = flatten_outputs([(feats, logits), crop], 'X', 'per_pixel')
+    assert z2.shape == (16 + 18, C) and f2.shape == (34, 3)
+    assert torch.equal(z2[:16], z) and torch.equal(f2[:16], f)
+    assert torch.equal(z2[16 + 9 + 2 * 3 + 1], crop[1][1, :, 2, 1])
+    # the rows keep the graph
+    w = torch.ones(C, dtype=torch.float64, requires_grad=True)
+    flatten_outputs([(feats, logits * w[:, None, None])], 'X')[1].sum(
+    ).backward()
+    torch.testing.assert_close(w.grad, logits.sum((0, 2, 3)))
+    # per-sample pairs: unchanged, or concatenated
+    pair = (torch.randn(4, 3), torch.randn(4, C))
+    assert flatten_outputs([pair], 'X') == pair
+    f, z = flatten_outputs([pair, pair], 'X', 'per_sample')
+    assert torch.equal(z, torch.cat([pair[1], pair[1]]))
+    # refusals
+    with pytest.raises(ValueError, match=r'X was configured for per-sample '
+                       r'.*\(2, 5, 2, 4\)'):
+        flatten_outputs([(feats, logits)], 'X', 'per_sample')
+    with pytest.raises(ValueError, match=r'X was configured for per-pixel '
+                       r'.*\(4, 5\)'):
+        flatten_outputs([pair], 'X', ('per_pixel', ))
+    with pytest.raises(ValueError, match='both per-sample and per-pixel'):
+        flatten_outputs([pair, (feats, logits)], 'X')
+    with pytest.raises(ValueError, match=r'\[N, C\] .* \[N, C, h, w\]'):
+        flatten_outputs([(feats[0], logits[0])], 'X')
+    with pytest.raises(ValueError, match='no head outputs'):
+        flatten_outputs([], 'X')
