@@ -1,6 +1,8 @@
-"""EATA, SAR and DeYO are defined on per-sample classifier outputs
-only: a per-pixel task is refused when the method is configured, before any
-batch; logits that are not ``[N, C]`` are refused on the batch as well."""
+"""Which classifier outputs each method takes. SAR and DeYO are defined
+on per-sample outputs only: a per-pixel task is refused when the method is
+configured, before any batch. EATA takes both (on per-pixel
+outputs every pixel is a sample, :func:`flatten_outputs`). A method
+configured for one kind refuses the other on the batch."""
 import copy
 
 import pytest
@@ -13,8 +15,10 @@ from mmseg_stag.core import (BatchContext, build_method, flatten_outputs,
 from reference.adaptation_testbed import C, adapt, assert_state_unchanged
 from reference.adaptation_testbed import block_images as batch
 from reference.adaptation_testbed import make_cnn as make_model
+from reference.adaptation_testbed import make_seg_net, seg_images
 
-PER_SAMPLE_ONLY = ('eata', 'sar', 'deyo')
+PER_SAMPLE_ONLY = ('sar', 'deyo')
+PER_SAMPLE_AND_PIXEL = ('eata', )
 
 
 def build(name):
@@ -42,19 +46,21 @@ def test_per_pixel_task_refused_at_configure(name):
         adapt(method, lambda m, x: None, batch(0))
 
 
-@pytest.mark.parametrize('name', ('source', 'bn_adapt', 'tent'))
-def test_task_agnostic_methods_take_both_outputs(name):
+@pytest.mark.parametrize('name', ('source', 'bn_adapt', 'tent') +
+                         PER_SAMPLE_AND_PIXEL)
+def test_methods_taking_both_outputs(name):
     per_pixel = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4),
                               nn.Conv2d(4, C, 1))
     for output, model, head in (('per_sample', make_model(), 5),
                                 ('per_pixel', per_pixel, 2)):
-        method = build_method(dict(type=name))
+        method = build(name)
+        assert method.supported_outputs == ('per_sample', 'per_pixel')
         method.check_output(output)
         method.configure(model, model[head], output)
         assert method.model is model
 
 
-@pytest.mark.parametrize('name', PER_SAMPLE_ONLY)
+@pytest.mark.parametrize('name', PER_SAMPLE_ONLY + PER_SAMPLE_AND_PIXEL)
 def test_per_pixel_logits_rejected_on_the_batch(name):
     """A method configured for per-sample outputs that is given per-pixel
     head outputs raises, and leaves the model as it was."""
@@ -74,6 +80,26 @@ def test_per_pixel_logits_rejected_on_the_batch(name):
     assert_state_unchanged(model, before)
 
 
+@pytest.mark.parametrize('name', PER_SAMPLE_AND_PIXEL)
+def test_per_sample_logits_rejected_when_configured_per_pixel(name):
+    """The other way round: configured for per-pixel outputs, given
+    per-sample head outputs."""
+    net = make_seg_net()
+    method = build(name)
+    method.configure(net, net[3], 'per_pixel')
+
+    def cls_forward(model, x):
+        logits = model[3].weight.new_zeros(x.shape[0], C) + \
+            model[1].weight.sum()
+        return logits, [(torch.randn(x.shape[0], 8, dtype=x.dtype), logits)]
+
+    before = copy.deepcopy(net.state_dict())
+    with pytest.raises(ValueError, match=r'configured for per-pixel .*'
+                       r'\(2, 5\)'):
+        adapt(method, cls_forward, seg_images(0))
+    assert_state_unchanged(net, before)
+
+
 def test_per_sample_logits():
     feats = torch.randn(4, 3)
     logits = torch.randn(4, C)
@@ -87,7 +113,7 @@ def test_per_sample_logits():
         per_sample_logits([pair, (torch.randn(2, 3, 3, 3),
                                   torch.randn(2, C, 3, 3))], 'SAR')
     # the methods' base losses on a context with per-pixel head outputs
-    for name in PER_SAMPLE_ONLY:
+    for name in PER_SAMPLE_ONLY + PER_SAMPLE_AND_PIXEL:
         method = build(name)
         model = make_model()
         method.configure(model, model[5])
