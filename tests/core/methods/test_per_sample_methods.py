@@ -1,6 +1,6 @@
-"""Which classifier outputs each method takes. SAR and DeYO are defined
-on per-sample outputs only: a per-pixel task is refused when the method is
-configured, before any batch. EATA takes both (on per-pixel
+"""Which classifier outputs each method takes. DeYO is defined on
+per-sample outputs only: a per-pixel task is refused when the method is
+configured, before any batch. EATA and SAR take both (on per-pixel
 outputs every pixel is a sample, :func:`flatten_outputs`). A method
 configured for one kind refuses the other on the batch."""
 import copy
@@ -17,8 +17,8 @@ from reference.adaptation_testbed import block_images as batch
 from reference.adaptation_testbed import make_cnn as make_model
 from reference.adaptation_testbed import make_seg_net, seg_images
 
-PER_SAMPLE_ONLY = ('sar', 'deyo')
-PER_SAMPLE_AND_PIXEL = ('eata', )
+PER_SAMPLE_ONLY = ('deyo', )
+PER_SAMPLE_AND_PIXEL = ('eata', 'sar')
 
 
 def build(name):
