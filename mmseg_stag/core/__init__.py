@@ -2,9 +2,10 @@
 losses, SAM, and the online-adaptation methods. Plain PyTorch (and MMEngine's
 registry/optimizer builder): it imports neither MMSeg nor MMCV."""
 from . import stag
-from .losses import (cross_entropy_to_teacher, mean_over_outputs,
-                     per_sample_logits, pseudo_label_cross_entropy,
-                     softmax_entropy, symmetric_cross_entropy)
+from .losses import (cross_entropy_to_teacher, flatten_outputs,
+                     mean_over_outputs, per_sample_logits,
+                     pseudo_label_cross_entropy, softmax_entropy,
+                     symmetric_cross_entropy)
 from .methods import (BaseMethod, BatchContext, BNAdapt, CoTTA, DeYO, EATA,
                       SAR, Source, TENT, View)
 from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
@@ -21,5 +22,6 @@ __all__ = [
     'norm_layers',
     'select_parameters', 'use_batch_statistics', 'softmax_entropy',
     'pseudo_label_cross_entropy', 'cross_entropy_to_teacher',
-    'symmetric_cross_entropy', 'mean_over_outputs', 'per_sample_logits'
+    'symmetric_cross_entropy', 'mean_over_outputs', 'per_sample_logits',
+    'flatten_outputs'
 ]

@@ -1,5 +1,5 @@
 """The base losses the methods share (pure PyTorch; class axis at dim 1)."""
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -73,11 +73,83 @@ def mean_over_outputs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                for (feats, logits), size in zip(head_outputs, sizes))
 
 
+#: the output kind of logits by their number of dimensions
+OUTPUT_KIND_OF_DIM = {2: 'per_sample', 4: 'per_pixel'}
+
+
+def flatten_outputs(head_outputs: HeadOutputs, method: str,
+                    supported: Union[str, Sequence[str]] = ('per_sample',
+                                                            'per_pixel')
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(features [M, D], logits [M, C])``: the samples of a forward pass,
+    every pixel of per-pixel outputs a sample.
+
+    Per-sample pairs ``(features [N, D], logits [N, C])`` are returned as
+    they are (one pair) or concatenated (several pairs). Per-pixel pairs
+    ``(features [N, D, h, w], logits [N, C, h, w])`` (the classifier's
+    resolution) become ``[N*h*w, D]`` and ``[N*h*w, C]``: pixel ``(n, i,
+    j)`` of a pair is row ``n*h*w + i*w + j`` (image by image, each image's
+    pixels row by row: ``permute(0, 2, 3, 1).reshape(-1, C)``); several
+    pairs (sliding-window crops, in the order of the classifier's calls)
+    are concatenated in that order, so a pixel covered by two crops is two
+    samples.
+
+    Args:
+        head_outputs: ``[(features, logits), ...]`` of one forward pass.
+        method: the method's name, for the error messages.
+        supported: the output kinds (``'per_sample'``, ``'per_pixel'``) the
+            caller accepts; a ValueError naming ``method`` for any other.
+    """
+    supported = (supported, ) if isinstance(supported, str) else \
+        tuple(supported)
+    kinds = set()
+    for _, logits in head_outputs:
+        kind = OUTPUT_KIND_OF_DIM.get(logits.dim())
+        if kind not in supported:
+            raise ValueError(_unsupported(method, supported, logits))
+        kinds.add(kind)
+    if not kinds:
+        raise ValueError(f'{method}: no head outputs')
+    if len(kinds) > 1:
+        raise ValueError(f'{method}: a forward pass gave both per-sample and '
+                         'per-pixel logits')
+    if kinds == {'per_sample'} and len(head_outputs) == 1:
+        return head_outputs[0]
+    feats, logits = zip(*[(_pixels_as_rows(f), _pixels_as_rows(z))
+                          for f, z in head_outputs])
+    return torch.cat(feats), torch.cat(logits)
+
+
+def _pixels_as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``[N, D, h, w] -> [N*h*w, D]`` (row-major pixels of each image);
+    ``[N, D]`` unchanged."""
+    if x.dim() == 2:
+        return x
+    return x.permute(0, 2, 3, 1).reshape(-1, x.shape[1])
+
+
+_DESCRIPTION = {'per_sample': 'per-sample classification outputs (logits '
+                             '[N, C])',
+                'per_pixel': 'per-pixel segmentation outputs (logits [N, C, '
+                             'h, w])'}
+
+
+def _unsupported(method: str, supported: Tuple[str, ...],
+                 logits: torch.Tensor) -> str:
+    shape = tuple(logits.shape)
+    if len(supported) == 1:
+        return (f'{method} was configured for {_DESCRIPTION[supported[0]]}; '
+                f'got logits of shape {shape}')
+    return (f'{method} needs logits [N, C] (per sample) or [N, C, h, w] (per '
+            f'pixel); got logits of shape {shape}')
+
+
 def per_sample_logits(head_outputs: HeadOutputs,
                       method: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(features [N, D], logits [N, C])`` of a per-sample forward pass,
     concatenated over the pairs; raises a ValueError naming ``method`` for
-    per-pixel outputs."""
+    per-pixel outputs (:func:`flatten_outputs` for per-sample outputs
+    only)."""
     for _, logits in head_outputs:
         if logits.dim() != 2:
             raise ValueError(
@@ -85,7 +157,4 @@ def per_sample_logits(head_outputs: HeadOutputs,
                 f'(logits [N, C]); got logits of shape '
                 f'{tuple(logits.shape)} (per-pixel segmentation outputs are '
                 'not supported)')
-    if len(head_outputs) == 1:
-        return head_outputs[0]
-    return (torch.cat([f for f, _ in head_outputs]),
-            torch.cat([z for _, z in head_outputs]))
+    return flatten_outputs(head_outputs, method, ('per_sample', ))

@@ -11,6 +11,17 @@ Two per-sample networks:
   average pooling -> Flatten -> Linear`` (classifier ``'5'``); images from
   :func:`block_images` (constant blocks of DeYO's 4x4 patch grid) or
   :func:`unit_images` (uniform in ``[0, 1]``, CoTTA's augmentations).
+
+One per-pixel network and the authors' view of it (EATA, SAR and DeYO on
+segmentation outputs, every pixel a sample):
+
+* :func:`make_seg_net`: ``Conv 3x3 -> GroupNorm/BatchNorm2d -> ReLU -> 1x1
+  Conv`` (classifier ``'3'``, read by :data:`SEG_PROBE`), logits at the
+  input resolution; images from :func:`seg_images` or :func:`block_images`.
+* :class:`PixelsAsSamples` around it, fed by :func:`pixels_as_samples`: a
+  per-sample model whose samples are the pixels (``[N*H*W, C]`` logits,
+  pixel ``(n, i, j)`` at row ``n*H*W + i*W + j``), on which the authors'
+  per-sample code runs unchanged.
 """
 import copy
 import math
@@ -27,6 +38,7 @@ OPT = dict(type='SGD', lr=LR, momentum=0.9)
 
 MLP_PROBE = HeadProbe('3')  # classifier of make_mlp
 CNN_PROBE = HeadProbe('5')  # classifier of make_cnn
+SEG_PROBE = HeadProbe('3', output='per_pixel')  # classifier of make_seg_net
 
 
 def make_mlp(seed=2, norm='ln'):
@@ -79,6 +91,80 @@ def unit_images(seed, n=8, size=16):
     """Images in ``[0, 1]``."""
     return torch.rand(n, 3, size, size, dtype=torch.float64,
                       generator=torch.Generator().manual_seed(seed))
+
+
+def make_seg_net(seed=5, norm='gn', scale=6.0):
+    """``Conv2d(3, 8, 3, padding=1) -> GroupNorm(2, 8) (or BatchNorm2d(8))
+    -> ReLU -> Conv2d(8, C, 1)`` in float64, evaluation mode: per-pixel
+    logits at the input resolution. The norm layer is ``[1]`` and the
+    classifier ``[3]``, as in :func:`make_mlp` (so :func:`norm_params` and
+    :func:`sgd_on_norm_params` serve both); the classifier is scaled by
+    ``scale``, confident enough for the ``0.4 ln C`` filters."""
+    torch.manual_seed(seed)
+    norm_layer = nn.GroupNorm(2, 8) if norm == 'gn' else nn.BatchNorm2d(8)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), norm_layer,
+                          nn.ReLU(), nn.Conv2d(8, C, 1))
+    with torch.no_grad():
+        model[3].weight.mul_(scale)
+        model[1].weight.uniform_(0.5, 1.5)
+        model[1].bias.uniform_(-0.3, 0.3)
+    return model.double().eval()
+
+
+def seg_images(seed, n=2, size=8):
+    """Seeded images ``[n, 3, size, size]`` for :func:`make_seg_net`."""
+    return torch.randn(n, 3, size, size, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(seed))
+
+
+class PixelsAsSamples(nn.Module):
+    """A per-pixel network ``net`` (:func:`make_seg_net`) seen as a
+    per-sample model whose samples are pixels: sample ``k`` of an input
+    from :func:`pixels_as_samples` is its image plus a constant channel
+    holding the pixel's location ``i*W + j``; the output is that pixel's
+    logits, ``[M, C]``. (A constant channel is unchanged by DeYO's patch
+    shuffle: a shuffled sample keeps its location.)"""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def pixel_outputs(self, samples):
+        """``(features [M, D], logits [M, C])`` of the samples' pixels."""
+        images, where = samples[:, :-1], samples[:, -1, 0, 0].long()
+        feats = self.net[:3](images)
+        logits = self.net[3](feats)
+        rows = torch.arange(samples.shape[0])
+        return (feats.flatten(2)[rows, :, where],
+                logits.flatten(2)[rows, :, where])
+
+    def forward(self, samples):
+        return self.pixel_outputs(samples)[1]
+
+
+def pixels_as_samples(images):
+    """The input of :class:`PixelsAsSamples` for ``images [N, c, H, W]``:
+    ``[N*H*W, c + 1, H, W]``, sample ``n*H*W + i*W + j`` = image ``n`` and
+    a channel filled with ``i*W + j``."""
+    n, _, h, w = images.shape
+    where = torch.arange(h * w, dtype=images.dtype).repeat(n)
+    return torch.cat([images.repeat_interleave(h * w, 0),
+                      where.view(-1, 1, 1, 1).expand(-1, 1, h, w)], 1)
+
+
+def pixel_forward(model, samples):
+    """``forward(model, x) -> (logits, [(features, logits)])`` of a
+    :class:`PixelsAsSamples` (the reference SAR's forward)."""
+    feats, logits = model.pixel_outputs(samples)
+    return logits, [(feats, logits)]
+
+
+def pixel_rows(maps):
+    """``[N, C, H, W] -> [N*H*W, C]``, row ``n*H*W + i*W + j`` = pixel
+    ``(n, i, j)`` (by indexing, not by ``flatten_outputs``)."""
+    n, _, h, w = maps.shape
+    return torch.stack([maps[k, :, i, j] for k in range(n)
+                        for i in range(h) for j in range(w)])
 
 
 def adapt(method, forward, inputs):

@@ -2,7 +2,8 @@
 
 Follows the authors' code (github.com/Jhyun17/DeYO, ``methods/deyo.py``
 ``forward_and_adapt_deyo`` with ``aug_type='patch'``, ``collect_params``;
-defaults of ``config.py``/``main.py``).
+defaults of ``config.py``/``main.py``); on segmentation outputs every pixel
+is a sample (see :class:`DeYO`).
 """
 import math
 from typing import Optional, Union
@@ -10,7 +11,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ..losses import per_sample_logits, softmax_entropy
+from ..losses import flatten_outputs, softmax_entropy
 from ..registry import METHODS
 from .base import BatchContext, SampleFilteringMethod
 
@@ -109,6 +110,21 @@ class DeYO(SampleFilteringMethod):
     The batch's stats hold ``num_reliable`` (filter 1) and ``num_selected``
     (both filters).
 
+    Segmentation (``'per_pixel'`` outputs; no code of the authors exists),
+    as ``DeYOContinual`` of stanfc/MLMP (``adapt/deyo_continual.py``):
+    every pixel of the head's output ``[N, C, h, w]`` is a sample
+    (:func:`~mmseg_stag.core.losses.flatten_outputs`, all crops' pixels
+    concatenated). Filter 1 per pixel; ``x'``: the images holding at least
+    one pixel of filter 1 (a pixel's input is its image: the authors'
+    ``x[filter_ids_1]``), patch-shuffled by :func:`patch_shuffle`
+    (one permutation per image, one ``torch.rand`` draw), forwarded
+    without gradients through the same probe; ``PLPD = p[y] - p'[y]`` per
+    pixel, ``p'`` the shuffled image's prediction at the *same*
+    head-output location (as MLMP; it does not follow the moved patch),
+    ``y`` the pixel's argmax before shuffling; filter 2, weights and loss
+    as above per pixel (mean over the pixels of both filters).
+    ``num_reliable``, ``num_selected`` and the stream counts count pixels.
+
     Args:
         deyo_margin (float): ``tau_Ent`` as a fraction of ``ln C``.
             Default: 0.5.
@@ -127,7 +143,7 @@ class DeYO(SampleFilteringMethod):
         **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
     """
 
-    supported_outputs = ('per_sample', )
+    supported_outputs = ('per_sample', 'per_pixel')
 
     def __init__(self,
                  deyo_margin: float = 0.5,
@@ -158,43 +174,63 @@ class DeYO(SampleFilteringMethod):
         self.reweight_ent = float(reweight_ent)
         self.reweight_plpd = float(reweight_plpd)
         self.exclude_regex = exclude_regex
+        self.output: Optional[str] = None  # set by configure
         self.num_classes: Optional[int] = None
         self.ent_margin: Optional[float] = None  # tau_Ent (absolute)
         self.margin_e0: Optional[float] = None  # Ent_0 (absolute)
 
     def configure(self, model, classifier, output='per_sample'):
         super().configure(model, classifier, output)
+        self.output = output
         self.exclude_modules(self.exclude_regex)
         self.num_classes = int(classifier.weight.shape[0])
         self.ent_margin = self.deyo_margin * math.log(self.num_classes)
         self.margin_e0 = self.entropy_margin * math.log(self.num_classes)
 
     # ------------------------------------------------------------------
-    def select(self, logits: torch.Tensor, inputs: torch.Tensor, forward):
+    def select(self, head_outputs, inputs: torch.Tensor, forward):
         """Both filters of one batch.
 
-        Returns ``(entropies [N], reliable [N], selected [N], plpd)``:
-        ``plpd`` holds the PLPD of the reliable samples (``None`` when none
-        is reliable); ``selected`` marks the samples kept by both filters.
+        Args:
+            head_outputs: ``[(features, logits), ...]`` of the forward pass
+                (per-pixel logits: every pixel a sample).
+            inputs: the images ``[N, C, H, W]`` of that pass.
+            forward: ``forward(model, x) -> (prediction, head_outputs)``.
+
+        Returns ``(entropies [M], reliable [M], selected [M], plpd)`` over
+        the ``M`` samples (pixels, in
+        :func:`~mmseg_stag.core.losses.flatten_outputs` order): ``plpd``
+        holds the PLPD of the reliable ones (``None`` when none is
+        reliable); ``selected`` marks those kept by both filters.
         """
+        _, logits = flatten_outputs(head_outputs, 'DeYO',
+                                    self.output or self.supported_outputs)
+        per_pixel = head_outputs[0][1].dim() == 4
         entropies = softmax_entropy(logits)
         reliable = entropies < self.ent_margin
         selected = torch.zeros_like(reliable)
         if not bool(reliable.any()):
             return entropies, reliable, selected, None
+        num_images = head_outputs[0][1].shape[0] if per_pixel else \
+            logits.shape[0]
         if not torch.is_tensor(inputs) or inputs.dim() != 4 or \
-                inputs.shape[0] != logits.shape[0]:
+                inputs.shape[0] != num_images:
             shape = tuple(inputs.shape) if torch.is_tensor(inputs) else \
                 type(inputs).__name__
             raise ValueError(
                 f'DeYO needs the batch of images [N, C, H, W] of the '
-                f'{logits.shape[0]} logits, got {shape}')
+                f'{num_images} {"images" if per_pixel else "logits"}, got '
+                f'{shape}')
         with torch.no_grad():
-            x_prime = patch_shuffle(inputs[reliable].detach(),
-                                    self.patch_len)
-            logits_prime, _ = forward(self.model, x_prime)
+            if per_pixel:
+                prob_prime = self.shuffled_pixel_probs(
+                    head_outputs, inputs, forward, reliable)
+            else:
+                x_prime = patch_shuffle(inputs[reliable].detach(),
+                                        self.patch_len)
+                logits_prime, _ = forward(self.model, x_prime)
+                prob_prime = logits_prime.softmax(1)
             prob = logits.detach()[reliable].softmax(1)
-            prob_prime = logits_prime.softmax(1)
             cls1 = prob.argmax(dim=1, keepdim=True)
             plpd = (prob.gather(1, cls1) -
                     prob_prime.gather(1, cls1)).reshape(-1)
@@ -202,12 +238,49 @@ class DeYO(SampleFilteringMethod):
         selected[reliable.nonzero(as_tuple=True)[0]] = keep
         return entropies, reliable, selected, plpd
 
+    def shuffled_pixel_probs(self, head_outputs, inputs, forward,
+                             reliable: torch.Tensor) -> torch.Tensor:
+        """``softmax`` of the patch-shuffled images' logits at the reliable
+        pixels' locations, ``[num reliable, C]``.
+
+        The images holding a reliable pixel are shuffled (one permutation
+        each) and forwarded; each pixel is read at its own head-output
+        location in its own (now shuffled) image.
+        """
+        num_images = head_outputs[0][1].shape[0]
+        image_of_pixel = torch.cat([
+            torch.arange(num_images, device=reliable.device
+                         ).repeat_interleave(z[0, 0].numel())
+            for _, z in head_outputs])
+        has_reliable = torch.zeros(num_images, dtype=torch.bool,
+                                   device=reliable.device)
+        has_reliable[image_of_pixel[reliable]] = True
+        x_prime = patch_shuffle(inputs[has_reliable].detach(),
+                                self.patch_len)
+        _, outputs_prime = forward(self.model, x_prime)
+        shapes = [tuple(z.shape) for _, z in head_outputs]
+        num_shuffled = int(has_reliable.sum())
+        shapes_prime = [tuple(z.shape) for _, z in outputs_prime]
+        if shapes_prime != [(num_shuffled, ) + s[1:] for s in shapes]:
+            raise ValueError(
+                f'DeYO: the shuffled images gave head outputs of shapes '
+                f'{shapes_prime}, the batch {shapes} ({num_shuffled} of '
+                f'{num_images} images shuffled)')
+        maps = []  # [N, C, h, w] per crop; zero for unshuffled images
+        for _, z_prime in outputs_prime:
+            prob = z_prime.detach().softmax(1)
+            full = prob.new_zeros((num_images, ) + prob.shape[1:])
+            full[has_reliable] = prob
+            maps.append((full, full))  # (features unused)
+        _, prob_prime = flatten_outputs(maps, 'DeYO', 'per_pixel')
+        return prob_prime[reliable]
+
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
-        """Weighted entropy of the samples kept by both filters; ``None``
-        when none is kept. Runs the PLPD forward on ``ctx.inputs``."""
-        _, logits = per_sample_logits(ctx.head_outputs, 'DeYO')
+        """Weighted entropy of the samples (pixels) kept by both filters;
+        ``None`` when none is kept. Runs the PLPD forward on
+        ``ctx.inputs``."""
         entropies, reliable, selected, plpd = self.select(
-            logits, ctx.inputs, ctx.forward)
+            ctx.head_outputs, ctx.inputs, ctx.forward)
         ctx.kept = selected
         if self.record_selection(ctx, reliable, selected) == 0:
             return None

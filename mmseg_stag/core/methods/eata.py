@@ -2,7 +2,8 @@
 adaptation.
 
 Follows the authors' code (github.com/mr-eggplant/EATA, ``eata.py``
-``forward_and_adapt_eata`` and the Fisher loop of ``main.py``).
+``forward_and_adapt_eata`` and the Fisher loop of ``main.py``); on
+segmentation outputs every pixel is a sample (see :class:`EATA`).
 """
 import math
 from typing import Dict, Optional, Tuple
@@ -10,7 +11,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..losses import per_sample_logits, softmax_entropy
+from ..losses import flatten_outputs, softmax_entropy
 from ..registry import METHODS
 from .base import SampleFilteringMethod
 
@@ -56,6 +57,27 @@ class EATA(SampleFilteringMethod):
     ``main.py``; adapting before it raises a RuntimeError.
     ``fisher_alpha=0`` is ETA (no regulariser, no source data needed).
 
+    Segmentation (``'per_pixel'`` outputs; no code of the authors exists):
+    every pixel of the head's output ``[N, C, h, w]`` is a sample
+    (:func:`~mmseg_stag.core.losses.flatten_outputs`, all crops'
+    pixels concatenated), and steps 1-4 are the authors' code with pixels
+    as samples: the entropy filter ``H < E0`` and the redundancy filter
+    ``|cos(p_bar, p)| < d_margin`` per pixel, ``p_bar`` the moving average
+    of the selected pixels' probability vectors (first: the mean over the
+    reliable pixels; then ``0.9 p_bar + 0.1 mean(selected pixels)``),
+    weights ``1/exp(H - E0)`` per pixel, the mean over the selected pixels
+    (+ EWC). :meth:`fit_source`: cross-entropy of every pixel to the
+    model's own argmax, mean over the batch's pixels, ``grad^2`` summed per
+    batch and divided by the number of batches. The entropy filter and the
+    Fisher follow the per-pixel port of stanfc/MLMP
+    (``adapt/eata_continual.py``); MLMP's redundancy filter is per *image*
+    (the mean probability of its reliable pixels, dropped when its cosine
+    to ``p_bar`` exceeds ``1 - d_margin``), this one is the authors' rule
+    per pixel. With few classes most pixels are redundant at
+    ``d_margin=0.05``: a pixel passes only when its class holds little of
+    ``p_bar`` (for one-hot-like ``p``, ``cos = p_bar[c] / |p_bar|``).
+    ``num_reliable``, ``num_selected`` and the stream counts count pixels.
+
     Args:
         entropy_margin (float): ``E0`` as a fraction of ``ln C``.
             Default: 0.4 (authors' ``main.py``).
@@ -67,7 +89,7 @@ class EATA(SampleFilteringMethod):
         **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
     """
 
-    supported_outputs = ('per_sample', )
+    supported_outputs = ('per_sample', 'per_pixel')
 
     def __init__(self,
                  entropy_margin: float = 0.4,
@@ -90,6 +112,7 @@ class EATA(SampleFilteringMethod):
         self.d_margin = float(d_margin)
         self.fisher_alpha = float(fisher_alpha)
         self.e_margin: Optional[float] = None  # E0, set by configure
+        self.output: Optional[str] = None  # set by configure
         self.num_classes: Optional[int] = None
         self.model_probs: Optional[torch.Tensor] = None  # p_bar
         #: ``{param name: (fisher, theta_0)}``, set by :meth:`fit_source`
@@ -103,6 +126,7 @@ class EATA(SampleFilteringMethod):
 
     def configure(self, model, classifier, output='per_sample'):
         super().configure(model, classifier, output)
+        self.output = output
         self.num_classes = int(classifier.weight.shape[0])
         self.e_margin = self.entropy_margin * math.log(self.num_classes)
         self.model_probs = None
@@ -112,11 +136,13 @@ class EATA(SampleFilteringMethod):
     def fit_source(self, forward, batches) -> None:
         """Fisher information of the trainable parameters (authors'
         ``main.py``): per clean batch, cross-entropy to the model's own
-        argmax, backward, accumulate ``grad^2``; divide by the number of
-        batches; ``theta_0`` = the parameters now. No optimizer step.
+        argmax (mean over the batch's samples, or pixels), backward,
+        accumulate ``grad^2``; divide by the number of batches;
+        ``theta_0`` = the parameters now. No optimizer step.
 
         Args:
-            forward: ``forward(model, x) -> (logits, head_outputs)``.
+            forward: ``forward(model, x) -> (prediction, head_outputs)``;
+                the head outputs' logits are used.
             batches: iterable of image tensors (or ``(images, ...)``
                 tuples/lists, whose other items are ignored: the authors
                 replace the labels by the model's argmax).
@@ -134,7 +160,9 @@ class EATA(SampleFilteringMethod):
             self.optimizer.zero_grad(set_to_none=True)
             with torch.enable_grad():
                 _, head_outputs = forward(self.model, x)
-                _, logits = per_sample_logits(head_outputs, 'EATA')
+                _, logits = flatten_outputs(
+                    head_outputs, 'EATA',
+                    self.output or self.supported_outputs)
                 targets = logits.detach().max(1)[1]
                 F.cross_entropy(logits, targets).backward()
             for name, p in self.params:
@@ -168,7 +196,10 @@ class EATA(SampleFilteringMethod):
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Both filters and the ``p_bar`` update for one batch.
 
-        Returns ``(entropies [N], reliable mask [N], selected mask [N])``;
+        Args:
+            logits: ``[M, C]``, one row per sample (pixel).
+
+        Returns ``(entropies [M], reliable mask [M], selected mask [M])``;
         the selected samples are reliable and non-redundant.
         """
         entropies = softmax_entropy(logits)
@@ -186,9 +217,11 @@ class EATA(SampleFilteringMethod):
         return entropies, reliable, selected
 
     def base_loss(self, ctx) -> Optional[torch.Tensor]:
-        """Weighted entropy of the selected samples (+ EWC); ``None`` when
-        no sample is selected. Updates ``p_bar`` (once per call)."""
-        _, logits = per_sample_logits(ctx.head_outputs, 'EATA')
+        """Weighted entropy of the selected samples (pixels) (+ EWC);
+        ``None`` when none is selected. Updates ``p_bar`` (once per
+        call)."""
+        _, logits = flatten_outputs(ctx.head_outputs, 'EATA',
+                                    self.output or self.supported_outputs)
         entropies, reliable, selected = self.select(logits)
         if self.record_selection(ctx, reliable, selected) == 0:
             return None

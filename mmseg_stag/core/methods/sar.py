@@ -2,7 +2,8 @@
 minimisation.
 
 Follows the authors' code (github.com/mr-eggplant/SAR, ``sar.py``
-``forward_and_adapt_sar``, ``sam.py`` and ``collect_params``).
+``forward_and_adapt_sar``, ``sam.py`` and ``collect_params``); on
+segmentation outputs every pixel is a sample (see :class:`SAR`).
 """
 import copy
 import math
@@ -10,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from ..losses import per_sample_logits, softmax_entropy
+from ..losses import flatten_outputs, softmax_entropy
 from ..registry import METHODS
 from ..sam import SAM
 from .base import BaseMethod, BatchContext
@@ -35,6 +36,20 @@ class SAR(BaseMethod):
     ``configure``, the EMA and the base optimizer's momentum are kept (the
     authors' ``SAR.forward``/``reset``). ``beta_t`` is the same in both
     passes. Empty filters: see ``momentum_step_on_empty`` and the README.
+
+    Segmentation (``'per_pixel'`` outputs; no code of the authors exists),
+    as the per-pixel SAR of HiLab-git/SicTTA (``sotas/sar.py``, Medical
+    Image Analysis): every pixel of the head's output ``[N, C, h, w]`` is a
+    sample (:func:`~mmseg_stag.core.losses.flatten_outputs`, all crops'
+    pixels concatenated). Filter 1 keeps the pixels with ``H < E0`` of
+    forward 1, ``L1`` is their mean entropy; after the SAM first step the
+    whole image is forwarded again, filter 2 keeps, among the pixels of
+    filter 1 (the authors' ``entropys2 = entropys2[filter_ids_1]`` with
+    pixels), those with ``H2 < E0``; ``L2`` is their mean entropy, and its
+    EMA and the recovery are unchanged. SicTTA lowers the recovery
+    threshold to 0.025 for its 4-class task; the default here stays the
+    authors' 0.2 (``reset_constant``). ``num_kept1``/``num_kept2`` count
+    pixels.
 
     Args:
         entropy_margin (float): ``E0`` as a fraction of ``ln C``.
@@ -70,7 +85,7 @@ class SAR(BaseMethod):
         **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
     """
 
-    supported_outputs = ('per_sample', )
+    supported_outputs = ('per_sample', 'per_pixel')
 
     def __init__(self,
                  entropy_margin: float = 0.4,
@@ -99,6 +114,7 @@ class SAR(BaseMethod):
         self.reset_optimizer = bool(reset_optimizer)
         self.reset_clears_ema = bool(reset_clears_ema)
         self.e_margin: Optional[float] = None
+        self.output: Optional[str] = None  # set by configure
         self.ema: Optional[float] = None
         self.num_resets = 0
         self._initial_params = {}
@@ -109,6 +125,7 @@ class SAR(BaseMethod):
 
     def configure(self, model, classifier, output='per_sample'):
         super().configure(model, classifier, output)
+        self.output = output
         self.exclude_modules(self.exclude_regex)
         self.e_margin = self.entropy_margin * math.log(
             int(classifier.weight.shape[0]))
@@ -120,9 +137,12 @@ class SAR(BaseMethod):
 
     # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
-        """Mean entropy of the samples with ``H < E0`` (and in ``ctx.among``
-        when set); ``None`` when none is kept. Sets ``ctx.kept``."""
-        _, logits = per_sample_logits(ctx.head_outputs, 'SAR')
+        """Mean entropy of the samples (pixels) with ``H < E0`` (and in
+        ``ctx.among`` when set); ``None`` when none is kept. Sets
+        ``ctx.kept`` (a mask over the samples, or over the pixels in
+        :func:`~mmseg_stag.core.losses.flatten_outputs` order)."""
+        _, logits = flatten_outputs(ctx.head_outputs, 'SAR',
+                                    self.output or self.supported_outputs)
         entropies = softmax_entropy(logits)
         keep = entropies < self.e_margin
         if ctx.among is not None:

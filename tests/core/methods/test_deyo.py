@@ -1,7 +1,8 @@
 """DeYO against an independent transcription of the authors' code
 (github.com/Jhyun17/DeYO, ``methods/deyo.py`` ``forward_and_adapt_deyo``,
 ``aug_type='patch'``; ``tests/reference/deyo_reference.py``) on a tiny CNN
-in float64; the patch shuffle against a loop over the patches."""
+in float64, and on a tiny per-pixel network with its pixels as the authors'
+samples; the patch shuffle against a loop over the patches."""
 import copy
 import math
 
@@ -21,6 +22,10 @@ from reference.adaptation_testbed import CNN_PROBE as FORWARD
 from reference.adaptation_testbed import block_images as batch
 from reference.adaptation_testbed import make_cnn as make_model
 from reference.adaptation_testbed import sgd_on_norm_params
+from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
+                                          make_seg_net, pixel_rows,
+                                          pixels_as_samples)
+from reference.entropy_reference import softmax_entropy as ref_entropy
 
 
 def build(model, **kwargs):
@@ -325,3 +330,169 @@ def test_stag_adds_beta_times_stag_loss_and_nothing_else():
             rel=1e-12)
         assert_params_equal(model, ref)
     assert method.step == 3
+
+
+# ---------------------------------------------------------------------------
+# Segmentation: every pixel a sample.
+def image_draws(reliable, num_images, seed):
+    """The ``torch.rand`` rows the per-pixel method draws after
+    ``torch.manual_seed(seed)``: one per image holding a reliable pixel;
+    returns them repeated for each reliable pixel (in pixel order)."""
+    image = torch.arange(num_images).repeat_interleave(
+        reliable.numel() // num_images)
+    shuffled = torch.zeros(num_images, dtype=torch.bool)
+    shuffled[image[reliable]] = True
+    torch.manual_seed(seed)
+    rows = torch.rand(int(shuffled.sum()), 16)
+    return rows[(shuffled.cumsum(0) - 1)[image[reliable]]]
+
+
+@pytest.mark.parametrize('margins', [(0.5, 0.2, 1, 1), (0.5, 0.0, 1, 1),
+                                     (0.6, 0.05, True, False),
+                                     (0.6, 0.05, 0.0, 0.0)])
+def test_per_pixel_is_the_authors_code_with_pixels_as_samples(margins,
+                                                              monkeypatch):
+    """On a per-pixel network, both filters, PLPD (the shuffled image's
+    prediction at the same location), weights, loss, counts and the
+    parameters after every step equal the authors' code run on the same
+    network seen as a per-sample model of its pixels (PixelsAsSamples).
+
+    The authors draw one patch permutation per sample; a pixel's sample is
+    its image, so each pixel gets the permutation the method drew for its
+    image: the reference's ``torch.rand`` returns those rows."""
+    deyo_margin, plpd_thr, rw_ent, rw_plpd = margins
+    net = make_seg_net()
+    method = DeYO(optimizer=OPT, deyo_margin=deyo_margin,
+                  plpd_threshold=plpd_thr, reweight_ent=rw_ent,
+                  reweight_plpd=rw_plpd)
+    method.check_output('per_pixel')
+    method.configure(net, net[3], 'per_pixel')
+    ref_net, ref_opt = sgd_on_norm_params(net)
+    ref = PixelsAsSamples(ref_net)
+    nontrivial = False
+    for i in range(3):
+        x = batch(10 + i, n=3, size=8)
+        samples = pixels_as_samples(x)
+        with torch.no_grad():
+            reliable = ref_entropy(ref(samples)) < deyo_margin * math.log(C)
+        draws = image_draws(reliable, 3, 100 + i)
+
+        def rand(*size):
+            assert size == (len(draws), 16)
+            return draws.clone()
+
+        torch.manual_seed(100 + i)
+        out, stats = adapt(method, SEG_PROBE, x)
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, 'rand', rand)
+            ref_out, n1, n2, ref_loss = ref_forward_and_adapt_deyo(
+                samples, ref, ref_opt, deyo_margin * math.log(C),
+                0.4 * math.log(C), plpd_thr, rw_ent, rw_plpd)
+        torch.testing.assert_close(pixel_rows(out), ref_out.detach(),
+                                   rtol=1e-12, atol=1e-12)
+        assert stats['num_reliable'] == n1 == int(reliable.sum())
+        assert stats['num_selected'] == n2
+        if ref_loss is None:
+            assert 'loss' not in stats
+        else:
+            assert stats['loss_base'] == pytest.approx(ref_loss.item(),
+                                                       rel=1e-12)
+        nontrivial |= 0 < n2 < n1 < len(samples)
+        assert_params_equal(net, ref_net)
+    assert method.num_updates == method.step
+    assert nontrivial  # both filters filter
+
+
+def damped(forward):
+    """``forward`` with zero logits (uniform: ``H = ln C``, never reliable)
+    for the images whose mean exceeds 5 (a patch shuffle keeps an image's
+    mean)."""
+    def run(model, x):
+        _, [(f, z)] = forward(model, x)
+        z = z * (x.mean((1, 2, 3)) < 5).to(z.dtype)[:, None, None, None]
+        return z, [(f, z)]
+    return run
+
+
+def test_per_pixel_plpd_by_hand_only_images_with_a_reliable_pixel():
+    """PLPD per pixel from the definitions: ``p[y] - p'[y]`` with ``p'`` the
+    shuffled image's prediction at the same location; only the images
+    holding a reliable pixel are shuffled (one permutation each, drawn in
+    image order) and forwarded."""
+    net = make_seg_net()
+    method = DeYO(optimizer=OPT, plpd_threshold=0.0)
+    method.configure(net, net[3], 'per_pixel')
+    forward = damped(SEG_PROBE)
+    x = batch(10, n=3, size=8)
+    x[1] += 10.0  # image 1: no reliable pixel
+    with torch.no_grad():
+        p = forward(net, x)[0].softmax(1)
+    H = -(p * p.log()).sum(1)
+    keep1 = H < 0.5 * math.log(C)
+    assert keep1[0].any() and keep1[2].any() and not keep1[1].any()
+    torch.manual_seed(5)
+    perm = torch.argsort(torch.rand(2, 16), dim=-1)
+    shuffled = ref_shuffle_patches(x[[0, 2]], perm)
+    with torch.no_grad():
+        pp = forward(net, shuffled)[0].softmax(1)  # images 0 and 2
+    y = p[[0, 2]].argmax(1, keepdim=True)
+    plpd = (p[[0, 2]].gather(1, y) - pp.gather(1, y))[:, 0]  # [2, 8, 8]
+    keep2 = keep1[[0, 2]] & (plpd > 0)
+    h = H[[0, 2]][keep2]
+    w = torch.exp(-(h - 0.4 * math.log(C))) + torch.exp(plpd[keep2])
+    expected = (w * h).mean()
+    # the shuffle changes some pixels' predictions
+    assert (pp.argmax(1, keepdim=True) != y)[keep1[[0, 2]][:, None]].any()
+    calls = []
+
+    def counting(model, inputs):
+        calls.append(inputs.detach().clone())
+        return forward(model, inputs)
+
+    torch.manual_seed(5)
+    _, stats = adapt(method, counting, x)
+    assert len(calls) == 2 and torch.equal(calls[0], x)
+    torch.testing.assert_close(calls[1], shuffled, rtol=0, atol=0)
+    assert stats['num_reliable'] == int(keep1.sum())
+    assert stats['num_selected'] == int(keep2.sum())
+    assert 0 < stats['num_selected'] < stats['num_reliable']
+    assert stats['loss_base'] == pytest.approx(expected.item(), rel=1e-10)
+
+
+def test_per_pixel_crops_are_pixels_too():
+    """Sliding-window inference (several head outputs per forward): the
+    pixels of all crops are the samples; with crops tiling the image, the
+    step equals the whole-image step (the shuffled images' crops are read
+    at the same crop and location). Crops of other shapes raise."""
+    def crops(model, x):
+        pred, [(f, z)] = SEG_PROBE(model, x)
+        return pred, [(f[..., :3], z[..., :3]), (f[..., 3:], z[..., 3:])]
+
+    x = batch(10, n=3, size=8)
+    nets, all_stats = [], []
+    for forward in (SEG_PROBE, crops):
+        net = make_seg_net()
+        method = DeYO(optimizer=OPT)
+        method.configure(net, net[3], 'per_pixel')
+        torch.manual_seed(5)
+        _, stats = adapt(method, forward, x)
+        nets.append(net)
+        all_stats.append(stats)
+    whole, cropped = all_stats
+    assert 0 < cropped['num_selected'] < cropped['num_reliable']
+    for key in ('num_reliable', 'num_selected'):
+        assert cropped[key] == whole[key]
+    assert cropped['loss'] == pytest.approx(whole['loss'], rel=1e-12)
+    assert_params_equal(*nets)
+
+    calls = []
+
+    def other_crops_when_shuffled(model, inputs):
+        calls.append(1)
+        return (crops if len(calls) == 1 else SEG_PROBE)(model, inputs)
+
+    net = make_seg_net()
+    method = DeYO(optimizer=OPT)
+    method.configure(net, net[3], 'per_pixel')
+    with pytest.raises(ValueError, match='shuffled images gave head outputs'):
+        adapt(method, other_crops_when_shuffled, x)

@@ -2,7 +2,8 @@
 (github.com/mr-eggplant/EATA: ``forward_and_adapt_eata``,
 ``update_model_probs``, the Fisher loop of ``main.py``;
 ``tests/reference/eata_reference.py``) on a tiny per-sample classifier in
-float64."""
+float64, and on a tiny per-pixel network with its pixels as the authors'
+samples."""
 import copy
 import math
 
@@ -22,6 +23,9 @@ from reference.adaptation_testbed import MLP_PROBE as FORWARD
 from reference.adaptation_testbed import make_mlp as make_model
 from reference.adaptation_testbed import norm_params, sgd_on_norm_params
 from reference.adaptation_testbed import vectors as batch
+from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
+                                          make_seg_net, pixel_rows,
+                                          pixels_as_samples, seg_images)
 
 
 def build(model, **kwargs):
@@ -308,3 +312,68 @@ def test_same_seed_same_result():
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert torch.equal(pa, pb)
+
+
+# ---------------------------------------------------------------------------
+# Segmentation: every pixel a sample.
+@pytest.mark.parametrize('fisher_alpha, d_margin', [(2000.0, 0.7),
+                                                    (0.0, 0.4),
+                                                    (2000.0, 0.05)])
+def test_per_pixel_is_the_authors_code_with_pixels_as_samples(fisher_alpha,
+                                                              d_margin):
+    """On a per-pixel network, the Fisher information, both filters, p_bar,
+    the loss and the parameters after every step equal the authors' code
+    run on the same network seen as a per-sample model of its pixels
+    (PixelsAsSamples)."""
+    net = make_seg_net()
+    ref_net, ref_opt = sgd_on_norm_params(net)
+    ref = PixelsAsSamples(ref_net)
+    method = EATA(optimizer=OPT, fisher_alpha=fisher_alpha,
+                  d_margin=d_margin)
+    method.check_output('per_pixel')
+    method.configure(net, net[3], 'per_pixel')
+    fishers = None
+    if fisher_alpha:
+        source = [seg_images(100 + i) for i in range(3)]
+        fishers = ref_fishers(ref, norm_params(ref_net),
+                              ['net.1.weight', 'net.1.bias'],
+                              [pixels_as_samples(x) for x in source])
+        method.fit_source(SEG_PROBE, source)
+        assert set(method.fishers) == {'1.weight', '1.bias'}
+        for name, (fisher, theta0) in method.fishers.items():
+            torch.testing.assert_close(fisher, fishers['net.' + name][0],
+                                       rtol=1e-12, atol=1e-15)
+            torch.testing.assert_close(theta0, fishers['net.' + name][1])
+            assert fisher.abs().sum() > 0
+    probs = None
+    saw_redundant = False
+    selected = []
+    for k in range(4):
+        x = seg_images(10 + k)
+        out_ref, n2, n1, probs, loss = ref_forward_and_adapt_eata(
+            pixels_as_samples(x), ref, ref_opt, fishers, E0, probs,
+            fisher_alpha, d_margin)
+        pred, stats = adapt(method, SEG_PROBE, x)
+        assert pred.shape == (2, C, 8, 8)
+        torch.testing.assert_close(pixel_rows(pred), out_ref.detach(),
+                                   rtol=1e-12, atol=1e-12)
+        assert stats['num_reliable'] == n1
+        assert stats['num_selected'] == n2
+        assert 0 < n1 < x.shape[0] * 64
+        saw_redundant |= n2 < n1
+        selected.append(n2)
+        if n2:
+            assert stats['loss'] == pytest.approx(loss.item(), rel=1e-10)
+        else:
+            assert 'loss' not in stats
+        torch.testing.assert_close(method.model_probs, probs, rtol=1e-12,
+                                   atol=1e-12)
+        assert_params_equal(net, ref_net)
+    assert saw_redundant
+    assert method.num_samples_update_2 == sum(selected)
+    if d_margin == 0.05:
+        # few classes: once p_bar exists every reliable pixel is redundant
+        # (see the class docstring)
+        assert selected[0] > 0 and selected[1:] == [0, 0, 0]
+    else:
+        assert all(selected)

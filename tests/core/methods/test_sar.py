@@ -2,7 +2,8 @@
 (github.com/mr-eggplant/SAR: ``SAR.forward``/``reset``,
 ``forward_and_adapt_sar``, ``sam.py`` with ``torch.optim.SGD`` as base
 optimizer, ``collect_params``; ``tests/reference/sar_reference.py``) on a
-tiny per-sample classifier in float64."""
+tiny per-sample classifier in float64, and on a tiny per-pixel network with
+its pixels as the authors' samples."""
 import copy
 import math
 from collections import OrderedDict
@@ -24,6 +25,10 @@ from reference.adaptation_testbed import MLP_PROBE as FORWARD
 from reference.adaptation_testbed import make_mlp as make_model
 from reference.adaptation_testbed import norm_params
 from reference.adaptation_testbed import vectors as batch
+from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
+                                          make_seg_net, pixel_forward,
+                                          pixel_rows, pixels_as_samples,
+                                          seg_images)
 
 
 def build(model, **kwargs):
@@ -561,3 +566,66 @@ def test_same_seed_same_result():
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert ea == eb
+
+
+# ---------------------------------------------------------------------------
+# Segmentation: every pixel a sample.
+def scaled(forward, temperature):
+    """``forward`` with its logits multiplied by ``temperature``."""
+    def run(model, x):
+        _, [(f, z)] = forward(model, x)
+        z = z * temperature
+        return z, [(f, z)]
+    return run
+
+
+#: temperatures of the per-pixel recovery run at the authors' 0.2: a
+#: confident batch, uncertain ones (a run of recoveries until the EMA climbs
+#: above 0.2), confident ones (a second recovery)
+PIXEL_TEMPERATURES = (30.0, ) + (0.6, ) * 6 + (30.0, 30.0, 1.0)
+PIXEL_RESETS = [True] * 5 + [False] * 3 + [True, False]
+
+
+@pytest.mark.parametrize('case', ['plain', 'stag', 'recovery'])
+def test_per_pixel_is_the_authors_code_with_pixels_as_samples(case):
+    """On a per-pixel network, both filters (the second among the pixels of
+    the first), the SAM steps, the EMA, the recovery and the parameters
+    after every batch equal the authors' code run on the same network seen
+    as a per-sample model of its pixels (PixelsAsSamples)."""
+    net = make_seg_net()
+    reset_constant = 0.2 if case == 'recovery' else 0.0
+    stag = dict(beta0=2.0, gamma=3.0) if case == 'stag' else None
+    ref = RefSAR(PixelsAsSamples(net), pixel_forward,
+                 lambda m: norm_params(m.net), lambda m: m.net[3], LR,
+                 stag=STAGLoss() if stag else None,
+                 reset_constant=reset_constant)
+    method = SAR(optimizer=OPT, reset_constant=reset_constant, stag=stag)
+    method.check_output('per_pixel')
+    method.configure(net, net[3], 'per_pixel')
+    temperatures = PIXEL_TEMPERATURES if case == 'recovery' else (1.0, ) * 4
+    resets, filtered = [], False
+    for k, temperature in enumerate(temperatures):
+        x = seg_images(10 + k)
+        beta = method.beta
+        ref.forward = scaled(pixel_forward, temperature)
+        pred, stats = adapt(method, scaled(SEG_PROBE, temperature), x)
+        out_ref, rec = ref.step(pixels_as_samples(x), E0, beta=beta)
+        torch.testing.assert_close(pixel_rows(pred), out_ref, rtol=1e-12,
+                                   atol=1e-12)
+        assert stats.get('num_kept1', 0) == rec['n1']
+        assert stats.get('num_kept2', 0) == rec['n2']
+        filtered |= 0 < rec['n2'] < rec['n1'] < 128
+        if rec['n1']:
+            assert stats['loss1'] == pytest.approx(rec['loss1'], rel=1e-10)
+        if rec['n2'] or stag:
+            assert stats['loss2'] == pytest.approx(rec['loss2'], rel=1e-10)
+        assert stats['reset'] == float(rec['reset'])
+        resets.append(rec['reset'])
+        assert method.ema == pytest.approx(ref.ema, rel=1e-12)
+        assert_params_equal(net, ref.model.net)
+        assert_lists_close(
+            momentum_buffers(method.optimizer, norm_params(net)),
+            momentum_buffers(ref.optimizer, ref.params))
+    assert filtered  # filter 2 dropped some pixels of filter 1
+    assert resets == (PIXEL_RESETS if case == 'recovery' else
+                      [False] * len(temperatures))

@@ -382,7 +382,8 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
     ({'test_cfg.method': dict(_delete_=True, type='TENT')}, KeyError,
      "unknown method 'TENT'"),
     ({'test_cfg.method': dict(_delete_=True, type='eata')}, ValueError,
-     'EATA supports per_sample outputs only, but this task gives per_pixel'),
+     'EATA needs clean source images before the stream .*'
+     'test_cfg.source_dataloader'),
     ({'test_cfg.method.loss': 'entropie'}, ValueError,
      "tent loss must be one of .*'entropie'"),
     ({'test_cfg.classifier': 'decode_head.nope'}, ValueError,
@@ -390,8 +391,8 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
     ({'test_cfg.classifier': 'backbone.layers.0.0.projection'}, ValueError,
      r"'backbone.layers.0.0.projection'.*kernel_size=\(7, 7\).*head without "
      'a 1x1 classifier'),
-], ids=['unknown-method', 'upper-case-name', 'eata-per-pixel', 'bad-option',
-        'no-such-classifier', 'classifier-not-1x1'])
+], ids=['unknown-method', 'upper-case-name', 'eata-without-source-data',
+        'bad-option', 'no-such-classifier', 'classifier-not-1x1'])
 def test_config_error_fails_before_the_first_batch(option, error, match,
                                                    tiny_acdc,
                                                    tiny_checkpoint, tmp_path,
