@@ -41,12 +41,9 @@ def tiny_options(data_root, rounds=2, head='mmseg'):
 
 
 def as_cli(opts):
-    def fmt(v):
-        if isinstance(v, (list, tuple)):
-            inner = ','.join(str(x) for x in v)
-            return f'[{inner}]' if isinstance(v, list) else f'({inner})'
-        return str(v)
-    return [f'{k}={fmt(v)}' for k, v in opts.items()]
+    """``--cfg-options`` words for ``opts`` (tools/select_beta.py's)."""
+    from tools.select_beta import as_cli as to_cli
+    return to_cli(opts)
 
 
 def build_from_config(config, opts, seed=0):

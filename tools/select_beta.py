@@ -57,6 +57,8 @@ def check_config(args) -> None:
 
 
 def as_cli(options: dict) -> list:
+    """``key=value`` words for ``--cfg-options`` (lists ``[a,b]``, tuples
+    ``(a,b)``)."""
     def fmt(v):
         if isinstance(v, (list, tuple)):
             inner = ','.join(str(x) for x in v)
