@@ -66,6 +66,13 @@ class SAM(torch.optim.Optimizer):
         self.base_optimizer.load_state_dict(state_dict)
         self.param_groups = self.base_optimizer.param_groups
 
+    def state_dict(self) -> dict:
+        """The base optimizer's state (SAM keeps none between steps)."""
+        return self.base_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.load_base_state_dict(state_dict)
+
     def step(self, closure=None):
         raise RuntimeError('SAM needs first_step() and second_step() around '
                            'a second forward/backward pass')

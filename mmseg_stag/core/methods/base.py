@@ -232,6 +232,42 @@ class BaseMethod:
         self.stage = stage
 
     # ------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything the rest of a stream depends on: the model's
+        parameters and buffers, the optimizer's state, ``t``, the counters
+        and the stage; subclasses add their own (teacher, EMA, ...).
+
+        Plain tensors and numbers (``torch.save`` it, read it back with
+        ``weights_only=True``); the tensors are the live ones, so save or
+        clone before adapting further. What :meth:`configure` and
+        :meth:`fit_source` derive from the source model alone is rebuilt by
+        them, except where a subclass saves it to skip the work.
+        """
+        if self.model is None:
+            raise RuntimeError(f'{self.name}: configure before state_dict')
+        return dict(
+            model=self.model.state_dict(),
+            optimizer=None if self.optimizer is None
+            else self.optimizer.state_dict(),
+            step=self.step, num_updates=self.num_updates, stage=self.stage)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` of a method built from the same
+        config and configured on the same source model."""
+        if self.model is None:
+            raise RuntimeError(f'{self.name}: configure before '
+                               'load_state_dict')
+        self.model.load_state_dict(state['model'])
+        if (self.optimizer is None) != (state['optimizer'] is None):
+            raise ValueError(f'{self.name}: the saved state was written '
+                             'with' + ('out' if state['optimizer'] is None
+                                       else '') + ' an optimizer')
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state['optimizer'])
+        self.step, self.num_updates = state['step'], state['num_updates']
+        self.stage = state['stage']
+
+    # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
         """``L_base`` of eq:total_objective; ``None``: nothing to minimise
         (a filtering baseline kept no sample)."""
@@ -333,6 +369,16 @@ class SampleFilteringMethod(BaseMethod):
         super().__init__(**kwargs)
         self.num_samples_update_1 = 0  # passed the first filter, so far
         self.num_samples_update_2 = 0  # passed both filters, so far
+
+    def state_dict(self) -> dict:
+        return dict(super().state_dict(),
+                    num_samples_update_1=self.num_samples_update_1,
+                    num_samples_update_2=self.num_samples_update_2)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.num_samples_update_1 = state['num_samples_update_1']
+        self.num_samples_update_2 = state['num_samples_update_2']
 
     def record_selection(self, ctx: BatchContext, reliable: torch.Tensor,
                          selected: torch.Tensor) -> int:

@@ -173,6 +173,14 @@ class CoTTA(BaseMethod):
         self.source_params = {name: p.detach().clone()
                               for name, p in self.restore_params}
 
+    def state_dict(self) -> dict:
+        # the anchor model and the restore targets come from configure
+        return dict(super().state_dict(), teacher=self.teacher.state_dict())
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.teacher.load_state_dict(state['teacher'])
+
     # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> torch.Tensor:
         """Mean ``loss`` (cross-entropy or symmetric cross-entropy) of the

@@ -132,6 +132,17 @@ class EATA(SampleFilteringMethod):
         self.model_probs = None
         self.fishers = None
 
+    def state_dict(self) -> dict:
+        # the Fisher information is saved so a resumed run skips fit_source
+        return dict(super().state_dict(), model_probs=self.model_probs,
+                    fishers=self.fishers)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.model_probs = state['model_probs']
+        self.fishers = None if state['fishers'] is None else {
+            name: tuple(pair) for name, pair in state['fishers'].items()}
+
     # ------------------------------------------------------------------
     def fit_source(self, forward, batches) -> None:
         """Fisher information of the trainable parameters (authors'

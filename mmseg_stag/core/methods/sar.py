@@ -135,6 +135,15 @@ class SAR(BaseMethod):
         self._initial_optimizer = copy.deepcopy(
             self.optimizer.base_optimizer.state_dict())
 
+    def state_dict(self) -> dict:
+        # the recovery targets (_initial_*) come from configure
+        return dict(super().state_dict(), ema=self.ema,
+                    num_resets=self.num_resets)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.ema, self.num_resets = state['ema'], state['num_resets']
+
     # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
         """Mean entropy of the samples (pixels) with ``H < E0`` (and in

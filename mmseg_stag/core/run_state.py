@@ -1,0 +1,140 @@
+"""What a long online run needs to continue after a crash: random-number
+states, a fingerprint of the run's settings, and one state file written
+atomically and read back with ``torch.load(weights_only=True)``.
+
+The method's own state comes from :meth:`BaseMethod.state_dict`; the
+segmentation loop and the classification runner put it, with their
+position in the stream, into one file per run (see the README, "Resume").
+"""
+import hashlib
+import json
+import os
+import os.path as osp
+import random
+from typing import Any, Dict, Iterable, List, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+#: version of the state-file layout (a file of another version is refused)
+STATE_VERSION = 1
+
+
+def rng_state() -> dict:
+    """Python's, NumPy's and torch's (CPU and every CUDA device's) random
+    states, as plain tensors and numbers."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, mt, gauss_next = random.getstate()
+    state = dict(torch=torch.get_rng_state(),
+                 numpy=dict(kind=kind, keys=torch.from_numpy(
+                     keys.astype(np.int64)), pos=int(pos),
+                     has_gauss=int(has_gauss), gauss=float(gauss)),
+                 python=dict(version=version, mt=list(mt),
+                             gauss_next=gauss_next))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state['torch'])
+    n = state['numpy']
+    np.random.set_state((n['kind'], n['keys'].numpy().astype(np.uint32),
+                         n['pos'], n['has_gauss'], n['gauss']))
+    p = state['python']
+    random.setstate((p['version'], tuple(p['mt']), p['gauss_next']))
+    if 'cuda' in state:
+        if not torch.cuda.is_available():
+            raise RuntimeError('the run state holds CUDA random states, but '
+                               'no CUDA device is available: resume on the '
+                               'kind of device that wrote it')
+        torch.cuda.set_rng_state_all(state['cuda'])
+
+
+@torch.no_grad()
+def weights_fingerprint(module: nn.Module) -> str:
+    """SHA-1 of a model's parameters and buffers (names, dtypes, shapes and
+    bytes): the same checkpoint loaded into the same config gives the same
+    fingerprint on any device."""
+    digest = hashlib.sha1()
+    for name, tensor in module.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f'{name}:{tensor.dtype}:{tuple(tensor.shape)};'.encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes()
+                      if tensor.numel() else b'')
+    return digest.hexdigest()
+
+
+def flatten_settings(settings: Any, prefix: str = '') -> Dict[str, str]:
+    """``{'a.b.0.c': repr(value)}`` of nested dicts and lists: settings as
+    plain strings that compare key by key."""
+    if isinstance(settings, dict):
+        items = [(str(k), v) for k, v in settings.items()]
+    elif isinstance(settings, (list, tuple)) and any(
+            isinstance(v, (dict, list, tuple)) for v in settings):
+        items = [(str(i), v) for i, v in enumerate(settings)]
+    else:
+        return {prefix: json.dumps(settings, sort_keys=True, default=repr)}
+    flat: Dict[str, str] = {}
+    for key, value in items:
+        flat.update(flatten_settings(value, f'{prefix}.{key}' if prefix
+                                     else key))
+    return flat
+
+
+def settings_differences(saved: Dict[str, str], current: Dict[str, str],
+                         ignore: Iterable[str] = ()) -> List[str]:
+    """Keys whose value differs (or that only one side has), as
+    ``'key: saved -> current'`` lines; keys matching a pattern of ``ignore``
+    (``fnmatch``) are skipped."""
+    from fnmatch import fnmatchcase
+    patterns = list(ignore)
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        if any(fnmatchcase(key, p) for p in patterns):
+            continue
+        old, new = saved.get(key, '<absent>'), current.get(key, '<absent>')
+        if old != new:
+            lines.append(f'{key}: {old} -> {new}')
+    return lines
+
+
+def save_run_state(path: str, state: dict) -> None:
+    """Write ``state`` (with ``version``) to ``path`` atomically: a
+    temporary file in the same folder, flushed to disk, then renamed, so a
+    crash leaves the previous file or the new one, never a mix."""
+    folder = osp.dirname(osp.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f'{path}.tmp.{os.getpid()}'
+    with open(tmp, 'wb') as f:
+        torch.save(dict(state, version=STATE_VERSION), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_run_state(path: str, map_location: Optional[str] = 'cpu') -> dict:
+    """Read a state file written by :func:`save_run_state` (plain tensors
+    and numbers only: ``weights_only=True``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        RuntimeError: the file is corrupt, truncated or of another version.
+    """
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'no run state to resume from: {path}')
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # zip errors, EOF, unpickling: all "corrupt"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ''
+        raise RuntimeError(
+            f'cannot resume from {path}: the file is corrupt or truncated '
+            f'({type(err).__name__}: {first}). Nothing was changed; delete '
+            'it to start the run again from the beginning') from err
+    if not isinstance(state, dict) or state.get('version') != STATE_VERSION:
+        version = state.get('version') if isinstance(state, dict) else None
+        raise RuntimeError(f'cannot resume from {path}: state version '
+                           f'{version!r}, this code reads {STATE_VERSION}')
+    return state
