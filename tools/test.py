@@ -4,14 +4,16 @@ Same usage and flags as MMSegmentation's ``tools/test.py``::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR]
         [--show] [--show-dir DIR] [--cfg-options k=v ...] [--launcher none]
-        [--save-adapted FILE]
+        [--save-adapted FILE] [--resume] [--seed N] [--deterministic]
 
 Differences: the checkpoint is loaded with PyTorch's safe
 ``weights_only=True`` loader and checked strictly against the config (a
 class-count or head mismatch is an error naming the key); ``--trust-pickle``
 is the explicit opt-in for trusted legacy pickles. The online-adaptation
 method (if any) comes from the config's ``test_cfg``
-(``OnlineAdaptationLoop``).
+(``OnlineAdaptationLoop``), which saves the run state at every stage
+boundary: ``--resume`` continues a killed run from its last finished stage
+in ``--work-dir``.
 """
 import argparse
 import os
@@ -56,6 +58,23 @@ def parse_args():
         help='after the stream, save the adapted model\'s state dict to '
         'FILE (a plain {"state_dict", "meta"} checkpoint, loadable with '
         'weights_only=True)')
+    parser.add_argument(
+        '--resume',
+        action='store_true',
+        help='continue the online run in --work-dir from its last finished '
+        'stage (online_adaptation_state.pth); refused if that run had '
+        'another config or checkpoint')
+    parser.add_argument(
+        '--seed',
+        type=int,
+        help='random seed (default: the config\'s randomness.seed)')
+    parser.add_argument(
+        '--deterministic',
+        action='store_true',
+        help='PyTorch\'s deterministic algorithms (and cuDNN\'s, and a '
+        'fixed cuBLAS workspace): repeatable runs on a GPU; an operation '
+        'without a deterministic kernel then stops the run with PyTorch\'s '
+        'error naming it')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -116,6 +135,9 @@ def main():
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
+    set_randomness(cfg, args)
+    if args.resume:
+        check_resumable(cfg, online)
     # loaded below through the safe, strict loader instead of MMEngine's
     cfg.load_from = None
     if args.show or args.show_dir:
@@ -137,6 +159,35 @@ def main():
     runner.test()
     if args.save_adapted:
         save_adapted(model, args)
+
+
+def set_randomness(cfg, args):
+    """``--seed`` and ``--deterministic`` into MMEngine's ``randomness``."""
+    randomness = dict(cfg.get('randomness', None) or {})
+    if args.seed is not None:
+        randomness['seed'] = args.seed
+    if args.deterministic:
+        randomness['deterministic'] = True
+        # cuBLAS needs a fixed workspace for repeatable GEMMs (set before
+        # CUDA starts; a user's own setting is kept)
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+    cfg.randomness = randomness
+
+
+def check_resumable(cfg, online):
+    """``--resume`` needs the online loop and a previous run in the work
+    dir (checked before anything is built)."""
+    from mmseg_stag.segmentation.engine.online_loop import STATE_FILE
+    if not online:
+        raise SystemExit('error: --resume continues an online-adaptation run'
+                         ' (test_cfg.type=OnlineAdaptationLoop); this config'
+                         ' runs MMSeg\'s plain test loop')
+    state = osp.join(cfg.work_dir, STATE_FILE)
+    if not osp.isfile(state):
+        raise SystemExit(f'error: --resume: no previous run in {cfg.work_dir}'
+                         f' ({state} does not exist); run without --resume '
+                         'to start it, or give its --work-dir')
+    cfg.test_cfg.resume = True
 
 
 def save_adapted(model, args):

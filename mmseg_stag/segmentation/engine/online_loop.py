@@ -1,6 +1,7 @@
 """``OnlineAdaptationLoop``: MMSeg's test loop that adapts the model online."""
 import functools
-from typing import Optional, Sequence, Union
+import os.path as osp
+from typing import List, Optional, Sequence, Union
 
 import torch
 from mmengine.dist import get_world_size
@@ -9,18 +10,35 @@ from mmengine.model import is_model_wrapper
 from mmengine.runner import TestLoop, autocast
 from mmengine.structures import PixelData
 from mmseg.registry import LOOPS
+from torch.utils.data import DataLoader
 
 from mmseg_stag.core import BatchContext, HeadProbe, View, build_method
+from mmseg_stag.core.run_state import (flatten_settings, load_run_state,
+                                       rng_state, save_run_state,
+                                       set_rng_state, settings_differences,
+                                       weights_fingerprint)
 
-#: The message of the distributed guard (a later mode will run whole streams
-#: per rank; see the README).
+#: the run state a resumable stream saves at every stage boundary
+STATE_FILE = 'online_adaptation_state.pth'
+#: config keys that do not change a run's numbers (a resumed run may change
+#: them): where it writes, how it loads and logs
+RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
+                  'test_cfg.resume', 'test_cfg.save_state', '*num_workers',
+                  '*persistent_workers', 'default_hooks.*', 'visualizer.*',
+                  'vis_backends*', 'log_processor.*', 'log_level',
+                  'env_cfg.*')
+
+#: The message of the distributed guard: the unit of parallel work is a
+#: whole run, which tools/sweep.py spreads over GPUs and nodes with Ray.
 DISTRIBUTED_ERROR = (
     'OnlineAdaptationLoop: a continual stream is sequential (every image is '
     'predicted by the model adapted on all images before it), so it cannot '
     'be split across {n} ranks: each rank would adapt on only 1 of every {n} '
-    'images and the metric would see a different stream. Run it with '
-    '--launcher none (one process; use several GPUs by running several '
-    'configs/seeds side by side).')
+    'images and the metric would see a different stream. Run one stream '
+    'with --launcher none; to use several GPUs or nodes, run whole streams '
+    'in parallel (configs x checkpoints x seeds x beta0/gamma) with '
+    'tools/sweep.py, one GPU per run, on Ray (see the README, "Many runs on '
+    'many GPUs").')
 
 
 @LOOPS.register_module()
@@ -62,6 +80,15 @@ class OnlineAdaptationLoop(TestLoop):
             images for a method that needs them before the stream (EATA's
             Fisher information), e.g. Cityscapes val; their labels are not
             used. Required by such a method, unused by the others.
+        save_state (bool): at every stage boundary (and at the end) save
+            the run state to ``<work_dir>/online_adaptation_state.pth``,
+            atomically: the method's state (model, optimizer, teacher, ...),
+            the metric's per-image areas, the random states, the position
+            in the stream and the run's fingerprint. Default: True.
+        resume (bool): continue from that file: refused if it was written
+            by another config (keys of ``RESUME_IGNORES`` aside) or other
+            starting weights. ``tools/test.py --resume`` sets it.
+            Default: False.
     """
 
     def __init__(self,
@@ -72,7 +99,9 @@ class OnlineAdaptationLoop(TestLoop):
                  classifier: str = 'decode_head.conv_seg',
                  fp16: bool = False,
                  main_view: Optional[int] = None,
-                 source_dataloader: Optional[Union[dict, object]] = None):
+                 source_dataloader: Optional[Union[dict, object]] = None,
+                 save_state: bool = True,
+                 resume: bool = False):
         if get_world_size() > 1:
             raise RuntimeError(DISTRIBUTED_ERROR.format(n=get_world_size()))
         self.method = build_method(method)  # bad options fail here
@@ -93,6 +122,11 @@ class OnlineAdaptationLoop(TestLoop):
         super().__init__(runner, dataloader, evaluator, fp16)
         self.main_view = pipeline_main_view(self.dataloader.dataset) \
             if main_view is None else int(main_view)
+        self.save_state, self.resume = bool(save_state), bool(resume)
+        if self.resume and not osp.isfile(self.state_path):
+            raise FileNotFoundError(
+                f'--resume: no previous run in {self.runner.work_dir} (no '
+                f'{STATE_FILE}); run without --resume to start it')
         self.source_dataloader = None
         if self.method.needs_source_data:  # a missing folder fails here
             self.source_dataloader = runner.build_dataloader(
@@ -103,31 +137,139 @@ class OnlineAdaptationLoop(TestLoop):
         model = runner.model
         return model.module if is_model_wrapper(model) else model
 
+    @property
+    def state_path(self) -> str:
+        return osp.join(self.runner.work_dir, STATE_FILE)
+
     def run(self) -> dict:
-        """Configure the method on the loaded model, then run the stream."""
+        """Configure the method on the loaded model (or resume), then run
+        the stream, saving the run state at every stage boundary."""
         self.runner.call_hook('before_test')
         self.runner.call_hook('before_test_epoch')
         model = self._model(self.runner)
         model.eval()
+        identity = self.run_identity(model)  # the weights before adapting
         self.method.configure(model, self.probe.classifier(model),
                               'per_pixel')
-        if self.source_dataloader is not None:
-            self.fit_source(model)
         for metric in self.evaluator.metrics:
             if getattr(metric, 'output_dir', False) is None:
                 metric.output_dir = self.runner.work_dir
+        stateful = self.check_stateful()
+        start, stage, rng = 0, None, None
+        if self.resume:
+            start, stage, rng = self.load_state(identity)
+        elif self.source_dataloader is not None:
+            self.fit_source(model)
         num = sum(p.numel() for _, p in self.method.params)
         print_log(f'online adaptation: {self.method!r}; '
                   f'{len(self.method.params)} trainable tensors ({num} '
                   'values)', logger='current')
-        for idx, data_batch in enumerate(self.dataloader):
+        batches = iter(self.batches_from(start))
+        if rng is not None:  # after the loader drew its seed, as at start
+            set_rng_state(rng)
+        for idx, data_batch in enumerate(batches, start):
+            batch = batch_stage(batch_metas(data_batch))
+            if stateful and idx > start and batch != stage:
+                self.end_stage(idx, identity)
+            stage = batch
             self.run_iter(idx, data_batch)
+        if stateful:
+            self.end_stage(len(self.dataloader), identity)
         print_log(f'online adaptation: {self.method.num_updates} update '
                   'steps', logger='current')
         metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
         self.runner.call_hook('after_test_epoch', metrics=metrics)
         self.runner.call_hook('after_test')
         return metrics
+
+    # -- resume ----------------------------------------------------------
+    def run_identity(self, model) -> dict:
+        """What determines the run's numbers: the config's settings (as
+        flat ``key: value`` strings) and the starting weights."""
+        settings = flatten_settings(self.runner.cfg.to_dict())
+        return dict(config=settings, weights=weights_fingerprint(model))
+
+    def check_stateful(self) -> bool:
+        """Whether the run state can be saved (every metric has
+        ``state_dict``); ``resume`` without it is an error."""
+        if not (self.save_state or self.resume):
+            return False
+        lacking = [type(m).__name__ for m in self.evaluator.metrics
+                   if not hasattr(m, 'state_dict')]
+        if lacking and self.resume:
+            raise ValueError(f'cannot resume: the metric(s) {lacking} keep '
+                             'no state_dict (ContinualIoUMetric does)')
+        if lacking:
+            print_log(f'run state not saved: the metric(s) {lacking} keep no '
+                      'state_dict, so this run cannot be resumed',
+                      logger='current', level=30)
+        return not lacking
+
+    def end_stage(self, batches_done: int, identity: dict) -> None:
+        """Close the stage in the metrics and save the run state."""
+        for metric in self.evaluator.metrics:
+            if hasattr(metric, 'end_stage'):
+                metric.end_stage()
+        if not self.save_state:
+            return
+        save_run_state(self.state_path, dict(
+            identity=identity, batches_done=int(batches_done),
+            num_batches=len(self.dataloader),
+            method=self.method.state_dict(),
+            metrics=[m.state_dict() for m in self.evaluator.metrics],
+            rng=rng_state()))
+
+    def load_state(self, identity: dict):
+        """Restore the run state; returns ``(batches done, their last
+        stage, the random states to set once the batches are drawn)``.
+        Refuses a state of another run, naming what differs."""
+        path = self.state_path
+        state = load_run_state(path)
+        diffs = settings_differences(state['identity']['config'],
+                                     identity['config'], RESUME_IGNORES)
+        if state['identity']['weights'] != identity['weights']:
+            diffs.append('the starting weights (checkpoint): '
+                         f"{state['identity']['weights'][:12]} -> "
+                         f"{identity['weights'][:12]}")
+        if diffs:
+            raise ValueError(
+                f'cannot resume from {path}: it was written by another run '
+                f'({len(diffs)} difference(s)):\n  ' + '\n  '.join(diffs)
+                + '\nUse the same config and checkpoint, or another '
+                '--work-dir for a new run.')
+        if state['num_batches'] != len(self.dataloader):
+            raise ValueError(f'cannot resume from {path}: it holds a stream '
+                             f"of {state['num_batches']} batches, this one "
+                             f'has {len(self.dataloader)}')
+        if len(state['metrics']) != len(self.evaluator.metrics):
+            raise ValueError(f'cannot resume from {path}: '
+                             f"{len(state['metrics'])} metric state(s) for "
+                             f'{len(self.evaluator.metrics)} metric(s)')
+        self.method.load_state_dict(state['method'])
+        for metric, metric_state in zip(self.evaluator.metrics,
+                                        state['metrics']):
+            metric.load_state_dict(metric_state)
+        done = state['batches_done']
+        print_log(f'resumed from {path}: {done} of {len(self.dataloader)} '
+                  f'batches done (stage {self.method.stage})',
+                  logger='current')
+        return done, self.method.stage, state['rng']
+
+    def batches_from(self, start: int):
+        """The stream's batches from batch ``start`` on (the skipped ones
+        are not loaded)."""
+        loader = self.dataloader
+        if start == 0:
+            return loader
+        batches: List[list] = list(loader.batch_sampler)[start:]
+        extra = dict(prefetch_factor=loader.prefetch_factor,
+                     persistent_workers=loader.persistent_workers) \
+            if loader.num_workers > 0 else {}
+        return DataLoader(loader.dataset, batch_sampler=batches,
+                          num_workers=loader.num_workers,
+                          collate_fn=loader.collate_fn,
+                          pin_memory=loader.pin_memory,
+                          worker_init_fn=loader.worker_init_fn, **extra)
 
     def fit_source(self, model) -> None:
         """The method's statistics of the clean source images."""
@@ -268,6 +410,12 @@ def set_labels(data_samples: list, labels: torch.Tensor) -> list:
                              f' for an image of original size {shape}')
         sample.set_data(dict(pred_sem_seg=PixelData(data=label[None])))
     return data_samples
+
+
+def batch_metas(data_batch: dict) -> List[dict]:
+    """The metainfo of a (multi-view) batch's images, first view."""
+    return [sample.metainfo
+            for sample in split_views(data_batch)[0]['data_samples']]
 
 
 def batch_stage(metas: Sequence[dict]) -> Optional[int]:

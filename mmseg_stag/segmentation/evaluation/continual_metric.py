@@ -121,6 +121,36 @@ class ContinualIoUMetric(BaseMetric):
                              s['areas'], s['num_images'], self.class_names)
                 for s in stages.values()]
 
+    def end_stage(self) -> None:
+        """The stream's current stage is over: log it and append it to the
+        partial file now (``OnlineAdaptationLoop`` calls this at every
+        stage boundary, before it saves the run state)."""
+        if self._current is not None:
+            self._finish_stage(self._current)
+        self._current = None
+
+    def state_dict(self) -> dict:
+        """The per-image areas so far (plain tensors and numbers), for the
+        run state of a resumable stream; call after :meth:`end_stage`."""
+        if self._current is not None:
+            raise RuntimeError('ContinualIoUMetric.state_dict: call '
+                               'end_stage() first (a stage is open)')
+        return dict(results=[dict(r, areas=torch.from_numpy(r['areas']))
+                             for r in self.results])
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`; rewrites the partial file with
+        the restored stages (dropping a stage a crash wrote after the run
+        state was saved)."""
+        self.results = [dict(r, areas=r['areas'].numpy().astype(np.float64))
+                        for r in state['results']]
+        self._current, self._partial_started = None, False
+        if self.output_dir is not None:
+            for result in self._stage_results(self.results):
+                append_partial(self.output_dir, result,
+                               fresh=not self._partial_started)
+                self._partial_started = True
+
     def _finish_stage(self, stage: int) -> None:
         """Log a finished stage and append it to the partial file."""
         result, = self._stage_results(
@@ -141,9 +171,8 @@ class ContinualIoUMetric(BaseMetric):
             dict[str, float]: ``mIoU`` (mean over stages, %) and one
             ``r<round>_<condition>`` mIoU per stage (2 decimals).
         """
-        if self._current is not None:
-            self._finish_stage(self._current)
-            self._current, self._partial_started = None, False
+        self.end_stage()
+        self._partial_started = False
         if not results:
             raise ValueError('ContinualIoUMetric: no sample was processed')
         stages = self._stage_results(results)
