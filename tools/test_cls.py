@@ -11,7 +11,8 @@ corruptions, their average and STAG's gain) and writes into the work dir
 (default ``work_dirs/cls/<config name>``):
 
 * ``progress.jsonl``: one record per finished corruption, appended as it
-  ends (``--resume`` reuses them);
+  ends, and ``states/<row key>.pth``: each row's run state after its last
+  finished stage (``--resume`` continues from them);
 * ``results.json`` / ``results.csv`` / ``results.txt``: the table.
 
 Example (CIFAR-10-C, RobustBench ``Standard.pt``)::
@@ -43,8 +44,9 @@ def parse_args(argv=None):
                         help='load a weight file that needs unpickling '
                         'arbitrary objects (only for files you trust)')
     parser.add_argument('--resume', action='store_true',
-                        help='reuse the corruptions already recorded in '
-                        'WORK_DIR/progress.jsonl')
+                        help='continue a killed run: the stages recorded in '
+                        'WORK_DIR/progress.jsonl are kept and each row goes '
+                        'on from its run state in WORK_DIR/states/')
     parser.add_argument('--cfg-options', nargs='+', default=[],
                         metavar='KEY=VALUE',
                         help='override config keys, e.g. '

@@ -8,10 +8,13 @@ reseeded; then every batch is predicted by the model as it is *before*
 adapting on that batch (one forward pass serves the prediction and the
 loss). Correct predictions are counted per corruption.
 
-Finished stages are appended to a jsonl file as they end, so a long run
-loses nothing; ``resume=True`` skips the stages already recorded when the
-skip cannot change later numbers (the next stage resets, or there is
-none).
+Finished stages are appended to a jsonl file as they end, and the row's
+run state (the method's state and the random states,
+:mod:`mmseg_stag.core.run_state`, as the segmentation loop saves it) is
+written next to it, atomically, after every stage: ``resume=True``
+continues a killed row after its last finished stage, with the numbers of
+the uninterrupted run (a recorded stage followed by a reset is skipped even
+without a state file).
 """
 import copy
 import hashlib
@@ -28,6 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from mmseg_stag.core import (BatchContext, HeadProbe, build_method,
                              use_batch_statistics)
+from mmseg_stag.core.run_state import (load_run_state, rng_state,
+                                       save_run_state, set_rng_state)
 from .data import StreamData
 from .scenarios import Stage
 
@@ -192,6 +197,26 @@ class RowResult:
                     skipped_stages=self.skipped_stages)
 
 
+def state_path(jsonl: str, key: str) -> str:
+    """The run state of row ``key`` next to its jsonl file."""
+    return osp.join(osp.dirname(osp.abspath(jsonl)), 'states', f'{key}.pth')
+
+
+def recorded_state(jsonl: Optional[str], key: str,
+                   done: Dict[int, List[dict]]) -> Optional[dict]:
+    """The saved run state of row ``key`` if every stage up to its stage is
+    fully recorded in the jsonl file (else ``None``: start earlier)."""
+    if not jsonl or not osp.isfile(state_path(jsonl, key)):
+        return None
+    state = load_run_state(state_path(jsonl, key))  # corrupt: clear error
+    if state.get('key') != key:
+        raise ValueError(f'{state_path(jsonl, key)} holds the state of row '
+                         f"{state.get('key')!r}, not {key!r}")
+    complete = all(k in done and len(done[k]) == done[k][0].get(
+        'n_records', -1) for k in range(state['stage'] + 1))
+    return state if complete else None
+
+
 def reseed(seed: int, stage: int) -> None:
     """Seed torch's generator for a stage that starts from the source."""
     torch.manual_seed(int(seed) * 100003 + int(stage))
@@ -279,12 +304,14 @@ def run_row(spec: RowSpec,
     build_method(spec.method).check_output('per_sample')  # before any work
     result = RowResult(spec.name, list(data.names), base=spec.base)
     done = read_records(jsonl, key) if resume else {}
+    saved = recorded_state(jsonl, key, done) if resume else None
     method = None
     start = time.time()
     for k, stage in enumerate(stages):
         next_resets = k + 1 == len(stages) or stages[k + 1].reset
-        if next_resets and k in done and \
-                len(done[k]) == done[k][0].get('n_records', -1):
+        if (saved is not None and k <= saved['stage']) or (
+                next_resets and k in done and
+                len(done[k]) == done[k][0].get('n_records', -1)):
             for rec in done[k]:
                 c = rec['corruption']
                 result.correct[c] = result.correct.get(c, 0) + rec['correct']
@@ -295,7 +322,16 @@ def run_row(spec: RowSpec,
             if log:
                 log(f'[{spec.name}] {stage.name}: recorded, skipped')
             continue
-        if stage.reset or method is None:
+        if saved is not None and k == saved['stage'] + 1 and \
+                not stage.reset:  # continue the killed run's state
+            method = prepare(source, classifier_name, spec, device,
+                             source_data)
+            method.load_state_dict(saved['method'])
+            set_rng_state(saved['rng'])
+            updates_before = method.num_updates
+            if log:
+                log(f'[{spec.name}] resumed after stage {saved["stage"]}')
+        elif stage.reset or method is None:
             reseed(seed, k)
             method = prepare(source, classifier_name, spec, device,
                              source_data)
@@ -337,6 +373,9 @@ def run_row(spec: RowSpec,
             with open(jsonl, 'a', encoding='utf-8') as f:
                 for rec in records:
                     f.write(json.dumps(rec) + '\n')
+            save_run_state(state_path(jsonl, key), dict(
+                key=key, stage=k, method=method.state_dict(),
+                rng=rng_state()))
         if log:
             acc = 100.0 * correct.sum() / max(total.sum(), 1)
             log(f'[{spec.name}] {stage.name}: acc {acc:.2f}% '

@@ -106,11 +106,16 @@ def test_jsonl_progress_and_resume(tmp_path, stream, names, tiny_model):
     assert again.to_dict()['per_corruption'] == \
         first.to_dict()['per_corruption']
     assert again.num_updates == first.num_updates
-    # continual: only the last stage can be skipped
+    # continual: the run state saved after every stage lets every recorded
+    # stage be skipped (without it, only the last: see below)
     cont = build_stream(dict(type='continual', batch_size=16), data, 0)
     run_row(spec, model, 'fc', cont, data, jsonl=jsonl, key='k2', log=None)
     with open(jsonl, 'a') as f:
         f.write('{"key": "k2", "cut')  # a line cut by a crash
+    res = run_row(spec, model, 'fc', cont, data, jsonl=jsonl, key='k2',
+                  resume=True, log=None)
+    assert res.skipped_stages == 3
+    os.remove(runner_mod.state_path(jsonl, 'k2'))
     res = run_row(spec, model, 'fc', cont, data, jsonl=jsonl, key='k2',
                   resume=True, log=None)
     assert res.skipped_stages == 1
@@ -226,3 +231,78 @@ def test_demo_config_runs_on_demo_layout(tmp_path, names):
     saved = json.load(open(osp.join(work, 'results.json')))
     assert [r['name'] for r in saved['rows']] == ['Source', 'TENT',
                                                   'TENT+STAG']
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingData:
+    """The stream's data, raising at the ``at``-th loaded batch (a crash
+    mid-stage)."""
+
+    def __init__(self, data, at):
+        self.data, self.at, self.loaded = data, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+    def load(self, batch):
+        self.loaded += 1
+        if self.loaded == self.at:
+            raise Crash
+        return self.data.load(batch)
+
+
+@pytest.mark.parametrize('method', [
+    dict(TENT, stag=STAG),
+    dict(type='cotta', optimizer=dict(type='SGD', lr=0.5), restore_prob=0.3,
+         num_augs=2, ap=0.9)])
+def test_continual_row_resumes_mid_stream(tmp_path, stream, tiny_model,
+                                          method):
+    """A continual row killed in its third stage continues from the state
+    saved after the second: same counts and same final state (CoTTA's
+    teacher and random restores included) as the uninterrupted row."""
+    data, _ = stream
+    spec = RowSpec('X', method, bn_batch_stats=True)
+    cont = build_stream(dict(type='continual', batch_size=8), data, 0)
+    assert len(cont) == 3 and not any(s.reset for s in cont[1:])
+    whole = str(tmp_path / 'whole' / 'progress.jsonl')
+    os.makedirs(osp.dirname(whole))
+    expected = run_row(spec, tiny_model(), 'fc', cont, data, jsonl=whole,
+                       key='k', log=None)
+    cut = str(tmp_path / 'cut' / 'progress.jsonl')
+    os.makedirs(osp.dirname(cut))
+    per_stage = len(cont[0].batches)
+    with pytest.raises(Crash):
+        run_row(spec, tiny_model(), 'fc', cont,
+                CrashingData(data, 2 * per_stage + 2), jsonl=cut, key='k',
+                log=None)
+    assert torch.load(runner_mod.state_path(cut, 'k'),
+                      weights_only=True)['stage'] == 1
+    got = run_row(spec, tiny_model(), 'fc', cont, data, jsonl=cut, key='k',
+                  resume=True, log=None)
+    assert got.skipped_stages == 2
+    assert got.to_dict()['per_corruption'] == \
+        expected.to_dict()['per_corruption']
+    assert got.num_updates == expected.num_updates
+    a, b = [torch.load(runner_mod.state_path(p, 'k'),
+                       weights_only=True)['method'] for p in (whole, cut)]
+    for part in ('model', 'teacher') if 'teacher' in a else ('model', ):
+        for name in a[part]:
+            assert torch.equal(a[part][name], b[part][name]), name
+
+
+def test_corrupt_row_state_is_refused(tmp_path, stream, tiny_model):
+    data, _ = stream
+    spec = rows_from_config(TENT, STAG, rows=['stag'])[0]
+    cont = build_stream(dict(type='continual', batch_size=16), data, 0)
+    jsonl = str(tmp_path / 'progress.jsonl')
+    run_row(spec, tiny_model(), 'fc', cont, data, jsonl=jsonl, key='k',
+            log=None)
+    path = runner_mod.state_path(jsonl, 'k')
+    with open(path, 'r+b') as f:
+        f.truncate(100)
+    with pytest.raises(RuntimeError, match='corrupt or truncated'):
+        run_row(spec, tiny_model(), 'fc', cont, data, jsonl=jsonl, key='k',
+                resume=True, log=None)
