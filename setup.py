@@ -47,6 +47,8 @@ setup(
         'demo': ['scikit-image', 'imagecorruptions-imaug', 'mlxtend'],
         # ImageNet-C models: torchvision ResNet-50, timm ResNet-50-GN/ViT-B
         'cls': ['torchvision', 'timm'],
+        # tools/sweep.py: many runs on many GPUs/nodes (Ray Tune)
+        'sweep': ['ray[tune]>=2.9'],
     },
     zip_safe=False,
 )

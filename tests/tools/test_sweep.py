@@ -1,0 +1,126 @@
+"""``tools/sweep.py``: four tiny runs (two methods x two beta0) on a local
+Ray instance with two CPU workers, one of them killed mid-way (reported as
+failed, the others finish, one table and one figure gather them); and the
+bad inputs refused before Ray starts."""
+import json
+import os
+import os.path as osp
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
+
+ray = pytest.importorskip('ray', reason='the sweep extra: pip install -e '
+                          "'.[sweep]' (tools/install_env.sh installs it)")
+
+SWEEP = osp.join(REPO, 'tools', 'sweep.py')
+TENT, BN = (osp.join(REPO, SEG_CFG.format(m))
+            for m in ('tent-stag', 'bn-adapt-stag'))
+GRID = 'test_cfg.method.stag.beta0=100,500'
+
+
+def sweep_cmd(work_dir, checkpoint, *extra, configs=(TENT, BN)):
+    cmd = [sys.executable, SWEEP, '--work-dir', str(work_dir)]
+    for config in configs:
+        cmd += ['--run', config, checkpoint]
+    return cmd + list(extra)
+
+
+def env():
+    return dict(os.environ, OMP_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='',
+                RAY_DEDUP_LOGS='0')
+
+
+def test_sweep_on_local_ray_with_a_killed_run(tiny_acdc, tiny_checkpoint,
+                                              tmp_path):
+    work = tmp_path / 'sweep'
+    cmd = sweep_cmd(work, tiny_checkpoint, '--grid', GRID, '--num-cpus',
+                    '2', '--cfg-options',
+                    *as_cli(tiny_options(tiny_acdc, rounds=1)))
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    victim = ('segformer_mit-b5_acdc-continual_bn-adapt-stag@tiny_segformer,'
+              'beta0=500,seed=0')
+    pid_file = work / 'runs' / victim / 'pid'
+    deadline = time.time() + 600
+    while not pid_file.exists() and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.2)
+    time.sleep(0.2)  # the pid is written right after the run started
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-5000:]
+
+    with open(work / 'sweep_results.json') as f:
+        rows = {r['name']: r for r in json.load(f)['runs']}
+    assert len(rows) == 4
+    assert rows[victim]['status'].startswith('failed:'), rows[victim]
+    assert 'killed by signal 9' in rows[victim]['status']
+    for name, row in rows.items():
+        if name != victim:
+            assert row['status'] == 'finished', row
+            assert row['stages_done'] == 4
+            assert row['mean_mIoU'] is not None
+            assert {'r1 fog', 'r1 snow', 'mean night'} <= set(row)
+    assert {row['test_cfg.method.stag.beta0'] for row in rows.values()} == \
+        {100, 500}
+    # each finished run's numbers are its own tools/test.py results
+    for name, row in rows.items():
+        if name != victim:
+            with open(work / 'runs' / name / 'continual_results.json') as f:
+                assert row['r1 fog'] == json.load(f)['stages'][0]['mIoU']
+    for ext in ('csv', 'md', 'png'):
+        assert (work / f'sweep_results.{ext}').stat().st_size > 0
+    assert 'failed' in (work / 'sweep_results.md').read_text()
+
+
+def run_quick(cmd):
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_unknown_grid_key_is_refused_before_ray(tiny_checkpoint, tmp_path):
+    proc = run_quick(sweep_cmd(tmp_path, tiny_checkpoint, '--grid',
+                               'test_cfg.method.stag.beta_0=1,2'))
+    assert proc.returncode != 0
+    assert "--grid key 'test_cfg.method.stag.beta_0' is not a setting" in \
+        proc.stderr
+    assert "test_cfg.method.stag has no 'beta_0'" in proc.stderr
+    assert 'Started a local Ray instance' not in proc.stdout + proc.stderr
+    # an argument the method takes at its default is a setting
+    from tools.sweep import check_key
+    from mmengine.config import Config
+    cfg = Config.fromfile(TENT).to_dict()
+    assert check_key(cfg, 'test_cfg.method.optimizer.lr') is None
+    assert check_key(cfg, 'test_cfg.method.reset_optimizer_per_stage') is None
+    assert check_key(cfg, 'test_cfg.method.loss') is None
+    assert 'has no' in check_key(cfg, 'test_cfg.method.no_such_option')
+
+
+def test_silent_ray_address_is_refused(tiny_checkpoint, tmp_path):
+    proc = run_quick(sweep_cmd(tmp_path, tiny_checkpoint, '--address',
+                               '127.0.0.1:9'))
+    assert proc.returncode != 0
+    assert 'the Ray cluster at --address 127.0.0.1:9 does not answer' in \
+        proc.stderr
+
+
+def test_missing_files_and_no_runs(tiny_checkpoint, tmp_path):
+    proc = run_quick(sweep_cmd(tmp_path, str(tmp_path / 'nope.pth')))
+    assert 'file not found' in proc.stderr and 'nope.pth' in proc.stderr
+    proc = run_quick([sys.executable, SWEEP, '--work-dir', str(tmp_path)])
+    assert 'no run' in proc.stderr
+
+
+def test_without_ray_the_command_says_how_to_install_it(tiny_checkpoint,
+                                                        tmp_path):
+    code = ("import sys, runpy; sys.modules['ray'] = None; "
+            f"sys.argv = {sweep_cmd(tmp_path, tiny_checkpoint)[1:]!r}; "
+            f"runpy.run_path({SWEEP!r}, run_name='__main__')")
+    proc = run_quick([sys.executable, '-c', code])
+    assert proc.returncode != 0
+    assert "pip install -e '.[sweep]'" in proc.stderr
