@@ -275,3 +275,56 @@ def test_bad_mask_and_modes_raise():
     with pytest.raises(ValueError, match='label'):
         stag.stag_alignment(torch.randn(2, 3), torch.randn(2, 4),
                             torch.randn(4, 3), label='nope')
+
+
+def test_feature_norm_equals_vector_norm_values_and_gradients():
+    """The one-pass norm of the lean STAG term: PyTorch's values and
+    gradients (0 at a zero feature vector, as PyTorch's subgradient)."""
+    base = torch.randn(2, 6, 3, 4, dtype=DTYPE)
+    base[1, :, 2, 1] = 0.0  # a zero feature vector
+    grad_out = torch.randn(2, 1, 3, 4, dtype=DTYPE)
+    ours = base.clone().requires_grad_()
+    ref = base.clone().requires_grad_()
+    n_ours = stag.feature_norm(ours)
+    n_ref = torch.linalg.vector_norm(ref, dim=1, keepdim=True)
+    torch.testing.assert_close(n_ours, n_ref, rtol=0, atol=0)
+    n_ours.backward(grad_out)
+    n_ref.backward(grad_out)
+    torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-15, atol=1e-15)
+    assert torch.all(ours.grad[1, :, 2, 1] == 0)
+    flat = torch.randn(5, 7, dtype=DTYPE, requires_grad=True)
+    assert torch.autograd.gradcheck(stag.feature_norm, (flat, ))
+
+
+@pytest.mark.parametrize('label', ['hard', 'soft'])
+def test_per_pixel_loss_gradients_equal_the_vector_norm_formula(label):
+    """The whole per-pixel term (classifier frozen: projections from the
+    logits) against the same formula written with ``vector_norm``."""
+    from mmseg_stag.core import STAGLoss
+    weight, bias = make_classifier(num_classes=4, dim=6, seed=5)
+    anchors = stag.structural_anchors(weight, bias)
+    base = torch.randn(2, 6, 3, 5, dtype=DTYPE)
+    base[0, :, 1, 1] = 0.0
+
+    def naive(h):
+        logits = F.conv2d(h, weight[:, :, None, None], bias)
+        p = F.softmax(logits, 1)
+        sens = -p * (F.log_softmax(logits, 1) + entropy(logits, 1)[:, None])
+        proj = torch.einsum('ndhw,cd->nchw', h, anchors)
+        norm = torch.linalg.vector_norm(h, dim=1, keepdim=True)
+        a_norm = anchors.norm(dim=1).view(1, -1, 1, 1)
+        cos = sens * proj / (sens.abs() * norm * a_norm + 1e-8)
+        if label == 'hard':
+            return -cos.gather(1, logits.argmax(1, keepdim=True)).mean()
+        return -(p * cos).sum(1).mean()
+
+    ours = base.clone().requires_grad_()
+    logits = F.conv2d(ours, weight[:, :, None, None], bias)
+    loss = STAGLoss(label=label)(ours, logits, weight[:, :, None, None],
+                                 bias)
+    loss.backward()
+    ref = base.clone().requires_grad_()
+    expected = naive(ref)
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(ours.grad, ref.grad, rtol=1e-10, atol=1e-12)
