@@ -219,7 +219,7 @@ def online_gradient(features: torch.Tensor,
     return sens.unsqueeze(1) * features
 
 
-def _project_on_anchors(features: torch.Tensor,
+def project_on_anchors(features: torch.Tensor,
                         anchors: torch.Tensor) -> torch.Tensor:
     """``h . a_k`` for every class ``k``: ``[N, C]`` or ``[N, C, H, W]``.
 
@@ -269,7 +269,12 @@ class _FeatureNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, features):
+        # half/bfloat16 features: accumulated in float32 by PyTorch, the
+        # [N, 1, ...] result rounded once, then kept in float32 (a float32
+        # copy of the D-sized features would cost what it saves)
         norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
+        if norm.dtype in (torch.float16, torch.bfloat16):
+            norm = norm.float()
         ctx.save_for_backward(features, norm)
         return norm
 
@@ -278,7 +283,7 @@ class _FeatureNorm(torch.autograd.Function):
     def backward(ctx, grad):
         features, norm = ctx.saved_tensors
         scale = torch.where(norm > 0, grad / norm, torch.zeros_like(grad))
-        return features * scale
+        return features * scale.to(features.dtype)
 
 
 def feature_norm(features: torch.Tensor) -> torch.Tensor:
@@ -319,7 +324,7 @@ def stag_alignment(features: torch.Tensor,
     h_norm = feature_norm(features)
     anchor_norm = torch.linalg.vector_norm(anchors, dim=1)
     anchor_norm = anchor_norm.view((1, -1) + (1, ) * (features.dim() - 2))
-    proj = _project_on_anchors(features, anchors) if projections is None \
+    proj = project_on_anchors(features, anchors) if projections is None \
         else projections
     sens_all = entropy_logit_gradient(logits, dim=1)
     if label == 'hard':

@@ -149,17 +149,27 @@ class STAGLoss(nn.Module):
         mask = self._to_bool_mask(valid_mask)
         stag.check_inputs(features, logits, num_classes=weight.shape[0],
                           feature_dim=weight.shape[1], valid_mask=mask)
-        anchors = self.anchors(cls_weight, cls_bias).to(features.dtype)
-        projections = None
-        if not cls_weight.requires_grad:
-            # a trainable bias enters z and (z - b) alike: no gradient
-            projections = stag.projections_from_logits(
-                logits, self._coefficients, cls_bias)
-        per_sample = stag.stag_alignment(features, logits, anchors,
-                                         eps=self.eps, label=self.label,
-                                         projections=projections)
-        loss = stag.check_finite_loss(stag.reduce_batch_loss(per_sample, mask),
-                                      features=features, logits=logits)
+        # mixed precision: the term in float32 (autocast off, the C-sized
+        # tensors upcast; the D-sized features stay as they are, their norm
+        # is accumulated in float32, see stag.feature_norm)
+        dtype = torch.float32 if features.dtype in (
+            torch.float16, torch.bfloat16) else features.dtype
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            logits = logits.to(dtype)
+            anchors = self.anchors(cls_weight, cls_bias).to(dtype)
+            if not cls_weight.requires_grad:
+                # a trainable bias enters z and (z - b) alike: no gradient
+                projections = stag.projections_from_logits(
+                    logits, self._coefficients, cls_bias)
+            else:
+                projections = stag.project_on_anchors(
+                    features, anchors.to(features.dtype)).to(dtype)
+            per_sample = stag.stag_alignment(features, logits, anchors,
+                                             eps=self.eps, label=self.label,
+                                             projections=projections)
+            loss = stag.check_finite_loss(
+                stag.reduce_batch_loss(per_sample, mask), features=features,
+                logits=logits)
         return self.loss_weight * loss
 
     @property

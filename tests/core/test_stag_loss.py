@@ -207,3 +207,33 @@ def test_class_token_view_does_not_keep_the_token_map():
     torch.testing.assert_close(value, ref_value)
     torch.testing.assert_close(grad, ref_grad)
     assert grad.abs().max() > 0
+
+
+@pytest.mark.parametrize('frozen', [True, False])
+def test_mixed_precision_term_is_float32(frozen):
+    """Under bfloat16 autocast the term is computed in float32 (its value
+    and its gradients agree with a float32 computation to bfloat16's
+    rounding of the inputs); gradients reach the features in their own
+    dtype."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(16, 5, 1)
+    conv.weight.requires_grad_(not frozen)
+    base = torch.randn(2, 16, 5, 6).bfloat16().float()  # exact in bf16
+    loss_fn = STAGLoss()
+
+    ref_h = base.clone().requires_grad_()
+    ref = loss_fn(ref_h, conv(ref_h), conv.weight, conv.bias)
+    ref.backward()
+
+    h = base.bfloat16().requires_grad_()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        logits = conv(h)
+        assert logits.dtype == torch.bfloat16
+        loss = loss_fn(h, logits, conv.weight, conv.bias)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert h.grad.dtype == torch.bfloat16
+    # bf16 logits carry ~3 significant digits
+    torch.testing.assert_close(loss, ref, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(h.grad.float(), ref_h.grad, rtol=5e-2,
+                               atol=5e-4)

@@ -1,4 +1,5 @@
 """``OnlineAdaptationLoop``: MMSeg's test loop that adapts the model online."""
+import contextlib
 import functools
 import os.path as osp
 from typing import List, Optional, Sequence, Union
@@ -7,7 +8,7 @@ import torch
 from mmengine.dist import get_world_size
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmengine.runner import TestLoop, autocast
+from mmengine.runner import TestLoop
 from mmengine.structures import PixelData
 from mmseg.registry import LOOPS
 from torch.utils.data import DataLoader
@@ -18,6 +19,8 @@ from mmseg_stag.core.run_state import (flatten_settings, load_run_state,
                                        set_rng_state, settings_differences,
                                        weights_fingerprint)
 
+#: ``mixed_precision`` values: the autocast dtype of the forward passes
+MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 #: the run state a resumable stream saves at every stage boundary
 STATE_FILE = 'online_adaptation_state.pth'
 #: config keys that do not change a run's numbers (a resumed run may change
@@ -70,7 +73,14 @@ class OnlineAdaptationLoop(TestLoop):
             (``mmseg_stag.core.METHODS``).
         classifier (str): module name of the decode head's 1x1 classifier.
             Default: ``'decode_head.conv_seg'`` (every MMSeg decode head).
-        fp16 (bool): autocast the forward pass. Default: False.
+        fp16 (bool): MMEngine's ``TestLoop`` flag, the same as
+            ``mixed_precision='fp16'``. Default: False.
+        mixed_precision (str, optional): ``'bf16'`` or ``'fp16'``: each
+            batch's forward passes (and the method's loss) under
+            ``torch.autocast`` with that dtype; the STAG term stays in
+            float32 and the parameters and optimizer in float32. bf16 is
+            the one to use: fp16 has no loss scaling here, so very small
+            gradients can underflow. Default: None (float32).
         main_view (int, optional): with a multi-view pipeline
             (``ScaleFlipViews`` or MMCV's ``TestTimeAug``, for CoTTA's
             teacher): the view the model adapts on and the metric scores,
@@ -101,7 +111,8 @@ class OnlineAdaptationLoop(TestLoop):
                  main_view: Optional[int] = None,
                  source_dataloader: Optional[Union[dict, object]] = None,
                  save_state: bool = True,
-                 resume: bool = False):
+                 resume: bool = False,
+                 mixed_precision: Optional[str] = None):
         if get_world_size() > 1:
             raise RuntimeError(DISTRIBUTED_ERROR.format(n=get_world_size()))
         self.method = build_method(method)  # bad options fail here
@@ -119,7 +130,15 @@ class OnlineAdaptationLoop(TestLoop):
                 'test_cfg.source_dataloader (see configs/_base_/datasets/'
                 'cityscapes_source.py), or configure the method without it '
                 '(EATA: fisher_alpha=0)')
-        super().__init__(runner, dataloader, evaluator, fp16)
+        if mixed_precision not in (None, *MIXED_PRECISION):
+            raise ValueError(f'mixed_precision must be one of '
+                             f'{sorted(MIXED_PRECISION)} or None, got '
+                             f'{mixed_precision!r}')
+        if fp16 and mixed_precision not in (None, 'fp16'):
+            raise ValueError(f'fp16=True contradicts mixed_precision='
+                             f'{mixed_precision!r}')
+        self.mixed_precision = 'fp16' if fp16 else mixed_precision
+        super().__init__(runner, dataloader, evaluator, fp16=False)
         self.main_view = pipeline_main_view(self.dataloader.dataset) \
             if main_view is None else int(main_view)
         self.save_state, self.resume = bool(save_state), bool(resume)
@@ -334,7 +353,7 @@ class OnlineAdaptationLoop(TestLoop):
             views=[self.view(model, v) for v in views]
             if len(views) > 1 else None, main_view=self.main_view)
         with torch.set_grad_enabled(self.method.updates), \
-                autocast(enabled=self.fp16):
+                self.autocast(inputs):
             prediction, stats = self.method.adapt(ctx)
         if prediction.is_floating_point():  # logits at the input size
             outputs = postprocess(prediction)
@@ -346,6 +365,16 @@ class OnlineAdaptationLoop(TestLoop):
         self.runner.call_hook(
             'after_test_iter', batch_idx=idx, data_batch=data_batch,
             outputs=outputs)
+
+
+    def autocast(self, inputs):
+        """``torch.autocast`` on the inputs' device, if configured."""
+        if self.mixed_precision is None:
+            return contextlib.nullcontext()
+        device = inputs.device.type if torch.is_tensor(inputs) else 'cuda' \
+            if torch.cuda.is_available() else 'cpu'
+        return torch.autocast(device_type=device,
+                              dtype=MIXED_PRECISION[self.mixed_precision])
 
 
 class Postprocess:

@@ -388,11 +388,15 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
      "tent loss must be one of .*'entropie'"),
     ({'test_cfg.classifier': 'decode_head.nope'}, ValueError,
      "no module 'decode_head.nope'"),
+    ({'test_cfg.mixed_precision': 'fp8'}, ValueError,
+     r"mixed_precision must be one of \['bf16', 'fp16'\] or None, got "
+     "'fp8'"),
     ({'test_cfg.classifier': 'backbone.layers.0.0.projection'}, ValueError,
      r"'backbone.layers.0.0.projection'.*kernel_size=\(7, 7\).*head without "
      'a 1x1 classifier'),
 ], ids=['unknown-method', 'upper-case-name', 'eata-without-source-data',
-        'bad-option', 'no-such-classifier', 'classifier-not-1x1'])
+        'bad-option', 'no-such-classifier', 'bad-mixed-precision',
+        'classifier-not-1x1'])
 def test_config_error_fails_before_the_first_batch(option, error, match,
                                                    tiny_acdc,
                                                    tiny_checkpoint, tmp_path,
@@ -419,3 +423,24 @@ def test_distributed_guard(tiny_acdc, tiny_checkpoint, tmp_path,
     assert DISTRIBUTED_ERROR.format(n=2) in str(err.value)
     assert 'cannot be split across 2 ranks' in str(err.value)
     assert_nothing_ran(recorder, tmp_path)
+
+
+def test_bf16_mixed_precision(tiny_acdc, tiny_checkpoint, tmp_path):
+    """``mixed_precision='bf16'``: the forward runs in bfloat16, the STAG
+    term and the parameters stay float32, and the stream's numbers stay
+    close to the float32 run's."""
+    results = {}
+    for mode in (None, 'bf16'):
+        runner = make_runner('tent-stag', tiny_acdc, tiny_checkpoint,
+                             tmp_path / str(mode),
+                             extra={'test_cfg.mixed_precision': mode})
+        seen = []
+        conv = runner.model.decode_head.conv_seg
+        conv.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        results[mode] = runner.test()
+        expected = torch.bfloat16 if mode else torch.float32
+        assert seen and set(seen) == {expected}
+        assert all(p.dtype == torch.float32
+                   for p in runner.model.parameters())
+    for key, value in results[None].items():
+        assert abs(results['bf16'][key] - value) < 5.0, key
