@@ -16,7 +16,9 @@ Steps (each is skipped when its result is already in the work dir):
    with the ``configs/demo/`` configs (the real configs on a small model),
    painting the last round's predictions;
 5. print the paper-style table per method and a final comparison, and write
-   ``demo_summary.json`` / ``demo_summary.md``.
+   ``demo_summary.json`` / ``demo_summary.md`` and one figure of all
+   methods per condition across rounds, ``demo_comparison.png`` (with
+   ``demo_comparison.{csv,json,md}``).
 
 This is a stand-in, not the paper's benchmark: small synthetic scenes with
 real photographic textures and real corruption code.
@@ -167,6 +169,20 @@ def summarise(results, betas, seconds, path_json, path_md):
     return table
 
 
+def compare(results, betas, work_dir):
+    """All methods in one figure (mIoU per condition across rounds, a line
+    per method, like the paper's Figure continual_graph) and one table:
+    ``demo_comparison.{png,csv,json,md}``."""
+    from mmseg_stag.segmentation.evaluation.comparison import \
+        write_comparison
+    runs = [dict(name=method + (f' (beta0={betas[method]:g})'
+                                if method in betas else ''),
+                 stages=res['stages']) for method, res in results.items()]
+    return write_comparison(work_dir, runs, prefix='demo_comparison',
+                            title='make demo: mIoU per condition across '
+                            'rounds')['png']
+
+
 def main():
     parser = argparse.ArgumentParser(
         description='Offline continual adaptation demo on a built-in '
@@ -225,8 +241,9 @@ def main():
     table = summarise(results, betas, seconds,
                       osp.join(args.work_dir, 'demo_summary.json'),
                       osp.join(args.work_dir, 'demo_summary.md'))
+    figure = compare(results, betas, args.work_dir)
     print('\n[5/5] continual stand-in benchmark, mIoU (%) per round and mean '
-          'over stages:\n' + table)
+          'over stages:\n' + table + f'\n\ncomparison figure: {figure}')
     print(f'\nper-method tables, JSON/CSV/PNG and last-round segmentation '
           f'maps: {args.work_dir}/<method>/; total {seconds / 60:.1f} min')
 

@@ -34,3 +34,8 @@ def test_reduced_demo_end_to_end(tmp_path):
     torch.load(work / 'source_model.pth', weights_only=True)
     assert '| tent-stag (beta0=100) |' in proc.stdout
     assert 'round 2' in (work / 'demo_summary.md').read_text()
+    assert (work / 'demo_comparison.png').stat().st_size > 0
+    comparison = json.loads((work / 'demo_comparison.json').read_text())
+    assert [r['name'] for r in comparison['runs']] == \
+        ['source', 'tent', 'tent-stag (beta0=100)']
+    assert all(r['stages_done'] == 8 for r in comparison['runs'])

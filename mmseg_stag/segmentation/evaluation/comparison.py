@@ -111,32 +111,46 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
     return paths
 
 
+def short_labels(names: Sequence[str]) -> List[str]:
+    """Legend labels: the ``,``-separated parts of the run names that not
+    all runs share (``'cfg@ckpt,beta0=100,seed=0'`` -> ``'beta0=100'``)."""
+    parts = [name.split(',') for name in names]
+    common = set.intersection(*map(set, parts)) if len(parts) > 1 else set()
+    return [','.join(p for p in ps if p not in common) or name
+            for ps, name in zip(parts, names)]
+
+
 def plot_comparison(path: str, runs: Sequence[dict],
                     conditions: Sequence[str], title: str) -> None:
     """One panel per condition: mIoU vs round, a line per run."""
     # an explicit Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
     n = max(len(conditions), 1)
-    fig = Figure(figsize=(3.2 * n, 3.4))
+    labels = short_labels([run['name'] for run in runs])
+    ncol = min(len(runs), 3) or 1
+    legend_rows = -(-len(runs) // ncol)
+    height = 3.0 + 0.25 * legend_rows
+    fig = Figure(figsize=(3.2 * n, height))
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(1, n, i + 1) for i in range(n)]
     for ax, condition in zip(axes, conditions):
-        for run in runs:
+        for run, label in zip(runs, labels):
             pts = sorted((s['round'], s['mIoU']) for s in run['stages']
                          if s['condition'] == condition)
             if pts:
-                ax.plot(*zip(*pts), marker='o', markersize=3,
-                        label=run['name'])
+                ax.plot(*zip(*pts), marker='o', markersize=3, label=label)
         ax.set_title(condition)
         ax.set_xlabel('round')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.ticklabel_format(axis='y', useOffset=False, style='plain')
         ax.grid(alpha=.3)
     axes[0].set_ylabel('mIoU (%)')
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, names = axes[0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc='lower center',
-                   ncol=min(len(labels), 4), fontsize='small')
+        fig.legend(handles, names, loc='lower center', ncol=ncol,
+                   fontsize='small', frameon=False)
     fig.suptitle(title)
-    rows_of_legend = (len(labels) + 3) // 4 if handles else 0
-    fig.tight_layout(rect=(0, 0.07 * rows_of_legend, 1, 1))
+    fig.tight_layout(rect=(0, 0.25 * legend_rows / height + 0.02, 1, 1))
     fig.savefig(path, dpi=120)
