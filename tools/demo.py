@@ -98,9 +98,10 @@ def evaluate(args, method, ckpt, data_root, work_dir, rounds, extra=(),
     cmd = ['tools/test.py', TEST_CFG.format(method), ckpt, '--work-dir',
            work_dir]
     opts = test_options(args, method, data_root, rounds, extra)
-    if show:
+    if show:  # the last image of each condition (painting costs 4x a step)
         cmd += ['--show-dir', osp.join(work_dir, 'segmaps')]
-        opts.append('default_hooks.visualization.interval=1')
+        opts.append('default_hooks.visualization.interval='
+                    f'{args.per_condition}')
     run(cmd + ['--cfg-options'] + opts, quiet=quiet)
     with open(osp.join(work_dir, 'continual_results.json')) as f:
         return json.load(f)
