@@ -6,8 +6,9 @@ after a warm-up (A, B, A, B, ...), one adaptation step of the baseline and
 one of the baseline + STAG, each on its own copy of the model and the same
 input, and measures per step:
 
-* wall time (the median and the fastest step, the estimate least
-  affected by other load on the machine);
+* time (the median and the fastest step, the estimate least affected by
+  other load on the machine): CUDA events around the step on a GPU,
+  wall time on the CPU;
 * peak memory above the step's starting point: CPU RSS sampled every 0.5 ms
   by a thread (CUDA: ``torch.cuda.max_memory_allocated``);
 * memory saved for the backward pass: the distinct storages autograd
@@ -297,14 +298,37 @@ class SavedForBackward:
         self.mb = sum(self.storages.values()) / 2**20
 
 
+class StepTimer:
+    """Seconds of the block: CUDA events around it on a GPU (the kernels'
+    time, read after a synchronisation), ``perf_counter`` on the CPU."""
+
+    def __init__(self, cuda=None):
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+
+    def __enter__(self):
+        if self.cuda:
+            self.events = [torch.cuda.Event(enable_timing=True)
+                           for _ in range(2)]
+            self.events[0].record()
+        else:
+            self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.events[1].record()
+            torch.cuda.synchronize()
+            self.seconds = self.events[0].elapsed_time(self.events[1]) / 1e3
+        else:
+            self.seconds = time.perf_counter() - self.start
+
+
 def measure(step, method, counter):
     f0, b0 = counter.forwards, counter.backwards
     with PeakMemory() as mem, SavedForBackward() as saved:
-        start = time.perf_counter()
-        step(method)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        with StepTimer() as timer:
+            step(method)
+        seconds = timer.seconds
     return dict(seconds=seconds, peak_mb=mem.delta_mb, saved_mb=saved.mb,
                 forwards=counter.forwards - f0,
                 backwards=counter.backwards - b0)
@@ -358,15 +382,13 @@ def time_stag_term(task, stag, repeats=10):
     for i in range(repeats + 1):
         leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
                   for f, z in head_outputs]
-        start = time.perf_counter()
-        loss = mean_over_outputs(
-            lambda f, z: loss_fn(f, z, classifier.weight, classifier.bias),
-            leaves)
-        (beta * loss).backward()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        with StepTimer() as timer:
+            loss = mean_over_outputs(
+                lambda f, z: loss_fn(f, z, classifier.weight,
+                                     classifier.bias), leaves)
+            (beta * loss).backward()
         if i:  # the first call computes the (cached) anchors
-            times.append(time.perf_counter() - start)
+            times.append(timer.seconds)
     return statistics.median(times)
 
 
@@ -458,7 +480,9 @@ def main():
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     machine = dict(platform=platform.platform(), processor=platform.machine(),
                    cpus=os.cpu_count(), torch=torch.__version__,
-                   threads=torch.get_num_threads(), device=device)
+                   threads=torch.get_num_threads(), device=device,
+                   gpu=torch.cuda.get_device_name(0)
+                   if device == 'cuda' else None)
     print(f'machine: {machine}; segmentation input {args.size[0]}x'
           f'{args.size[1]}, classification {args.batch_size}x3x'
           f'{args.cls_size}x{args.cls_size}; {args.warmup} warm-up + '

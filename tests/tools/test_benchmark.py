@@ -4,6 +4,7 @@ import os.path as osp
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tools import benchmark
@@ -64,3 +65,31 @@ def test_saved_for_backward_counts_distinct_storages():
     assert saved.mb * 2**20 == 3 * 4000
     z.backward()
     assert torch.equal(x.grad, 2 * 2 * x.detach())
+
+
+def test_step_timer_on_the_cpu():
+    with benchmark.StepTimer(cuda=False) as timer:
+        torch.ones(100).sum()
+    assert timer.seconds > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+def test_benchmark_on_cuda(tmp_path):
+    """The same tool on a GPU: CUDA events, max_memory_allocated, the same
+    pass counts."""
+    with benchmark.StepTimer() as timer:
+        torch.ones(1000, device='cuda').sum()
+    assert timer.cuda and timer.seconds > 0
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+         'b0', '--methods', 'tent', '--size', '128', '64', '--steps', '2',
+         '--warmup', '1', '--out', str(out)], capture_output=True,
+        text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert 'cuda' in json.dumps(data['machine']).lower()
+    tent = data['models']['b0']['tent']
+    assert (tent['tent+stag']['forwards'], tent['tent+stag']['backwards']) \
+        == (1, 1)
+    assert tent['tent+stag']['peak_mb'] > 0
