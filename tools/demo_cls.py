@@ -61,6 +61,7 @@ SCENARIOS = {
              ('bn_adapt', 'tent', 'eata', 'sar', 'deyo'), ('bn', 'gn', 'ln')),
 }
 METHODS = ('bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta')
+BETA_GRID = (1.0, 30.0, 1000.0)
 TRAIN_EPOCHS = {'bn': 8, 'gn': 12, 'ln': 16}
 #: Method options of the demo beyond the defaults (which follow the
 #: authors' ImageNet code); the optimizer is set for all by ``--lr``.
@@ -92,7 +93,9 @@ def parse_args(argv=None):
     p.add_argument('--n-test', type=int, default=1000,
                    help='test digits per corruption (default 1000)')
     p.add_argument('--beta-grid', type=float, nargs='+',
-                   default=[10.0, 50.0, 250.0])
+                   default=list(BETA_GRID),
+                   help='beta0 values tried on the first corruption (three '
+                   'decades: STAG nearly off to strong)')
     p.add_argument('--gamma-grid', type=float, nargs='+',
                    default=[10.0, 100.0])
     p.add_argument('--lr', type=float, default=1e-3,
@@ -267,6 +270,16 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log):
                 rows=[r.to_dict() for r in results], metric=metric)
 
 
+def grid_edge(choice, args):
+    """' (grid minimum)' / ' (grid maximum)' when beta0 is at an end of the
+    grid (the minimum: STAG nearly off)."""
+    if len(args.beta_grid) > 1 and choice['beta0'] == min(args.beta_grid):
+        return ' (grid minimum)'
+    if len(args.beta_grid) > 1 and choice['beta0'] == max(args.beta_grid):
+        return ' (grid maximum)'
+    return ''
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
@@ -297,11 +310,15 @@ def main(argv=None):
         json.dump(summary, f, indent=2)
     lines = ['# Classification demo (corrupted MNIST, severity 5)', '',
              f'Clean test accuracy: ' + ', '.join(
-                 f'{NETS[n][0]} {a:.1f}%' for n, a in clean.items()), '']
+                 f'{NETS[n][0]} {a:.1f}%' for n, a in clean.items()), '',
+             f'STAG grid: beta0 in {args.beta_grid}, gamma in '
+             f'{args.gamma_grid}; "(grid minimum)": the smallest beta0 won '
+             '(STAG nearly off), "(grid maximum)": the largest.', '']
     for key, res in summary['settings'].items():
         lines += [f'## {key}', '', '```', res['table'], '```', '',
                   'STAG (chosen on the first corruption): ' + ', '.join(
-                      f'{m} beta0={c["beta0"]:g} gamma={c["gamma"]:g}'
+                      f'{m} beta0={c["beta0"]:g}{grid_edge(c, args)} '
+                      f'gamma={c["gamma"]:g}'
                       for m, c in res['choices'].items()), '']
     lines.append(f'Total time: {elapsed / 60:.1f} min')
     with open(osp.join(args.work_dir, 'summary.md'), 'w') as f:
