@@ -35,7 +35,8 @@ forward with gradients for the loss.
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
         [--size 960 540] [--cls-size 224] [--batch-size 64]
-        [--steps 5] [--warmup 2] [--out benchmark.json]
+        [--steps 5] [--warmup 2] [--mixed-precision bf16|fp16]
+        [--out benchmark.json]
 
 Prints medians, the +STAG/baseline ratio with its spread (min-max of the
 per-pair ratios) and writes JSON. Random weights: timing does not depend on
@@ -323,10 +324,22 @@ class StepTimer:
             self.seconds = time.perf_counter() - self.start
 
 
-def measure(step, method, counter):
+def mixed_precision(dtype):
+    """``torch.autocast`` with ``dtype`` (``'bf16'``/``'fp16'``) on the
+    device in use, as ``OnlineAdaptationLoop(mixed_precision=...)`` runs a
+    batch; a null context for ``None``."""
+    import contextlib
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(
+        device_type='cuda' if torch.cuda.is_available() else 'cpu',
+        dtype=dict(bf16=torch.bfloat16, fp16=torch.float16)[dtype])
+
+
+def measure(step, method, counter, dtype=None):
     f0, b0 = counter.forwards, counter.backwards
     with PeakMemory() as mem, SavedForBackward() as saved:
-        with StepTimer() as timer:
+        with StepTimer() as timer, mixed_precision(dtype):
             step(method)
         seconds = timer.seconds
     return dict(seconds=seconds, peak_mb=mem.delta_mb, saved_mb=saved.mb,
@@ -334,7 +347,7 @@ def measure(step, method, counter):
                 backwards=counter.backwards - b0)
 
 
-def interleave(arms, steps, warmup):
+def interleave(arms, steps, warmup, dtype=None):
     """``arms``: name -> (step function, method, counter). Runs warm-up
     steps, then ``steps`` rounds of every arm in turn."""
     records = {name: [] for name in arms}
@@ -343,7 +356,7 @@ def interleave(arms, steps, warmup):
         for name in order:
             step, method, counter = arms[name]
             with counter:
-                rec = measure(step, method, counter)
+                rec = measure(step, method, counter, dtype)
             if i >= warmup:
                 records[name].append(rec)
     return records
@@ -367,12 +380,15 @@ def ratio_stats(a, b, key):
                 max=max(ratios))
 
 
-def time_stag_term(task, stag, repeats=10):
+def time_stag_term(task, kind, stag, repeats=10):
     """Median seconds of the STAG term alone, forward and backward, on the
-    classifier inputs/outputs of one real forward: what +STAG adds to a
-    step, measured without the noise of the whole step."""
+    classifier inputs/outputs of one real forward of the model as ``kind``
+    configures it (TENT/BN Adapt freeze the classifier, so the term takes
+    its projections from the logits): what +STAG adds to a step, measured
+    without the noise of the whole step."""
     from mmseg_stag.core import STAGLoss, mean_over_outputs
-    model = task.base
+    method, _ = task.make_method(kind, stag)
+    model = method.model
     with torch.no_grad():
         _, head_outputs = task.forward(model, task.inputs)
     classifier = task.forward.classifier(model)
@@ -406,7 +422,8 @@ def run_model(name, args, device):
             method, counter = task.make_method('tent', None)
             arms['tent two-forward reference'] = (task.two_forward_step,
                                                   method, counter)
-        records = interleave(arms, args.steps, args.warmup)
+        records = interleave(arms, args.steps, args.warmup,
+                             args.mixed_precision)
         res = {label: dict(summary(recs), steps=recs)
                for label, recs in records.items()}
         plus = f'{kind}+stag'
@@ -416,7 +433,7 @@ def run_model(name, args, device):
                                                'peak_mb')
         res['stag_saved_ratio'] = ratio_stats(records[kind], records[plus],
                                               'saved_mb')
-        term = time_stag_term(task, task.stag[kind])
+        term = time_stag_term(task, kind, task.stag[kind])
         res['stag_term'] = dict(seconds=term,
                                 fraction_of_step=term / res[kind]['seconds'])
         if 'tent two-forward reference' in records:
@@ -470,6 +487,9 @@ def main():
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--threads', type=int, default=None)
+    parser.add_argument('--mixed-precision', choices=['bf16', 'fp16'],
+                        help='run every arm\'s step under torch.autocast '
+                        'with this dtype (the STAG term stays float32)')
     parser.add_argument('--skip-reference', action='store_true',
                         help='do not time the two-forward reference loop')
     parser.add_argument('--out', default='work_dirs/benchmark.json')
@@ -489,7 +509,7 @@ def main():
           f'{args.steps} measured steps per arm')
     results = dict(machine=machine, size=list(args.size),
                    cls_size=args.cls_size, batch_size=args.batch_size,
-                   steps=args.steps,
+                   steps=args.steps, mixed_precision=args.mixed_precision,
                    models={name: run_model(name, args, device)
                            for name in args.models})
     if osp.dirname(args.out):

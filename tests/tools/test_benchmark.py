@@ -67,6 +67,21 @@ def test_saved_for_backward_counts_distinct_storages():
     assert torch.equal(x.grad, 2 * 2 * x.detach())
 
 
+def test_benchmark_under_bf16_autocast(tmp_path):
+    out = tmp_path / 'bench.json'
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+         'b0', '--methods', 'tent', '--size', '64', '32', '--steps', '1',
+         '--warmup', '0', '--skip-reference', '--mixed-precision', 'bf16',
+         '--out', str(out)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data['mixed_precision'] == 'bf16'
+    tent = data['models']['b0']['tent']
+    assert (tent['tent+stag']['forwards'], tent['tent+stag']['backwards']) \
+        == (1, 1)
+
+
 def test_step_timer_on_the_cpu():
     with benchmark.StepTimer(cuda=False) as timer:
         torch.ones(100).sum()
