@@ -2,7 +2,7 @@
 # config: run `python tools/demo_cls.py` (make demo-cls) first, which
 # writes the corrupted digits and the source model under work_dirs/demo_cls.
 # beta0/gamma: the demo's choice on the first corruption
-# (work_dirs/demo_cls/summary.md); the grid is 10/50/250 x 10/100.
+# (work_dirs/demo_cls/summary.md); the grid is 1/30/1000 x 10/100.
 _base_ = [
     '../_base_/datasets/corruptions.py',
     '../_base_/scenarios/mild.py',
@@ -23,7 +23,7 @@ model = dict(
     classifier='fc')
 method = dict(
     type='tent', optimizer=dict(type='Adam', lr=1e-3, betas=(0.9, 0.999)))
-stag = dict(beta0=10, gamma=10)
+stag = dict(beta0=1, gamma=10)
 rows = ['source', 'base', 'stag']
 num_workers = 0
 seed = 0  # the demo's seed (tools/demo_cls.py --seed)
