@@ -118,7 +118,7 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
                               else TinySegmentor()).eval())
     built = {}
 
-    def capture(arms, steps, warmup):
+    def capture(arms, steps, warmup, dtype=None):
         built.update(arms)
         raise ArmsBuilt  # the arms are what is checked: no step is run
 
@@ -130,7 +130,8 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
             built.clear()
             args = argparse.Namespace(methods=[kind], size=(8, 8),
                                       cls_size=8, batch_size=2, steps=1,
-                                      warmup=0, skip_reference=True)
+                                      warmup=0, skip_reference=True,
+                                      mixed_precision=None)
             with pytest.raises(ArmsBuilt):
                 benchmark.run_model(name, args, 'cpu')
             assert set(built) == {kind, f'{kind}+stag'}, (name, kind)
