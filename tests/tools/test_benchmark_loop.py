@@ -1,0 +1,32 @@
+"""tools/benchmark_loop.py on the tiny stream: images/s per method, the
+classifier calls per image (one for our TENT, two for the two-forward
+reference), and the reference predicts what TENT predicts. No timing is
+asserted."""
+import json
+import os.path as osp
+import sys
+
+from seg_helpers import REPO, SEG_CFG, as_cli, run_script, tiny_options
+
+
+def test_loop_benchmark(tiny_acdc, tiny_checkpoint, tmp_path):
+    out = tmp_path / 'loop.json'
+    opts = tiny_options(tiny_acdc, rounds=1)
+    opts.pop('test_dataloader.dataset.data_root')
+    proc = run_script(
+        [sys.executable, osp.join(REPO, 'tools/benchmark_loop.py'),
+         tiny_checkpoint, '--data-root', tiny_acdc, '--config-pattern',
+         SEG_CFG, '--methods', 'tent', 'tent-stag', 'two-forward',
+         '--images', '6', '--warmup', '2', '--out', str(out),
+         '--cfg-options'] + as_cli(opts), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(out.read_text())['methods']
+    assert {m: r['images'] for m, r in res.items()} == \
+        {'tent': 6, 'tent-stag': 6, 'two-forward': 6}
+    assert res['tent']['classifier_calls_per_image'] == 1
+    assert res['tent-stag']['classifier_calls_per_image'] == 1
+    assert res['two-forward']['classifier_calls_per_image'] == 2
+    assert res['two-forward']['mIoU'] == res['tent']['mIoU']
+    assert all(r['images_per_second'] > 0 for r in res.values())
+    assert res['two-forward']['ratio_to_two_forward'] == 1.0
+    assert 'vs two-fwd' in proc.stdout

@@ -1,0 +1,190 @@
+"""Images per second of the whole online loop (data loading, adaptation,
+post-processing and metric included), per method, against the two-forward
+loop as CoTTA's ACDC code runs TENT.
+
+    python tools/benchmark_loop.py CHECKPOINT --data-root data/acdc
+        [--config-pattern configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_{}.py]
+        [--methods tent tent-stag cotta two-forward] [--images 200]
+        [--warmup 10] [--cfg-options k=v ...] [--out loop.json]
+
+Each method runs its config through MMEngine's ``Runner`` and our
+``OnlineAdaptationLoop`` on the first ``--images`` images of the stream
+(``test_dataloader.dataset.indices``); the time of the batches after the
+first ``--warmup`` is measured (CUDA synchronised on a GPU). ``two-forward``
+is the TENT config with the reference method below: a no-grad forward for
+the prediction, then a second forward with gradients for the loss, which
+is what ``single_gpu_tent`` does per image; its predictions equal TENT's
+(the model is the same at prediction time). It prints images/s, the
+classifier calls per image and the ratios to ``two-forward``, and writes
+JSON. The floor of any adapting loop is one forward and one backward per
+image.
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import platform
+import sys
+import tempfile
+import time
+import uuid
+
+import torch
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+PATTERN = ('configs/stag_acdc/'
+           'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
+
+
+def register_reference():
+    """``tent_two_forward``: TENT as CoTTA's ``single_gpu_tent`` runs it
+    (registered here only: a speed reference, not a method to use)."""
+    from mmseg_stag.core import METHODS, TENT
+
+    if 'tent_two_forward' in METHODS.module_dict:
+        return
+
+    @METHODS.register_module(name='tent_two_forward')
+    class TwoForwardTENT(TENT):
+
+        def adapt(self, ctx):
+            with torch.no_grad():  # the prediction, as model(return_loss=False)
+                prediction, _ = ctx.forward(self.model, ctx.inputs)
+            with torch.enable_grad():  # then the loss's own forward
+                _, ctx.head_outputs = ctx.forward(self.model, ctx.inputs)
+            ctx.prediction = prediction  # its labels: the prediction's
+            self.update(self.loss(ctx))
+            return prediction, ctx.stats
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='images/s of the online '
+                                     'loop, per method')
+    parser.add_argument('checkpoint')
+    parser.add_argument('--data-root', required=True,
+                        help='the ACDC-layout stream')
+    parser.add_argument('--config-pattern', default=PATTERN,
+                        help='config path with {} for the method')
+    parser.add_argument('--methods', nargs='+',
+                        default=['tent', 'tent-stag', 'cotta',
+                                 'two-forward'])
+    parser.add_argument('--images', type=int, default=200)
+    parser.add_argument('--warmup', type=int, default=10)
+    parser.add_argument('--cfg-options', nargs='+', default=[],
+                        metavar='KEY=VALUE')
+    parser.add_argument('--out', default='work_dirs/benchmark_loop.json')
+    args = parser.parse_args(argv)
+    if not 0 <= args.warmup < args.images:
+        parser.error('need 0 <= --warmup < --images')
+    return args
+
+
+def build_runner(config, args, work_dir, method):
+    from mmengine.config import Config, DictAction
+    from mmengine.runner import Runner
+
+    from mmseg_stag.checkpoint import load_segmentor_checkpoint
+    cfg = Config.fromfile(config)
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--o', nargs='+', action=DictAction, default={})
+    options = parser.parse_args(['--o'] + args.cfg_options).o \
+        if args.cfg_options else {}
+    cfg.merge_from_dict(dict(options, **{
+        'test_dataloader.dataset.data_root': args.data_root,
+        'test_dataloader.dataset.indices': args.images,
+        'test_cfg.save_state': False}))
+    if method == 'two-forward':
+        cfg.test_cfg.method.type = 'tent_two_forward'
+    cfg.work_dir = work_dir
+    cfg.experiment_name = f'loop_{method}_{uuid.uuid4().hex[:6]}'
+    cfg.load_from = None
+    runner = Runner.from_cfg(cfg)
+    load_segmentor_checkpoint(runner.model, args.checkpoint,
+                              classifier_name=cfg.test_cfg.get('classifier'))
+    return runner
+
+
+def loop_timer():
+    """An observing hook: the time at the end of every batch (CUDA
+    synchronised) and the classifier's calls (``count``, a forward hook)."""
+    from mmengine.hooks import Hook
+
+    class LoopTimer(Hook):
+        priority = 'LOWEST'
+
+        def __init__(self):
+            self.times, self.calls = [], 0
+
+        def count(self, *_):
+            self.calls += 1
+
+        def after_test_iter(self, runner, batch_idx, data_batch=None,
+                            outputs=None):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+
+    return LoopTimer()
+
+
+def images_per_second(times, warmup):
+    """Images per second over the batches after the first ``warmup`` (from
+    the end of the last warm-up batch; from the end of the first batch
+    without warm-up)."""
+    first = max(warmup, 1) - 1
+    seconds = times[-1] - times[first]
+    return (len(times) - 1 - first) / seconds if seconds > 0 else None
+
+
+def run_method(method, args, work_root):
+    config = osp.join(REPO, args.config_pattern.format(
+        'tent' if method == 'two-forward' else method))
+    runner = build_runner(config, args, osp.join(work_root, method), method)
+    classifier = runner.model.get_submodule(
+        runner.cfg.test_cfg.get('classifier', 'decode_head.conv_seg'))
+    timer = loop_timer()
+    classifier.register_forward_hook(timer.count)
+    runner.register_hook(timer)
+    metrics = runner.test()
+    return dict(images=len(timer.times),
+                images_per_second=images_per_second(timer.times,
+                                                    args.warmup),
+                classifier_calls_per_image=timer.calls / len(timer.times),
+                mIoU=metrics.get('continual/mIoU'))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    sys.path.insert(0, REPO)
+    import mmseg_stag  # noqa: F401  (registries)
+    register_reference()
+    results = {}
+    with tempfile.TemporaryDirectory() as work_root:
+        for method in args.methods:
+            results[method] = run_method(method, args, work_root)
+    machine = dict(platform=platform.platform(), cpus=os.cpu_count(),
+                   torch=torch.__version__, threads=torch.get_num_threads(),
+                   gpu=torch.cuda.get_device_name(0)
+                   if torch.cuda.is_available() else None)
+    reference = results.get('two-forward', {}).get('images_per_second')
+    print(f'machine: {machine}')
+    print(f"{'method':<14}{'images/s':>10}{'calls/img':>11}{'vs two-fwd':>12}"
+          f"{'mIoU':>8}")
+    for method, res in results.items():
+        ips = res['images_per_second']
+        res['ratio_to_two_forward'] = ips / reference \
+            if reference and ips else None
+        ratio = res['ratio_to_two_forward']
+        print(f"{method:<14}{ips:>10.3f}{res['classifier_calls_per_image']:>11.1f}"
+              f"{'' if ratio is None else f'{ratio:.3f}':>12}"
+              f"{res['mIoU'] or float('nan'):>8.2f}")
+    if osp.dirname(args.out):
+        os.makedirs(osp.dirname(args.out), exist_ok=True)
+    with open(args.out, 'w') as f:
+        json.dump(dict(machine=machine, images=args.images,
+                       warmup=args.warmup, methods=results), f, indent=1)
+    print(f'wrote {args.out}')
+
+
+if __name__ == '__main__':
+    main()
