@@ -61,12 +61,33 @@ def assert_tensors_equal(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.mark.parametrize('method', ['tent-stag', 'cotta-stag'])
+@pytest.fixture(scope='module')
+def confident_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint with a sharper classifier, so that EATA's
+    entropy filter keeps some pixels."""
+    ckpt = torch.load(tiny_checkpoint, weights_only=True)
+    for key in ('decode_head.conv_seg.weight', 'decode_head.conv_seg.bias'):
+        ckpt['state_dict'][key] = ckpt['state_dict'][key] * 12.0
+    path = tmp_path_factory.mktemp('confident') / 'tiny_confident.pth'
+    torch.save(ckpt, path)
+    return str(path)
+
+
+@pytest.mark.parametrize('method', ['tent-stag', 'cotta-stag', 'eata-stag'])
 def test_killed_run_resumes_to_the_uninterrupted_result(
-        method, tiny_acdc, tiny_checkpoint, tmp_path):
+        method, tiny_acdc, tiny_cityscapes, confident_checkpoint, tmp_path):
     opts = tiny_options(tiny_acdc, rounds=2)
     if method.startswith('cotta'):
         opts.update(COTTA)
+    elif method.startswith('eata'):  # its Fisher: restored, not refitted
+        prefix = 'test_cfg.source_dataloader.'
+        opts.update({prefix + 'dataset.data_root': tiny_cityscapes,
+                     prefix + 'num_workers': 0,
+                     prefix + 'dataset.pipeline.1.scale': (64, 32)})
+    else:  # the real configs' loader: worker processes (resumed mid-stream)
+        opts.update({'test_dataloader.num_workers': 2,
+                     'test_dataloader.persistent_workers': True})
+    tiny_checkpoint = confident_checkpoint
     config = killable_config(method, tmp_path)
     whole, cut = tmp_path / 'whole', tmp_path / 'cut'
     proc = run_test_py(config, tiny_checkpoint, whole, opts)
@@ -99,6 +120,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     assert_tensors_equal(a['model'], b['model'])
     if method.startswith('cotta'):
         assert_tensors_equal(a['teacher'], b['teacher'])
+    if method.startswith('eata'):
+        assert 'statistics of' not in log  # no second Fisher pass
+        assert torch.equal(a['model_probs'], b['model_probs'])
+        for name, (fisher, theta) in a['fishers'].items():
+            assert torch.equal(fisher, b['fishers'][name][0]), name
+        assert a['num_samples_update_2'] == b['num_samples_update_2'] > 0
     assert a['num_updates'] == b['num_updates'] == 16
 
 
