@@ -50,6 +50,19 @@ def tiny_checkpoint(tmp_path_factory, tiny_acdc):
 
 
 @pytest.fixture(scope='session')
+def confident_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint with a sharper classifier: the entropy filters
+    keep some pixels and drop others (a random 19-class head is too
+    uncertain for any of them)."""
+    ckpt = torch.load(tiny_checkpoint, weights_only=True)
+    for key in ('decode_head.conv_seg.weight', 'decode_head.conv_seg.bias'):
+        ckpt['state_dict'][key] = ckpt['state_dict'][key] * 12.0
+    path = tmp_path_factory.mktemp('confident') / 'tiny_confident.pth'
+    torch.save(ckpt, path)
+    return str(path)
+
+
+@pytest.fixture(scope='session')
 def tiny_cityscapes(tmp_path_factory):
     """Four clean images in Cityscapes' val layout (EATA's source data)."""
     import numpy as np

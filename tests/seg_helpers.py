@@ -40,6 +40,15 @@ def tiny_options(data_root, rounds=2, head='mmseg'):
     return opts
 
 
+def eata_source_options(cityscapes_root):
+    """``--cfg-options`` pointing EATA's clean source images (its Fisher
+    information) at the tiny Cityscapes-layout folder."""
+    prefix = 'test_cfg.source_dataloader.'
+    return {prefix + 'dataset.data_root': cityscapes_root,
+            prefix + 'num_workers': 0,
+            prefix + 'dataset.pipeline.1.scale': (64, 32)}
+
+
 def as_cli(opts):
     """``--cfg-options`` words for ``opts`` (tools/select_beta.py's)."""
     from tools.select_beta import as_cli as to_cli

@@ -58,6 +58,7 @@ def register_reference():
 
 
 def parse_args(argv=None):
+    from mmengine.config import DictAction
     parser = argparse.ArgumentParser(description='images/s of the online '
                                      'loop, per method')
     parser.add_argument('checkpoint')
@@ -70,8 +71,9 @@ def parse_args(argv=None):
                                  'two-forward'])
     parser.add_argument('--images', type=int, default=200)
     parser.add_argument('--warmup', type=int, default=10)
-    parser.add_argument('--cfg-options', nargs='+', default=[],
-                        metavar='KEY=VALUE')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        default={}, metavar='KEY=VALUE',
+                        help='settings of every method\'s config')
     parser.add_argument('--out', default='work_dirs/benchmark_loop.json')
     args = parser.parse_args(argv)
     if not 0 <= args.warmup < args.images:
@@ -80,16 +82,12 @@ def parse_args(argv=None):
 
 
 def build_runner(config, args, work_dir, method):
-    from mmengine.config import Config, DictAction
+    from mmengine.config import Config
     from mmengine.runner import Runner
 
     from mmseg_stag.checkpoint import load_segmentor_checkpoint
     cfg = Config.fromfile(config)
-    parser = argparse.ArgumentParser()
-    parser.add_argument('--o', nargs='+', action=DictAction, default={})
-    options = parser.parse_args(['--o'] + args.cfg_options).o \
-        if args.cfg_options else {}
-    cfg.merge_from_dict(dict(options, **{
+    cfg.merge_from_dict(dict(args.cfg_options, **{
         'test_dataloader.dataset.data_root': args.data_root,
         'test_dataloader.dataset.indices': args.images,
         'test_cfg.save_state': False}))

@@ -267,27 +267,13 @@ def die_with_parent():
         pass
 
 
-def read_partial(work_dir, done):
-    """Stages of the run's partial file after the first ``done``."""
-    import json
-    path = osp.join(work_dir, 'continual_results.partial.jsonl')
-    if not osp.isfile(path):
-        return []
-    with open(path) as f:
-        lines = f.read().splitlines()
-    stages = []
-    for line in lines[done:]:
-        try:
-            stages.append(json.loads(line))
-        except json.JSONDecodeError:  # being written
-            break
-    return stages
-
-
 def run_trial(config):
     """Ray Tune trial: one ``tools/test.py`` run, each finished stage
     reported (``mIoU`` of the stage, ``mean_mIoU`` so far)."""
     from ray import tune
+
+    from mmseg_stag.segmentation.evaluation.continual_report import \
+        read_partial
     run, options, resume = config['run'], config['options'], config['resume']
     os.makedirs(run['work_dir'], exist_ok=True)
     cmd = [sys.executable, TEST_PY, run['config'], run['checkpoint'],
@@ -310,7 +296,7 @@ def run_trial(config):
     try:
         while True:
             finished = proc.poll() is not None
-            for stage in read_partial(run['work_dir'], reported):
+            for stage in read_partial(run['work_dir'])[reported:]:
                 reported += 1
                 values.append(stage['mIoU'])
                 tune.report(dict(mIoU=stage['mIoU'], stage=reported,

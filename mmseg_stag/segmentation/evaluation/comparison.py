@@ -8,7 +8,7 @@ import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Sequence, Tuple
 
-from .continual_report import PARTIAL_FILE, _json_safe, mean_ignoring_nan
+from .continual_report import _json_safe, mean_ignoring_nan, read_partial
 
 RESULTS_FILE = 'continual_results.json'
 
@@ -21,16 +21,7 @@ def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
     if osp.isfile(final):
         with open(final) as f:
             return json.load(f)['stages'], True
-    stages = []
-    partial = osp.join(work_dir, PARTIAL_FILE)
-    if osp.isfile(partial):
-        with open(partial) as f:
-            for line in f:
-                try:
-                    stages.append(json.loads(line))
-                except json.JSONDecodeError:  # a line cut by a crash
-                    break
-    return stages, False
+    return read_partial(work_dir), False
 
 
 def _stage_key(stage: dict) -> str:

@@ -116,6 +116,21 @@ def append_partial(output_dir: str, result: dict, fresh: bool = False
     return path
 
 
+def read_partial(output_dir: str) -> List[dict]:
+    """The stages ``continual_results.partial.jsonl`` holds, up to a line
+    that a crash cut (or that is being written); none without the file."""
+    stages = []
+    path = osp.join(output_dir, PARTIAL_FILE)
+    if osp.isfile(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    stages.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break
+    return stages
+
+
 def write_results(output_dir: str, stages: List[dict],
                   conditions: Sequence[str], class_names: Sequence[str]
                   ) -> Dict[str, str]:

@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from seg_helpers import REPO, SEG_CFG, as_cli, run_script, tiny_options
+from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
+                         run_script, tiny_options)
 
 from mmseg_stag.segmentation.engine.online_loop import STATE_FILE
 
@@ -61,18 +62,6 @@ def assert_tensors_equal(a, b):
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.fixture(scope='module')
-def confident_checkpoint(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint with a sharper classifier, so that EATA's
-    entropy filter keeps some pixels."""
-    ckpt = torch.load(tiny_checkpoint, weights_only=True)
-    for key in ('decode_head.conv_seg.weight', 'decode_head.conv_seg.bias'):
-        ckpt['state_dict'][key] = ckpt['state_dict'][key] * 12.0
-    path = tmp_path_factory.mktemp('confident') / 'tiny_confident.pth'
-    torch.save(ckpt, path)
-    return str(path)
-
-
 @pytest.mark.parametrize('method', ['tent-stag', 'cotta-stag', 'eata-stag'])
 def test_killed_run_resumes_to_the_uninterrupted_result(
         method, tiny_acdc, tiny_cityscapes, confident_checkpoint, tmp_path):
@@ -80,10 +69,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     if method.startswith('cotta'):
         opts.update(COTTA)
     elif method.startswith('eata'):  # its Fisher: restored, not refitted
-        prefix = 'test_cfg.source_dataloader.'
-        opts.update({prefix + 'dataset.data_root': tiny_cityscapes,
-                     prefix + 'num_workers': 0,
-                     prefix + 'dataset.pipeline.1.scale': (64, 32)})
+        opts.update(eata_source_options(tiny_cityscapes))
     else:  # the real configs' loader: worker processes (resumed mid-stream)
         opts.update({'test_dataloader.num_workers': 2,
                      'test_dataloader.persistent_workers': True})

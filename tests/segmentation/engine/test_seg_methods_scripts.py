@@ -12,7 +12,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from seg_helpers import (REPO, SEG_CFG, as_cli, build_from_config,
-                         run_script, tiny_options)
+                         eata_source_options, run_script, tiny_options)
 
 METHODS = ('cotta', 'eata', 'sar', 'deyo')
 #: the counts each method logs per batch (pixels for the filters)
@@ -25,28 +25,12 @@ VIEWS = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),
          'test_dataloader.dataset.pipeline.1.ratios': [0.5, 1.0, 1.5]}
 
 
-@pytest.fixture(scope='module')
-def confident_checkpoint(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint with a sharper classifier: the entropy filters
-    keep some pixels and drop others (a random 19-class head is too
-    uncertain for any of them)."""
-    ckpt = torch.load(tiny_checkpoint, weights_only=True)
-    for key in ('decode_head.conv_seg.weight', 'decode_head.conv_seg.bias'):
-        ckpt['state_dict'][key] = ckpt['state_dict'][key] * 12.0
-    path = tmp_path_factory.mktemp('confident') / 'tiny_confident.pth'
-    torch.save(ckpt, path)
-    return str(path)
-
-
 def options(method, tiny_acdc, tiny_cityscapes):
     opts = tiny_options(tiny_acdc, rounds=1)
     if method.startswith('cotta'):
         opts.update(VIEWS)
     if method.startswith('eata'):
-        prefix = 'test_cfg.source_dataloader.'
-        opts.update({prefix + 'dataset.data_root': tiny_cityscapes,
-                     prefix + 'num_workers': 0,
-                     prefix + 'dataset.pipeline.1.scale': (64, 32)})
+        opts.update(eata_source_options(tiny_cityscapes))
     return opts
 
 
