@@ -78,6 +78,15 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if not 0 <= args.warmup < args.images:
         parser.error('need 0 <= --warmup < --images')
+    if not osp.isfile(args.checkpoint):
+        parser.error(f'checkpoint file not found: {args.checkpoint}')
+    if not osp.isdir(args.data_root):
+        parser.error(f'--data-root is not a folder: {args.data_root}')
+    for method in args.methods:
+        config = osp.join(REPO, args.config_pattern.format(
+            'tent' if method == 'two-forward' else method))
+        if not osp.isfile(config):
+            parser.error(f'no config for {method!r}: {config}')
     return args
 
 

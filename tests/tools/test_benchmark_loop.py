@@ -30,3 +30,17 @@ def test_loop_benchmark(tiny_acdc, tiny_checkpoint, tmp_path):
     assert all(r['images_per_second'] > 0 for r in res.values())
     assert res['two-forward']['ratio_to_two_forward'] == 1.0
     assert 'vs two-fwd' in proc.stdout
+
+
+def test_loop_benchmark_bad_input(tiny_acdc, tiny_checkpoint, tmp_path):
+    cmd = [sys.executable, osp.join(REPO, 'tools/benchmark_loop.py')]
+    proc = run_script(cmd + [str(tmp_path / 'nope.pth'), '--data-root',
+                             tiny_acdc], cwd=REPO)
+    assert proc.returncode != 0 and 'checkpoint file not found' in \
+        proc.stderr
+    proc = run_script(cmd + [tiny_checkpoint, '--data-root',
+                             str(tmp_path / 'none')], cwd=REPO)
+    assert '--data-root is not a folder' in proc.stderr
+    proc = run_script(cmd + [tiny_checkpoint, '--data-root', tiny_acdc,
+                             '--methods', 'tnet'], cwd=REPO)
+    assert "no config for 'tnet'" in proc.stderr
