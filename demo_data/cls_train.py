@@ -8,7 +8,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmseg_stag.classification.data import to_tensor
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """uint8 ``[N, H, W, 3]`` -> float ``[N, 3, H, W]`` in ``[0, 1]`` (the
+    arithmetic of the OnlineClassifier's data preprocessor)."""
+    x = torch.from_numpy(np.array(images, dtype=np.uint8)).float().div_(255.0)
+    return x.permute(0, 3, 1, 2).contiguous()
 
 
 def random_shift(x: torch.Tensor, max_shift: int,

@@ -159,3 +159,17 @@ def publish_checkpoint(src: str,
         checkpoint, dict) else {}
     torch.save({'state_dict': state, 'meta': meta or {}}, dst)
     return len(state)
+
+
+def load_model_checkpoint(model: nn.Module, path: str,
+                          allow_unsafe_pickle: bool = False,
+                          classifier_name: Optional[str] = None) -> None:
+    """The source weights of either task's model: an ``OnlineClassifier``
+    loads its network's file (``.pth``, ``.safetensors``, a ViT ``.npz``), a
+    segmentor through :func:`load_segmentor_checkpoint`; both strictly."""
+    if hasattr(model, 'load_weights'):
+        model.load_weights(path, allow_unsafe_pickle)
+    else:
+        load_segmentor_checkpoint(model, path,
+                                  allow_unsafe_pickle=allow_unsafe_pickle,
+                                  classifier_name=classifier_name)

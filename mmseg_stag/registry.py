@@ -1,8 +1,43 @@
 """The registries of the ``mmseg_stag`` scope (MMEngine looks for
-``<scope>.registry``): the online-adaptation methods and the classification
-harness's models, datasets and scenarios. MMSeg-facing parts live in MMSeg's
-own registries (``mmseg_stag.segmentation``)."""
+``<scope>.registry``): children of MMEngine's roots, so a classification
+config with ``default_scope='mmseg_stag'`` builds its model, stream, sampler
+and metric here, and MMEngine's own parts (hooks, loops) through the parents.
+The task-agnostic online loop and log processor sit in MMEngine's root
+registries, found from any scope (``mmseg`` too)."""
+from mmengine import registry as mmengine_registry
+from mmengine.registry import DATA_SAMPLERS as MMENGINE_DATA_SAMPLERS
+from mmengine.registry import DATASETS as MMENGINE_DATASETS
+from mmengine.registry import METRICS as MMENGINE_METRICS
+from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import Registry
+
 from .classification.registry import CLS_DATASETS, CLS_MODELS, CLS_SCENARIOS
 from .core.registry import METHODS
+from .core.stag_loss import STAGLoss
 
-__all__ = ['METHODS', 'CLS_MODELS', 'CLS_DATASETS', 'CLS_SCENARIOS']
+MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmseg_stag',
+                  locations=['mmseg_stag.classification'])
+# the loss, buildable from this scope's configs too: dict(type='STAGLoss')
+MODELS.register_module(module=STAGLoss)
+DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmseg_stag',
+                    locations=['mmseg_stag.classification'])
+DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS,
+                         scope='mmseg_stag',
+                         locations=['mmseg_stag.classification'])
+METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmseg_stag',
+                   locations=['mmseg_stag.classification'])
+
+# scope children of the other registries a Runner builds from (empty: they
+# hold MMEngine's own parts), so MMEngine finds the scope in every tree
+HOOKS, LOOPS, LOG_PROCESSORS, VISUALIZERS, VISBACKENDS, FUNCTIONS, \
+    OPTIM_WRAPPERS, OPTIMIZERS, PARAM_SCHEDULERS, EVALUATOR, RUNNERS, \
+    WEIGHT_INITIALIZERS, TRANSFORMS = [
+        Registry(name.lower(), parent=getattr(mmengine_registry, name),
+                 scope='mmseg_stag')
+        for name in ('HOOKS', 'LOOPS', 'LOG_PROCESSORS', 'VISUALIZERS',
+                     'VISBACKENDS', 'FUNCTIONS', 'OPTIM_WRAPPERS',
+                     'OPTIMIZERS', 'PARAM_SCHEDULERS', 'EVALUATOR',
+                     'RUNNERS', 'WEIGHT_INITIALIZERS', 'TRANSFORMS')]
+
+__all__ = ['METHODS', 'CLS_MODELS', 'CLS_DATASETS', 'CLS_SCENARIOS',
+           'MODELS', 'DATASETS', 'DATA_SAMPLERS', 'METRICS']

@@ -5,10 +5,18 @@ import os
 import signal
 
 from mmengine.hooks import Hook
-from mmseg.registry import HOOKS
+from mmengine.registry import HOOKS
 
-from mmseg_stag.segmentation.engine.online_loop import (batch_metas,
-                                                        batch_stage)
+from mmseg_stag.engine import batch_stage
+
+
+def batch_metas(data_batch: dict) -> list:
+    """The metainfo of a batch's samples (first view of a multi-view
+    segmentation batch)."""
+    samples = data_batch['data_samples']
+    if samples and isinstance(samples[0], (list, tuple)):
+        samples = samples[0]
+    return [s.metainfo for s in samples]
 
 
 @HOOKS.register_module()

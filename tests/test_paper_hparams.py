@@ -50,12 +50,14 @@ def test_cls_configs_use_the_table():
     rows = [r for r in PAPER_STAG
             if r[3] not in NOT_IMPLEMENTED and r[0] in BENCHMARK_DIRS]
     assert len(rows) == len([r for r in leaf_configs()
-                             if not r.endswith('_source.py')])
+                             if r.endswith('-stag.py')])
     for b, s, m, method, beta0, gamma in rows:
-        rel = f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method.replace("_", "-")}.py'
+        rel = (f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method.replace("_", "-")}'
+               '-stag.py')
         cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls', rel))
-        assert cfg.method.type == method, rel
-        assert dict(cfg.stag) == dict(beta0=beta0, gamma=gamma), rel
+        assert cfg.test_cfg.method.type == method, rel
+        assert dict(cfg.test_cfg.method.stag) == dict(beta0=beta0,
+                                                      gamma=gamma), rel
 
 
 def test_acdc_configs_use_the_table():

@@ -174,8 +174,7 @@ def compare(results, betas, work_dir):
     """All methods in one figure (mIoU per condition across rounds, a line
     per method, like the paper's Figure continual_graph) and one table:
     ``demo_comparison.{png,csv,json,md}``."""
-    from mmseg_stag.segmentation.evaluation.comparison import \
-        write_comparison
+    from mmseg_stag.engine.comparison import write_comparison
     runs = [dict(name=method + (f' (beta0={betas[method]:g})'
                                 if method in betas else ''),
                  stages=res['stages']) for method, res in results.items()]

@@ -26,8 +26,14 @@ Steps (each is skipped when its result is already in the work dir):
    STAG; BN Adapt only on the BN model;
    EATA's Fisher information comes from 2,000 clean training digits;
 5. the paper-style tables are printed and written with the choices to
-   ``summary.{md,json}`` (per run: ``<scenario>_<net>/results.{json,csv,
-   txt}`` and ``progress.jsonl``).
+   ``summary.{md,json}``; per setting ``<scenario>_<net>/table.{json,csv,
+   txt,png}``, and per row its run's work dir (``continual_results.*``,
+   the run state, the log).
+
+Every row is a ``tools/test.py`` run (its config: the bases under
+``configs/cls/demo/_base_`` and ``configs/cls/_base_/methods``, saved as
+``row_config.py``), run in this process one after another; the choice of
+beta0/gamma is ``tools/select_beta.py``'s.
 
 This is a stand-in, not the paper's benchmark: digits instead of ImageNet /
 CIFAR, small models, 1,000 test images per corruption.
@@ -43,21 +49,21 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-NETS = {
-    'bn': ('CNN-BN', dict(type='SmallCNN', norm='BN', width=16)),
-    'gn': ('CNN-GN', dict(type='SmallCNN', norm='GN', width=16, groups=4)),
-    'ln': ('ViT-LN', dict(type='SmallViT', dim=48, depth=3, heads=3,
-                          patch_size=4)),
-}
-#: scenario: (stream, table metric, baselines, models), paired as in the
-#: paper's tables: continual CIFAR-C (BN Adapt, TENT, CoTTA on BatchNorm
-#: WideResNets; no reset; error %) and mild ImageNet-C (TENT, EATA, SAR,
-#: DeYO on ResNet-50-BN/-GN and ViT-B-LN; reset per corruption; accuracy
-#: %). Batch 64 for both: the demo has 1,000 images per corruption.
+DEMO_BASE = osp.join(REPO, 'configs', 'cls', 'demo', '_base_')
+CLS_BASE = osp.join(REPO, 'configs', 'cls', '_base_')
+#: net: (title, model base under configs/cls/demo/_base_/models)
+NETS = {'bn': ('CNN-BN', 'cnn-bn'), 'gn': ('CNN-GN', 'cnn-gn'),
+        'ln': ('ViT-LN', 'vit-ln')}
+#: scenario: (stream base under configs/cls/demo/_base_/datasets, table
+#: metric, baselines, models), paired as in the paper's tables: continual
+#: CIFAR-C (BN Adapt, TENT, CoTTA on BatchNorm WideResNets; no reset; error
+#: %) and mild ImageNet-C (TENT, EATA, SAR, DeYO on ResNet-50-BN/-GN and
+#: ViT-B-LN; reset per corruption; accuracy %). Batch 64 for both: the demo
+#: has 1,000 images per corruption.
 SCENARIOS = {
-    'continual': (dict(type='continual', batch_size=64), 'err',
-                  ('bn_adapt', 'tent', 'cotta'), ('bn', )),
-    'mild': (dict(type='mild', batch_size=64), 'acc',
+    'continual': ('mnist-c_continual', 'err', ('bn_adapt', 'tent', 'cotta'),
+                  ('bn', )),
+    'mild': ('mnist-c_mild', 'acc',
              ('bn_adapt', 'tent', 'eata', 'sar', 'deyo'), ('bn', 'gn', 'ln')),
 }
 METHODS = ('bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta')
@@ -150,13 +156,21 @@ def nets_in_use(args):
             if any(n in SCENARIOS[s][3] for s in args.scenarios)]
 
 
+def network_config(net):
+    """The ``CLS_MODELS`` config of a demo net (from its model base)."""
+    from mmengine.config import Config
+    path = osp.join(DEMO_BASE, 'models', f'{NETS[net][1]}.py')
+    return Config.fromfile(path).model.network.to_dict()
+
+
 def make_models(args, train, test, log):
     import torch
     from mmseg_stag.classification import CLS_MODELS
     from demo_data.cls_train import evaluate, train_classifier
     paths, clean = {}, {}
     for net in nets_in_use(args):
-        title, cfg = NETS[net]
+        title = NETS[net][0]
+        cfg = network_config(net)
         path = osp.join(args.work_dir, 'models', f'{net}.pth')
         paths[net] = path
         epochs = args.epochs or TRAIN_EPOCHS[net]
@@ -184,90 +198,127 @@ def make_models(args, train, test, log):
     return paths, clean
 
 
-def select_stag(spec_base, source, classifier, stages, data, args,
-                source_data):
-    """Best (beta0, gamma) on the first stage (first corruption) only."""
-    from mmseg_stag.classification import RowSpec, run_row
-    trials = []
-    for beta0 in args.beta_grid:
-        for gamma in args.gamma_grid:
-            spec = RowSpec('select', dict(spec_base.method,
-                                          stag=dict(beta0=beta0,
-                                                    gamma=gamma)),
-                           bn_batch_stats=spec_base.bn_batch_stats)
-            res = run_row(spec, source, classifier, stages[:1], data,
-                          seed=args.seed, log=None,
-                          source_data=source_data)
-            trials.append(dict(beta0=beta0, gamma=gamma,
-                               acc=res.accuracy(stages[0].name)))
-    best = max(trials, key=lambda t: (t['acc'], -t['beta0'], -t['gamma']))
-    return dict(beta0=best['beta0'], gamma=best['gamma']), trials
+def row_config(args, scenario, net, method, data_root, source_files,
+               stag=None):
+    """The config of one row: the demo's model and stream bases, the
+    method's base (``configs/cls/_base_/methods``), the demo's options."""
+    from mmengine.config import Config
+    bases = [osp.join(DEMO_BASE, 'models', f'{NETS[net][1]}.py'),
+             osp.join(DEMO_BASE, 'datasets', f'{SCENARIOS[scenario][0]}.py'),
+             osp.join(CLS_BASE, 'methods', f'{method.replace("_", "-")}.py'),
+             osp.join(CLS_BASE, 'default_runtime.py')]
+    cfg = Config.fromstring(f'_base_ = {bases!r}\n', '.py')
+    options = {'test_dataloader.dataset.corruption_set.data_root': data_root,
+               'test_dataloader.dataset.shuffle_seed': args.seed,
+               'randomness.seed': args.seed,
+               'default_hooks.logger.interval': 1000,
+               'log_level': 'WARNING'}  # the row's files hold the results
+    if method != 'source':
+        options['test_cfg.method'] = dict(
+            METHOD_OPTIONS.get(method, {}), type=method,
+            optimizer=dict(type='Adam', lr=args.lr, betas=(0.9, 0.999)))
+    if method == 'eata':  # Fisher information: 2,000 clean digits
+        options['test_cfg.source_dataloader'] = dict(
+            batch_size=64, num_workers=0,
+            sampler=dict(type='SeededShuffleSampler'),
+            collate_fn=dict(type='pseudo_collate'),
+            dataset=dict(type='SourceImages', images=dict(
+                _delete_=True, type='NumpyImages', n_examples=2000,
+                **source_files)))
+    if stag is not None:
+        options['test_cfg.method.stag'] = dict(stag)
+    cfg.merge_from_dict(options)
+    return cfg
+
+
+def run_row(cfg, ckpt, work_dir):
+    """One row through tools/test.py's run (in this process); a finished
+    row of the same config is reused."""
+    from mmseg_stag.engine.runs import prepare_config, run_test
+    text = cfg.pretty_text
+    done = osp.join(work_dir, 'continual_results.json')
+    saved = osp.join(work_dir, 'row_config.py')
+    if osp.isfile(done) and osp.isfile(saved) and \
+            open(saved).read() == text:
+        return
+    os.makedirs(work_dir, exist_ok=True)
+    run_test(prepare_config(cfg, work_dir), ckpt)
+    with open(saved, 'w') as f:
+        f.write(text)
+
+
+def select_stag(args, scenario, net, method, data_root, source_files, ckpt,
+                out):
+    """Best (beta0, gamma) on the first corruption only
+    (``tools/select_beta.py``), reused when the grid is unchanged."""
+    from tools.select_beta import select
+    work_dir = osp.join(out, 'beta_selection', method)
+    cache = osp.join(work_dir, 'beta_selection.json')
+    grid = dict(beta_grid=list(args.beta_grid),
+                gamma_grid=list(args.gamma_grid))
+    if osp.isfile(cache):
+        with open(cache) as f:
+            chosen = json.load(f)
+        if chosen.get('grid') == grid and chosen.get('ckpt_mtime') == \
+                osp.getmtime(ckpt):
+            return chosen
+    os.makedirs(work_dir, exist_ok=True)
+    cfg = row_config(args, scenario, net, method, data_root, source_files,
+                     stag=dict(beta0=args.beta_grid[0],
+                               gamma=args.gamma_grid[0]))
+    chosen = select(cfg, ckpt, args.beta_grid, work_dir, args.gamma_grid,
+                    log=None)
+    chosen.update(grid=grid, ckpt_mtime=osp.getmtime(ckpt))
+    with open(cache, 'w') as f:
+        json.dump(chosen, f, indent=1)
+    return chosen
 
 
 def run_setting(args, scenario, net, data_root, source_files, ckpt, log):
-    from mmseg_stag.classification import (NumpyImages, RowSpec, SourceData,
-                                           StreamData,
-                                           build_cls_model,
-                                           build_corruption_sets,
-                                           build_stream, format_table,
-                                           run_key, run_row, write_results)
-    from mmseg_stag.classification.runner import method_display_name
-    scenario_cfg, metric, paired, _ = SCENARIOS[scenario]
-    title, model_cfg = NETS[net]
+    from mmseg_stag.classification import (METHOD_NAMES, read_run,
+                                           format_corruption_table,
+                                           write_corruption_table)
+    title = NETS[net][0]
     out = osp.join(args.work_dir, f'{scenario}_{net}')
     os.makedirs(out, exist_ok=True)
-    data = StreamData(build_corruption_sets(
-        dict(type='CIFARC', data_root=data_root, severity=5,
-             severities=(5, ))))
-    stages = build_stream(scenario_cfg, data, args.seed)
-    source, classifier = build_cls_model(dict(model_cfg, checkpoint=ckpt))
-    # EATA's fisher_size: 2,000 clean images
-    source_data = SourceData(NumpyImages(n_examples=2000, **source_files),
-                             batch_size=64, seed=args.seed)
+    metric, paired = SCENARIOS[scenario][1], SCENARIOS[scenario][2]
     # BN Adapt has nothing to adapt without BatchNorm
     methods = [m for m in paired if m in args.methods and
                not (m == 'bn_adapt' and net != 'bn')]
-    jsonl = osp.join(out, 'progress.jsonl')
-    results, choices = [], {}
+    rows, choices = [], {}
 
-    def run(spec):
-        key = run_key(spec.name, spec.method, spec.bn_batch_stats,
-                      model_cfg, scenario_cfg, args.seed,
-                      data.fingerprint(), osp.getmtime(ckpt))
-        res = run_row(spec, source, classifier, stages, data,
-                      seed=args.seed, jsonl=jsonl, key=key, resume=True,
-                      log=None, source_data=source_data)
-        log(f'    {spec.name:<14} avg acc {res.avg_acc:5.1f}%  '
-            f'({res.num_updates} updates, {res.time_s:.0f} s)')
-        return res
-
-    results.append(run(RowSpec('Source', dict(type='source'))))
-    for m in methods:
-        name = method_display_name(m)
-        base = RowSpec(name, dict(METHOD_OPTIONS.get(m, {}), type=m,
-                                  optimizer=dict(type='Adam', lr=args.lr,
-                                                 betas=(0.9, 0.999))),
-                       bn_batch_stats=True)
+    def run(method, name, base=None, stag=None):
         t0 = time.time()
-        stag, trials = select_stag(base, source, classifier, stages, data,
-                                   args, source_data)
-        choices[name] = dict(stag, trials=trials,
-                             time_s=round(time.time() - t0, 1))
+        work_dir = osp.join(out, name.replace(' ', '-').replace('+', '-')
+                            .lower())
+        run_row(row_config(args, scenario, net, method, data_root,
+                           source_files, stag), ckpt, work_dir)
+        row = read_run(work_dir, name, base)
+        rows.append(row)
+        log(f'    {name:<14} avg acc {row["avg_acc"]:5.1f}%  '
+            f'({time.time() - t0:.0f} s)')
+
+    run('source', 'Source')
+    for m in methods:
+        name = METHOD_NAMES[m]
+        t0 = time.time()
+        chosen = select_stag(args, scenario, net, m, data_root,
+                             source_files, ckpt, out)
+        stag = dict(beta0=chosen['beta0'], gamma=chosen['gamma'])
+        choices[name] = dict(stag, trials=chosen['trials'])
         log(f'    {name}+STAG: beta0={stag["beta0"]:g}, '
-            f'gamma={stag["gamma"]:g} (chosen on {stages[0].name}, '
+            f'gamma={stag["gamma"]:g} (chosen on the first corruption, '
             f'{time.time() - t0:.0f} s)')
-        results += [run(base), run(RowSpec(
-            f'{name}+STAG', dict(base.method, stag=stag), base=name,
-            bn_batch_stats=True))]
+        run(m, name)
+        run(m, f'{name}+STAG', base=name, stag=stag)
     head = f'{scenario.capitalize()}, {title}'
-    write_results(out, results, data.names, metric,
-                  meta=dict(scenario=scenario_cfg, model=model_cfg,
-                            stag_choices=choices,
-                            n_test=args.n_test,
-                            seed=args.seed), title=head)
-    table = format_table(results, data.names, metric, head)
-    return dict(table=table, choices=choices,
-                rows=[r.to_dict() for r in results], metric=metric)
+    corruptions = list(rows[0]['per_corruption'])
+    write_corruption_table(out, rows, corruptions, metric, head,
+                           meta=dict(scenario=scenario, net=net,
+                                     stag_choices=choices,
+                                     n_test=args.n_test, seed=args.seed))
+    table = format_corruption_table(rows, corruptions, metric, head)
+    return dict(table=table, choices=choices, rows=rows, metric=metric)
 
 
 def grid_edge(choice, args):

@@ -59,10 +59,10 @@ METHOD_OPTIONS = {
 }
 
 
-def _bases(benchmark: str, scenario: str, model: str, *extra) -> str:
+def _bases(benchmark: str, scenario: str, model: str, method: str) -> str:
     files = [f'../_base_/models/{model}.py',
-             f'../_base_/datasets/{benchmark}.py',
-             f'../_base_/scenarios/{scenario}.py', *extra,
+             f'../_base_/datasets/{benchmark}_{scenario}.py',
+             f'../_base_/methods/{method}.py',
              '../_base_/default_runtime.py']
     return '_base_ = [\n' + ''.join(f"    '{f}',\n" for f in files) + ']\n'
 
@@ -72,23 +72,28 @@ def _fmt_dict(d: dict) -> str:
 
 
 def leaf_configs() -> Dict[str, str]:
-    """``{relative path: file text}`` of every generated config."""
+    """``{relative path: file text}`` of every generated config: per row of
+    the table the baseline (its reference optimizer) and its ``-stag`` leaf
+    (the row's beta0/gamma), and a Source per setting."""
     files = {}
     for b, s, m, base, beta0, gamma in PAPER_STAG:
         if base in NOT_IMPLEMENTED or b not in BENCHMARK_DIRS:
             continue
         folder = BENCHMARK_DIRS[b]
         name = base.replace('_', '-')  # file names: MMSeg's hyphens
-        text = HEADER + _bases(b, s, m, f'../_base_/methods/{name}.py')
+        stem = f'{b}_{s}_{m}_{name}'
         optim = _fmt_dict(optimizer_for(b, s, m))
         extra = ''.join(f', {k}={v!r}'
                         for k, v in METHOD_OPTIONS.get((b, base), {}).items())
-        text += f'method = dict(optimizer={optim}{extra})\n'
-        text += f'stag = dict(beta0={beta0}, gamma={gamma})\n'
-        files[f'{folder}/{b}_{s}_{m}_{name}.py'] = text
-        source = f'{folder}/{b}_{s}_{m}_source.py'
-        files[source] = HEADER + _bases(b, s, m) + \
-            "method = dict(type='source')\nrows = ['source']\n"
+        files[f'{folder}/{stem}.py'] = (
+            HEADER + _bases(b, s, m, name) +
+            f'test_cfg = dict(method=dict(optimizer={optim}{extra}))\n')
+        files[f'{folder}/{stem}-stag.py'] = (
+            HEADER + f"_base_ = ['./{stem}.py']\n" +
+            f'test_cfg = dict(method=dict(stag=dict(beta0={beta0}, '
+            f'gamma={gamma})))\n')
+        files[f'{folder}/{b}_{s}_{m}_source.py'] = \
+            HEADER + _bases(b, s, m, 'source')
     return dict(sorted(files.items()))
 
 

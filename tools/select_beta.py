@@ -1,59 +1,84 @@
-"""Choose STAG's beta0 on the first condition of the first round only.
+"""Choose STAG's beta0 (and gamma) on the stream's first stage only.
 
-The paper gives no ACDC beta0/gamma for some methods (CoTTA, EATA, SAR,
-DeYO); this runs a ``*-stag.py`` config on round-1 fog alone for each
-beta0 of a grid (``tools/test.py``, one process each) and keeps the best
-mIoU (ties: the smaller beta0), as ``make demo`` does on its stand-in::
+The paper chooses STAG's hyper-parameters on the first condition (ACDC:
+round-1 fog; classification: the first corruption). This runs a STAG config
+on that first stage alone for every (beta0, gamma) of a grid
+(``tools/test.py``'s run, in this process) and keeps the best score (mIoU
+or accuracy; ties: the smaller beta0, then the smaller gamma). Both demos
+use it::
 
-    python tools/select_beta.py configs/stag_acdc/<method>-stag.py CKPT \\
-        --beta-grid 50 250 500 1000 --work-dir work_dirs/beta_<method> \\
+    python tools/select_beta.py CONFIG CKPT --beta-grid 50 250 500 1000 \\
+        [--gamma-grid 10 100] --work-dir work_dirs/beta_<method> \\
         [--cfg-options test_dataloader.dataset.data_root=data/acdc ...]
 
-Writes ``<work-dir>/beta_selection.json`` and prints the option to use.
+Writes ``<work-dir>/beta_selection.json`` and prints the options to use.
 """
 import argparse
 import json
 import os.path as osp
-import subprocess
 import sys
 
 from mmengine.config import Config, DictAction
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        description='beta0 of STAG chosen on round-1 of the first condition')
-    parser.add_argument('config', help='a *-stag.py online-adaptation config')
+        description='beta0/gamma of STAG chosen on the first stage')
+    parser.add_argument('config', help='an online-adaptation config with '
+                        'test_cfg.method.stag')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--beta-grid', type=float, nargs='+',
                         default=[50.0, 250.0, 500.0, 1000.0],
                         help='beta0 values to try (default: 50 250 500 1000)')
-    parser.add_argument('--condition', default='fog',
-                        help='the stream\'s first condition (default: fog)')
+    parser.add_argument('--gamma-grid', type=float, nargs='+', default=None,
+                        help='gamma values to try (default: the config\'s)')
+    parser.add_argument('--condition', default=None,
+                        help='the first stage\'s condition (default: the '
+                        'stream\'s first: ACDC fog, the first corruption)')
     parser.add_argument('--work-dir', required=True,
-                        help='one sub-folder per beta0 and the choice')
+                        help='one sub-folder per trial and the choice')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        default={}, help='passed on to tools/test.py')
+                        default={}, help='as for tools/test.py')
     args = parser.parse_args(argv)
-    if any(b <= 0 for b in args.beta_grid):
-        parser.error(f'--beta-grid values must be > 0, got {args.beta_grid}')
+    for name in ('beta_grid', 'gamma_grid'):
+        values = getattr(args, name) or []
+        if any(v <= 0 for v in values):
+            parser.error(f'--{name.replace("_", "-")} values must be > 0, '
+                         f'got {values}')
     return args
 
 
-def check_config(args) -> None:
-    """Errors before any run: no such file, no STAG in the config."""
-    for name in ('config', 'checkpoint'):
-        if not osp.isfile(getattr(args, name)):
-            raise SystemExit(f'error: {name} file not found: '
-                             f'{getattr(args, name)}')
-    cfg = Config.fromfile(args.config)
-    cfg.merge_from_dict(args.cfg_options)
-    method = cfg.get('test_cfg', {}).get('method', {})
-    if not method.get('stag'):
-        raise SystemExit(f'error: {args.config} has no test_cfg.method.stag '
-                         '(choose beta0 on a *-stag.py config)')
+def load_config(config, checkpoint: str, cfg_options: dict) -> Config:
+    """The config with its options; errors before any run: no such file,
+    no STAG in the config."""
+    for name, path in (('config', config), ('checkpoint', checkpoint)):
+        if isinstance(path, str) and not osp.isfile(path):
+            raise SystemExit(f'error: {name} file not found: {path}')
+    cfg = config.copy() if isinstance(config, Config) \
+        else Config.fromfile(config)
+    cfg.merge_from_dict(cfg_options)
+    if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
+        raise SystemExit(f'error: {config} has no test_cfg.method.stag '
+                         '(choose beta0 on a STAG config)')
+    return cfg
+
+
+def first_stage_options(cfg: Config, condition=None) -> dict:
+    """``--cfg-options`` that keep the stream's first stage alone: ACDC's
+    first round of one condition, or a classification stream's first
+    corruption (the same images in the same order as in the whole
+    stream)."""
+    dataset = cfg.test_dataloader.dataset
+    if 'rounds' in dataset:
+        first = condition or list(dataset.get('conditions', ['fog']))[0]
+        return {'test_dataloader.dataset.rounds': 1,
+                'test_dataloader.dataset.conditions': [first]}
+    first = condition or list(dataset.corruptions)[0]
+    return {'test_dataloader.dataset.corruptions': [first]}
 
 
 def as_cli(options: dict) -> list:
@@ -67,41 +92,56 @@ def as_cli(options: dict) -> list:
     return [f'{k}={fmt(v)}' for k, v in options.items()]
 
 
-def round_one_miou(args, beta0: float) -> float:
-    """mIoU of the first stage with this beta0 (one tools/test.py run)."""
-    work_dir = osp.join(args.work_dir, f'beta0_{beta0:g}')
-    options = dict(args.cfg_options)
-    options.update({'test_dataloader.dataset.rounds': 1,
-                    'test_dataloader.dataset.conditions': [args.condition],
-                    'test_cfg.method.stag.beta0': beta0})
-    cmd = [sys.executable, osp.join(REPO, 'tools', 'test.py'), args.config,
-           args.checkpoint, '--work-dir', work_dir, '--cfg-options'
-           ] + as_cli(options)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f'error: the run with beta0={beta0:g} failed '
-                         f'(log in {work_dir}):\n{proc.stderr[-3000:]}')
+def first_stage_score(cfg: Config, checkpoint: str, work_dir: str) -> float:
+    """The first stage's score (mIoU or accuracy) of one run."""
+    from mmseg_stag.engine.runs import prepare_config, run_test
+    run_test(prepare_config(cfg.copy(), work_dir), checkpoint)
     with open(osp.join(work_dir, 'continual_results.json')) as f:
-        return json.load(f)['stages'][0]['mIoU']
+        results = json.load(f)
+    return results['stages'][0][results.get('score', 'mIoU')]
+
+
+def select(config, checkpoint: str, beta_grid, work_dir: str,
+           gamma_grid=None, cfg_options=None, condition=None,
+           log=print) -> dict:
+    """Run the grid on the first stage; returns ``dict(beta0, gamma,
+    trials=[dict(beta0, gamma, score)])`` and writes it to
+    ``<work_dir>/beta_selection.json``."""
+    cfg = load_config(config, checkpoint, dict(cfg_options or {}))
+    cfg.merge_from_dict(first_stage_options(cfg, condition))
+    gammas = gamma_grid or [cfg.test_cfg.method.stag.gamma]
+    trials = []
+    for beta0 in beta_grid:
+        for gamma in gammas:
+            trial = cfg.copy()
+            trial.merge_from_dict({'test_cfg.method.stag.beta0': beta0,
+                                   'test_cfg.method.stag.gamma': gamma})
+            score = first_stage_score(
+                trial, checkpoint,
+                osp.join(work_dir, f'beta0_{beta0:g}_gamma_{gamma:g}'))
+            trials.append(dict(beta0=beta0, gamma=gamma, score=score))
+            if log:
+                log(f'beta0={beta0:g}, gamma={gamma:g}: first-stage score '
+                    f'{score:.2f}')
+    best = max(trials, key=lambda t: (t['score'], -t['beta0'], -t['gamma']))
+    result = dict(config=config if isinstance(config, str) else None,
+                  checkpoint=checkpoint, beta0=best['beta0'],
+                  gamma=best['gamma'], trials=trials)
+    with open(osp.join(work_dir, 'beta_selection.json'), 'w') as f:
+        json.dump(result, f, indent=1)
+    return result
 
 
 def main(argv=None):
     args = parse_args(argv)
-    check_config(args)
-    scores = {}
-    for beta0 in args.beta_grid:
-        scores[beta0] = round_one_miou(args, beta0)
-        print(f'beta0={beta0:g}: round-1 {args.condition} mIoU '
-              f'{scores[beta0]:.2f}', flush=True)
-    best = max(args.beta_grid, key=lambda b: (scores[b], -b))
-    result = dict(config=args.config, checkpoint=args.checkpoint,
-                  condition=args.condition, best_beta0=best,
-                  round1_mIoU={f'{b:g}': s for b, s in scores.items()})
-    path = osp.join(args.work_dir, 'beta_selection.json')
-    with open(path, 'w') as f:
-        json.dump(result, f, indent=1)
-    print(f'chosen beta0 = {best:g} ({path}); run the whole stream with\n'
-          f'  --cfg-options test_cfg.method.stag.beta0={best:g}')
+    result = select(args.config, args.checkpoint, args.beta_grid,
+                    args.work_dir, args.gamma_grid, args.cfg_options,
+                    args.condition)
+    print(f'chosen beta0 = {result["beta0"]:g}, gamma = {result["gamma"]:g} '
+          f'({osp.join(args.work_dir, "beta_selection.json")}); run the '
+          'whole stream with\n  --cfg-options '
+          f'test_cfg.method.stag.beta0={result["beta0"]:g} '
+          f'test_cfg.method.stag.gamma={result["gamma"]:g}')
     return result
 
 

@@ -272,8 +272,7 @@ def run_trial(config):
     reported (``mIoU`` of the stage, ``mean_mIoU`` so far)."""
     from ray import tune
 
-    from mmseg_stag.segmentation.evaluation.continual_report import \
-        read_partial
+    from mmseg_stag.engine.report import read_partial
     run, options, resume = config['run'], config['options'], config['resume']
     os.makedirs(run['work_dir'], exist_ok=True)
     cmd = [sys.executable, TEST_PY, run['config'], run['checkpoint'],
@@ -320,7 +319,7 @@ def run_trial(config):
 # -- the sweep ------------------------------------------------------------
 def gather(runs, results, work_dir):
     """The table and figure of every run, with its status."""
-    from mmseg_stag.segmentation.evaluation.comparison import (
+    from mmseg_stag.engine.comparison import (
         read_run_stages, write_comparison)
     errors = {}
     for result in results:

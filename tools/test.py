@@ -1,4 +1,6 @@
-"""Test (and adapt online) a segmentor: MMSeg's test entry point for STAG.
+"""Test (and adapt online) a segmentor or a classifier: MMSeg's test entry
+point for STAG, for both tasks (a classification config needs neither MMSeg
+nor MMCV).
 
 Same usage and flags as MMSegmentation's ``tools/test.py``::
 
@@ -18,10 +20,14 @@ in ``--work-dir``.
 import argparse
 import os
 import os.path as osp
+import sys
 
 from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
-from mmengine.runner import Runner
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
 
 
 def parse_args():
@@ -117,77 +123,21 @@ def main():
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint file not found: '
                                 f'{args.checkpoint}')
+    from mmseg_stag.engine.runs import prepare_config, run_test
 
     cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
-    online = cfg.get('test_cfg', {}).get('type') == 'OnlineAdaptationLoop'
-    world_size = int(os.environ.get('WORLD_SIZE', '1'))
-    if online and (args.launcher != 'none' or world_size > 1):
-        # before any process group or worker starts (the loop refuses too)
-        from mmseg_stag.segmentation.engine.online_loop import \
-            DISTRIBUTED_ERROR
-        n = world_size if world_size > 1 else 'several'
-        raise SystemExit('error: ' + DISTRIBUTED_ERROR.format(n=n))
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
-    set_randomness(cfg, args)
-    if args.resume:
-        check_resumable(cfg, online)
-    # loaded below through the safe, strict loader instead of MMEngine's
-    cfg.load_from = None
+    cfg = prepare_config(cfg, args.work_dir, args.config, args.launcher,
+                         args.seed, args.deterministic, args.resume)
     if args.show or args.show_dir:
         cfg = trigger_visualization_hook(cfg, args)
     if args.out is not None:
         cfg.test_evaluator['output_dir'] = args.out
         cfg.test_evaluator['keep_results'] = True
-
-    runner = Runner.from_cfg(cfg)
-
-    from mmseg_stag.checkpoint import load_segmentor_checkpoint
-    from mmengine.model import is_model_wrapper
-    model = runner.model.module if is_model_wrapper(
-        runner.model) else runner.model
-    load_segmentor_checkpoint(
-        model, args.checkpoint, allow_unsafe_pickle=args.trust_pickle,
-        classifier_name=cfg.test_cfg.get('classifier'))
-    print_log(f'Loaded checkpoint {args.checkpoint}', logger='current')
-    runner.test()
+    _, model = run_test(cfg, args.checkpoint, args.trust_pickle)
     if args.save_adapted:
         save_adapted(model, args)
-
-
-def set_randomness(cfg, args):
-    """``--seed`` and ``--deterministic`` into MMEngine's ``randomness``."""
-    randomness = dict(cfg.get('randomness', None) or {})
-    if args.seed is not None:
-        randomness['seed'] = args.seed
-    if args.deterministic:
-        randomness['deterministic'] = True
-        # cuBLAS needs a fixed workspace for repeatable GEMMs (set before
-        # CUDA starts; a user's own setting is kept)
-        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
-    cfg.randomness = randomness
-
-
-def check_resumable(cfg, online):
-    """``--resume`` needs the online loop and a previous run in the work
-    dir (checked before anything is built)."""
-    from mmseg_stag.segmentation.engine.online_loop import STATE_FILE
-    if not online:
-        raise SystemExit('error: --resume continues an online-adaptation run'
-                         ' (test_cfg.type=OnlineAdaptationLoop); this config'
-                         ' runs MMSeg\'s plain test loop')
-    state = osp.join(cfg.work_dir, STATE_FILE)
-    if not osp.isfile(state):
-        raise SystemExit(f'error: --resume: no previous run in {cfg.work_dir}'
-                         f' ({state} does not exist); run without --resume '
-                         'to start it, or give its --work-dir')
-    cfg.test_cfg.resume = True
 
 
 def save_adapted(model, args):

@@ -1,35 +1,42 @@
-"""Classification half of STAG: corrupted test sets, test-stream scenarios,
-source models, and the online predict-then-adapt runner.
-
-The online-adaptation methods, ``STAGLoss`` and the head probe are the same
-objects as for segmentation (:mod:`mmseg_stag.core`); this package feeds
-them ``(features [N, D], logits [N, C])`` from one forward pass. Neither
-MMSeg nor MMCV is needed.
-"""
+"""The classification task of the online loop: corrupted test sets as
+streams (:class:`CorruptionStream` with the scenarios' orders), the
+classifier wrapper (:class:`OnlineClassifier`: torchvision, timm, the
+RobustBench WRNs, the demo nets) with its data preprocessor, the per-stage
+accuracy metric and the paper's table of several runs. Needs MMEngine, not
+MMSeg or MMCV."""
+from .classifier import ClassifierPreprocessor, OnlineClassifier
 from .data import (CIFARC, CORRUPTIONS, IMAGENET_MEAN, IMAGENET_STD,
-                   ImageFolder, NumpyImages,
-                   SHORT_NAMES, CorruptionSet, ImageNetC, StreamData,
-                   build_corruption_sets, imagenet_preprocess, to_tensor)
-from .experiment import run_experiment
+                   SHORT_NAMES, CorruptionSet, ImageFolder, ImageNetC,
+                   NumpyImages, StreamData, build_corruption_sets,
+                   imagenet_preprocess, to_uint8_chw)
+from .metric import StreamAccuracyMetric
 from .models import build_cls_model, load_weights
+from .online_task import ClassificationTask
 from .registry import CLS_DATASETS, CLS_MODELS, CLS_SCENARIOS
-from .report import format_table, table_values, write_results
-from .runner import (METHOD_NAMES, RowResult, RowSpec, SourceData,
-                     rows_from_config,
-                     run_key, run_row)
 from .scenarios import Stage, build_stream
 from .small_models import SmallCNN, SmallViT
+from .stream import (CorruptionStream, SeededShuffleSampler, SourceImages,
+                     StageBatchSampler)
+from .table import (format_corruption_table, read_run, table_values,
+                    write_corruption_table)
 from .wide_resnet import WideResNet, wrn28_10_standard, wrn40_2_augmix
+
+#: Display names of the registered methods (paper spelling).
+METHOD_NAMES = {
+    'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
+    'eata': 'EATA', 'sar': 'SAR', 'deyo': 'DeYO', 'cotta': 'CoTTA'
+}
 
 __all__ = [
     'CORRUPTIONS', 'SHORT_NAMES', 'IMAGENET_MEAN', 'IMAGENET_STD',
     'CorruptionSet', 'ImageNetC', 'CIFARC', 'ImageFolder', 'NumpyImages',
-    'SourceData', 'StreamData',
-    'build_corruption_sets', 'imagenet_preprocess', 'to_tensor',
-    'Stage', 'build_stream',
-    'build_cls_model', 'load_weights', 'WideResNet', 'wrn28_10_standard',
-    'wrn40_2_augmix', 'SmallCNN', 'SmallViT', 'RowSpec', 'RowResult',
-    'rows_from_config', 'run_row', 'run_key', 'METHOD_NAMES',
-    'format_table', 'table_values', 'write_results', 'run_experiment',
-    'CLS_MODELS', 'CLS_DATASETS', 'CLS_SCENARIOS'
+    'StreamData', 'build_corruption_sets', 'imagenet_preprocess',
+    'to_uint8_chw', 'Stage', 'build_stream', 'CorruptionStream',
+    'SourceImages', 'StageBatchSampler', 'SeededShuffleSampler',
+    'OnlineClassifier', 'ClassifierPreprocessor', 'ClassificationTask',
+    'StreamAccuracyMetric', 'build_cls_model', 'load_weights', 'WideResNet',
+    'wrn28_10_standard', 'wrn40_2_augmix', 'SmallCNN', 'SmallViT',
+    'read_run', 'table_values', 'format_corruption_table',
+    'write_corruption_table', 'METHOD_NAMES', 'CLS_MODELS', 'CLS_DATASETS',
+    'CLS_SCENARIOS'
 ]

@@ -1,4 +1,5 @@
-"""Corrupted classification test sets, as released, as normalised tensors.
+"""Corrupted classification test sets, as released, as uint8 ``[3, H, W]``
+tensors (the ``OnlineClassifier``'s data preprocessor normalises them).
 
 * ImageNet-C (Hendrycks & Dietterich): ``<root>/<corruption>/<severity>/
   <wnid>/*.JPEG``; the class index is the position of the wnid in the sorted
@@ -43,32 +44,18 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = ('.jpeg', '.jpg', '.png', '.bmp', '.webp')
 
 
-def to_tensor(images: np.ndarray,
-              mean: Optional[Sequence[float]] = None,
-              std: Optional[Sequence[float]] = None) -> torch.Tensor:
-    """uint8 ``[N, H, W, 3]`` (or one ``[H, W, 3]``) -> float ``[N, 3, H, W]``
-    in ``[0, 1]``, then ``(x - mean) / std`` if given."""
-    single = images.ndim == 3
-    if not images.flags.writeable:  # a memory-mapped file
-        images = np.array(images)
-    x = torch.from_numpy(np.ascontiguousarray(images)).float().div_(255.0)
-    x = x.unsqueeze(0) if single else x
-    x = x.permute(0, 3, 1, 2).contiguous()
-    if mean is not None or std is not None:
-        mean_t = torch.tensor(mean if mean is not None else (0., ) * 3)
-        std_t = torch.tensor(std if std is not None else (1., ) * 3)
-        x = (x - mean_t.view(1, -1, 1, 1)) / std_t.view(1, -1, 1, 1)
-    return x[0] if single else x
+def to_uint8_chw(image: np.ndarray) -> torch.Tensor:
+    """uint8 ``[H, W, 3]`` -> uint8 ``[3, H, W]`` (a copy: memory maps and
+    PIL buffers are read-only)."""
+    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(
+        2, 0, 1).contiguous()
 
 
 def imagenet_preprocess(image: Image.Image,
                         resize: Optional[int] = 256,
-                        crop: Optional[int] = 224,
-                        mean: Optional[Sequence[float]] = IMAGENET_MEAN,
-                        std: Optional[Sequence[float]] = IMAGENET_STD
-                        ) -> torch.Tensor:
-    """torchvision's ``Resize(256), CenterCrop(224), ToTensor(), Normalize``
-    with PIL and numpy only.
+                        crop: Optional[int] = 224) -> torch.Tensor:
+    """torchvision's ``Resize(256), CenterCrop(224)`` with PIL and numpy
+    only (``ToTensor, Normalize``: the model's data preprocessor).
 
     Args:
         image: a PIL image (converted to RGB).
@@ -76,10 +63,9 @@ def imagenet_preprocess(image: Image.Image,
             side keeps the aspect ratio, truncated as torchvision does).
             ``None``: no resize (SAR's ImageNet-C transform).
         crop: side of the center crop; ``None``: no crop.
-        mean, std: per-channel normalisation of the ``[0, 1]`` tensor.
 
     Returns:
-        ``[3, crop, crop]`` float tensor.
+        ``[3, crop, crop]`` uint8 tensor.
     """
     image = image.convert('RGB')
     if resize is not None:
@@ -98,7 +84,7 @@ def imagenet_preprocess(image: Image.Image,
         top = int(round((h - crop) / 2.0))
         left = int(round((w - crop) / 2.0))
         image = image.crop((left, top, left + crop, top + crop))
-    return to_tensor(np.asarray(image), mean, std)
+    return to_uint8_chw(np.asarray(image))
 
 
 def _require_dir(path: str, what: str) -> None:
@@ -185,9 +171,6 @@ class CorruptionSet(Dataset):
             h.update(f'{path}:{st.st_size}:{st.st_mtime_ns}'.encode())
         return h.hexdigest()[:16]
 
-    def load(self, indices: Sequence[int]) -> torch.Tensor:
-        """The images at ``indices``, stacked: ``[n, 3, H, W]``."""
-        return torch.stack([self[int(i)][0] for i in indices])
 
 
 class ImageFiles(CorruptionSet):
@@ -220,7 +203,7 @@ class ImageNetC(ImageFiles):
             file order); ``None``: all.
         subset_seed: seed of that subset (the same subset for every
             corruption when the folders hold the same files).
-        resize, crop, mean, std: see :func:`imagenet_preprocess`.
+        resize, crop: see :func:`imagenet_preprocess`.
     """
 
     def __init__(self,
@@ -231,12 +214,9 @@ class ImageNetC(ImageFiles):
                  n_examples: Optional[int] = None,
                  subset_seed: int = 0,
                  resize: Optional[int] = 256,
-                 crop: Optional[int] = 224,
-                 mean: Optional[Sequence[float]] = IMAGENET_MEAN,
-                 std: Optional[Sequence[float]] = IMAGENET_STD):
+                 crop: Optional[int] = 224):
         self.corruption, self.severity = corruption, int(severity)
-        self.transform_args = dict(resize=resize, crop=crop, mean=mean,
-                                   std=std)
+        self.transform_args = dict(resize=resize, crop=crop)
         _require_dir(data_root, 'ImageNet-C root')
         _require_dir(osp.join(data_root, corruption),
                      f'ImageNet-C corruption folder {corruption!r}')
@@ -260,8 +240,6 @@ class CIFARC(CorruptionSet):
         severities: the severities the files hold, in order. The released
             files hold ``(1, 2, 3, 4, 5)``; a file made for one severity only
             (the project's demo data) holds ``(5, )``.
-        mean, std: normalisation of the ``[0, 1]`` tensor; ``None`` (the
-            RobustBench models take ``[0, 1]`` inputs).
     """
 
     def __init__(self,
@@ -269,11 +247,8 @@ class CIFARC(CorruptionSet):
                  corruption: str,
                  severity: int = 5,
                  n_examples: Optional[int] = None,
-                 severities: Sequence[int] = (1, 2, 3, 4, 5),
-                 mean: Optional[Sequence[float]] = None,
-                 std: Optional[Sequence[float]] = None):
+                 severities: Sequence[int] = (1, 2, 3, 4, 5)):
         self.corruption, self.severity = corruption, int(severity)
-        self.mean, self.std = mean, std
         severities = [int(s) for s in severities]
         if self.severity not in severities:
             raise ValueError(f'severity {severity} not in the severities '
@@ -307,13 +282,8 @@ class CIFARC(CorruptionSet):
         return [self.path, self.labels_path]
 
     def __getitem__(self, index: int):
-        return to_tensor(self.images[index], self.mean, self.std), \
-            int(self.labels[index])
+        return to_uint8_chw(self.images[index]), int(self.labels[index])
 
-    def load(self, indices: Sequence[int]) -> torch.Tensor:
-        # one fancy-indexing read from the memory map, one conversion
-        idx = np.asarray(indices, dtype=np.int64)
-        return to_tensor(np.asarray(self.images[idx]), self.mean, self.std)
 
 
 @CLS_DATASETS.register_module()
@@ -324,7 +294,7 @@ class ImageFolder(ImageFiles):
     Args:
         data_root: the folder of class folders.
         wnids, n_examples, subset_seed: see :class:`ImageNetC`.
-        resize, crop, mean, std: see :func:`imagenet_preprocess`.
+        resize, crop: see :func:`imagenet_preprocess`.
     """
 
     def __init__(self,
@@ -333,12 +303,9 @@ class ImageFolder(ImageFiles):
                  n_examples: Optional[int] = None,
                  subset_seed: int = 0,
                  resize: Optional[int] = 256,
-                 crop: Optional[int] = 224,
-                 mean: Optional[Sequence[float]] = IMAGENET_MEAN,
-                 std: Optional[Sequence[float]] = IMAGENET_STD):
+                 crop: Optional[int] = 224):
         self.corruption, self.severity = 'clean', 0
-        self.transform_args = dict(resize=resize, crop=crop, mean=mean,
-                                   std=std)
+        self.transform_args = dict(resize=resize, crop=crop)
         _require_dir(data_root, 'clean image folder (source_data.data_root)')
         self.classes, self.paths, self.labels = scan_class_folders(
             data_root, wnids, n_examples, subset_seed)
@@ -353,17 +320,13 @@ class NumpyImages(CorruptionSet):
         images: path of the images ``.npy``.
         labels: path of the labels ``.npy``.
         n_examples: the first ``n`` images; ``None``: all.
-        mean, std: normalisation of the ``[0, 1]`` tensor.
     """
 
     def __init__(self,
                  images: str,
                  labels: str,
-                 n_examples: Optional[int] = None,
-                 mean: Optional[Sequence[float]] = None,
-                 std: Optional[Sequence[float]] = None):
+                 n_examples: Optional[int] = None):
         self.corruption, self.severity = 'clean', 0
-        self.mean, self.std = mean, std
         _require_file(images, 'source images file (source_data.images)')
         _require_file(labels, 'source labels file (source_data.labels)')
         array = np.load(images, mmap_mode='r')
@@ -384,12 +347,8 @@ class NumpyImages(CorruptionSet):
         return self.paths
 
     def __getitem__(self, index: int):
-        return to_tensor(self.images[index], self.mean, self.std), \
-            int(self.labels[index])
+        return to_uint8_chw(self.images[index]), int(self.labels[index])
 
-    def load(self, indices: Sequence[int]) -> torch.Tensor:
-        idx = np.asarray(indices, dtype=np.int64)
-        return to_tensor(np.asarray(self.images[idx]), self.mean, self.std)
 
 
 def build_corruption_sets(cfg: dict) -> Dict[str, CorruptionSet]:
@@ -439,18 +398,8 @@ class StreamData:
         k = self.names.index(name)
         return np.arange(self.offsets[k], self.offsets[k + 1])
 
-    def load(self, indices: Sequence[int]):
-        """``(images [n, 3, H, W], labels [n], domain [n])`` in the given
-        order (items of several sets are loaded set by set)."""
-        indices = np.asarray(indices, dtype=np.int64)
-        domain = self.domain[indices]
-        images = None
-        for k in np.unique(domain):
-            where = np.nonzero(domain == k)[0]
-            local = indices[where] - self.offsets[k]
-            batch = self.sets[k].load(local)
-            if images is None:
-                images = batch.new_empty((len(indices), ) + batch.shape[1:])
-            images[torch.from_numpy(where)] = batch
-        return (images, torch.from_numpy(self.labels[indices]),
-                torch.from_numpy(domain))
+    def item(self, index: int) -> Tuple[torch.Tensor, int, int]:
+        """``(image, label, corruption index)`` of global index ``index``."""
+        k = int(self.domain[index])
+        image, label = self.sets[k][int(index - self.offsets[k])]
+        return image, label, k

@@ -1,9 +1,11 @@
 """Test streams of the paper's classification scenarios (§4.2-4.5).
 
-A stream is a list of :class:`Stage`: consecutive batches (arrays of global
-indices into a :class:`~mmseg_stag.classification.data.StreamData`) and
-whether the model and the method are reset to the source state before the
-stage. Shuffles are seeded: the same seed gives the same stream.
+A stream is a list of :class:`Stage`: the global indices into a
+:class:`~mmseg_stag.classification.data.StreamData` in stream order, and
+whether the model and the method restart from the source state at the
+stage. Shuffles are seeded: the same seed gives the same stream. The batch
+size is the dataloader's (``StageBatchSampler`` cuts batches inside a
+stage; the configs under ``configs/cls/_base_/scenarios`` set both).
 
 =================  =====  ===================================  =============
 scenario           batch  order                                reset
@@ -34,33 +36,22 @@ ORDERS = ('shuffle', 'file', 'class')
 
 @dataclass
 class Stage:
-    """Consecutive batches of one stream segment.
+    """One stream segment.
 
     Args:
         name: the corruption, or ``'mixed'``.
-        batches: arrays of global indices, in stream order.
-        reset: restore the source model and rebuild the method first.
+        indices: global indices, in stream order.
+        reset: restart from the source model and a fresh method.
     """
     name: str
-    batches: List[np.ndarray] = field(default_factory=list)
+    indices: np.ndarray = field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64))
     reset: bool = False
-
-    @property
-    def num_samples(self) -> int:
-        return int(sum(len(b) for b in self.batches))
 
 
 def stage_rng(seed: int, stage: int) -> np.random.Generator:
     """The random generator of one stage (independent of the others)."""
     return np.random.default_rng([int(seed), int(stage)])
-
-
-def split_batches(indices: np.ndarray, batch_size: int) -> List[np.ndarray]:
-    """Consecutive batches; the last may be smaller (no sample dropped)."""
-    if batch_size < 1:
-        raise ValueError(f'batch_size must be >= 1, got {batch_size}')
-    return [indices[i:i + batch_size]
-            for i in range(0, len(indices), batch_size)]
 
 
 def order_indices(indices: np.ndarray, labels: np.ndarray, order: str,
@@ -83,6 +74,10 @@ def order_indices(indices: np.ndarray, labels: np.ndarray, order: str,
         return indices
     if order == 'shuffle':
         return indices[rng.permutation(len(indices))]
+    if len(labels) and labels.min() < 0:
+        raise ValueError('a class-ordered stream (label shift) needs the '
+                         'labels of its images; this data has unlabelled '
+                         'images (label < 0)')
     classes = np.unique(labels)
     if shuffle_class_order:
         classes = classes[rng.permutation(len(classes))]
@@ -94,7 +89,6 @@ def order_indices(indices: np.ndarray, labels: np.ndarray, order: str,
 @CLS_SCENARIOS.register_module(name='per_corruption')
 def per_corruption(data: StreamData,
                    seed: int = 0,
-                   batch_size: int = 64,
                    order: str = 'shuffle',
                    reset: bool = True,
                    shuffle_class_order: bool = False,
@@ -104,7 +98,6 @@ def per_corruption(data: StreamData,
     Args:
         data: the corruption sets.
         seed: seed of the shuffles.
-        batch_size: samples per step.
         order: see :func:`order_indices`.
         reset: reset before every stage (``False``: only before the first).
         shuffle_class_order: see :func:`order_indices`.
@@ -118,45 +111,41 @@ def per_corruption(data: StreamData,
                             shuffle_class_order)
         if n_per_corruption is not None:
             idx = idx[:n_per_corruption]
-        stages.append(Stage(name, split_batches(idx, batch_size),
-                            reset=reset or k == 0))
+        stages.append(Stage(name, idx, reset=reset or k == 0))
     return stages
 
 
 @CLS_SCENARIOS.register_module(name='mild')
-def mild(data: StreamData, seed: int = 0, batch_size: int = 64,
-         **kwargs) -> List[Stage]:
-    """Batch 64, one corruption at a time, shuffled, reset between them."""
-    return per_corruption(data, seed, batch_size, order='shuffle',
-                          reset=True, **kwargs)
+def mild(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
+    """One corruption at a time, shuffled, reset between them."""
+    return per_corruption(data, seed, order='shuffle', reset=True, **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='label_shift')
-def label_shift(data: StreamData, seed: int = 0, batch_size: int = 64,
+def label_shift(data: StreamData, seed: int = 0,
                 shuffle_class_order: bool = True, **kwargs) -> List[Stage]:
     """Imbalance ratio inf: each corruption's stream sorted by class."""
-    return per_corruption(data, seed, batch_size, order='class', reset=True,
+    return per_corruption(data, seed, order='class', reset=True,
                           shuffle_class_order=shuffle_class_order, **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='batch_size_1')
 def batch_size_1(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
-    """One sample per step, shuffled, reset between corruptions."""
-    return per_corruption(data, seed, batch_size=1, order='shuffle',
-                          reset=True, **kwargs)
+    """Shuffled, reset between corruptions (the mild order; the
+    dataloader's batch size is 1)."""
+    return per_corruption(data, seed, order='shuffle', reset=True, **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='continual')
-def continual(data: StreamData, seed: int = 0, batch_size: int = 200,
-              order: str = 'file', **kwargs) -> List[Stage]:
+def continual(data: StreamData, seed: int = 0, order: str = 'file',
+              **kwargs) -> List[Stage]:
     """Corruptions in sequence, never reset (CoTTA's CIFAR-C protocol: file
     order within a corruption)."""
-    return per_corruption(data, seed, batch_size, order=order, reset=False,
-                          **kwargs)
+    return per_corruption(data, seed, order=order, reset=False, **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='mixed')
-def mixed(data: StreamData, seed: int = 0, batch_size: int = 64,
+def mixed(data: StreamData, seed: int = 0,
           n_per_corruption: Optional[int] = None) -> List[Stage]:
     """All corruptions shuffled into one stream (one stage)."""
     parts = []
@@ -166,7 +155,7 @@ def mixed(data: StreamData, seed: int = 0, batch_size: int = 64,
                      else idx[:n_per_corruption])
     idx = np.concatenate(parts)
     idx = idx[stage_rng(seed, 0).permutation(len(idx))]
-    return [Stage('mixed', split_batches(idx, batch_size), reset=True)]
+    return [Stage('mixed', idx, reset=True)]
 
 
 def build_stream(cfg: dict, data: StreamData, seed: int) -> List[Stage]:

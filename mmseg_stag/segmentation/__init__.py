@@ -1,14 +1,14 @@
-"""The MMSeg side: registers the online loop, its log processor, the NVlabs
-SegFormer backbone and head, the ACDC stream and its views, the per-stage
-metric and ``STAGLoss`` in MMSeg's registries (imported by ``import
+"""The MMSeg side: registers the segmentation task of the online loop, the
+NVlabs SegFormer backbone and head, the ACDC stream and its views, the
+per-stage metric and ``STAGLoss`` in MMSeg's registries (imported by ``import
 mmseg_stag`` when MMSeg is there)."""
 from mmseg.registry import MODELS
 
 from mmseg_stag.core import STAGLoss
 from .datasets import (CONTINUAL_META_KEYS, STREAM_TAGS, ACDCContinualDataset,
                        ScaleFlipViews)
-from .engine import OnlineAdaptationLogProcessor, OnlineAdaptationLoop
 from .evaluation import ContinualIoUMetric
+from .online_task import SegmentationTask
 from .models import (NVMixVisionTransformer, NVSegformerHead,
                      convert_nvlabs_checkpoint, convert_nvlabs_mit,
                      convert_nvlabs_segformer)
@@ -17,7 +17,7 @@ from .models import (NVMixVisionTransformer, NVSegformerHead,
 MODELS.register_module(module=STAGLoss)
 
 __all__ = [
-    'OnlineAdaptationLoop', 'OnlineAdaptationLogProcessor',
+    'SegmentationTask',
     'ACDCContinualDataset', 'CONTINUAL_META_KEYS', 'STREAM_TAGS',
     'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
     'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',

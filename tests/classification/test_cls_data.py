@@ -11,7 +11,7 @@ from PIL import Image
 from mmseg_stag.classification import (CIFARC, CORRUPTIONS, IMAGENET_MEAN,
                                        IMAGENET_STD, ImageNetC, StreamData,
                                        build_corruption_sets,
-                                       imagenet_preprocess, to_tensor)
+                                       imagenet_preprocess, to_uint8_chw)
 
 N_PER_SEVERITY = 6
 
@@ -41,31 +41,34 @@ def test_cifar_c_severity_slicing_and_labels(tmp_path):
         assert len(ds) == N_PER_SEVERITY
         np.testing.assert_array_equal(ds.labels, labels)
         x, y = ds[2]
-        assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+        assert x.shape == (3, 32, 32) and x.dtype == torch.uint8
         assert y == labels[2]
-        assert round(float(x[0, 0, 0]) * 255) == 10 * severity + 2
-        batch = ds.load([4, 0])
-        assert batch.shape == (2, 3, 32, 32)
-        assert round(float(batch[0, 0, 0, 0]) * 255) == 10 * severity + 4
-        assert 0.0 <= float(batch.min()) and float(batch.max()) <= 1.0
+        assert int(x[0, 0, 0]) == 10 * severity + 2
+        assert int(ds[4][0][0, 0, 0]) == 10 * severity + 4
 
 
 def test_cifar_c_n_examples_and_normalisation(tmp_path):
+    from mmseg_stag.classification import ClassifierPreprocessor
     root, labels = make_cifar_c(str(tmp_path))
-    ds = CIFARC(root, 'shot_noise', severity=2, n_examples=4,
-                mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    ds = CIFARC(root, 'shot_noise', severity=2, n_examples=4)
     assert len(ds) == 4
     np.testing.assert_array_equal(ds.labels, labels[:4])
     raw = np.load(osp.join(root, 'shot_noise.npy'))[N_PER_SEVERITY + 1]
     expected = (torch.from_numpy(raw).float() / 255 - 0.5) / 0.25
-    torch.testing.assert_close(ds[1][0], expected.permute(2, 0, 1))
+    pre = ClassifierPreprocessor(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    out = pre(dict(inputs=[ds[1][0]]))['inputs']
+    torch.testing.assert_close(out[0], expected.permute(2, 0, 1))
+    plain = ClassifierPreprocessor()(dict(inputs=[ds[1][0]]))['inputs']
+    torch.testing.assert_close(plain[0],
+                               torch.from_numpy(raw).float().permute(
+                                   2, 0, 1) / 255)
 
 
 def test_cifar_c_single_severity_file(tmp_path):
     root, labels = make_cifar_c(str(tmp_path), severities=(5, ))
     ds = CIFARC(root, 'gaussian_noise', severity=5, severities=(5, ))
     assert len(ds) == N_PER_SEVERITY
-    assert round(float(ds[0][0][0, 0, 0]) * 255) == 50
+    assert int(ds[0][0][0, 0, 0]) == 50
     with pytest.raises(ValueError, match='severity 3'):
         CIFARC(root, 'gaussian_noise', severity=3, severities=(5, ))
 
@@ -111,8 +114,7 @@ def test_imagenet_c_folder_label_order(tmp_path):
     assert ds.classes == list(WNIDS)
     assert ds.labels.tolist() == [0, 0, 1, 1, 1, 2]
     x, y = ds[3]
-    assert x.shape == (3, 224, 224) and y == 1
-    assert ds.load([0, 5]).shape == (2, 3, 224, 224)
+    assert x.shape == (3, 224, 224) and x.dtype == torch.uint8 and y == 1
 
 
 def test_imagenet_c_given_wnid_list(tmp_path):
@@ -148,20 +150,23 @@ def test_imagenet_c_missing_folders(tmp_path):
 
 
 def test_imagenet_preprocess_matches_the_recipe():
+    from mmseg_stag.classification import ClassifierPreprocessor
     rng = np.random.default_rng(0)
     arr = rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)
     out = imagenet_preprocess(Image.fromarray(arr))
-    assert out.shape == (3, 224, 224)
+    assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
     # resize the shorter side to 256 (341x256), center crop 224
     ref = Image.fromarray(arr).resize((341, 256), Image.BILINEAR)
     ref = np.asarray(ref)[16:240, 58:282]
-    expected = to_tensor(ref, IMAGENET_MEAN, IMAGENET_STD)
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, to_uint8_chw(ref))
     flat = imagenet_preprocess(Image.new('RGB', (224, 224), (255, 0, 51)),
                                resize=None)
     mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+    # ToTensor, Normalize: the OnlineClassifier's data preprocessor
+    pre = ClassifierPreprocessor(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     torch.testing.assert_close(
-        flat[:, 5, 7], (torch.tensor([1.0, 0.0, 0.2]) - mean) / std)
+        pre(dict(inputs=[flat]))['inputs'][0][:, 5, 7],
+        (torch.tensor([1.0, 0.0, 0.2]) - mean) / std)
     with pytest.raises(ValueError, match='smaller than the center crop'):
         imagenet_preprocess(Image.new('RGB', (100, 100)), resize=None)
 
@@ -175,11 +180,12 @@ def test_stream_data_global_index(tmp_path):
     assert data.names == ['shot_noise', 'gaussian_noise'] and len(data) == 12
     np.testing.assert_array_equal(data.indices_of('gaussian_noise'),
                                   np.arange(6, 12))
-    x, y, d = data.load([7, 1, 0])
-    assert d.tolist() == [1, 0, 0]
-    assert y.tolist() == [labels[1], labels[1], labels[0]]
-    torch.testing.assert_close(x[0], sets['gaussian_noise'][1][0])
-    torch.testing.assert_close(x[1], sets['shot_noise'][1][0])
+    x, y, d = data.item(7)
+    assert (y, d) == (labels[1], 1)
+    torch.testing.assert_close(x, sets['gaussian_noise'][1][0])
+    x, y, d = data.item(1)
+    assert (y, d) == (labels[1], 0)
+    torch.testing.assert_close(x, sets['shot_noise'][1][0])
 
 
 def test_corruption_order_is_the_papers():
@@ -210,11 +216,10 @@ def test_image_folder_reads_the_imagenet_val_layout(tmp_path):
         for i in range(n):
             Image.new('RGB', (64, 48), (40 * i, 7, 9)).save(
                 root / wnid / f'ILSVRC2012_val_{i}.JPEG', format='JPEG')
-    ds = ImageFolder(str(root), resize=None, crop=None, mean=None, std=None)
+    ds = ImageFolder(str(root), resize=None, crop=None)
     assert ds.classes == sorted(WNIDS)
     assert ds.labels.tolist() == [0, 0, 1, 2, 2, 2]
-    x = ds.load([0, 3])
-    assert x.shape == (2, 3, 48, 64) and 0 <= x.min() <= x.max() <= 1
+    assert ds[3][0].shape == (3, 48, 64) and ds[3][0].dtype == torch.uint8
     sub = ImageFolder(str(root), n_examples=4, subset_seed=1)
     assert len(sub) == 4 and sub[0][0].shape == (3, 224, 224)
     with pytest.raises(FileNotFoundError, match='source_data.data_root'):
@@ -230,7 +235,7 @@ def test_numpy_images_checks_its_files(tmp_path):
     ds = NumpyImages(str(tmp_path / 'x.npy'), str(tmp_path / 'y.npy'),
                      n_examples=3)
     assert len(ds) == 3 and ds.labels.tolist() == [0, 1, 2]
-    torch.testing.assert_close(ds.load([2]), to_tensor(images[2:3]))
+    torch.testing.assert_close(ds[2][0], to_uint8_chw(images[2]))
     with pytest.raises(FileNotFoundError, match='source_data.labels'):
         NumpyImages(str(tmp_path / 'x.npy'), str(tmp_path / 'none.npy'))
     np.save(tmp_path / 'y4.npy', np.arange(4))

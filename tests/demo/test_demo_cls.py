@@ -16,7 +16,7 @@ import torch
 from demo_data.cls_data import (corrupt_images, split_train_test,
                                 write_corrupted_set)
 from demo_data.cls_train import random_shift, train_classifier
-from mmseg_stag.classification import CIFARC, SmallCNN, to_tensor
+from mmseg_stag.classification import CIFARC, SmallCNN, to_uint8_chw
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -52,7 +52,7 @@ def test_demo_corrupted_set_in_cifar_c_layout(tmp_path):
                         seed=1, workers=1, log=None)
     ds = CIFARC(root, 'gaussian_noise', severity=5, severities=(5, ))
     np.testing.assert_array_equal(ds.labels, labels)
-    torch.testing.assert_close(ds[0][0], to_tensor(a[0]))
+    torch.testing.assert_close(ds[0][0], to_uint8_chw(a[0]))
 
 
 def test_demo_training_is_seeded():
@@ -95,7 +95,7 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
     assert [r['name'] for r in setting['rows']] == [
         'Source', 'TENT', 'TENT+STAG', 'EATA', 'EATA+STAG']
     corruptions = json.load(open(tmp_path / 'mild_bn' /
-                                 'results.json'))['corruptions']
+                                 'table.json'))['corruptions']
     assert len(corruptions) == 15
     for row in setting['rows']:
         assert list(row['per_corruption']) == corruptions
@@ -107,7 +107,9 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
     # beta0/gamma chosen from the grid on the first corruption only
     assert setting['choices']['TENT']['beta0'] in (10, 50)
     assert len(setting['choices']['TENT']['trials']) == 2
-    for f in ('summary.md', 'mild_bn/results.csv', 'mild_bn/results.txt',
+    for f in ('summary.md', 'mild_bn/table.csv', 'mild_bn/table.txt',
+              'mild_bn/table.png', 'mild_bn/tent-stag/row_config.py',
+              'mild_bn/tent-stag/continual_results.json',
               'data/MNIST-C/gaussian_noise.npy', 'models/bn.pth'):
         assert osp.isfile(tmp_path / f), f
     assert 'Mild, CNN-BN (accuracy %)' in out

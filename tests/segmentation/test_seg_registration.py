@@ -12,11 +12,11 @@ from mmseg.registry import (DATASETS, LOG_PROCESSORS, LOOPS, METRICS,
 
 import mmseg_stag
 from mmseg_stag.core import METHODS, STAGLoss
+from mmseg_stag.engine import (OnlineAdaptationLogProcessor,
+                               OnlineAdaptationLoop)
 from mmseg_stag.segmentation import (ACDCContinualDataset,
                                      ContinualIoUMetric,
-                                     NVMixVisionTransformer, NVSegformerHead,
-                                     OnlineAdaptationLogProcessor,
-                                     OnlineAdaptationLoop)
+                                     NVMixVisionTransformer, NVSegformerHead)
 from seg_helpers import REPO
 
 STAG_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'stag_acdc',
@@ -28,6 +28,8 @@ def test_registered_types():
     assert MODELS.get('NVSegformerHead') is NVSegformerHead
     assert MODELS.get('NVMixVisionTransformer') is NVMixVisionTransformer
     assert MODELS.get('STAGLoss') is STAGLoss is mmseg_stag.STAGLoss
+    # the task-agnostic loop sits in MMEngine's root registries: found from
+    # MMSeg's scope (and from the plugin's, see the classification tests)
     assert LOOPS.get('OnlineAdaptationLoop') is OnlineAdaptationLoop
     assert LOG_PROCESSORS.get('OnlineAdaptationLogProcessor') is \
         OnlineAdaptationLogProcessor

@@ -22,12 +22,15 @@ def test_one_config_per_implemented_row_and_a_source_per_setting():
     rows = [r for r in PAPER_STAG
             if r[3] not in NOT_IMPLEMENTED and r[0] in BENCHMARK_DIRS]
     settings = {r[:3] for r in rows}
-    assert len(files) == len(rows) + len(settings)
+    assert len(files) == 2 * len(rows) + len(settings)
     for b, s, m, method, beta0, gamma in rows:
-        text = files[f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_'
-                     f'{method.replace("_", "-")}.py']
+        stem = f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method.replace("_", "-")}'
+        assert files[stem + '.py'].startswith(HEADER)
+        text = files[stem + '-stag.py']  # the baseline + the row's STAG
         assert text.startswith(HEADER)
-        assert f'stag = dict(beta0={beta0}, gamma={gamma})\n' in text
+        assert f"_base_ = ['./{osp.basename(stem)}.py']\n" in text
+        assert (f'test_cfg = dict(method=dict(stag=dict(beta0={beta0}, '
+                f'gamma={gamma})))\n') in text
     for b, s, m in settings:
         assert f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_source.py' in files
     assert not any('ecotta' in rel for rel in files)
@@ -62,7 +65,7 @@ def test_a_generated_file_whose_row_left_the_table_is_stale(tmp_path):
     stale = osp.join(out, 'cifar-c', 'cifar10-c_continual_wrn-28-10_old.py')
     hand_written = osp.join(out, 'cifar-c', 'my_own.py')
     with open(stale, 'w', encoding='utf-8') as f:
-        f.write(HEADER + "method = dict(type='tent')\n")
+        f.write(HEADER + "test_cfg = dict(method=dict(type='tent'))\n")
     with open(hand_written, 'w', encoding='utf-8') as f:
         f.write("method = dict(type='tent')\n")
     assert write_configs(out, check=True) == [osp.normpath(stale)]
@@ -83,10 +86,13 @@ def test_paper_hyper_parameters_in_configs():
         'cifar-c/cifar100-c_continual_wrn-40-2_tent.py': (500, 5, 1e-3),
     }
     for rel, (beta0, gamma, lr) in cases.items():
-        cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls', rel))
-        assert (cfg.stag.beta0, cfg.stag.gamma) == (beta0, gamma), rel
-        assert cfg.method.optimizer.lr == pytest.approx(lr), rel
-        assert list(cfg.data.corruptions) == list(CORRUPTIONS)
+        cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls',
+                                       rel.replace('.py', '-stag.py')))
+        method = cfg.test_cfg.method
+        assert (method.stag.beta0, method.stag.gamma) == (beta0, gamma), rel
+        assert method.optimizer.lr == pytest.approx(lr), rel
+        assert list(cfg.test_dataloader.dataset.corruptions) == \
+            list(CORRUPTIONS)
     assert paper_stag('cifar100-c', 'continual', 'wrn-40-2',
                       'cotta') == dict(beta0=10, gamma=400)
     assert len(leaf_configs()) >= 40
@@ -95,6 +101,14 @@ def test_paper_hyper_parameters_in_configs():
 def test_every_cls_config_loads():
     for rel in leaf_configs():
         cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls', rel))
-        assert cfg.model.type in CLS_MODELS.module_dict
-        assert cfg.method.type in METHODS.module_dict, rel
-        assert {'data', 'scenario', 'method', 'rows', 'seed'} <= set(cfg)
+        assert cfg.default_scope == 'mmseg_stag'
+        assert cfg.model.type == 'OnlineClassifier'
+        assert cfg.model.network.type in CLS_MODELS.module_dict
+        assert cfg.test_cfg.type == 'OnlineAdaptationLoop'
+        assert cfg.test_cfg.method.type in METHODS.module_dict, rel
+        assert cfg.test_evaluator.type == 'StreamAccuracyMetric'
+        assert cfg.test_dataloader.dataset.type == 'CorruptionStream'
+        # Source keeps its BatchNorm statistics; the baselines use the
+        # test batch's (their authors' code)
+        assert cfg.test_cfg.get('bn_batch_stats', False) == (
+            not rel.endswith('_source.py')), rel

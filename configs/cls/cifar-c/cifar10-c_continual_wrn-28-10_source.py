@@ -2,9 +2,7 @@
 # Table appendix_hp (mmseg_stag/paper_hparams.py): edit the table there, not this file.
 _base_ = [
     '../_base_/models/wrn-28-10.py',
-    '../_base_/datasets/cifar10-c.py',
-    '../_base_/scenarios/continual.py',
+    '../_base_/datasets/cifar10-c_continual.py',
+    '../_base_/methods/source.py',
     '../_base_/default_runtime.py',
 ]
-method = dict(type='source')
-rows = ['source']

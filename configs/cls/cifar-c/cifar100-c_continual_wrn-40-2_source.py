@@ -2,9 +2,7 @@
 # Table appendix_hp (mmseg_stag/paper_hparams.py): edit the table there, not this file.
 _base_ = [
     '../_base_/models/wrn-40-2.py',
-    '../_base_/datasets/cifar100-c.py',
-    '../_base_/scenarios/continual.py',
+    '../_base_/datasets/cifar100-c_continual.py',
+    '../_base_/methods/source.py',
     '../_base_/default_runtime.py',
 ]
-method = dict(type='source')
-rows = ['source']

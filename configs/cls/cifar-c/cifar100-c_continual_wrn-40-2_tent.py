@@ -2,10 +2,8 @@
 # Table appendix_hp (mmseg_stag/paper_hparams.py): edit the table there, not this file.
 _base_ = [
     '../_base_/models/wrn-40-2.py',
-    '../_base_/datasets/cifar100-c.py',
-    '../_base_/scenarios/continual.py',
+    '../_base_/datasets/cifar100-c_continual.py',
     '../_base_/methods/tent.py',
     '../_base_/default_runtime.py',
 ]
-method = dict(optimizer=dict(type='Adam', lr=0.001, betas=(0.9, 0.999)))
-stag = dict(beta0=500, gamma=5)
+test_cfg = dict(method=dict(optimizer=dict(type='Adam', lr=0.001, betas=(0.9, 0.999))))

@@ -2,9 +2,7 @@
 # Table appendix_hp (mmseg_stag/paper_hparams.py): edit the table there, not this file.
 _base_ = [
     '../_base_/models/vit-b16.py',
-    '../_base_/datasets/imagenet-c.py',
-    '../_base_/scenarios/label-shift.py',
+    '../_base_/datasets/imagenet-c_label-shift.py',
+    '../_base_/methods/source.py',
     '../_base_/default_runtime.py',
 ]
-method = dict(type='source')
-rows = ['source']

@@ -2,10 +2,8 @@
 # Table appendix_hp (mmseg_stag/paper_hparams.py): edit the table there, not this file.
 _base_ = [
     '../_base_/models/resnet50-bn.py',
-    '../_base_/datasets/imagenet-c.py',
-    '../_base_/scenarios/mild.py',
+    '../_base_/datasets/imagenet-c_mild.py',
     '../_base_/methods/deyo.py',
     '../_base_/default_runtime.py',
 ]
-method = dict(optimizer=dict(type='SGD', lr=0.00025, momentum=0.9))
-stag = dict(beta0=12, gamma=100)
+test_cfg = dict(method=dict(optimizer=dict(type='SGD', lr=0.00025, momentum=0.9)))

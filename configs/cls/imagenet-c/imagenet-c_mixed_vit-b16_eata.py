@@ -2,10 +2,8 @@
 # Table appendix_hp (mmseg_stag/paper_hparams.py): edit the table there, not this file.
 _base_ = [
     '../_base_/models/vit-b16.py',
-    '../_base_/datasets/imagenet-c.py',
-    '../_base_/scenarios/mixed.py',
+    '../_base_/datasets/imagenet-c_mixed.py',
     '../_base_/methods/eata.py',
     '../_base_/default_runtime.py',
 ]
-method = dict(optimizer=dict(type='SGD', lr=0.001, momentum=0.9))
-stag = dict(beta0=100, gamma=1500)
+test_cfg = dict(method=dict(optimizer=dict(type='SGD', lr=0.001, momentum=0.9)))

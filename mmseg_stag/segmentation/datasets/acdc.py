@@ -64,6 +64,9 @@ class ACDCContinualDataset(BaseSegDataset):
 
     METAINFO = CityscapesDataset.METAINFO
 
+    #: the online loop's task check (``OnlineTask.check_dataset``)
+    task = 'segmentation'
+
     def __init__(self,
                  data_root: str,
                  conditions: Sequence[str] = ('fog', 'night', 'rain', 'snow'),

@@ -1,6 +1,3 @@
-from .continual_metric import ContinualIoUMetric
-from .continual_report import (append_partial, format_table, stage_result,
-                               write_results)
+from .continual_metric import ContinualIoUMetric, stage_result
 
-__all__ = ['ContinualIoUMetric', 'append_partial', 'format_table',
-           'stage_result', 'write_results']
+__all__ = ['ContinualIoUMetric', 'stage_result']

@@ -11,7 +11,7 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 
-from mmseg_stag.segmentation.engine.online_loop import split_views
+from mmseg_stag.segmentation.online_task import split_views
 from reference.cotta_acdc_reference import (label_miou, single_gpu_cotta,
                                             single_gpu_tent, stage_miou,
                                             tent_params)
@@ -129,7 +129,7 @@ def test_cotta_config_is_cottas_single_gpu_cotta(tiny_acdc, tiny_checkpoint,
     runner.register_hook(ends)
     runner.register_hook(SeedAtFirstBatch(7))
     runner.test()
-    assert runner.test_loop.main_view == 2
+    assert runner.test_loop.task.main_view == 2
     # both branches of the label occur: confident and not confident pixels
     confident = runner.message_hub.log_scalars['test/confident_pixels']
     assert 0.05 < min(confident.data[0]) and max(confident.data[0]) < 0.95

@@ -15,8 +15,8 @@ from mmengine.hooks import Hook
 
 from mmseg_stag import stag
 from mmseg_stag.core import select_parameters
-from mmseg_stag.segmentation.engine import batch_stage, online_loop
-from mmseg_stag.segmentation.engine.online_loop import DISTRIBUTED_ERROR
+from mmseg_stag.engine import batch_stage, online_loop
+from mmseg_stag.engine.online_loop import DISTRIBUTED_ERROR
 from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG, build_from_config,
                          fresh_model, make_runner, tiny_options)
 

@@ -14,7 +14,7 @@ import mmseg
 import pytest
 import torch
 
-from mmseg_stag.segmentation.engine.online_loop import DISTRIBUTED_ERROR
+from mmseg_stag.engine.online_loop import DISTRIBUTED_ERROR
 from seg_helpers import REPO, SEG_CFG, as_cli, run_script, tiny_options
 
 TENT_STAG = osp.join(REPO, SEG_CFG.format('tent-stag'))

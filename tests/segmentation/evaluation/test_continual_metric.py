@@ -15,7 +15,7 @@ from mmseg.datasets import CityscapesDataset
 from mmseg.registry import METRICS
 from mmseg.structures import SegDataSample
 
-import mmseg_stag.segmentation.evaluation.continual_metric as cm
+import mmseg_stag.engine.stream_metric as cm
 from mmseg_stag.segmentation.evaluation import ContinualIoUMetric
 
 CLASSES = CityscapesDataset.METAINFO['classes']

@@ -1,3 +1,6 @@
 # BN Adapt: test-batch statistics; +STAG updates the affine parameters with
 # beta_t * L_STAG alone (optimizer in the leaf config).
-method = dict(type='bn_adapt')
+test_cfg = dict(
+    type='OnlineAdaptationLoop',
+    method=dict(type='bn_adapt'),
+    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)

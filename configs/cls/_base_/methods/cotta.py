@@ -1,3 +1,6 @@
 # CoTTA (Wang et al., 2022): EMA teacher, augmentation-averaged pseudo
 # labels, stochastic restore (method defaults).
-method = dict(type='cotta')
+test_cfg = dict(
+    type='OnlineAdaptationLoop',
+    method=dict(type='cotta'),
+    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)

@@ -1,3 +1,6 @@
 # DeYO (Lee et al., 2024): entropy filter 0.5 ln C, PLPD filter with patch
 # shuffling (method defaults).
-method = dict(type='deyo')
+test_cfg = dict(
+    type='OnlineAdaptationLoop',
+    method=dict(type='deyo'),
+    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)

@@ -1,16 +1,24 @@
 # EATA (Niu et al., 2022): reliable (entropy < 0.4 ln C) and non-redundant
 # samples, weighted entropy, Fisher regulariser (method defaults).
-method = dict(type='eata')
 # The Fisher information comes from clean source images before the stream:
 # 2,000 images of the ImageNet validation set (EATA's fisher_size), in
-# <data_root>/<wnid>/*.JPEG, preprocessed like the test images.
-# `--cfg-options method.fisher_alpha=0` runs ETA (no Fisher, no clean data).
-source_data = dict(
-    type='ImageFolder',
-    data_root='data/imagenet/val',
-    n_examples=2000,
-    batch_size=64,
-    resize=256,
-    crop=224,
-    mean=(0.485, 0.456, 0.406),
-    std=(0.229, 0.224, 0.225))
+# <data_root>/<wnid>/*.JPEG, preprocessed like the test images, shuffled.
+# `--cfg-options test_cfg.method.fisher_alpha=0` runs ETA (no Fisher, no
+# clean data).
+test_cfg = dict(
+    type='OnlineAdaptationLoop',
+    method=dict(type='eata'),
+    bn_batch_stats=True,  # test-batch BN statistics (the authors' code)
+    source_dataloader=dict(
+        batch_size=64,
+        num_workers=2,
+        sampler=dict(type='SeededShuffleSampler'),
+        collate_fn=dict(type='pseudo_collate'),
+        dataset=dict(
+            type='SourceImages',
+            images=dict(
+                type='ImageFolder',
+                data_root='data/imagenet/val',
+                n_examples=2000,
+                resize=256,
+                crop=224))))

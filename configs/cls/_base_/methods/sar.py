@@ -1,3 +1,6 @@
 # SAR (Niu et al., 2023): entropy filter 0.4 ln C, sharpness-aware update,
 # model recovery (method defaults).
-method = dict(type='sar')
+test_cfg = dict(
+    type='OnlineAdaptationLoop',
+    method=dict(type='sar'),
+    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)

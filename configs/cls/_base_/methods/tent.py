@@ -1,3 +1,6 @@
 # TENT: entropy minimisation, norm-layer affine parameters (optimizer per
 # benchmark in the leaf config).
-method = dict(type='tent', loss='entropy')
+test_cfg = dict(
+    type='OnlineAdaptationLoop',
+    method=dict(type='tent', loss='entropy'),
+    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)

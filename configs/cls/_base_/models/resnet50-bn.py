@@ -1,6 +1,9 @@
-# torchvision ResNet-50 (BatchNorm), ImageNet weights from a local file
-# (torchvision's resnet50-19c8e357.pth, as SAR/DeYO use). Needs torchvision.
+# torchvision ResNet-50 (BatchNorm); the ImageNet weights are the CHECKPOINT
+# of tools/test.py (torchvision's resnet50-19c8e357.pth, as SAR/DeYO use).
+# Needs torchvision.
 model = dict(
-    type='TorchvisionResNet50',
-    checkpoint='checkpoints/resnet50-19c8e357.pth',
-    classifier='fc')
+    type='OnlineClassifier',
+    network=dict(type='TorchvisionResNet50'),
+    classifier='fc',
+    data_preprocessor=dict(
+        mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))

@@ -1,7 +1,8 @@
-# timm vit_base_patch16_224 (LayerNorm), ImageNet weights from a local file:
-# a timm state dict (.pth/.safetensors) or the original .npz. Needs timm.
+# timm vit_base_patch16_224 (LayerNorm); CHECKPOINT: a timm state dict
+# (.pth/.safetensors) or the original .npz. Needs timm.
 model = dict(
-    type='TimmModel',
-    model_name='vit_base_patch16_224',
-    checkpoint='checkpoints/vit_base_patch16_224.pth',
-    classifier='head')
+    type='OnlineClassifier',
+    network=dict(type='TimmModel', model_name='vit_base_patch16_224'),
+    classifier='head',
+    data_preprocessor=dict(
+        mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))

@@ -1,6 +1,7 @@
 # RobustBench `Hendrycks2020AugMix_WRN` (CIFAR-100, corruptions zoo):
-# WRN-40-2 normalising its input with mean = std = 0.5.
+# WRN-40-2 normalising its [0, 1] input itself (mean = std = 0.5);
+# CHECKPOINT: Hendrycks2020AugMix_WRN.pt.
 model = dict(
-    type='WRN40_2_AugMix',
-    checkpoint='checkpoints/cifar100/corruptions/Hendrycks2020AugMix_WRN.pt',
+    type='OnlineClassifier',
+    network=dict(type='WRN40_2_AugMix'),
     classifier='fc')

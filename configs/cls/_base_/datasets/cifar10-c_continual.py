@@ -1,0 +1,5 @@
+# Continual: the corruptions in sequence (file order), batch 200, no reset.
+_base_ = ['./cifar10-c.py']
+test_dataloader = dict(
+    batch_size=200, dataset=dict(scenario=dict(type='continual')))
+title = 'Continual'

@@ -1,0 +1,146 @@
+"""Several continual runs side by side: one table (CSV, JSON, Markdown) and
+one figure (mIoU per condition across rounds, one line per run, like the
+paper's Figure continual_graph). Used by ``tools/sweep.py`` and the demo."""
+import csv
+import json
+import os
+import os.path as osp
+from collections import OrderedDict
+from typing import Dict, List, Sequence, Tuple
+
+from .report import RESULTS_FILE, json_safe, mean_ignoring_nan, read_partial
+
+
+
+def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
+    """``(stages, finished)`` of one run's work dir: the final
+    ``continual_results.json``, else the stages its partial file holds
+    (a run that failed or was stopped), else none."""
+    final = osp.join(work_dir, RESULTS_FILE)
+    if osp.isfile(final):
+        with open(final) as f:
+            return json.load(f)['stages'], True
+    return read_partial(work_dir), False
+
+
+def _stage_key(stage: dict) -> str:
+    return f"r{stage['round']} {stage['condition']}"
+
+
+def _conditions(runs: Sequence[dict]) -> List[str]:
+    return list(OrderedDict.fromkeys(
+        s['condition'] for r in runs for s in r['stages']))
+
+
+def comparison_rows(runs: Sequence[dict]) -> List[dict]:
+    """One flat row per run: its fields other than ``stages``, the number
+    of stages done, the mean over them, the mean per condition and every
+    stage's mIoU (``'r<round> <condition>'``)."""
+    conditions = _conditions(runs)
+    rows = []
+    for run in runs:
+        stages = run['stages']
+        row = {k: v for k, v in run.items() if k != 'stages'}
+        row['stages_done'] = len(stages)
+        row['mean_mIoU'] = mean_ignoring_nan([s['mIoU'] for s in stages]) \
+            if stages else None
+        for c in conditions:
+            values = [s['mIoU'] for s in stages if s['condition'] == c]
+            row[f'mean {c}'] = mean_ignoring_nan(values) if values else None
+        for s in stages:
+            row[_stage_key(s)] = s['mIoU']
+        rows.append(row)
+    return rows
+
+
+def write_comparison(out_dir: str, runs: Sequence[dict],
+                     prefix: str = 'comparison',
+                     title: str = 'continual mIoU') -> Dict[str, str]:
+    """Write the table and the figure of ``runs``.
+
+    Args:
+        out_dir (str): folder (created if needed).
+        runs (Sequence[dict]): each with ``name``, ``stages`` (stage
+            results: ``round``, ``condition``, ``mIoU``) and any other
+            plain fields (``status``, ``config``, ``seed``...), kept as
+            columns.
+        prefix (str): file name stem.
+        title (str): figure title.
+
+    Returns:
+        dict: paths keyed ``json``, ``csv``, ``md``, ``png``.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {ext: osp.join(out_dir, f'{prefix}.{ext}')
+             for ext in ('json', 'csv', 'md', 'png')}
+    rows = comparison_rows(runs)
+    columns = list(OrderedDict.fromkeys(k for row in rows for k in row))
+    with open(paths['json'], 'w') as f:
+        json.dump(json_safe(dict(runs=rows)), f, indent=1)
+
+    def cell(v):
+        if v is None:
+            return ''
+        return f'{v:.2f}' if isinstance(v, float) else str(v)
+
+    with open(paths['csv'], 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([cell(row.get(c)) for c in columns])
+    conditions = _conditions(runs)
+    short = [c for c in ('name', 'status', 'stages_done', 'mean_mIoU')
+             if c in columns] + [f'mean {c}' for c in conditions]
+    with open(paths['md'], 'w') as f:
+        f.write('| ' + ' | '.join(short) + ' |\n')
+        f.write('|' + '---|' * len(short) + '\n')
+        for row in rows:
+            f.write('| ' + ' | '.join(
+                cell(row.get(c)) or '-' for c in short) + ' |\n')
+    plot_comparison(paths['png'], runs, conditions, title)
+    return paths
+
+
+def short_labels(names: Sequence[str]) -> List[str]:
+    """Legend labels: the ``,``-separated parts of the run names that not
+    all runs share (``'cfg@ckpt,beta0=100,seed=0'`` -> ``'beta0=100'``)."""
+    parts = [name.split(',') for name in names]
+    common = set.intersection(*map(set, parts)) if len(parts) > 1 else set()
+    return [','.join(p for p in ps if p not in common) or name
+            for ps, name in zip(parts, names)]
+
+
+def plot_comparison(path: str, runs: Sequence[dict],
+                    conditions: Sequence[str], title: str) -> None:
+    """One panel per condition: mIoU vs round, a line per run."""
+    # an explicit Agg canvas: no pyplot, no global backend switch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+    n = max(len(conditions), 1)
+    labels = short_labels([run['name'] for run in runs])
+    ncol = min(len(runs), 3) or 1
+    legend_rows = -(-len(runs) // ncol)
+    height = 3.0 + 0.25 * legend_rows
+    fig = Figure(figsize=(3.2 * n, height))
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, n, i + 1) for i in range(n)]
+    for ax, condition in zip(axes, conditions):
+        for run, label in zip(runs, labels):
+            pts = sorted((s['round'], s['mIoU']) for s in run['stages']
+                         if s['condition'] == condition)
+            if pts:
+                ax.plot(*zip(*pts), marker='o', markersize=3, label=label)
+        ax.set_title(condition)
+        ax.set_xlabel('round')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.ticklabel_format(axis='y', useOffset=False, style='plain')
+        ax.grid(alpha=.3)
+    axes[0].set_ylabel('mIoU (%)')
+    handles, names = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc='lower center', ncol=ncol,
+                   fontsize='small', frameon=False)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.25 * legend_rows / height + 0.02, 1, 1))
+    fig.savefig(path, dpi=120)

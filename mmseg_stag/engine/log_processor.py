@@ -1,0 +1,24 @@
+"""A ``LogProcessor`` that also prints the test loop's scalars."""
+from mmengine.runner import LogProcessor
+from mmengine.registry import LOG_PROCESSORS
+
+#: keys MMEngine already formats in the log line's header
+_HEADER_KEYS = ('time', 'data_time', 'iter', 'memory')
+
+
+@LOG_PROCESSORS.register_module()
+class OnlineAdaptationLogProcessor(LogProcessor):
+    """MMEngine's ``LogProcessor``, plus the scalars that
+    ``OnlineAdaptationLoop`` records under ``test/`` (loss, loss_stag, beta,
+    filter counts...), averaged over the logging window like training losses.
+    MMEngine prints no scalars after a test iteration, only time and ETA."""
+
+    def get_log_after_iter(self, runner, batch_idx, mode):
+        tag, log_str = super().get_log_after_iter(runner, batch_idx, mode)
+        if mode == 'test':
+            items = [f'{key}: {value:.{self.num_digits}f}'
+                     if isinstance(value, float) else f'{key}: {value}'
+                     for key, value in tag.items()
+                     if key.split('/')[-1] not in _HEADER_KEYS]
+            log_str += '  '.join(items)
+        return tag, log_str

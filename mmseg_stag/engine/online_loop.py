@@ -1,0 +1,420 @@
+"""``OnlineAdaptationLoop``: MMEngine's test loop that adapts the model
+online, for either task (no MMSeg import)."""
+import contextlib
+import os.path as osp
+from typing import List, Optional, Union
+
+import torch
+from mmengine.dist import get_world_size
+from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from mmengine.registry import LOOPS
+from mmengine.runner import TestLoop
+from torch.utils.data import DataLoader
+
+from mmseg_stag.core import build_method, use_batch_statistics
+from mmseg_stag.core.run_state import (flatten_settings, load_run_state,
+                                       rng_state, save_run_state,
+                                       set_rng_state, settings_differences,
+                                       weights_fingerprint)
+from .online_task import build_task
+
+#: ``mixed_precision`` values: the autocast dtype of the forward passes
+MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+#: the run state a resumable stream saves at every stage boundary
+STATE_FILE = 'online_adaptation_state.pth'
+#: config keys that do not change a run's numbers (a resumed run may change
+#: them): where it writes, how it loads and logs
+RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
+                  'test_cfg.resume', 'test_cfg.save_state', '*num_workers',
+                  '*persistent_workers', 'default_hooks.*', 'visualizer.*',
+                  'vis_backends*', 'log_processor.*', 'log_level',
+                  'env_cfg.*')
+
+#: The message of the distributed guard: the unit of parallel work is a
+#: whole run, which tools/sweep.py spreads over GPUs and nodes with Ray.
+DISTRIBUTED_ERROR = (
+    'OnlineAdaptationLoop: a continual stream is sequential (every image is '
+    'predicted by the model adapted on all images before it), so it cannot '
+    'be split across {n} ranks: each rank would adapt on only 1 of every {n} '
+    'images and the metric would see a different stream. Run one stream '
+    'with --launcher none; to use several GPUs or nodes, run whole streams '
+    'in parallel (configs x checkpoints x seeds x beta0/gamma) with '
+    'tools/sweep.py, one GPU per run, on Ray (see the README, "Many runs on '
+    'many GPUs").')
+
+
+@LOOPS.register_module()
+class OnlineAdaptationLoop(TestLoop):
+    """Test loop that predicts each batch, then adapts the model on it.
+
+    It owns every batch; hooks only observe. One batch, either task::
+
+        run_iter(data_batch)
+         ├─ task.batch(model, data_batch)      (data preprocessor; stage)
+         ├─ [restart from the source]          (a stage tagged ``reset``)
+         ├─ method.on_stage(stage of the batch)
+         ├─ method.adapt(BatchContext)         [grad if it updates]
+         │   ├─ forward: HeadProbe around the model's forward
+         │   │    -> logits, [(features, logits) at the classifier]
+         │   ├─ method.loss(ctx) = L_base + beta_t * L_STAG
+         │   └─ backward, optimizer step     (prediction made before it)
+         ├─ task: prediction -> data samples (labels at the original size)
+         ├─ evaluator.process(outputs)         (per-image records)
+         ├─ message_hub: test/loss, test/loss_stag, test/beta, ...
+         └─ [stage's last batch: metric.end_stage, run state saved]
+
+    The task (``segmentation``: an MMSeg segmentor; ``classification``: an
+    ``OnlineClassifier``) is the model's (:mod:`.online_task`).
+
+    Args:
+        runner (Runner): the runner.
+        dataloader (DataLoader | dict): the stream, in order; samples carry
+            the ``stage``/``round``/``condition`` tags (and ``reset``: start
+            the stage from the source model, a fresh method and torch's
+            generator seeded with ``seed * 100003 + stage``).
+        evaluator (Evaluator | dict | list): e.g. ``ContinualIoUMetric``,
+            ``StreamAccuracyMetric``.
+        method (dict): an online-adaptation method, e.g.
+            ``dict(type='tent', stag=dict(beta0=500, gamma=35))``
+            (``mmseg_stag.core.METHODS``).
+        classifier (str, optional): module name of the classifier in the
+            adapted module. Default: the task's (``decode_head.conv_seg``;
+            the classifier the ``OnlineClassifier`` names).
+        task (str, optional): ``'segmentation'`` or ``'classification'``.
+            Default: the model's.
+        bn_batch_stats (bool): BatchNorm layers normalise with the test
+            batch's statistics before the method is configured (tent's
+            ``configure_model``; the classification baselines' code), so
+            copies it makes (teachers) inherit it. Default: False.
+        fp16 (bool): MMEngine's ``TestLoop`` flag, the same as
+            ``mixed_precision='fp16'``. Default: False.
+        mixed_precision (str, optional): ``'bf16'`` or ``'fp16'``: each
+            batch's forward passes (and the method's loss) under
+            ``torch.autocast``; the STAG term stays in float32, the
+            parameters and optimizer too. Default: None (float32).
+        main_view (int, optional): segmentation with a multi-view pipeline
+            (CoTTA's teacher): the view the model adapts on and the metric
+            scores. Default: the pipeline's ``ScaleFlipViews.main_view``.
+        source_dataloader (DataLoader | dict, optional): clean source
+            images for a method that needs them before the stream (EATA's
+            Fisher information); their labels are not used.
+        save_state (bool): when a stage's last batch is done (and at the
+            end) save the run state to ``<work_dir>/online_adaptation_state
+            .pth``, atomically: the method's state, the metric's records,
+            the random states, the position and the run's fingerprint.
+            Default: True.
+        resume (bool): continue from that file: refused if it was written
+            by another config (keys of ``RESUME_IGNORES`` aside) or other
+            starting weights. ``tools/test.py --resume`` sets it.
+    """
+
+    def __init__(self,
+                 runner,
+                 dataloader,
+                 evaluator: Union[dict, list],
+                 method: dict,
+                 classifier: Optional[str] = None,
+                 task: Optional[str] = None,
+                 bn_batch_stats: bool = False,
+                 fp16: bool = False,
+                 main_view: Optional[int] = None,
+                 source_dataloader: Optional[Union[dict, object]] = None,
+                 save_state: bool = True,
+                 resume: bool = False,
+                 mixed_precision: Optional[str] = None):
+        if get_world_size() > 1:
+            raise RuntimeError(DISTRIBUTED_ERROR.format(n=get_world_size()))
+        self.method_cfg = dict(method)
+        self.method = build_method(self.method_cfg)  # bad options fail here
+        options = {} if main_view is None else dict(main_view=main_view)
+        self.task = build_task(self._model(runner), task, classifier,
+                               **options)
+        self.method.check_output(self.task.output)
+        if self.method.needs_source_data and source_dataloader is None:
+            raise ValueError(
+                f'{self.method.name} needs clean source images before the '
+                'stream (e.g. EATA\'s Fisher information): set '
+                'test_cfg.source_dataloader (see configs/_base_/datasets/'
+                'cityscapes_source.py, configs/cls/_base_/methods/eata.py), '
+                'or configure the method without it (EATA: fisher_alpha=0)')
+        if mixed_precision not in (None, *MIXED_PRECISION):
+            raise ValueError(f'mixed_precision must be one of '
+                             f'{sorted(MIXED_PRECISION)} or None, got '
+                             f'{mixed_precision!r}')
+        if fp16 and mixed_precision not in (None, 'fp16'):
+            raise ValueError(f'fp16=True contradicts mixed_precision='
+                             f'{mixed_precision!r}')
+        self.mixed_precision = 'fp16' if fp16 else mixed_precision
+        self.bn_batch_stats = bool(bn_batch_stats)
+        super().__init__(runner, dataloader, evaluator, fp16=False)
+        self.task.check_dataset(self.dataloader.dataset)
+        self.task.setup(self.dataloader.dataset)
+        self.save_state, self.resume = bool(save_state), bool(resume)
+        if self.resume and not osp.isfile(self.state_path):
+            raise FileNotFoundError(
+                f'--resume: no previous run in {self.runner.work_dir} (no '
+                f'{STATE_FILE}); run without --resume to start it')
+        self.source_dataloader = None
+        if self.method.needs_source_data:  # a missing folder fails here
+            self.source_dataloader = runner.build_dataloader(
+                source_dataloader, seed=runner.seed)
+        self.batch_stages = stream_batches(self.dataloader)
+
+    @staticmethod
+    def _model(runner):
+        model = runner.model
+        return model.module if is_model_wrapper(model) else model
+
+    @property
+    def state_path(self) -> str:
+        return osp.join(self.runner.work_dir, STATE_FILE)
+
+    def run(self) -> dict:
+        """Configure the method on the loaded model (or resume), then run
+        the stream, saving the run state whenever a stage ends."""
+        self.runner.call_hook('before_test')
+        self.runner.call_hook('before_test_epoch')
+        model = self._model(self.runner)
+        model.eval()
+        identity = self.run_identity(model)  # the weights before adapting
+        adapted = self.task.adapted_module(model)
+        if self.bn_batch_stats:
+            use_batch_statistics(adapted)
+        self.source_state = None
+        if any(b.restarts for b in self.batch_stages):
+            self.source_state = {k: v.detach().clone()
+                                 for k, v in adapted.state_dict().items()}
+        self.configure_method()
+        for metric in self.evaluator.metrics:
+            if getattr(metric, 'output_dir', False) is None:
+                metric.output_dir = self.runner.work_dir
+        stateful = self.check_stateful()
+        start, rng = 0, None
+        if self.resume:
+            start, rng = self.load_state(identity)
+        elif self.source_dataloader is not None and not (
+                self.batch_stages and self.batch_stages[0].restarts):
+            self.fit_source()
+        num = sum(p.numel() for _, p in self.method.params)
+        print_log(f'online adaptation ({self.task.name}): {self.method!r}; '
+                  f'{len(self.method.params)} trainable tensors ({num} '
+                  'values)', logger='current')
+        batches = iter(self.batches_from(start))
+        if rng is not None:  # after the loader drew its seed, as at start
+            set_rng_state(rng)
+        num_updates = 0
+        for idx, data_batch in enumerate(batches, start):
+            info = self.batch_stages[idx]
+            if info.restarts:
+                num_updates += self.method.num_updates
+                self.restart(info.stage)
+            self.run_iter(idx, data_batch)
+            if stateful and info.ends_stage:
+                self.end_stage(idx + 1, identity)
+        num_updates += self.method.num_updates
+        print_log(f'online adaptation: {num_updates} update steps',
+                  logger='current')
+        for metric in self.evaluator.metrics:
+            if hasattr(metric, 'run_info'):
+                metric.run_info['num_updates'] = num_updates
+        metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
+        self.runner.call_hook('after_test_epoch', metrics=metrics)
+        self.runner.call_hook('after_test')
+        return metrics
+
+    def configure_method(self) -> None:
+        """The method on the adapted module and its classifier."""
+        adapted = self.task.adapted_module(self._model(self.runner))
+        self.method.configure(adapted, self.task.probe.classifier(adapted),
+                              self.task.output)
+
+    def restart(self, stage) -> None:
+        """Start a stage tagged ``reset`` from the source: the source
+        weights, the method as built from its config (fresh optimizer,
+        ``t = 0``), its source statistics, and torch's generator seeded by
+        the run's seed and the stage."""
+        torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(stage))
+        adapted = self.task.adapted_module(self._model(self.runner))
+        adapted.load_state_dict(self.source_state)
+        self.method = build_method(self.method_cfg)
+        self.configure_method()
+        if self.source_dataloader is not None:
+            self.fit_source()
+
+    # -- resume ----------------------------------------------------------
+    def run_identity(self, model) -> dict:
+        """What determines the run's numbers: the config's settings (as
+        flat ``key: value`` strings) and the starting weights."""
+        settings = flatten_settings(self.runner.cfg.to_dict())
+        return dict(config=settings, weights=weights_fingerprint(model))
+
+    def check_stateful(self) -> bool:
+        """Whether the run state can be saved (every metric has
+        ``state_dict``); ``resume`` without it is an error."""
+        if not (self.save_state or self.resume):
+            return False
+        lacking = [type(m).__name__ for m in self.evaluator.metrics
+                   if not hasattr(m, 'state_dict')]
+        if lacking and self.resume:
+            raise ValueError(f'cannot resume: the metric(s) {lacking} keep '
+                             'no state_dict (the StreamMetric ones do)')
+        if lacking:
+            print_log(f'run state not saved: the metric(s) {lacking} keep no '
+                      'state_dict, so this run cannot be resumed',
+                      logger='current', level=30)
+        return not lacking
+
+    def end_stage(self, batches_done: int, identity: dict) -> None:
+        """Close the stage in the metrics and save the run state."""
+        for metric in self.evaluator.metrics:
+            if hasattr(metric, 'end_stage'):
+                metric.end_stage()
+        if not self.save_state:
+            return
+        save_run_state(self.state_path, dict(
+            identity=identity, batches_done=int(batches_done),
+            num_batches=len(self.dataloader),
+            method=self.method.state_dict(),
+            metrics=[m.state_dict() for m in self.evaluator.metrics],
+            rng=rng_state()))
+
+    def load_state(self, identity: dict):
+        """Restore the run state; returns ``(batches done, the random
+        states to set once the batches are drawn)``. Refuses a state of
+        another run, naming what differs."""
+        path = self.state_path
+        state = load_run_state(path)
+        diffs = settings_differences(state['identity']['config'],
+                                     identity['config'], RESUME_IGNORES)
+        if state['identity']['weights'] != identity['weights']:
+            diffs.append('the starting weights (checkpoint): '
+                         f"{state['identity']['weights'][:12]} -> "
+                         f"{identity['weights'][:12]}")
+        if diffs:
+            raise ValueError(
+                f'cannot resume from {path}: it was written by another run '
+                f'({len(diffs)} difference(s)):\n  ' + '\n  '.join(diffs)
+                + '\nUse the same config and checkpoint, or another '
+                '--work-dir for a new run.')
+        if state['num_batches'] != len(self.dataloader):
+            raise ValueError(f'cannot resume from {path}: it holds a stream '
+                             f"of {state['num_batches']} batches, this one "
+                             f'has {len(self.dataloader)}')
+        if len(state['metrics']) != len(self.evaluator.metrics):
+            raise ValueError(f'cannot resume from {path}: '
+                             f"{len(state['metrics'])} metric state(s) for "
+                             f'{len(self.evaluator.metrics)} metric(s)')
+        self.method.load_state_dict(state['method'])
+        for metric, metric_state in zip(self.evaluator.metrics,
+                                        state['metrics']):
+            metric.load_state_dict(metric_state)
+        done = state['batches_done']
+        print_log(f'resumed from {path}: {done} of {len(self.dataloader)} '
+                  f'batches done (stage {self.method.stage})',
+                  logger='current')
+        return done, state['rng']
+
+    def batches_from(self, start: int):
+        """The stream's batches from batch ``start`` on (the skipped ones
+        are not loaded)."""
+        loader = self.dataloader
+        if start == 0:
+            return loader
+        batches: List[list] = list(loader.batch_sampler)[start:]
+        extra = dict(prefetch_factor=loader.prefetch_factor,
+                     persistent_workers=loader.persistent_workers) \
+            if loader.num_workers > 0 else {}
+        return DataLoader(loader.dataset, batch_sampler=batches,
+                          num_workers=loader.num_workers,
+                          collate_fn=loader.collate_fn,
+                          pin_memory=loader.pin_memory,
+                          worker_init_fn=loader.worker_init_fn, **extra)
+
+    def fit_source(self) -> None:
+        """The method's statistics of the clean source images."""
+        print_log(f'{self.method.name}: statistics of '
+                  f'{len(self.source_dataloader.dataset)} clean source '
+                  'images', logger='current')
+        forward, inputs = self.task.source_batches(
+            self._model(self.runner), self.source_dataloader)
+        self.method.fit_source(forward, inputs)
+
+    def run_iter(self, idx: int, data_batch: dict) -> None:
+        """Predict, then adapt, on one batch (see the class docstring)."""
+        self.runner.call_hook(
+            'before_test_iter', batch_idx=idx, data_batch=data_batch)
+        batch = self.task.batch(self._model(self.runner), data_batch)
+        self.method.on_stage(batch_stage(batch.metas))
+        with torch.set_grad_enabled(self.method.updates), \
+                self.autocast(batch.context.inputs):
+            prediction, stats = self.method.adapt(batch.context)
+        outputs = batch.to_outputs(prediction)
+        self.evaluator.process(data_samples=outputs, data_batch=data_batch)
+        for key, value in stats.items():
+            self.runner.message_hub.update_scalar(f'test/{key}', value)
+        self.runner.call_hook(
+            'after_test_iter', batch_idx=idx, data_batch=data_batch,
+            outputs=outputs)
+
+    def autocast(self, inputs):
+        """``torch.autocast`` on the inputs' device, if configured."""
+        if self.mixed_precision is None:
+            return contextlib.nullcontext()
+        device = inputs.device.type if torch.is_tensor(inputs) else 'cuda' \
+            if torch.cuda.is_available() else 'cpu'
+        return torch.autocast(device_type=device,
+                              dtype=MIXED_PRECISION[self.mixed_precision])
+
+
+class BatchStage:
+    """Where a batch sits in the stream: its stage, whether it restarts
+    from the source (the first batch of a stage tagged ``reset``) and
+    whether it ends its stage."""
+
+    def __init__(self, stage, restarts: bool, ends_stage: bool):
+        self.stage, self.restarts, self.ends_stage = \
+            stage, restarts, ends_stage
+
+
+def sample_stage(dataset, index: int):
+    """``(stage, reset)`` of one sample, from the dataset's ``stage_of``
+    (classification streams) or its data info (``ACDCContinualDataset``);
+    ``(None, False)`` for an untagged dataset."""
+    if hasattr(dataset, 'stage_of'):
+        return dataset.stage_of(index)
+    if hasattr(dataset, 'get_data_info'):
+        info = dataset.get_data_info(index)
+        return info.get('stage'), bool(info.get('reset', False))
+    return None, False
+
+
+def stream_batches(loader) -> List[BatchStage]:
+    """Per batch of the loader, in order: its :class:`BatchStage` (a batch
+    spanning two stages is refused: use batch size 1 or a stage-aligned
+    batch sampler)."""
+    dataset = loader.dataset
+    stages = []
+    for indices in loader.batch_sampler:
+        tags = {sample_stage(dataset, int(i)) for i in indices}
+        if len(tags) > 1:
+            raise ValueError(
+                f'a batch spans several stages {sorted(tags, key=str)}; use '
+                'batch size 1 or a stage-aligned batch sampler '
+                '(StageBatchSampler)')
+        stages.append(tags.pop())
+    out = []
+    for k, (stage, reset) in enumerate(stages):
+        first = k == 0 or stages[k - 1][0] != stage
+        last = k + 1 == len(stages) or stages[k + 1][0] != stage
+        out.append(BatchStage(stage, bool(reset) and first, last))
+    return out
+
+
+def batch_stage(metas) -> Optional[int]:
+    """The stage tag shared by a batch's images (``None`` untagged)."""
+    stages = {meta.get('stage') for meta in metas}
+    if len(stages) > 1:
+        raise ValueError(f'a batch spans several stages {sorted(stages)}; '
+                         'use batch size 1 or stage-aligned batches')
+    return stages.pop() if stages else None

@@ -1,0 +1,112 @@
+"""What the online loop leaves to the task: how a batch becomes the
+method's :class:`~mmseg_stag.core.BatchContext`, and the prediction the
+metric's data samples."""
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn as nn
+from mmengine.registry import Registry
+
+from mmseg_stag.core import BatchContext, HeadProbe
+
+#: ``segmentation`` (``mmseg_stag.segmentation``) and ``classification``
+ONLINE_TASKS = Registry('online adaptation task', scope='mmseg_stag')
+
+
+class OnlineTask:
+    """The task side of ``OnlineAdaptationLoop`` (one object per run).
+
+    Args:
+        model (nn.Module): the runner's model.
+        classifier (str, optional): the classifier's module name in the
+            adapted module (:meth:`adapted_module`).
+    """
+
+    #: ``'per_sample'`` or ``'per_pixel'`` classifier outputs
+    output = 'per_sample'
+    #: the ``task`` a stream dataset declares (``dataset.task``)
+    name = ''
+
+    def __init__(self, model: nn.Module, classifier: Optional[str]):
+        self.probe = HeadProbe(classifier or self.default_classifier(model),
+                               output=self.output)
+        self.probe.find(self.adapted_module(model))  # no classifier: now
+
+    def default_classifier(self, model: nn.Module) -> Optional[str]:
+        """The classifier's name when the config gives none."""
+        return None
+
+    def setup(self, dataset) -> None:
+        """Settings read from the stream dataset (once)."""
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        """Whether ``model`` is this task's kind of model."""
+        raise NotImplementedError
+
+    def adapted_module(self, model: nn.Module) -> nn.Module:
+        """The module the method adapts (its ``model``)."""
+        return model
+
+    def check_dataset(self, dataset) -> None:
+        """A clear error before the first batch if ``dataset`` is not a
+        stream of this task."""
+        task = getattr(dataset, 'task', None)
+        if task is not None and task != self.name:
+            raise ValueError(
+                f'test_dataloader.dataset is a {task} stream '
+                f'({type(dataset).__name__}) but the model is a {self.name} '
+                f'model ({self.model_kind}): use a {self.name} dataset, or '
+                f'a {task} model')
+
+    model_kind = ''
+
+    def batch(self, model: nn.Module, data_batch: dict
+              ) -> 'OnlineBatch':
+        """The preprocessed batch: the method's context and how its
+        prediction becomes the metric's data samples."""
+        raise NotImplementedError
+
+    def source_batches(self, model: nn.Module, dataloader):
+        """``(forward, inputs)`` for the method's ``fit_source``."""
+        raise NotImplementedError
+
+
+class OnlineBatch:
+    """One preprocessed batch (:meth:`OnlineTask.batch`).
+
+    Args:
+        context (BatchContext): what the method sees.
+        metas (list[dict]): each sample's metainfo (stage tags).
+        to_outputs (callable): ``prediction -> data samples`` for the
+            metric.
+    """
+
+    def __init__(self, context: BatchContext, metas: List[dict],
+                 to_outputs: Callable[[torch.Tensor], list]):
+        self.context, self.metas, self.to_outputs = context, metas, \
+            to_outputs
+
+
+def build_task(model: nn.Module, task: Optional[str],
+               classifier: Optional[str], **options) -> OnlineTask:
+    """The task of ``model`` (``task=None``: the one whose model it is)."""
+    if task is None:
+        found = [cls for cls in ONLINE_TASKS.module_dict.values()
+                 if cls.matches(model)]
+        if not found:
+            raise ValueError(
+                f'OnlineAdaptationLoop: no task for a {type(model).__name__}'
+                f' model (known: {sorted(ONLINE_TASKS.module_dict)}); '
+                'a segmentor needs MMSeg installed, a classifier is an '
+                'OnlineClassifier')
+        cls = found[0]
+    else:
+        cls = ONLINE_TASKS.get(task)
+        if cls is None:
+            raise ValueError(f'test_cfg.task={task!r}: unknown task (known: '
+                             f'{sorted(ONLINE_TASKS.module_dict)})')
+        if not cls.matches(model):
+            raise ValueError(f'test_cfg.task={task!r} but the model is a '
+                             f'{type(model).__name__}')
+    return cls(model, classifier, **options)

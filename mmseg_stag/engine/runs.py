@@ -1,0 +1,110 @@
+"""One online run from a config, as ``tools/test.py`` runs it: also called
+in-process by the demos and ``tools/select_beta.py`` (one process for many
+runs saves the interpreter's start-up per run)."""
+import logging
+import os
+import os.path as osp
+import uuid
+from typing import Optional
+
+from mmengine.config import Config
+from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from mmengine.runner import Runner
+
+from .online_loop import DISTRIBUTED_ERROR, STATE_FILE
+
+
+def is_online(cfg: Config) -> bool:
+    return cfg.get('test_cfg', {}).get('type') == 'OnlineAdaptationLoop'
+
+
+def prepare_config(cfg: Config, work_dir: Optional[str] = None,
+                   config_path: Optional[str] = None,
+                   launcher: str = 'none', seed: Optional[int] = None,
+                   deterministic: bool = False,
+                   resume: bool = False) -> Config:
+    """The work dir, randomness, distributed guard and ``--resume`` checks
+    of a run, before anything is built (errors as ``SystemExit``)."""
+    cfg.launcher = launcher
+    online = is_online(cfg)
+    world_size = int(os.environ.get('WORLD_SIZE', '1'))
+    if online and (launcher != 'none' or world_size > 1):
+        # before any process group or worker starts (the loop refuses too)
+        n = world_size if world_size > 1 else 'several'
+        raise SystemExit('error: ' + DISTRIBUTED_ERROR.format(n=n))
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir', None) is None:
+        name = osp.splitext(osp.basename(config_path or 'run'))[0]
+        cfg.work_dir = osp.join('./work_dirs', name)
+    randomness = dict(cfg.get('randomness', None) or {})
+    if seed is not None:
+        randomness['seed'] = seed
+    if deterministic:
+        randomness['deterministic'] = True
+        # cuBLAS needs a fixed workspace for repeatable GEMMs (set before
+        # CUDA starts; a user's own setting is kept)
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+    cfg.randomness = randomness
+    if resume:
+        if not online:
+            raise SystemExit('error: --resume continues an online-adaptation'
+                             ' run (test_cfg.type=OnlineAdaptationLoop); this '
+                             "config runs MMEngine's plain test loop")
+        state = osp.join(cfg.work_dir, STATE_FILE)
+        if not osp.isfile(state):
+            raise SystemExit(f'error: --resume: no previous run in '
+                             f'{cfg.work_dir} ({state} does not exist); run '
+                             'without --resume to start it, or give its '
+                             '--work-dir')
+        cfg.test_cfg.resume = True
+    # loaded by run_test through the safe, strict loader, not MMEngine's
+    cfg.load_from = None
+    return cfg
+
+
+def run_test(cfg: Config, checkpoint: str,
+             allow_unsafe_pickle: bool = False) -> tuple:
+    """Build the Runner, load the source weights, run the test loop.
+
+    Returns:
+        ``(metrics, model)``: the evaluator's metrics and the (adapted)
+        model.
+    """
+    if not osp.isfile(checkpoint):
+        raise FileNotFoundError(f'checkpoint file not found: {checkpoint}')
+    # unique per run, so several runs in one process keep their own
+    # logger, message hub and visualizer
+    name = osp.basename(osp.normpath(cfg.work_dir))
+    cfg.setdefault('experiment_name', f'{name}_{uuid.uuid4().hex[:8]}')
+    runner = Runner.from_cfg(cfg)
+    from mmseg_stag.checkpoint import load_model_checkpoint
+    model = runner.model.module if is_model_wrapper(runner.model) \
+        else runner.model
+    try:
+        load_model_checkpoint(model, checkpoint, allow_unsafe_pickle,
+                              cfg.get('test_cfg', {}).get('classifier'))
+        print_log(f'Loaded checkpoint {checkpoint}', logger='current')
+        metrics = runner.test()
+    finally:
+        for handler in list(runner.logger.handlers):
+            if isinstance(handler, logging.FileHandler):
+                handler.close()
+                runner.logger.removeHandler(handler)
+    return metrics, model
+
+
+def run_config(config, checkpoint: str, work_dir: Optional[str] = None,
+                cfg_options: Optional[dict] = None, **kwargs) -> dict:
+    """``tools/test.py CONFIG CHECKPOINT --work-dir DIR --cfg-options ...``
+    in this process; ``kwargs`` go to :func:`prepare_config` (``seed``,
+    ``resume``, ...). Returns the metrics."""
+    cfg = config.copy() if isinstance(config, Config) \
+        else Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    cfg = prepare_config(cfg, work_dir,
+                         None if isinstance(config, Config) else config,
+                         **kwargs)
+    return run_test(cfg, checkpoint)[0]

@@ -1,0 +1,91 @@
+"""``engine.report``: the paper's table and the JSON / CSV / PNG /
+partial-jsonl writers, on segmentation stage results (a stage's IoU from
+summed areas)."""
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mmseg_stag.engine.report import (PARTIAL_FILE, append_partial,
+                                      format_table, mean_ignoring_nan,
+                                      write_results)
+from mmseg_stag.segmentation.evaluation import stage_result
+
+CLASSES = ('a', 'b', 'c')
+
+
+def areas(intersect, union, pred, label):
+    return np.array([intersect, union, pred, label], dtype=np.float64)
+
+
+def test_mean_ignoring_nan():
+    assert mean_ignoring_nan([1.0, float('nan'), None, 3.0]) == 2.0
+    assert math.isnan(mean_ignoring_nan([float('nan'), None]))
+    assert math.isnan(mean_ignoring_nan([]))
+
+
+def test_stage_result_from_summed_areas():
+    # a: 1/2, b: predicted only (IoU 0), c: absent everywhere (excluded)
+    res = stage_result(3, 1, 'rain', areas([1, 0, 0], [2, 1, 0], [1, 1, 0],
+                                           [2, 0, 0]), 2, CLASSES)
+    assert (res['stage'], res['round'], res['condition'],
+            res['num_images']) == (3, 1, 'rain', 2)
+    assert res['per_class_IoU'] == {'a': 50.0, 'b': 0.0, 'c': None}
+    assert res['mIoU'] == pytest.approx(25.0)
+
+
+def test_format_table_missing_stage():
+    stages = [dict(round=1, condition='fog', mIoU=60.0),
+              dict(round=1, condition='night', mIoU=40.0),
+              dict(round=2, condition='fog', mIoU=50.0)]
+    table = format_table(stages, ['fog', 'night'])
+    lines = table.splitlines()
+    assert lines[0] == 'Round |    fog |  night |   Mean'
+    assert lines[1] == '    1 |   60.0 |   40.0 |   50.0'
+    assert lines[2] == '    2 |   50.0 |      - |   50.0'
+    assert lines[3] == ' Mean |   55.0 |   40.0 |   50.0'
+    assert lines[4] == 'mean over 3 stages: 50.0 mIoU'
+
+
+def test_append_partial_restarts_then_appends(tmp_path):
+    out = tmp_path / 'new' / 'dir'  # created
+    first = stage_result(0, 1, 'fog', areas([1, 0, 0], [1, 0, 0], [1, 0, 0],
+                                            [1, 0, 0]), 1, CLASSES)
+    path = append_partial(str(out), first, fresh=True)
+    assert path == str(out / PARTIAL_FILE)
+    append_partial(str(out), dict(first, stage=1, mIoU=float('nan')))
+    lines = [json.loads(line) for line in open(path)]
+    assert [r['stage'] for r in lines] == [0, 1]
+    assert lines[0]['per_class_IoU'] == {'a': 100.0, 'b': None, 'c': None}
+    assert lines[1]['mIoU'] is None  # JSON has no NaN
+    append_partial(str(out), first, fresh=True)  # a new run starts afresh
+    assert len(open(path).read().splitlines()) == 1
+
+
+def test_write_results(tmp_path):
+    stages = [
+        stage_result(0, 1, 'fog', areas([1, 0, 0], [2, 1, 0], [1, 1, 0],
+                                        [2, 0, 0]), 2, CLASSES),
+        stage_result(1, 1, 'snow', areas([0, 0, 0], [0, 0, 0], [0, 0, 0],
+                                         [0, 0, 0]), 1, CLASSES),
+        stage_result(2, 2, 'fog', areas([2, 0, 0], [2, 0, 0], [2, 0, 0],
+                                        [2, 0, 0]), 1, CLASSES),
+    ]
+    paths = write_results(str(tmp_path / 'out'), stages, ['fog', 'snow'],
+                          detail=('per_class_IoU', CLASSES))
+    assert set(paths) == {'json', 'csv', 'png'}
+    data = json.loads(open(paths['json']).read())
+    assert data['conditions'] == ['fog', 'snow'] and data['rounds'] == 2
+    assert [s['stage'] for s in data['stages']] == [0, 1, 2]
+    assert data['stages'][1]['mIoU'] is None  # nothing to score: null
+    assert data['mean_mIoU'] == pytest.approx((25.0 + 100.0) / 2)
+    with open(paths['csv']) as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ['stage', 'round', 'condition', 'mIoU', 'a', 'b', 'c',
+                       'num_images']
+    assert rows[1] == ['0', '1', 'fog', '25.00', '50.00', '0.00', '', '2']
+    assert rows[2][3] == '' and rows[2][-1] == '1'
+    png = open(paths['png'], 'rb').read()
+    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 1000
