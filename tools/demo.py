@@ -116,16 +116,18 @@ def select_beta(args, method, ckpt, data_root):
             chosen = json.load(f)
     if method in chosen:
         return chosen[method]['beta0']
-    scores = {}
-    for beta0 in args.beta_grid:
-        wd = osp.join(args.work_dir, 'beta_selection', f'{method}_{beta0:g}')
-        result = evaluate(
-            args, method, ckpt, data_root, wd, 1,
-            extra=['test_dataloader.dataset.conditions=[fog]',
-                   f'test_cfg.method.stag.beta0={beta0}'], quiet=True)
-        scores[beta0] = result['stages'][0]['mIoU']
+    # the one selection tool of both demos: each beta0 on round-1 fog alone
+    work_dir = osp.join(args.work_dir, 'beta_selection', method)
+    run(['tools/select_beta.py', TEST_CFG.format(method), ckpt,
+         '--beta-grid'] + [f'{b:g}' for b in args.beta_grid] +
+        ['--condition', 'fog', '--work-dir', work_dir, '--cfg-options'] +
+        test_options(args, method, data_root, 1), quiet=True)
+    with open(osp.join(work_dir, 'beta_selection.json')) as f:
+        trials = json.load(f)['trials']
+    scores = {t['beta0']: t['score'] for t in trials}
+    for beta0, score in scores.items():
         print(f'      {method}: beta0={beta0:g} -> round-1 fog mIoU '
-              f'{scores[beta0]:.2f}')
+              f'{score:.2f}')
     best = max(args.beta_grid, key=lambda b: (scores[b], -b))
     chosen[method] = dict(beta0=best, fog_round1_mIoU=scores)
     with open(cache, 'w') as f:

@@ -15,6 +15,7 @@ Writes ``<work-dir>/beta_selection.json`` and prints the options to use.
 """
 import argparse
 import json
+import os
 import os.path as osp
 import sys
 
@@ -109,6 +110,7 @@ def select(config, checkpoint: str, beta_grid, work_dir: str,
     ``<work_dir>/beta_selection.json``."""
     cfg = load_config(config, checkpoint, dict(cfg_options or {}))
     cfg.merge_from_dict(first_stage_options(cfg, condition))
+    os.makedirs(work_dir, exist_ok=True)
     gammas = gamma_grid or [cfg.test_cfg.method.stag.gamma]
     trials = []
     for beta0 in beta_grid:

@@ -1,6 +1,6 @@
-"""Many continual runs in parallel on Ray: configs x checkpoints x seeds x a
-grid of ``--cfg-options`` values (e.g. STAG's beta0/gamma), one GPU per run
-when the cluster has GPUs, CPU workers otherwise.
+"""Many online runs in parallel on Ray, either task: configs x checkpoints x
+seeds x a grid of ``--cfg-options`` values (e.g. STAG's beta0/gamma), one
+GPU per run when the cluster has GPUs, CPU workers otherwise.
 
     python tools/sweep.py --work-dir W
         (--run CONFIG CHECKPOINT ... | --configs C ... --checkpoints K ...)
@@ -12,14 +12,14 @@ when the cluster has GPUs, CPU workers otherwise.
 A continual stream is sequential, so the unit of parallel work is a whole
 run: every run is one ``tools/test.py`` process (its own work dir
 ``W/runs/<name>``, log ``W/runs/<name>/run.log``) inside a Ray Tune trial,
-which reports each stage's mIoU as the stage ends. ``--scheduler asha``
+which reports each stage's score (mIoU or accuracy) as the stage ends. ``--scheduler asha``
 stops runs that trail the others at the same stage (Ray Tune's
 ``ASHAScheduler``: a beta0/gamma search that spends its GPUs on the
 promising settings). ``--address`` attaches to a running Ray cluster (the
 README shows how to start one under SLURM); without it a local instance is
 started. When all runs have ended, one table (``W/sweep_results.{csv,json,
-md}``) and one figure (``W/sweep_results.png``: mIoU per condition across
-rounds, a line per run) gather them; a run that failed or was stopped keeps
+md}``) and one figure (``W/sweep_results.png``: the score per condition
+across rounds, a line per run) gather them; a run that failed or was stopped keeps
 its finished stages and says so in the ``status`` column.
 
 Everything is checked before Ray starts: the files exist, every grid key is
@@ -70,7 +70,7 @@ def parse_args(argv=None):
     parser.add_argument('--scheduler', choices=['fifo', 'asha'],
                         default='fifo',
                         help='fifo: every run to the end; asha: stop runs '
-                        'whose stage mIoU trails (Ray Tune ASHAScheduler)')
+                        'whose stage score trails (Ray Tune ASHAScheduler)')
     parser.add_argument('--grace-stages', type=int, default=4,
                         help='asha: stages every run completes first')
     parser.add_argument('--max-stages', type=int, default=40,
@@ -175,17 +175,29 @@ def expand_runs(args):
 # -- checks before Ray starts -------------------------------------------
 def component_arguments(type_name):
     """The ``__init__`` arguments of a registered component (an online
-    method or any MMSeg/MMEngine registry entry), over its base classes."""
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import (DATASETS, HOOKS, LOOPS, METRICS, MODELS,
-                                TRANSFORMS)
+    method, or an entry of MMEngine's registries in the plugin's or MMSeg's
+    scope), over its base classes."""
+    import importlib.util
+
+    from mmengine import registry as mmengine_registry
 
     import mmseg_stag  # noqa: F401  (registers everything)
     from mmseg_stag.core import METHODS
-    init_default_scope('mmseg')
-    for registry in (METHODS, MODELS, DATASETS, TRANSFORMS, LOOPS, METRICS,
-                     HOOKS):
-        cls = registry.get(type_name) if isinstance(type_name, str) else None
+    if not isinstance(type_name, str):
+        return set()
+    scopes = ['mmseg_stag'] + (['mmseg'] if importlib.util.find_spec('mmseg')
+                               else [])
+    names = [type_name] + [f'{scope}.{type_name}' for scope in scopes]
+    registries = [METHODS] + [getattr(mmengine_registry, r) for r in (
+        'MODELS', 'DATASETS', 'TRANSFORMS', 'LOOPS', 'METRICS', 'HOOKS',
+        'DATA_SAMPLERS')]
+    for registry in registries:
+        cls = None
+        for name in names if registry is not METHODS else names[:1]:
+            try:
+                cls = cls or registry.get(name)
+            except (KeyError, ImportError):
+                pass
         if cls is not None:
             names = set()
             for klass in inspect.getmro(cls):
@@ -269,10 +281,10 @@ def die_with_parent():
 
 def run_trial(config):
     """Ray Tune trial: one ``tools/test.py`` run, each finished stage
-    reported (``mIoU`` of the stage, ``mean_mIoU`` so far)."""
+    reported (its score, mIoU or accuracy, and the mean so far)."""
     from ray import tune
 
-    from mmseg_stag.engine.report import read_partial
+    from mmseg_stag.engine.report import read_partial, score_key
     run, options, resume = config['run'], config['options'], config['resume']
     os.makedirs(run['work_dir'], exist_ok=True)
     cmd = [sys.executable, TEST_PY, run['config'], run['checkpoint'],
@@ -297,11 +309,12 @@ def run_trial(config):
             finished = proc.poll() is not None
             for stage in read_partial(run['work_dir'])[reported:]:
                 reported += 1
-                values.append(stage['mIoU'])
-                tune.report(dict(mIoU=stage['mIoU'], stage=reported,
-                                 round=stage['round'],
-                                 condition=stage['condition'],
-                                 mean_mIoU=sum(values) / len(values)))
+                key = score_key(stage)  # mIoU or accuracy
+                values.append(stage[key])
+                tune.report({key: stage[key], 'score': stage[key],
+                             'stage': reported, 'round': stage['round'],
+                             'condition': stage['condition'],
+                             f'mean_{key}': sum(values) / len(values)})
             if finished:
                 break
             time.sleep(0.5)
@@ -344,7 +357,7 @@ def gather(runs, results, work_dir):
                          **{k: v for k, v in run['overrides'].items()},
                          stages=stages))
     return write_comparison(work_dir, rows, prefix='sweep_results',
-                            title='sweep: mIoU per condition')
+                            title='sweep: score per condition')
 
 
 def main(argv=None):
@@ -378,7 +391,7 @@ def main(argv=None):
         param_space=dict(run=tune.grid_search(runs),
                          options=args.cfg_options, resume=args.resume),
         tune_config=tune.TuneConfig(
-            metric='mIoU', mode='max', scheduler=scheduler,
+            metric='score', mode='max', scheduler=scheduler,
             max_concurrent_trials=args.max_concurrent or None,
             trial_dirname_creator=lambda trial: trial.config['run']['name']),
         run_config=tune.RunConfig(

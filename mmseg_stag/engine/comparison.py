@@ -1,6 +1,7 @@
-"""Several continual runs side by side: one table (CSV, JSON, Markdown) and
-one figure (mIoU per condition across rounds, one line per run, like the
-paper's Figure continual_graph). Used by ``tools/sweep.py`` and the demo."""
+"""Several online runs side by side, either task: one table (CSV, JSON,
+Markdown) and one figure (the score, mIoU or accuracy, per condition across
+rounds, one line per run, like the paper's Figure continual_graph). Used by
+``tools/sweep.py`` and the demo."""
 import csv
 import json
 import os
@@ -8,7 +9,8 @@ import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Sequence, Tuple
 
-from .report import RESULTS_FILE, json_safe, mean_ignoring_nan, read_partial
+from .report import (RESULTS_FILE, json_safe, mean_ignoring_nan,
+                     read_partial, score_key)
 
 
 
@@ -32,23 +34,28 @@ def _conditions(runs: Sequence[dict]) -> List[str]:
         s['condition'] for r in runs for s in r['stages']))
 
 
+def _score(runs: Sequence[dict]) -> str:
+    stages = [s for r in runs for s in r['stages']]
+    return score_key(stages[0]) if stages else 'mIoU'
+
+
 def comparison_rows(runs: Sequence[dict]) -> List[dict]:
     """One flat row per run: its fields other than ``stages``, the number
     of stages done, the mean over them, the mean per condition and every
     stage's mIoU (``'r<round> <condition>'``)."""
-    conditions = _conditions(runs)
+    conditions, score = _conditions(runs), _score(runs)
     rows = []
     for run in runs:
         stages = run['stages']
         row = {k: v for k, v in run.items() if k != 'stages'}
         row['stages_done'] = len(stages)
-        row['mean_mIoU'] = mean_ignoring_nan([s['mIoU'] for s in stages]) \
-            if stages else None
+        row[f'mean_{score}'] = mean_ignoring_nan(
+            [s[score] for s in stages]) if stages else None
         for c in conditions:
-            values = [s['mIoU'] for s in stages if s['condition'] == c]
+            values = [s[score] for s in stages if s['condition'] == c]
             row[f'mean {c}'] = mean_ignoring_nan(values) if values else None
         for s in stages:
-            row[_stage_key(s)] = s['mIoU']
+            row[_stage_key(s)] = s[score]
         rows.append(row)
     return rows
 
@@ -89,7 +96,8 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
         for row in rows:
             writer.writerow([cell(row.get(c)) for c in columns])
     conditions = _conditions(runs)
-    short = [c for c in ('name', 'status', 'stages_done', 'mean_mIoU')
+    short = [c for c in ('name', 'status', 'stages_done',
+                         f'mean_{_score(runs)}')
              if c in columns] + [f'mean {c}' for c in conditions]
     with open(paths['md'], 'w') as f:
         f.write('| ' + ' | '.join(short) + ' |\n')
@@ -112,12 +120,13 @@ def short_labels(names: Sequence[str]) -> List[str]:
 
 def plot_comparison(path: str, runs: Sequence[dict],
                     conditions: Sequence[str], title: str) -> None:
-    """One panel per condition: mIoU vs round, a line per run."""
+    """One panel per condition: the score vs round, a line per run."""
     # an explicit Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
     n = max(len(conditions), 1)
+    score = _score(runs)
     labels = short_labels([run['name'] for run in runs])
     ncol = min(len(runs), 3) or 1
     legend_rows = -(-len(runs) // ncol)
@@ -127,7 +136,7 @@ def plot_comparison(path: str, runs: Sequence[dict],
     axes = [fig.add_subplot(1, n, i + 1) for i in range(n)]
     for ax, condition in zip(axes, conditions):
         for run, label in zip(runs, labels):
-            pts = sorted((s['round'], s['mIoU']) for s in run['stages']
+            pts = sorted((s['round'], s[score]) for s in run['stages']
                          if s['condition'] == condition)
             if pts:
                 ax.plot(*zip(*pts), marker='o', markersize=3, label=label)
@@ -136,7 +145,7 @@ def plot_comparison(path: str, runs: Sequence[dict],
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.ticklabel_format(axis='y', useOffset=False, style='plain')
         ax.grid(alpha=.3)
-    axes[0].set_ylabel('mIoU (%)')
+    axes[0].set_ylabel(f'{score} (%)')
     handles, names = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, names, loc='lower center', ncol=ncol,

@@ -22,6 +22,12 @@ def mean_ignoring_nan(values: Sequence[float]) -> float:
     return float(np.mean(values)) if values else float('nan')
 
 
+def score_key(stage: dict) -> str:
+    """The key of a stage result's score: ``'mIoU'`` (segmentation) or
+    ``'accuracy'`` (classification)."""
+    return 'mIoU' if 'mIoU' in stage else 'accuracy'
+
+
 def json_safe(value):
     """``nan`` -> ``None`` recursively (JSON has no NaN)."""
     if isinstance(value, float) and math.isnan(value):

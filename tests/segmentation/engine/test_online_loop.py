@@ -9,6 +9,7 @@ import os
 import os.path as osp
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from mmengine.hooks import Hook
@@ -394,9 +395,11 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
     ({'test_cfg.classifier': 'backbone.layers.0.0.projection'}, ValueError,
      r"'backbone.layers.0.0.projection'.*kernel_size=\(7, 7\).*head without "
      'a 1x1 classifier'),
+    ({'test_cfg.task': 'classification'}, ValueError,
+     r"test_cfg.task='classification' but the model is a EncoderDecoder"),
 ], ids=['unknown-method', 'upper-case-name', 'eata-without-source-data',
         'bad-option', 'no-such-classifier', 'bad-mixed-precision',
-        'classifier-not-1x1'])
+        'classifier-not-1x1', 'classification-task'])
 def test_config_error_fails_before_the_first_batch(option, error, match,
                                                    tiny_acdc,
                                                    tiny_checkpoint, tmp_path,
@@ -406,6 +409,33 @@ def test_config_error_fails_before_the_first_batch(option, error, match,
     recorder = StreamRecorder(runner.model, monkeypatch)
     runner.register_hook(recorder)
     with pytest.raises(error, match=match):
+        runner.test()
+    assert_nothing_ran(recorder, tmp_path)
+
+
+def test_a_classification_stream_for_a_segmentor_is_refused(
+        tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch):
+    """The task is the model's: a segmentor given a classification stream
+    (or the reverse, tests/classification) fails before the first batch,
+    naming both."""
+    root = tmp_path / 'cifar-c'
+    root.mkdir()
+    np.save(root / 'labels.npy', np.zeros(8, dtype=np.int64))
+    np.save(root / 'fog.npy', np.zeros((8, 32, 32, 3), dtype=np.uint8))
+    stream = dict(
+        _delete_=True, batch_size=1, num_workers=0,
+        sampler=dict(type='DefaultSampler', shuffle=False),
+        collate_fn=dict(type='pseudo_collate'),
+        dataset=dict(type='mmseg_stag.CorruptionStream', corruptions=['fog'],
+                     corruption_set=dict(type='CIFARC', data_root=str(root),
+                                         severities=(5, ))))
+    runner = make_runner('tent', tiny_acdc, tiny_checkpoint, tmp_path,
+                         extra={'test_dataloader': stream})
+    recorder = StreamRecorder(runner.model, monkeypatch)
+    runner.register_hook(recorder)
+    with pytest.raises(ValueError, match='test_dataloader.dataset is a '
+                       'classification stream .* but the model is a '
+                       'segmentation model'):
         runner.test()
     assert_nothing_ran(recorder, tmp_path)
 
