@@ -268,7 +268,7 @@ class Task:
         with torch.no_grad():
             prediction = self.predict(model, self.inputs)
         with torch.enable_grad():
-            ctx = method.forward(BatchContext(self.inputs, self.forward))
+            ctx = method.forward_pass(BatchContext(self.inputs, self.forward))
             loss = method.loss(ctx)
             method.optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -10,6 +10,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import LOOPS
 from mmengine.runner import TestLoop
+from mmengine.runner.amp import autocast
 from torch.utils.data import DataLoader
 
 from mmseg_stag.core import build_method, use_batch_statistics
@@ -146,6 +147,11 @@ class OnlineAdaptationLoop(TestLoop):
             raise ValueError(f'fp16=True contradicts mixed_precision='
                              f'{mixed_precision!r}')
         self.mixed_precision = 'fp16' if fp16 else mixed_precision
+        device = next(self._model(runner).parameters()).device.type
+        if self.mixed_precision == 'fp16' and device == 'cpu':
+            raise ValueError("mixed_precision='fp16' needs a GPU (MMEngine's "
+                             "autocast takes bf16 only on the CPU); use "
+                             "mixed_precision='bf16'")
         self.bn_batch_stats = bool(bn_batch_stats)
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.task.check_dataset(self.dataloader.dataset)
@@ -358,13 +364,13 @@ class OnlineAdaptationLoop(TestLoop):
             outputs=outputs)
 
     def autocast(self, inputs):
-        """``torch.autocast`` on the inputs' device, if configured."""
+        """MMEngine's ``autocast`` on the inputs' device, if configured."""
         if self.mixed_precision is None:
             return contextlib.nullcontext()
         device = inputs.device.type if torch.is_tensor(inputs) else 'cuda' \
             if torch.cuda.is_available() else 'cpu'
-        return torch.autocast(device_type=device,
-                              dtype=MIXED_PRECISION[self.mixed_precision])
+        return autocast(device_type=device,
+                        dtype=MIXED_PRECISION[self.mixed_precision])
 
 
 class BatchStage:

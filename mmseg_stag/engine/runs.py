@@ -4,6 +4,8 @@ runs saves the interpreter's start-up per run)."""
 import logging
 import os
 import os.path as osp
+import sys
+import time
 import uuid
 from typing import Optional
 
@@ -32,7 +34,13 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
     if online and (launcher != 'none' or world_size > 1):
         # before any process group or worker starts (the loop refuses too)
         n = world_size if world_size > 1 else 'several'
-        raise SystemExit('error: ' + DISTRIBUTED_ERROR.format(n=n))
+        message = 'error: ' + DISTRIBUTED_ERROR.format(n=n)
+        if world_size > 1:
+            # every rank reports before the launcher stops the others
+            print(message, file=sys.stderr, flush=True)
+            time.sleep(2)
+            raise SystemExit(1)
+        raise SystemExit(message)
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir', None) is None:

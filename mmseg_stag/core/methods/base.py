@@ -315,7 +315,7 @@ class BaseMethod:
         self.num_updates += 1
         return True
 
-    def forward(self, ctx: BatchContext) -> BatchContext:
+    def forward_pass(self, ctx: BatchContext) -> BatchContext:
         """The batch's one forward pass through the probe."""
         ctx.prediction, ctx.head_outputs = ctx.forward(self.model, ctx.inputs)
         return ctx
@@ -331,7 +331,7 @@ class BaseMethod:
         if self.model is None:
             raise RuntimeError(f'{self.name}.configure(model, classifier) '
                                'must be called before adapt')
-        self.forward(ctx)
+        self.forward_pass(ctx)
         if self.updates:
             self.update(self.loss(ctx))
         return ctx.prediction.detach(), ctx.stats

@@ -201,7 +201,7 @@ class SAR(BaseMethod):
         loss2, stats2 = None, {}
         try:
             # forward 1 (the prediction), filter 1, L1, backward
-            loss1 = self.loss(self.forward(ctx))
+            loss1 = self.loss(self.forward_pass(ctx))
             stats1 = {k + '1': v for k, v in ctx.stats.items()}
             sam.zero_grad(set_to_none=True)
             if loss1 is not None:
@@ -209,7 +209,7 @@ class SAR(BaseMethod):
                 sam.first_step()  # theta + e_w
                 sam.zero_grad(set_to_none=True)
                 # forward 2 at theta + e_w, filter 2 among filter 1
-                second = self.forward(
+                second = self.forward_pass(
                     BatchContext(ctx.inputs, ctx.forward, among=ctx.kept))
                 loss2 = self.loss(second)
                 if 'loss_base' in second.stats:

@@ -171,7 +171,7 @@ def test_base_loss_filters_among_ctx_among_and_sets_kept():
     model = make_model()
     method = build(model)
     x = batch(10)
-    ctx = method.forward(BatchContext(x, FORWARD))
+    ctx = method.forward_pass(BatchContext(x, FORWARD))
     ent = ref_entropy(ctx.head_outputs[0][1]).detach()
     loss = method.base_loss(ctx)
     assert ctx.kept.tolist() == (ent < E0).tolist()
@@ -179,13 +179,13 @@ def test_base_loss_filters_among_ctx_among_and_sets_kept():
                                rtol=1e-12, atol=1e-12)
     among = torch.zeros(16, dtype=torch.bool)
     among[::2] = True
-    ctx = method.forward(BatchContext(x, FORWARD, among=among))
+    ctx = method.forward_pass(BatchContext(x, FORWARD, among=among))
     loss = method.base_loss(ctx)
     assert ctx.kept.tolist() == ((ent < E0) & among).tolist()
     assert ctx.stats['num_kept'] == int(((ent < E0) & among).sum())
     torch.testing.assert_close(loss.detach(), ent[ctx.kept].mean(),
                                rtol=1e-12, atol=1e-12)
-    ctx = method.forward(BatchContext(x, FORWARD, among=~(ent < E0)))
+    ctx = method.forward_pass(BatchContext(x, FORWARD, among=~(ent < E0)))
     assert method.base_loss(ctx) is None and not ctx.kept.any()
 
 

@@ -395,11 +395,13 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
     ({'test_cfg.classifier': 'backbone.layers.0.0.projection'}, ValueError,
      r"'backbone.layers.0.0.projection'.*kernel_size=\(7, 7\).*head without "
      'a 1x1 classifier'),
+    ({'test_cfg.mixed_precision': 'fp16'}, ValueError,
+     r"mixed_precision='fp16' needs a GPU .* use mixed_precision='bf16'"),
     ({'test_cfg.task': 'classification'}, ValueError,
      r"test_cfg.task='classification' but the model is a EncoderDecoder"),
 ], ids=['unknown-method', 'upper-case-name', 'eata-without-source-data',
         'bad-option', 'no-such-classifier', 'bad-mixed-precision',
-        'classifier-not-1x1', 'classification-task'])
+        'classifier-not-1x1', 'fp16-on-the-cpu', 'classification-task'])
 def test_config_error_fails_before_the_first_batch(option, error, match,
                                                    tiny_acdc,
                                                    tiny_checkpoint, tmp_path,
