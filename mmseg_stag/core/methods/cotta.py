@@ -30,15 +30,15 @@ class CoTTA(BaseMethod):
 
     ``configure`` (after selecting the trainable parameters) copies the
     configured model (``copy.deepcopy``) into the EMA teacher and the
-    anchor (a frozen source model), and keeps the source values of the
-    parameters for the restore.
+    source model (frozen; the authors' ``model_anchor``), and keeps the
+    source values of the parameters for the restore.
 
     One ``adapt`` call (authors' ``forward_and_adapt``):
 
-    1. student forward with gradients; anchor forward (no gradients):
-       ``anchor_prob`` = max softmax probability per sample; teacher
+    1. student forward with gradients; source-model forward (no
+       gradients): ``source_prob`` = max softmax probability per sample; teacher
        forward: ``standard_ema``;
-    2. if ``anchor_prob.mean() < ap`` (and ``num_augs > 0``): the teacher
+    2. if ``source_prob.mean() < ap`` (and ``num_augs > 0``): the teacher
        prediction is the mean of the teacher's logits on ``num_augs``
        augmented batches (:class:`~.cotta_transforms.CoTTAAugment`); otherwise
        ``standard_ema``;
@@ -54,7 +54,7 @@ class CoTTA(BaseMethod):
        ``theta <- theta_source * mask + theta * (1 - mask)``.
 
     Returns the teacher prediction of step 2 (detached): CoTTA evaluates
-    the teacher. The student/anchor/teacher forwards all use the
+    the teacher. The student/source-model/teacher forwards all use the
     ``forward`` callable (which looks the classifier up by name).
 
     Random draws per call, in order (global generator): the augmentations
@@ -70,10 +70,10 @@ class CoTTA(BaseMethod):
         ema_momentum (float): ``a`` of the teacher update. Default: 0.999.
         restore_prob (float): restore probability per element.
             Default: 0.01.
-        ap (float): threshold on the anchor's mean confidence below which
+        ap (float): threshold on the source model's mean confidence below which
             the augmentation-averaged prediction is used. Default: 0.92
             (CIFAR-10; the authors use 0.72 for CIFAR-100). Per pixel: the
-            anchor's confidence per pixel above which the teacher's
+            source model's confidence per pixel above which the teacher's
             main-view label is kept (ACDC: 0.69).
         num_augs (int): augmented teacher forwards (0: never augment).
             Default: 32.
@@ -100,7 +100,7 @@ class CoTTA(BaseMethod):
     #: per pixel (segmentation), as the authors' ACDC ``single_gpu_cotta``:
     #: the teacher predicts every view of a multi-view pipeline
     #: (``ctx.views``); its label is the main view's where the source
-    #: (anchor) model's confidence there exceeds ``ap`` (ACDC: 0.69), else
+    #: model's confidence there exceeds ``ap`` (ACDC: 0.69), else
     #: the argmax of its probabilities averaged over the views; the student
     #: (main view, the one forward) is trained with cross-entropy to that
     #: label at the original size (logits resized straight to it), and the
@@ -154,7 +154,7 @@ class CoTTA(BaseMethod):
         self.augment = CoTTAAugment(**preset)
 
         self.teacher: Optional[nn.Module] = None
-        self.anchor: Optional[nn.Module] = None
+        self.source_model: Optional[nn.Module] = None
         self.source_params: Dict[str, torch.Tensor] = {}
         self.restore_params: List[Tuple[str, nn.Parameter]] = []
 
@@ -162,8 +162,8 @@ class CoTTA(BaseMethod):
         super().configure(model, classifier, output)
         # the authors' copy_model_and_optimizer, after configure_model
         self.teacher = copy.deepcopy(model)
-        self.anchor = copy.deepcopy(model)
-        for copy_ in (self.teacher, self.anchor):
+        self.source_model = copy.deepcopy(model)
+        for copy_ in (self.teacher, self.source_model):
             for p in copy_.parameters():
                 p.requires_grad_(False)
         self.restore_params = [
@@ -174,7 +174,7 @@ class CoTTA(BaseMethod):
                               for name, p in self.restore_params}
 
     def state_dict(self) -> dict:
-        # the anchor model and the restore targets come from configure
+        # the source model and the restore targets come from configure
         return dict(super().state_dict(), teacher=self.teacher.state_dict())
 
     def load_state_dict(self, state: dict) -> None:
@@ -206,7 +206,7 @@ class CoTTA(BaseMethod):
             raise ValueError('CoTTA on segmentation trains on the whole image:'
                              " use whole inference (model.test_cfg.mode="
                              "'whole')")
-        labels, stats = teacher_labels(self.teacher, self.anchor, ctx.views,
+        labels, stats = teacher_labels(self.teacher, self.source_model, ctx.views,
                                        ctx.main_view, self.ap)
         ctx.prediction = labels
         ctx.stats.update(stats)
@@ -217,10 +217,10 @@ class CoTTA(BaseMethod):
     def teacher_prediction(self, forward, inputs
                            ) -> Tuple[torch.Tensor, Dict[str, float]]:
         """Steps 1-2 for the teacher: ``(teacher logits, stats)``."""
-        anchor_logits, _ = forward(self.anchor, inputs)
-        anchor_prob = anchor_logits.softmax(1).max(1)[0]
+        source_logits, _ = forward(self.source_model, inputs)
+        source_prob = source_logits.softmax(1).max(1)[0]
         standard_ema, _ = forward(self.teacher, inputs)
-        use_augs = self.num_augs > 0 and bool(anchor_prob.mean(0) < self.ap)
+        use_augs = self.num_augs > 0 and bool(source_prob.mean(0) < self.ap)
         outputs = None
         if self.num_augs > 0 and (use_augs or self.always_augment):
             outputs = [forward(self.teacher, self.augment(inputs))[0].detach()
@@ -229,7 +229,7 @@ class CoTTA(BaseMethod):
             teacher = torch.stack(outputs).mean(0)
         else:
             teacher = standard_ema
-        stats = dict(anchor_prob=anchor_prob.mean().item(),
+        stats = dict(source_prob=source_prob.mean().item(),
                      augmented=float(use_augs))
         return teacher.detach(), stats
 

@@ -18,12 +18,12 @@ def view_probabilities(model: nn.Module, view: View) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_labels(teacher: nn.Module, anchor: nn.Module,
+def teacher_labels(teacher: nn.Module, source_model: nn.Module,
                    views: Sequence[View], main_view: int,
                    threshold: float) -> Tuple[torch.Tensor, Dict[str, float]]:
     """The label map CoTTA trains on and evaluates, ``[N, H0, W0]``.
 
-    Where the source (anchor) model's confidence at the main view exceeds
+    Where the source model's confidence at the main view exceeds
     ``threshold`` (0.69), the teacher's main-view label; elsewhere the
     argmax of the teacher's probabilities averaged over all views.
     """
@@ -34,8 +34,10 @@ def teacher_labels(teacher: nn.Module, anchor: nn.Module,
             single = probs.argmax(dim=1)
         total = probs if total is None else total + probs
     multi = (total / len(views)).argmax(dim=1)
-    # the authors' anchor predicts every view; only the main one is used
-    confidence = view_probabilities(anchor, views[main_view]).max(dim=1)[0]
+    # the authors' anchor (the source model) predicts every view; only the
+    # main one is used
+    confidence = view_probabilities(source_model,
+                                    views[main_view]).max(dim=1)[0]
     confident = confidence > threshold
     labels = torch.where(confident, single, multi)
     return labels, dict(confident_pixels=confident.float().mean().item(),

@@ -75,8 +75,8 @@ def test_registry_and_defaults():
     m.configure(model, model[5])
     assert all(p.requires_grad for p in model.parameters())
     assert not any(p.requires_grad for p in m.teacher.parameters())
-    assert not any(p.requires_grad for p in m.anchor.parameters())
-    assert m.teacher is not model and m.anchor is not model
+    assert not any(p.requires_grad for p in m.source_model.parameters())
+    assert m.teacher is not model and m.source_model is not model
     assert [n for n, _ in m.restore_params] == [
         n for n, _ in model.named_parameters()]
 
@@ -104,7 +104,7 @@ def test_matches_authors_code_over_batches(ap):
             ref_loss.item(), rel=1e-10)
         assert_params_equal(model, ref.model, tol=1e-10)
         assert_params_equal(method.teacher, ref.model_ema, tol=1e-10)
-        assert_params_equal(method.anchor, ref.model_anchor, tol=0)
+        assert_params_equal(method.source_model, ref.model_anchor, tol=0)
     assert method.num_updates == 3
 
 
@@ -136,7 +136,7 @@ def test_augmentation_branch_iff_anchor_confidence_below_ap():
     torch.manual_seed(3)
     out, stats = adapt(method, FORWARD, x)
     assert stats['augmented'] == 1.0
-    assert stats['anchor_prob'] == pytest.approx(conf)
+    assert stats["source_prob"] == pytest.approx(conf)
     torch.manual_seed(3)
     with torch.no_grad():
         views = [source(method.augment(x)) for _ in range(4)]
@@ -240,7 +240,7 @@ def test_symmetric_loss_matches_authors_imagenet_code_over_batches(ap):
                                                    rel=1e-10)
         assert_params_equal(model, ref.model, tol=1e-10)
         assert_params_equal(method.teacher, ref.model_ema, tol=1e-10)
-        assert_params_equal(method.anchor, ref.model_anchor, tol=0)
+        assert_params_equal(method.source_model, ref.model_anchor, tol=0)
     assert method.num_updates == 3
 
 
@@ -294,7 +294,7 @@ def test_base_loss_on_its_own_sets_the_teacher_prediction():
         loss, cross_entropy_to_teacher(prediction, zt).mean(), rtol=1e-12,
         atol=1e-12)
     assert loss.requires_grad
-    assert ctx.stats['augmented'] == 0.0 and 'anchor_prob' in ctx.stats
+    assert ctx.stats['augmented'] == 0.0 and "source_prob" in ctx.stats
     assert_params_equal(model, student, tol=0)
     assert_params_equal(method.teacher, teacher, tol=0)
 
