@@ -115,6 +115,7 @@ class StageBatchSampler(Sampler):
                              'shuffle=False)')
         self.sampler, self.batch_size = sampler, int(batch_size)
         self.dataset = sampler.dataset
+        self._len = None  # counted once: the loader asks for it every log
 
     def __iter__(self) -> Iterator[List[int]]:
         batch, stage = [], None
@@ -129,7 +130,9 @@ class StageBatchSampler(Sampler):
             yield batch
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        if self._len is None:
+            self._len = sum(1 for _ in self)
+        return self._len
 
 
 @DATA_SAMPLERS.register_module()

@@ -120,7 +120,7 @@ def plot_corruptions(path: str, vals: Sequence[dict],
     # an explicit Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(max(6, 0.5 * len(corruptions) + 2), 3.8))
+    fig = Figure(figsize=(max(6, 0.5 * len(corruptions) + 2), 4.6))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     xs = list(range(len(corruptions)))
@@ -134,6 +134,8 @@ def plot_corruptions(path: str, vals: Sequence[dict],
     ax.set_ylabel(f'{"accuracy" if metric == "acc" else "error"} (%)')
     ax.set_title(title)
     ax.grid(alpha=.3)
-    ax.legend(fontsize='x-small', ncol=2)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), loc='lower center',
+               ncol=min(len(vals), 5) or 1, fontsize='x-small',
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.1 + 0.04 * (len(vals) // 5), 1, 1))
     fig.savefig(path, dpi=120)

@@ -1,6 +1,7 @@
 """What the online loop leaves to the task: how a batch becomes the
 method's :class:`~mmseg_stag.core.BatchContext`, and the prediction the
 metric's data samples."""
+from abc import ABC, abstractmethod
 from typing import Callable, List, Optional
 
 import torch
@@ -13,7 +14,7 @@ from mmseg_stag.core import BatchContext, HeadProbe
 ONLINE_TASKS = Registry('online adaptation task', scope='mmseg_stag')
 
 
-class OnlineTask:
+class OnlineTask(ABC):
     """The task side of ``OnlineAdaptationLoop`` (one object per run).
 
     Args:
@@ -40,9 +41,9 @@ class OnlineTask:
         """Settings read from the stream dataset (once)."""
 
     @classmethod
+    @abstractmethod
     def matches(cls, model: nn.Module) -> bool:
         """Whether ``model`` is this task's kind of model."""
-        raise NotImplementedError
 
     def adapted_module(self, model: nn.Module) -> nn.Module:
         """The module the method adapts (its ``model``)."""
@@ -61,15 +62,15 @@ class OnlineTask:
 
     model_kind = ''
 
+    @abstractmethod
     def batch(self, model: nn.Module, data_batch: dict
               ) -> 'OnlineBatch':
         """The preprocessed batch: the method's context and how its
         prediction becomes the metric's data samples."""
-        raise NotImplementedError
 
+    @abstractmethod
     def source_batches(self, model: nn.Module, dataloader):
         """``(forward, inputs)`` for the method's ``fit_source``."""
-        raise NotImplementedError
 
 
 class OnlineBatch:

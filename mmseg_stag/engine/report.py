@@ -173,15 +173,22 @@ def plot_stages(path: str, stages: List[dict], conditions: Sequence[str],
     fig = Figure(figsize=(6, 3.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    for condition in conditions:
-        pts = sorted((s['round'], s[score]) for s in stages
-                     if s['condition'] == condition)
-        if pts:
-            ax.plot(*zip(*pts), marker='o', label=condition)
-    ax.set_xlabel('round')
+    if len({s['round'] for s in stages}) == 1:
+        # one pass (a classification stream): the score per stage, in order
+        ax.plot(range(len(stages)), [s[score] for s in stages], marker='o')
+        ax.set_xticks(range(len(stages)))
+        ax.set_xticklabels([s['condition'] for s in stages], rotation=45,
+                           ha='right', fontsize='small')
+    else:
+        for condition in conditions:
+            pts = sorted((s['round'], s[score]) for s in stages
+                         if s['condition'] == condition)
+            if pts:
+                ax.plot(*zip(*pts), marker='o', label=condition)
+        ax.set_xlabel('round')
+        ax.legend(fontsize='small')
     ax.set_ylabel(f'{score} (%)')
     ax.set_title(f'continual adaptation, mean {mean:.1f} {score}')
     ax.grid(alpha=.3)
-    ax.legend(fontsize='small')
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -1,4 +1,5 @@
 """``StreamMetric``: the per-stage bookkeeping both tasks' metrics share."""
+from abc import abstractmethod
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
@@ -50,13 +51,13 @@ class StreamMetric(BaseMetric):
         self._partial_started = False
 
     # -- to define --------------------------------------------------------
+    @abstractmethod
     def image_record(self, sample: dict) -> dict:
         """One image's numbers (``sample``: the data sample as a dict)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def stage_result(self, records: List[dict]) -> dict:
         """One stage's result from its images' records."""
-        raise NotImplementedError
 
     def summary(self, stages: List[dict]) -> Dict[str, float]:
         """The metrics ``compute_metrics`` returns (and logs)."""
