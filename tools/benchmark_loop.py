@@ -39,13 +39,14 @@ PATTERN = ('configs/stag_acdc/'
 def register_reference():
     """``tent_two_forward``: TENT as CoTTA's ``single_gpu_tent`` runs it
     (registered here only: a speed reference, not a method to use)."""
-    from mmseg_stag.core import METHODS, TENT
+    from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
+                                         SegmentationTENT)
 
-    if 'tent_two_forward' in METHODS.module_dict:
+    if 'tent_two_forward' in SEGMENTATION_METHODS.module_dict:
         return
 
-    @METHODS.register_module(name='tent_two_forward')
-    class TwoForwardTENT(TENT):
+    @SEGMENTATION_METHODS.register_module(name='tent_two_forward')
+    class TwoForwardTENT(SegmentationTENT):
 
         def adapt(self, ctx):
             with torch.no_grad():  # the prediction, as model(return_loss=False)

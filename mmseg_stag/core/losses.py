@@ -18,21 +18,6 @@ def pseudo_label_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, logits.detach().argmax(1))
 
 
-def full_resolution_cross_entropy(logits: torch.Tensor,
-                                  labels: torch.Tensor,
-                                  align_corners: bool = False) -> torch.Tensor:
-    """Mean cross-entropy of per-pixel ``logits [N, C, h, w]`` resized
-    bilinearly straight to the size of ``labels [N, H, W]``, over all pixels.
-
-    CoTTA's ACDC code (``single_gpu_tent`` -> MMSeg 0.x
-    ``BaseDecodeHead.losses``): the head's logits are resized to the label
-    map, here the prediction at the original image size.
-    """
-    logits = F.interpolate(logits, size=labels.shape[-2:], mode='bilinear',
-                           align_corners=align_corners)
-    return F.cross_entropy(logits, labels.long())
-
-
 def cross_entropy_to_teacher(student_logits: torch.Tensor,
                              teacher_logits: torch.Tensor) -> torch.Tensor:
     """Per-sample ``-sum_c softmax(teacher)_c log_softmax(student)_c``

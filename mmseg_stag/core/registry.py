@@ -6,13 +6,22 @@ METHODS = Registry('online adaptation method', scope='mmseg_stag',
                    locations=['mmseg_stag.core.methods'])
 
 
-def build_method(cfg: dict):
-    """Build a method from :data:`METHODS` in its own scope, whatever the
-    caller's default scope is (``mmseg`` inside a Runner)."""
+def build_method(cfg: dict, registry: Registry = METHODS):
+    """Build a method from ``registry`` (:data:`METHODS` or a task's child
+    of it, looked up there first), whatever the caller's default scope is
+    (``mmseg`` inside a Runner)."""
     cfg = dict(cfg)
     if 'type' not in cfg:
         raise ValueError(f'a method config needs a type, got {cfg}')
-    if isinstance(cfg['type'], str) and cfg['type'] not in METHODS:
+    if isinstance(cfg['type'], str) and cfg['type'] not in registry:
+        known = set(registry.module_dict)
+        parent = registry.parent
+        while parent is not None:
+            known |= set(parent.module_dict)
+            parent = parent.parent
         raise KeyError(f"unknown method {cfg['type']!r}; available: "
-                       f'{sorted(METHODS.module_dict)}')
-    return METHODS.build(dict(cfg, _scope_='mmseg_stag'))
+                       f'{sorted(known)}')
+    method_cls = cfg['type']
+    if isinstance(method_cls, str):
+        method_cls = registry.get(method_cls)  # the child, then its parents
+    return METHODS.build(dict(cfg, type=method_cls, _scope_=METHODS.scope))

@@ -13,7 +13,7 @@ from mmengine.runner import TestLoop
 from mmengine.runner.amp import autocast
 from torch.utils.data import DataLoader
 
-from mmseg_stag.core import build_method, use_batch_statistics
+from mmseg_stag.core import use_batch_statistics
 from mmseg_stag.core.run_state import (flatten_settings, load_run_state,
                                        rng_state, save_run_state,
                                        set_rng_state, settings_differences,
@@ -127,10 +127,11 @@ class OnlineAdaptationLoop(TestLoop):
         if get_world_size() > 1:
             raise RuntimeError(DISTRIBUTED_ERROR.format(n=get_world_size()))
         self.method_cfg = dict(method)
-        self.method = build_method(self.method_cfg)  # bad options fail here
         options = {} if main_view is None else dict(main_view=main_view)
         self.task = build_task(self._model(runner), task, classifier,
                                **options)
+        # bad options fail here
+        self.method = self.task.build_method(self.method_cfg)
         self.method.check_output(self.task.output)
         if self.method.needs_source_data and source_dataloader is None:
             raise ValueError(
@@ -243,7 +244,7 @@ class OnlineAdaptationLoop(TestLoop):
         torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(stage))
         adapted = self.task.adapted_module(self._model(self.runner))
         adapted.load_state_dict(self.source_state)
-        self.method = build_method(self.method_cfg)
+        self.method = self.task.build_method(self.method_cfg)
         self.configure_method()
         if self.source_dataloader is not None:
             self.fit_source()

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from mmengine.registry import Registry
 
-from mmseg_stag.core import BatchContext, HeadProbe
+from mmseg_stag.core import BatchContext, HeadProbe, build_method
 
 #: ``segmentation`` (``mmseg_stag.segmentation``) and ``classification``
 ONLINE_TASKS = Registry('online adaptation task', scope='mmseg_stag')
@@ -39,6 +39,11 @@ class OnlineTask(ABC):
 
     def setup(self, dataset) -> None:
         """Settings read from the stream dataset (once)."""
+
+    def build_method(self, cfg: dict):
+        """The method of ``cfg``: the core's (a task may register its own
+        variants in a child registry of ``METHODS``)."""
+        return build_method(cfg)
 
     @classmethod
     @abstractmethod

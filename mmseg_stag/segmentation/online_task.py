@@ -8,9 +8,10 @@ import torch
 from mmengine.structures import PixelData
 from mmseg.models.segmentors import BaseSegmentor
 
-from mmseg_stag.core import BatchContext, View
+from mmseg_stag.core import build_method
 from mmseg_stag.engine.online_task import (ONLINE_TASKS, OnlineBatch,
                                            OnlineTask)
+from .methods import SEGMENTATION_METHODS, SegmentationBatchContext, View
 
 
 @ONLINE_TASKS.register_module(name='segmentation')
@@ -53,6 +54,11 @@ class SegmentationTask(OnlineTask):
             self.main_view = pipeline_main_view(dataset)
         self.main_view = int(self.main_view)
 
+    def build_method(self, cfg: dict):
+        """Per-pixel variants first (CoTTA's ACDC TENT and CoTTA), then
+        the core's methods."""
+        return build_method(cfg, SEGMENTATION_METHODS)
+
     def probe_forward(self, metas):
         """``forward(model, inputs)``: the probe around ``model.inference``
         with this batch's (or view's) metainfo."""
@@ -86,7 +92,7 @@ class SegmentationTask(OnlineTask):
             raise ValueError(f'main_view={self.main_view} is a flipped view; '
                              'choose the unflipped one at scale 1')
         postprocess = Postprocess(model, data_samples)
-        ctx = BatchContext(
+        ctx = SegmentationBatchContext(
             inputs, self.probe_forward(metas),
             labels_at_original_size=postprocess.labels,
             views=[self.view(model, v) for v in views]

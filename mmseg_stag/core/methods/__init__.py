@@ -1,6 +1,6 @@
 """The online-adaptation methods, one file each, registered in
 :data:`mmseg_stag.core.registry.METHODS` under their lower-case names."""
-from .base import BaseMethod, BatchContext, SampleFilteringMethod, View
+from .base import BaseMethod, BatchContext, SampleFilteringMethod
 from .bn_adapt import BNAdapt
 from .cotta import CoTTA
 from .deyo import DeYO
@@ -11,5 +11,5 @@ from .tent import TENT
 
 __all__ = [
     'BaseMethod', 'BatchContext', 'SampleFilteringMethod', 'Source',
-    'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA', 'View'
+    'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA'
 ]

@@ -20,7 +20,7 @@ Life cycle (DequanWang/tent, mariodoebler/test-time-adaptation)::
         #  -> backward -> optimizer step; prediction made *before* the step
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -32,23 +32,6 @@ from ..params import exclude_by_module, select_parameters
 from ..probe import OUTPUT_KINDS, Forward, check_output_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
-
-
-@dataclass
-class View:
-    """One test-time view of a segmentation batch (e.g. a scale x flip of
-    MMSeg's ``TestTimeAug``), as CoTTA's teacher reads them.
-
-    Args:
-        inputs: the view's preprocessed images.
-        forward: ``forward(model, inputs)`` with the view's metainfo.
-        to_original_size: ``f(seg_logits) -> logits [N, C, H0, W0]``: the
-            view's prediction with its flip undone, resized to the original
-            image size (MMSeg's ``postprocess_result``).
-    """
-    inputs: Any
-    forward: Forward
-    to_original_size: Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -66,13 +49,9 @@ class BatchContext:
             forward filters only among them); ``None``: all.
         kept: the samples the method's own filter kept (filtering methods).
         stats: numbers the method reports for this batch (logged).
-        labels_at_original_size: segmentation only: ``f(seg_logits) ->
-            labels [N, H0, W0]``, the argmax of a prediction resized to the
-            images' original size (MMSeg's ``postprocess_result``), what
-            the metric scores. ``None`` for classification.
-        views: segmentation with a multi-view pipeline only: every
-            :class:`View` of the batch; ``views[main_view]`` is ``inputs``.
-        main_view: see ``views``.
+
+    A task adds what only it knows in a subclass (segmentation: labels at
+    the original size, the views of a multi-view pipeline).
     """
     inputs: Any
     forward: Forward
@@ -81,10 +60,6 @@ class BatchContext:
     among: Optional[torch.Tensor] = None
     kept: Optional[torch.Tensor] = None
     stats: Dict[str, float] = field(default_factory=dict)
-    labels_at_original_size: Optional[Callable[[torch.Tensor],
-                                               torch.Tensor]] = None
-    views: Optional[List[View]] = None
-    main_view: int = 0
 
 
 class BaseMethod:

@@ -4,9 +4,8 @@ Follows the authors' CIFAR code (github.com/qinenergy/cotta,
 ``cifar/cotta.py`` ``CoTTA.forward_and_adapt``, ``update_ema_variables``,
 ``copy_model_and_optimizer``; ``cifar/my_transforms.py``; the defaults of
 ``cifar/cfgs/cifar10/cotta.yaml``); ``loss='symmetric_ce'`` gives the loss of
-their ImageNet code (``imagenet/cotta.py``). Per pixel (segmentation) it
-follows their ACDC code (``mmseg/apis/test.py`` ``single_gpu_cotta``): see
-:mod:`.cotta_views`.
+their ImageNet code (``imagenet/cotta.py``). Per pixel, their ACDC code:
+``mmseg_stag.segmentation.SegmentationCoTTA``.
 """
 import copy
 from typing import Dict, List, Optional, Tuple
@@ -14,13 +13,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..losses import (cross_entropy_to_teacher,
-                      full_resolution_cross_entropy, per_sample_logits,
+from ..losses import (cross_entropy_to_teacher, per_sample_logits,
                       symmetric_cross_entropy)
 from ..registry import METHODS
 from .base import BaseMethod, BatchContext
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
-from .cotta_views import teacher_labels
 
 
 @METHODS.register_module(name='cotta')
@@ -72,9 +69,7 @@ class CoTTA(BaseMethod):
             Default: 0.01.
         ap (float): threshold on the source model's mean confidence below which
             the augmentation-averaged prediction is used. Default: 0.92
-            (CIFAR-10; the authors use 0.72 for CIFAR-100). Per pixel: the
-            source model's confidence per pixel above which the teacher's
-            main-view label is kept (ACDC: 0.69).
+            (CIFAR-10; the authors use 0.72 for CIFAR-100).
         num_augs (int): augmented teacher forwards (0: never augment).
             Default: 32.
         augment (dict, optional): arguments of
@@ -97,15 +92,7 @@ class CoTTA(BaseMethod):
         **kwargs: see :class:`BaseMethod` (``stag``, ...).
     """
 
-    #: per pixel (segmentation), as the authors' ACDC ``single_gpu_cotta``:
-    #: the teacher predicts every view of a multi-view pipeline
-    #: (``ctx.views``); its label is the main view's where the source
-    #: model's confidence there exceeds ``ap`` (ACDC: 0.69), else
-    #: the argmax of its probabilities averaged over the views; the student
-    #: (main view, the one forward) is trained with cross-entropy to that
-    #: label at the original size (logits resized straight to it), and the
-    #: label is the evaluated prediction. Steps 4-5 as per sample.
-    supported_outputs = ('per_sample', 'per_pixel')
+    supported_outputs = ('per_sample', )
 
     #: per-sample student-to-teacher losses (CIFAR, ImageNet code)
     LOSSES = dict(ce=cross_entropy_to_teacher,
@@ -186,32 +173,11 @@ class CoTTA(BaseMethod):
         """Mean ``loss`` (cross-entropy or symmetric cross-entropy) of the
         student to the teacher's prediction of the batch, which becomes
         ``ctx.prediction`` (CoTTA evaluates the teacher)."""
-        if ctx.head_outputs and ctx.head_outputs[0][1].dim() == 4:
-            return self.per_pixel_loss(ctx)
         _, logits = per_sample_logits(ctx.head_outputs, 'CoTTA')
         teacher, stats = self.teacher_prediction(ctx.forward, ctx.inputs)
         ctx.prediction = teacher
         ctx.stats.update(stats)
         return self.LOSSES[self.loss_type](logits, teacher).mean(0)
-
-    def per_pixel_loss(self, ctx: BatchContext) -> torch.Tensor:
-        """Segmentation: cross-entropy of the student's main-view logits to
-        the teacher's label map, which becomes ``ctx.prediction``."""
-        if not ctx.views:
-            raise ValueError(
-                'CoTTA on segmentation averages its teacher over the views of '
-                'a multi-view pipeline (ScaleFlipViews, see configs/_base_/'
-                'datasets/acdc_continual_views.py); this batch has one view')
-        if len(ctx.head_outputs) != 1:
-            raise ValueError('CoTTA on segmentation trains on the whole image:'
-                             " use whole inference (model.test_cfg.mode="
-                             "'whole')")
-        labels, stats = teacher_labels(self.teacher, self.source_model, ctx.views,
-                                       ctx.main_view, self.ap)
-        ctx.prediction = labels
-        ctx.stats.update(stats)
-        _, logits = ctx.head_outputs[0]
-        return full_resolution_cross_entropy(logits, labels)
 
     @torch.no_grad()
     def teacher_prediction(self, forward, inputs

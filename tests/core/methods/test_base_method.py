@@ -219,42 +219,11 @@ def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
         TENT(loss='kl')
 
 
-def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
-    """CoTTA's ACDC TENT: the label map comes from the caller at the
-    original size; the head's logits are resized bilinearly straight to it
-    (here a hand-computed 2x upsampling with align_corners=False of a
-    1x1 map is the map itself: the constant case), mean CE over pixels."""
-    model = make_model()
-    method = configured(TENT(loss='pseudo_ce_fullres'), model)
-    x = images()
-    logits, outs = FORWARD(model, x)
-    labels = torch.randint(0, 5, (2, 12, 14))
-    seen = []
-
-    def at_original_size(prediction):
-        seen.append(prediction)
-        return labels
-
-    ctx = BatchContext(x, FORWARD, prediction=logits, head_outputs=outs,
-                       labels_at_original_size=at_original_size)
-    up = nn.functional.interpolate(logits, size=(12, 14), mode='bilinear',
-                                   align_corners=False)
-    expected = -up.log_softmax(1).gather(1, labels[:, None]).mean()
-    torch.testing.assert_close(method.base_loss(ctx), expected)
-    assert seen == [logits]
-    # constant logits per image: the resize changes nothing
-    const = logits.mean((2, 3), keepdim=True).expand_as(logits)
-    ctx.head_outputs = [(outs[0][0], const)]
-    torch.testing.assert_close(
-        method.base_loss(ctx),
-        nn.functional.cross_entropy(
-            const[:, :, :1, :1].expand(-1, -1, 12, 14), labels))
-    # classification has no original-size labels: refused when configured
-    with pytest.raises(ValueError, match='per_pixel outputs only'):
-        TENT(loss='pseudo_ce_fullres').check_output('per_sample')
-    with pytest.raises(ValueError, match='segmentation loop'):
-        method.base_loss(BatchContext(x, FORWARD, prediction=logits,
-                                      head_outputs=outs))
+def test_core_tent_has_no_full_resolution_loss():
+    """CoTTA's ACDC TENT needs labels at the original image size: it is the
+    segmentation package's (tests/segmentation/methods)."""
+    with pytest.raises(ValueError, match='SegmentationTENT'):
+        TENT(loss='pseudo_ce_fullres')
 
 
 def test_optimizer_reset_per_stage():

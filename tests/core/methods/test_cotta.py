@@ -416,20 +416,8 @@ def test_stag_adds_beta_times_stag_loss_and_nothing_else():
         assert_params_equal(method.teacher, ref.model_ema, tol=1e-10)
 
 
-def test_per_pixel_needs_the_views_of_a_multi_view_pipeline():
-    """Segmentation CoTTA averages its teacher over the views of the batch
-    (the segmentation loop's ``ctx.views``); a single-view batch is refused
-    with an error that names the pipeline to use. The per-pixel update
-    itself is tested against the authors' ACDC code in
-    tests/segmentation/engine/test_acdc_protocol.py."""
-    method = CoTTA()
-    method.check_output('per_pixel')
-    conv = torch.nn.Conv2d(3, C, 1)
-    model = torch.nn.Sequential(conv)
-    method.configure(model, conv, 'per_pixel')
-    x = torch.randn(1, 3, 4, 4)
-    logits = model(x)
-    ctx = BatchContext(x, None, prediction=logits,
-                       head_outputs=[(x, logits)])
-    with pytest.raises(ValueError, match='ScaleFlipViews'):
-        method.base_loss(ctx)
+def test_core_cotta_is_per_sample():
+    """CoTTA per pixel (the authors' ACDC code) is the segmentation
+    package's ``SegmentationCoTTA`` (tests/segmentation/methods)."""
+    with pytest.raises(ValueError, match='per_sample outputs only'):
+        CoTTA().check_output('per_pixel')

@@ -1,0 +1,13 @@
+"""Segmentation variants of the core methods (what only exists at the
+original image size), in :data:`SEGMENTATION_METHODS`."""
+from .cotta import SegmentationCoTTA, teacher_labels
+from .full_resolution import (SegmentationBatchContext, View,
+                              full_resolution_cross_entropy)
+from .registry import SEGMENTATION_METHODS
+from .tent import SegmentationTENT
+
+__all__ = [
+    'SEGMENTATION_METHODS', 'SegmentationBatchContext', 'View',
+    'SegmentationTENT', 'SegmentationCoTTA', 'teacher_labels',
+    'full_resolution_cross_entropy'
+]

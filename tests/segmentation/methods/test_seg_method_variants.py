@@ -1,0 +1,102 @@
+"""The segmentation variants of the core methods (``SEGMENTATION_METHODS``):
+CoTTA's ACDC TENT loss at the original size and per-pixel CoTTA's refusal of
+a one-view batch, on a tiny per-pixel model; the loop's ACDC runs of both are
+compared with the authors' code in tests/segmentation/engine/
+test_acdc_protocol.py."""
+import pytest
+import torch
+import torch.nn as nn
+
+from mmseg_stag.core import (CoTTA, EATA, TENT, BatchContext, HeadProbe,
+                             build_method)
+from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
+                                     SegmentationBatchContext,
+                                     SegmentationCoTTA, SegmentationTENT)
+
+FORWARD = HeadProbe('2', output='per_pixel')
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8),
+                         nn.Conv2d(8, 5, 1)).eval()
+
+
+def images(seed=1, n=2):
+    return torch.randn(n, 3, 6, 7,
+                       generator=torch.Generator().manual_seed(seed))
+
+
+def test_segmentation_registry_finds_its_variants_then_the_cores():
+    built = {name: type(build_method(dict(type=name), SEGMENTATION_METHODS))
+             for name in ('tent', 'cotta', 'eata')}
+    assert built == dict(tent=SegmentationTENT, cotta=SegmentationCoTTA,
+                         eata=EATA)
+    assert type(build_method(dict(type='tent'))) is TENT
+    assert type(build_method(dict(type='cotta'))) is CoTTA
+    with pytest.raises(KeyError, match="unknown method 'tnet'.*'tent'"):
+        build_method(dict(type='tnet'), SEGMENTATION_METHODS)
+
+
+def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
+    """CoTTA's ACDC TENT: the label map comes from the task at the original
+    size; the head's logits are resized bilinearly straight to it, mean CE
+    over pixels (the resize by hand on constant maps: nothing changes)."""
+    model = make_model()
+    method = build_method(dict(type='tent', loss='pseudo_ce_fullres'),
+                          SEGMENTATION_METHODS)
+    method.configure(model, model[2], 'per_pixel')
+    x = images()
+    logits, outs = FORWARD(model, x)
+    labels = torch.randint(0, 5, (2, 12, 14))
+    seen = []
+
+    def at_original_size(prediction):
+        seen.append(prediction)
+        return labels
+
+    ctx = SegmentationBatchContext(x, FORWARD, prediction=logits,
+                                   head_outputs=outs,
+                                   labels_at_original_size=at_original_size)
+    up = nn.functional.interpolate(logits, size=(12, 14), mode='bilinear',
+                                   align_corners=False)
+    expected = -up.log_softmax(1).gather(1, labels[:, None]).mean()
+    torch.testing.assert_close(method.base_loss(ctx), expected)
+    assert seen == [logits]
+    const = logits.mean((2, 3), keepdim=True).expand_as(logits)
+    ctx.head_outputs = [(outs[0][0], const)]
+    torch.testing.assert_close(
+        method.base_loss(ctx),
+        nn.functional.cross_entropy(
+            const[:, :, :1, :1].expand(-1, -1, 12, 14), labels))
+    # classification has no original-size labels: refused when configured
+    with pytest.raises(ValueError, match='per_pixel outputs only'):
+        method.check_output('per_sample')
+    with pytest.raises(ValueError, match='segmentation loop'):
+        method.base_loss(BatchContext(x, FORWARD, prediction=logits,
+                                      head_outputs=outs))
+    ctx.head_outputs = outs * 2  # a sliding window: two classifier calls
+    with pytest.raises(ValueError, match="mode='whole'"):
+        method.base_loss(ctx)
+    # the core's losses are unchanged in the variant
+    entropy = build_method(dict(type='tent'), SEGMENTATION_METHODS)
+    entropy.configure(model, model[2], 'per_pixel')
+    torch.testing.assert_close(
+        entropy.base_loss(BatchContext(x, FORWARD, head_outputs=outs)),
+        TENT().base_loss(BatchContext(x, FORWARD, head_outputs=outs)))
+
+
+def test_per_pixel_cotta_needs_the_views_of_a_multi_view_pipeline():
+    """Segmentation CoTTA averages its teacher over the views of the batch
+    (``ctx.views``); a one-view batch is refused with an error that names
+    the pipeline to use."""
+    method = SegmentationCoTTA()
+    method.check_output('per_pixel')
+    model = make_model()
+    method.configure(model, model[2], 'per_pixel')
+    x = images(n=1)
+    logits, outs = FORWARD(model, x)
+    ctx = SegmentationBatchContext(x, FORWARD, prediction=logits,
+                                   head_outputs=outs)
+    with pytest.raises(ValueError, match='ScaleFlipViews'):
+        method.base_loss(ctx)
