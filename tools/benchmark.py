@@ -82,6 +82,15 @@ STAG_SETTING = {
     'resnet50': ('imagenet-c', 'mild', 'resnet50-bn'),
     'vit-b16': ('imagenet-c', 'mild', 'vit-b16'),
 }
+#: continual CIFAR-C's WideResNets (mmseg_stag.classification), 32x32:
+#: EcoTTA's memory against TENT and CoTTA (the paper's efficiency claim)
+CIFAR_MODELS = {'wrn-40-2': dict(type='WRN40_2_AugMix'),
+                'wrn-28-10': dict(type='WRN28_10_Standard')}
+STAG_SETTING.update({
+    'wrn-40-2': ('cifar100-c', 'continual', 'wrn-40-2'),
+    'wrn-28-10': ('cifar10-c', 'continual', 'wrn-28-10')})
+#: the paper's row of a method whose name there differs
+PAPER_ROW = {'ecotta': 'ecotta-k4'}
 #: the baselines' own settings (their authors' reference defaults)
 METHODS = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt')},
@@ -91,6 +100,12 @@ METHODS = {
         # filters would all reject (no update at all): the filters are
         # opened so that the step timed is EATA's update on kept samples
         'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
+    'cifar': {'tent': dict(type='tent', optimizer=dict(
+        type='Adam', lr=1e-3, betas=(0.9, 0.999))),
+        'cotta': dict(type='cotta', ap=0.72, optimizer=dict(
+            type='Adam', lr=1e-3, betas=(0.9, 0.999))),
+        # K=4 meta networks (random: memory and time do not depend on them)
+        'ecotta': dict(type='ecotta')},
 }
 
 
@@ -122,6 +137,9 @@ def build_model(name, seed=0):
     torch.manual_seed(seed)
     if name in CLS_MODELS:
         return BackboneClassifier(*CLS_MODELS[name]).eval()
+    if name in CIFAR_MODELS:
+        from mmseg_stag.classification import CLS_MODELS as NETWORKS
+        return NETWORKS.build(dict(CIFAR_MODELS[name])).eval()
     config, backbone, in_channels = SEG_MODELS[name]
     cfg = Config.fromfile(osp.join(REPO, config))
     cfg.model.backbone.update(backbone)
@@ -210,16 +228,17 @@ class Task:
 
     def __init__(self, name, args, device):
         self.name = name
-        self.kind = 'cls' if name in CLS_MODELS else 'seg'
+        self.kind = 'cls' if name in CLS_MODELS else \
+            'cifar' if name in CIFAR_MODELS else 'seg'
         self.base = build_model(name).to(device)
         from mmseg_stag.core import HeadProbe
         from mmseg_stag.paper_hparams import paper_stag
-        setting = STAG_SETTING[name if self.kind == 'cls' else 'seg']
-        self.stag = {m: {k: float(v) for k, v in
-                         paper_stag(*setting, m).items()}
+        setting = STAG_SETTING[name if self.kind != 'seg' else 'seg']
+        self.stag = {m: {k: float(v) for k, v in paper_stag(
+            *setting, PAPER_ROW.get(m, m)).items()}
                      for m in METHODS[self.kind]}
-        if self.kind == 'cls':
-            size = args.cls_size
+        if self.kind != 'seg':
+            size = args.cls_size if self.kind == 'cls' else 32
             self.inputs = torch.randn(args.batch_size, 3, size, size,
                                       device=device)
             self.forward = HeadProbe('fc')
@@ -245,12 +264,21 @@ class Task:
         """A configured method on a fresh copy of the model."""
         from mmseg_stag.core import build_method, use_batch_statistics
         model = copy.deepcopy(self.base)
-        if self.kind == 'cls':
+        if kind == 'ecotta':  # EcoTTA's network: K=4 meta networks
+            from mmseg_stag.classification.ecotta_network import (
+                ECOTTA_PRESETS, preset_partition)
+            from mmseg_stag.core.methods.ecotta_networks import (
+                attach_meta_networks, find_blocks)
+            blocks = ECOTTA_PRESETS['WideResNet'][0]
+            attach_meta_networks(model, blocks, preset_partition(
+                'WideResNet', len(find_blocks(model, blocks)), 4))
+            model.to(self.inputs.device)
+        elif self.kind != 'seg':
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
         method = build_method(dict(self.methods[kind], stag=stag))
         method.configure(model, self.forward.classifier(model),
-                         'per_sample' if self.kind == 'cls' else 'per_pixel')
+                         'per_pixel' if self.kind == 'seg' else 'per_sample')
         if method.needs_source_data:  # EATA's Fisher, not timed
             method.fit_source(self.forward, [self.inputs])
         return method, PassCounter(self.counted(model))
@@ -277,12 +305,28 @@ class Task:
 
 
 class SavedForBackward:
-    """Bytes of the distinct tensor storages autograd saves for the
-    backward pass during the block (parameters included): the graph's
-    memory, exact and free of allocator noise, unlike peak RSS."""
+    """Bytes of the distinct tensor storages autograd saves for a backward
+    pass: the graph's memory, exact and free of allocator noise, unlike
+    peak RSS. ``mb``: the largest graph of the block (a method with two
+    updates per step, EcoTTA, frees the first before building the second),
+    parameters included; ``activations_mb``: the same without the model's
+    parameters and buffers (what the backward pass keeps of the batch)."""
+
+    def __init__(self, model=None):
+        self.model_storages = set() if model is None else {
+            t.untyped_storage().data_ptr()
+            for t in list(model.parameters()) + list(model.buffers())}
+
+    def _fold(self):
+        total = sum(self.storages.values())
+        acts = sum(n for p, n in self.storages.items()
+                   if p not in self.model_storages)
+        self.peak = max(self.peak, total)
+        self.peak_acts = max(self.peak_acts, acts)
+        self.storages = {}
 
     def __enter__(self):
-        self.storages = {}
+        self.storages, self.peak, self.peak_acts = {}, 0, 0
 
         def pack(tensor):
             storage = tensor.untyped_storage()
@@ -292,11 +336,21 @@ class SavedForBackward:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(
             pack, lambda tensor: tensor)
         self._hooks.__enter__()
+        self._backward = torch.autograd.backward
+
+        def backward(*args, **kwargs):  # one graph is complete
+            self._fold()
+            return self._backward(*args, **kwargs)
+
+        torch.autograd.backward = backward
         return self
 
     def __exit__(self, *exc):
+        torch.autograd.backward = self._backward
         self._hooks.__exit__(*exc)
-        self.mb = sum(self.storages.values()) / 2**20
+        self._fold()
+        self.mb = self.peak / 2**20
+        self.activations_mb = self.peak_acts / 2**20
 
 
 class StepTimer:
@@ -338,11 +392,12 @@ def mixed_precision(dtype):
 
 def measure(step, method, counter, dtype=None):
     f0, b0 = counter.forwards, counter.backwards
-    with PeakMemory() as mem, SavedForBackward() as saved:
+    with PeakMemory() as mem, SavedForBackward(method.model) as saved:
         with StepTimer() as timer, mixed_precision(dtype):
             step(method)
         seconds = timer.seconds
     return dict(seconds=seconds, peak_mb=mem.delta_mb, saved_mb=saved.mb,
+                activations_mb=saved.activations_mb,
                 forwards=counter.forwards - f0,
                 backwards=counter.backwards - b0)
 
@@ -364,8 +419,8 @@ def interleave(arms, steps, warmup, dtype=None):
 
 def summary(records):
     medians = {k: statistics.median(r[k] for r in records)
-               for k in ('seconds', 'peak_mb', 'saved_mb', 'forwards',
-                         'backwards')}
+               for k in ('seconds', 'peak_mb', 'saved_mb', 'activations_mb',
+                         'forwards', 'backwards')}
     # the fastest step: the estimate least affected by other load on the
     # machine (what ``timeit`` reports)
     medians['seconds_min'] = min(r['seconds'] for r in records)
@@ -442,17 +497,32 @@ def run_model(name, args, device):
                 'seconds')
         results[kind] = res
         print_table(name, kind, res)
+    if 'ecotta' in results:
+        results['activations_mb'] = compare_activations(name, results)
     return results
+
+
+def compare_activations(name, results):
+    """EcoTTA's claim: the activations kept for backward per update, of
+    every method run on the model, and their ratio to EcoTTA's."""
+    acts = {kind: res[kind]['activations_mb'] for kind, res in
+            results.items() if isinstance(res, dict) and kind in res}
+    print(f'\n{name}: activations kept for backward (largest graph of a '
+          'step): ' + ', '.join(
+              f'{k} {v:.1f} MB ({v / acts["ecotta"]:.1f}x EcoTTA)'
+              for k, v in acts.items()))
+    return acts
 
 
 def print_table(name, kind, res):
     print(f'\n{name} {kind}')
     print(f"{'arm':32s} {'time s':>9s} {'min s':>9s} {'peak MB':>9s} "
-          f"{'saved MB':>9s} {'fwd':>4s} {'bwd':>4s}")
+          f"{'saved MB':>9s} {'act MB':>9s} {'fwd':>4s} {'bwd':>4s}")
     for label, r in res.items():
         if isinstance(r, dict) and 'peak_mb' in r:
             print(f"{label:32s} {r['seconds']:9.3f} {r['seconds_min']:9.3f} "
                   f"{r['peak_mb']:9.1f} {r['saved_mb']:9.1f} "
+                  f"{r['activations_mb']:9.1f} "
                   f"{r['forwards']:4.0f} {r['backwards']:4.0f}")
     for key in ('stag_time_ratio', 'stag_memory_ratio', 'stag_saved_ratio',
                 'speedup_vs_two_forward'):
@@ -470,12 +540,16 @@ def main():
         description='Time and memory of adaptation steps with and without '
         'STAG (interleaved, one process)')
     parser.add_argument('--models', nargs='+', default=['b0', 'b5'],
-                        choices=sorted(SEG_MODELS) + sorted(CLS_MODELS))
+                        choices=sorted(SEG_MODELS) + sorted(CLS_MODELS) +
+                        sorted(CIFAR_MODELS))
     parser.add_argument('--methods', nargs='+',
-                        default=['tent', 'bn_adapt', 'eata'],
-                        choices=['tent', 'bn_adapt', 'eata'],
-                        help='baselines (bn_adapt: segmentation only, '
-                        'eata: classification only)')
+                        default=['tent', 'bn_adapt', 'eata', 'cotta',
+                                 'ecotta'],
+                        choices=['tent', 'bn_adapt', 'eata', 'cotta',
+                                 'ecotta'],
+                        help='baselines of each model that it has '
+                        '(bn_adapt: segmentation; eata: ImageNet; cotta, '
+                        'ecotta: the CIFAR WideResNets)')
     parser.add_argument('--size', type=int, nargs=2, default=(960, 540),
                         metavar=('W', 'H'), help='segmentation input size '
                         '(paper: 960 540)')

@@ -26,7 +26,6 @@ real photographic textures and real corruption code.
 import argparse
 import glob
 import json
-import os
 import os.path as osp
 import shutil
 import subprocess

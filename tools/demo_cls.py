@@ -20,11 +20,12 @@ Steps (each is skipped when its result is already in the work dir):
    the FIRST corruption only (as the paper does), from ``--beta-grid`` x
    ``--gamma-grid``;
 4. each baseline of the scenario (paired as in the paper: continual with
-   BN Adapt, TENT, CoTTA on the BN model; mild with BN Adapt, TENT, EATA,
-   SAR, DeYO on the three models) that ``--methods`` and ``--nets`` keep
-   runs the whole stream online (predict, then adapt), without and with
-   STAG; BN Adapt only on the BN model;
-   EATA's Fisher information comes from 2,000 clean training digits;
+   BN Adapt, TENT, CoTTA, EcoTTA (K=4) on the BN model; mild with BN
+   Adapt, TENT, EATA, SAR, DeYO on the three models) that ``--methods``
+   and ``--nets`` keep runs the whole stream online (predict, then adapt),
+   without and with STAG; BN Adapt only on the BN model; EATA's Fisher
+   information comes from 2,000 clean training digits; EcoTTA's meta
+   networks are warmed up on the clean training digits first;
 5. the paper-style tables are printed and written with the choices to
    ``summary.{md,json}``; per setting ``<scenario>_<net>/table.{json,csv,
    txt,png}``, and per row its run's work dir (``continual_results.*``,
@@ -61,12 +62,17 @@ NETS = {'bn': ('CNN-BN', 'cnn-bn'), 'gn': ('CNN-GN', 'cnn-gn'),
 #: ViT-B-LN; reset per corruption; accuracy %). Batch 64 for both: the demo
 #: has 1,000 images per corruption.
 SCENARIOS = {
-    'continual': ('mnist-c_continual', 'err', ('bn_adapt', 'tent', 'cotta'),
-                  ('bn', )),
+    'continual': ('mnist-c_continual', 'err',
+                  ('bn_adapt', 'tent', 'cotta', 'ecotta'), ('bn', )),
     'mild': ('mnist-c_mild', 'acc',
              ('bn_adapt', 'tent', 'eata', 'sar', 'deyo'), ('bn', 'gn', 'ln')),
 }
-METHODS = ('bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta')
+METHODS = ('bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta', 'ecotta')
+#: EcoTTA: its own network (the CNN-BN with K=4 meta networks, warmed up on
+#: the clean training digits by tools/ecotta_warmup.py) and its own
+#: optimizer (SGD 5e-3, momentum 0.9: the authors' setting, not --lr).
+ECOTTA_MODEL = 'cnn-bn_ecotta'
+ECOTTA_WARMUP_EPOCHS = 10
 BETA_GRID = (1.0, 30.0, 1000.0)
 TRAIN_EPOCHS = {'bn': 8, 'gn': 12, 'ln': 16}
 #: Method options of the demo beyond the defaults (which follow the
@@ -107,6 +113,10 @@ def parse_args(argv=None):
     p.add_argument('--lr', type=float, default=1e-3,
                    help='Adam learning rate of every baseline (CoTTA/TENT '
                    'CIFAR-C protocol)')
+    p.add_argument('--warmup-epochs', type=int,
+                   default=ECOTTA_WARMUP_EPOCHS,
+                   help='epochs of EcoTTA\'s warm-up of its meta networks '
+                   f'(default: {ECOTTA_WARMUP_EPOCHS})')
     p.add_argument('--epochs', type=int, default=None,
                    help='training epochs of every source model (default: '
                    f'{TRAIN_EPOCHS})')
@@ -117,6 +127,8 @@ def parse_args(argv=None):
     # 5,000 digits: EATA's Fisher needs 2,000 clean training digits
     if not 1 <= args.n_test <= 3000:
         p.error(f'--n-test must be in [1, 3000], got {args.n_test}')
+    if args.warmup_epochs < 1:
+        p.error(f'--warmup-epochs must be >= 1, got {args.warmup_epochs}')
     if args.epochs is not None and args.epochs < 1:
         p.error(f'--epochs must be >= 1, got {args.epochs}')
     if args.workers < 1:
@@ -203,7 +215,8 @@ def row_config(args, scenario, net, method, data_root, source_files,
     """The config of one row: the demo's model and stream bases, the
     method's base (``configs/cls/_base_/methods``), the demo's options."""
     from mmengine.config import Config
-    bases = [osp.join(DEMO_BASE, 'models', f'{NETS[net][1]}.py'),
+    model = ECOTTA_MODEL if method == 'ecotta' else NETS[net][1]
+    bases = [osp.join(DEMO_BASE, 'models', f'{model}.py'),
              osp.join(DEMO_BASE, 'datasets', f'{SCENARIOS[scenario][0]}.py'),
              osp.join(CLS_BASE, 'methods', f'{method.replace("_", "-")}.py'),
              osp.join(CLS_BASE, 'default_runtime.py')]
@@ -213,7 +226,7 @@ def row_config(args, scenario, net, method, data_root, source_files,
                'randomness.seed': args.seed,
                'default_hooks.logger.interval': 1000,
                'log_level': 'WARNING'}  # the row's files hold the results
-    if method != 'source':
+    if method not in ('source', 'ecotta'):
         options['test_cfg.method'] = dict(
             METHOD_OPTIONS.get(method, {}), type=method,
             optimizer=dict(type='Adam', lr=args.lr, betas=(0.9, 0.999)))
@@ -274,7 +287,33 @@ def select_stag(args, scenario, net, method, data_root, source_files, ckpt,
     return chosen
 
 
-def run_setting(args, scenario, net, data_root, source_files, ckpt, log):
+def make_ecotta_warmup(args, data_root, source_files, ckpt, log):
+    """The CNN-BN with EcoTTA's meta networks warmed up on the clean
+    training digits (``tools/ecotta_warmup.py``; cached)."""
+    import torch
+    from tools import ecotta_warmup
+    out = osp.join(args.work_dir, 'models', 'bn_ecotta-k4.pth')
+    want = dict(epochs=args.warmup_epochs, seed=args.seed)
+    if osp.isfile(out) and osp.getmtime(out) > osp.getmtime(ckpt):
+        done = torch.load(out, weights_only=True)['meta']['ecotta_warmup']
+        if {k: done.get(k) for k in want} == want:
+            log(f'[2/5] EcoTTA: cached warmed-up meta networks {out}')
+            return out
+    log(f'[2/5] EcoTTA: warming the CNN-BN\'s meta networks up on the clean '
+        f'digits ({args.warmup_epochs} epochs)')
+    config = osp.join(args.work_dir, 'models', 'ecotta_warmup_config.py')
+    row_config(args, 'continual', 'bn', 'ecotta', data_root,
+               source_files).dump(config)
+    ecotta_warmup.main([
+        config, ckpt, '--train-data', source_files['images'],
+        '--train-labels', source_files['labels'], '--out', out,
+        '--epochs', str(args.warmup_epochs), '--seed', str(args.seed),
+        '--work-dir', osp.join(args.work_dir, 'models', 'ecotta_warmup')])
+    return out
+
+
+def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
+                warmed=None):
     from mmseg_stag.classification import (METHOD_NAMES, read_run,
                                            format_corruption_table,
                                            write_corruption_table)
@@ -287,12 +326,15 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log):
                not (m == 'bn_adapt' and net != 'bn')]
     rows, choices = [], {}
 
+    def ckpt_of(method):
+        return warmed if method == 'ecotta' else ckpt
+
     def run(method, name, base=None, stag=None):
         t0 = time.time()
         work_dir = osp.join(out, name.replace(' ', '-').replace('+', '-')
                             .lower())
         run_row(row_config(args, scenario, net, method, data_root,
-                           source_files, stag), ckpt, work_dir)
+                           source_files, stag), ckpt_of(method), work_dir)
         row = read_run(work_dir, name, base)
         rows.append(row)
         log(f'    {name:<14} avg acc {row["avg_acc"]:5.1f}%  '
@@ -303,7 +345,7 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log):
         name = METHOD_NAMES[m]
         t0 = time.time()
         chosen = select_stag(args, scenario, net, m, data_root,
-                             source_files, ckpt, out)
+                             source_files, ckpt_of(m), out)
         stag = dict(beta0=chosen['beta0'], gamma=chosen['gamma'])
         choices[name] = dict(stag, trials=chosen['trials'])
         log(f'    {name}+STAG: beta0={stag["beta0"]:g}, '
@@ -351,8 +393,13 @@ def main(argv=None):
             log(f'[3-4/5] {scenario}, {NETS[net][0]}: choosing STAG '
                 'hyper-parameters on the first corruption, then the '
                 'stream')
+            warmed = None
+            if 'ecotta' in args.methods and net == 'bn' and \
+                    'ecotta' in SCENARIOS[scenario][2]:
+                warmed = make_ecotta_warmup(args, data_root, source_files,
+                                            ckpts[net], log)
             res = run_setting(args, scenario, net, data_root, source_files,
-                              ckpts[net], log)
+                              ckpts[net], log, warmed)
             summary['settings'][f'{scenario}_{net}'] = res
             log('\n' + res['table'] + '\n')
     elapsed = time.time() - start

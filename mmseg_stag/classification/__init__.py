@@ -9,6 +9,7 @@ from .data import (CIFARC, CORRUPTIONS, IMAGENET_MEAN, IMAGENET_STD,
                    SHORT_NAMES, CorruptionSet, ImageFolder, ImageNetC,
                    NumpyImages, StreamData, build_corruption_sets,
                    imagenet_preprocess, to_uint8_chw)
+from .ecotta_network import ECOTTA_PRESETS, ecotta_network
 from .metric import StreamAccuracyMetric
 from .models import build_cls_model, load_weights
 from .online_task import ClassificationTask
@@ -24,7 +25,8 @@ from .wide_resnet import WideResNet, wrn28_10_standard, wrn40_2_augmix
 #: Display names of the registered methods (paper spelling).
 METHOD_NAMES = {
     'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
-    'eata': 'EATA', 'sar': 'SAR', 'deyo': 'DeYO', 'cotta': 'CoTTA'
+    'eata': 'EATA', 'sar': 'SAR', 'deyo': 'DeYO', 'cotta': 'CoTTA',
+    'ecotta': 'EcoTTA'
 }
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     'StreamAccuracyMetric', 'build_cls_model', 'load_weights', 'WideResNet',
     'wrn28_10_standard', 'wrn40_2_augmix', 'SmallCNN', 'SmallViT',
     'read_run', 'table_values', 'format_corruption_table',
-    'write_corruption_table', 'METHOD_NAMES', 'CLS_MODELS', 'CLS_DATASETS',
+    'write_corruption_table', 'METHOD_NAMES', 'ECOTTA_PRESETS',
+    'ecotta_network', 'CLS_MODELS', 'CLS_DATASETS',
     'CLS_SCENARIOS'
 ]

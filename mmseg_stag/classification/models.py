@@ -100,6 +100,10 @@ def load_weights(model: nn.Module, path: str,
     for key in non_persistent_buffers(model):
         state.pop(key, None)
     own = model.state_dict()
+    cold_start = hasattr(model, 'ecotta') and not any(
+        k.startswith('ecotta.') for k in state)
+    if cold_start:
+        own = source_keys_of_ecotta(model, path, own)
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     wrong = [f'{k}: file {tuple(state[k].shape)} vs model '
@@ -117,7 +121,22 @@ def load_weights(model: nn.Module, path: str,
             (f'\n  unexpected keys ({len(unexpected)}): {show(unexpected)}'
              if unexpected else '') +
             (f'\n  shape mismatches: {show(wrong)}' if wrong else ''))
-    model.load_state_dict(state, strict=True)
+    # a cold start leaves the meta networks as initialised (checked above)
+    model.load_state_dict(state, strict=not cold_start)
+
+
+def source_keys_of_ecotta(model: nn.Module, path: str, own: dict) -> dict:
+    """The keys a source file fills in an EcoTTA network (all but the meta
+    networks), if its ``allow_cold_start`` allows it."""
+    if not getattr(model.ecotta, 'allow_cold_start', False):
+        raise ValueError(
+            f'{path} has no EcoTTA meta networks (ecotta.*): it is a source '
+            'checkpoint. Warm the meta networks up on the source training '
+            'set first (python tools/ecotta_warmup.py CONFIG '
+            f'{path} --train-data ... --out WARM.pth, then test WARM.pth), '
+            'or set model.network.allow_cold_start=True to adapt freshly '
+            'initialised meta networks (not EcoTTA as published)')
+    return {k: v for k, v in own.items() if not k.startswith('ecotta.')}
 
 
 def build_cls_model(cfg: dict,

@@ -7,7 +7,7 @@ from .losses import (cross_entropy_to_teacher, flatten_outputs,
                      pseudo_label_cross_entropy, softmax_entropy,
                      symmetric_cross_entropy)
 from .methods import (BaseMethod, BatchContext, BNAdapt, CoTTA, DeYO, EATA,
-                      SAR, Source, TENT)
+                      EcoTTA, SAR, Source, TENT)
 from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
                      use_batch_statistics)
 from .probe import OUTPUT_KINDS, HeadProbe
@@ -18,7 +18,7 @@ from .stag_loss import STAGLoss
 __all__ = [
     'stag', 'STAGLoss', 'HeadProbe', 'OUTPUT_KINDS', 'METHODS',
     'build_method', 'BaseMethod', 'BatchContext', 'Source', 'BNAdapt', 'TENT',
-    'EATA', 'SAR', 'DeYO', 'CoTTA', 'SAM', 'NORM_LAYER_TYPES',
+    'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA', 'SAM', 'NORM_LAYER_TYPES',
     'norm_layers',
     'select_parameters', 'use_batch_statistics', 'softmax_entropy',
     'pseudo_label_cross_entropy', 'cross_entropy_to_teacher',

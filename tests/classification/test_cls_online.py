@@ -239,7 +239,7 @@ def run_tool(*args, env=None):
                           env=env)
 
 
-def killable_config(base: str, opts: dict, folder) -> str:
+def killable_config(base: str, opts: dict, folder, kill=True) -> str:
     """``base`` with ``opts`` (dotted keys) and the test-only kill hook, as
     one config file (the killed and the resumed run share it)."""
     nested: dict = {}
@@ -251,9 +251,10 @@ def killable_config(base: str, opts: dict, folder) -> str:
         node[leaf] = value
     text = f'_base_ = [{base!r}]\n' + ''.join(
         f'{key} = {value!r}\n' for key, value in nested.items())
-    text += ("custom_imports = dict(imports=['mmseg_stag', 'kill_hook'], "
-             'allow_failed_imports=False)\n'
-             "custom_hooks = [dict(type='KillAtStage')]\n")
+    if kill:
+        text += ("custom_imports = dict(imports=['mmseg_stag', 'kill_hook'],"
+                 ' allow_failed_imports=False)\n'
+                 "custom_hooks = [dict(type='KillAtStage')]\n")
     path = osp.join(str(folder), 'killable.py')
     with open(path, 'w') as f:
         f.write(text)
@@ -290,6 +291,12 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path, stream, names,
                        '--resume', '--save-adapted',
                        str(cut / 'adapted.pth'), env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(whole, cut)
+
+
+def assert_same_run(whole, cut):
+    """The two work dirs hold the same results and, in ``adapted.pth``, the
+    same adapted tensors, bit for bit; returns the adapted state."""
     a, b = [json.load(open(w / 'continual_results.json'))
             for w in (whole, cut)]
     assert a == b
@@ -298,3 +305,4 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path, stream, names,
     assert pa.keys() == pb.keys()
     for key in pa:
         assert torch.equal(pa[key], pb[key]), key
+    return pa

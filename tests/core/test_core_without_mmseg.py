@@ -25,7 +25,8 @@ SCRIPT = textwrap.dedent('''
                                  build_method, stag)
 
     out = {}
-    names = ('source', 'bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta')
+    names = ('source', 'bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta',
+             'ecotta')
     out['methods'] = {n: type(build_method(dict(type=n))).__name__
                       for n in names}
     out['registered'] = sorted(METHODS.module_dict)
@@ -68,7 +69,8 @@ def test_core_imports_and_adapts_without_mmseg_and_mmcv():
     assert out['imported'] == []  # neither mmseg nor mmcv really imported
     assert out['methods'] == dict(source='Source', bn_adapt='BNAdapt',
                                   tent='TENT', eata='EATA', sar='SAR',
-                                  deyo='DeYO', cotta='CoTTA')
+                                  deyo='DeYO', cotta='CoTTA',
+                                  ecotta='EcoTTA')
     assert out['registered'] == sorted(out['methods'])
     assert out['stag_math'] == out['stag_loss']
     assert -1.0 <= out['stag_loss'] <= 1.0

@@ -124,10 +124,33 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
         [r['per_corruption'] for r in setting['rows']]
 
 
+def test_reduced_demo_cls_runs_ecotta_from_its_warm_up(tmp_path):
+    """The continual setting's EcoTTA rows: the meta networks are warmed
+    up on the clean training digits first (cached), then the stream."""
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
+         str(tmp_path), '--n-test', '30', '--nets', 'bn', '--scenarios',
+         'continual', '--methods', 'ecotta', '--epochs', '1',
+         '--warmup-epochs', '1', '--beta-grid', '10', '--gamma-grid', '10',
+         '--workers', '1'], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.load(open(tmp_path / 'summary.json'))['settings'][
+        'continual_bn']['rows']
+    assert [r['name'] for r in rows] == ['Source', 'EcoTTA', 'EcoTTA+STAG']
+    warm = torch.load(tmp_path / 'models/bn_ecotta-k4.pth',
+                      weights_only=True)
+    assert warm['meta']['ecotta_warmup']['epochs'] == 1
+    assert any(k.startswith('ecotta.') for k in warm['state_dict'])
+    config = open(tmp_path / 'continual_bn/ecotta/row_config.py').read()
+    assert "type='EcoTTANetwork'" in config and "type='ecotta'" in config
+    assert 'EcoTTA: warming' in proc.stdout
+
+
 def test_demo_cls_rejects_bad_options(tmp_path):
     for bad, message in ((['--n-test', '0'], '--n-test'),
                          (['--n-test', '4000'], '--n-test'),
                          (['--epochs', '0'], '--epochs'),
+                         (['--warmup-epochs', '0'], '--warmup-epochs'),
                          (['--gamma-grid', '0'], '--gamma-grid')):
         proc = subprocess.run(
             [sys.executable, osp.join(REPO, 'tools/demo_cls.py'),

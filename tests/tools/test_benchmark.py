@@ -56,6 +56,38 @@ def test_benchmark_classification_arms(tmp_path):
         'eata': (1, 1), 'eata+stag': (1, 1)}
 
 
+def test_ecotta_memory_against_tent_and_cotta(monkeypatch, capsys):
+    """The CIFAR arms on a thin WRN-28-1 (EcoTTA's K=4 preset of 12
+    blocks): two passes each way for EcoTTA, the activations of every
+    method compared to EcoTTA's."""
+    monkeypatch.setitem(benchmark.CIFAR_MODELS, 'wrn-28-10', dict(
+        type='WideResNet', depth=28, widen_factor=1, num_classes=10))
+    args = benchmark.argparse.Namespace(
+        methods=['tent', 'cotta', 'ecotta'], batch_size=4, steps=1,
+        warmup=0, mixed_precision=None, skip_reference=True, cls_size=32)
+    monkeypatch.setitem(benchmark.METHODS['cifar'], 'cotta', dict(
+        type='cotta', num_augs=1))
+    res = benchmark.run_model('wrn-28-10', args, 'cpu')
+    passes = {arm: (r['forwards'], r['backwards'])
+              for kind in ('tent', 'cotta', 'ecotta')
+              for arm, r in res[kind].items() if 'forwards' in r}
+    assert passes['ecotta'] == passes['ecotta+stag'] == (2, 2)
+    assert passes['tent'] == passes['tent+stag'] == (1, 1)
+    assert set(res['activations_mb']) == {'tent', 'cotta', 'ecotta'}
+    assert all(v > 0 for v in res['activations_mb'].values())
+    assert 'activations kept for backward' in capsys.readouterr().out
+
+
+def test_saved_for_backward_keeps_the_largest_graph():
+    """Two updates in one step (EcoTTA): the first graph is freed at its
+    backward, so the block's figure is the larger graph, not the sum."""
+    x = torch.ones(1000, requires_grad=True)
+    with benchmark.SavedForBackward() as saved:
+        (x * x).sum().backward()        # saves x: 4,000 bytes
+        (x.exp() * x.sin()).sum().backward()  # exp, sin, x: 12,000 bytes
+    assert saved.mb * 2**20 == 12000
+
+
 def test_saved_for_backward_counts_distinct_storages():
     x = torch.ones(1000, requires_grad=True)
     w = torch.full((1000, ), 2.0)

@@ -5,11 +5,12 @@ from .bn_adapt import BNAdapt
 from .cotta import CoTTA
 from .deyo import DeYO
 from .eata import EATA
+from .ecotta import EcoTTA
 from .sar import SAR
 from .source import Source
 from .tent import TENT
 
 __all__ = [
     'BaseMethod', 'BatchContext', 'SampleFilteringMethod', 'Source',
-    'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA'
+    'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA'
 ]

@@ -1,0 +1,231 @@
+"""EcoTTA's warm-up: the meta networks trained on the source training set
+before deployment (the frozen network's own BNs keep tracking statistics,
+as in the community ``main.py`` ``warmup_train``; its reference is
+``weiaicunzai/pytorch-cifar100`` ``train.py``).
+
+Cross-entropy, SGD (momentum 0.9, no weight decay) on the meta networks,
+batch 64, 10 epochs; learning rate linear from 0 over the first epoch
+(``WarmUpLR``), then ``base * 0.2^(number of milestones 3, 6, 8 <= epoch)``
+(``MultiStepLR.step(epoch)``); light augmentation (``utils.py``
+``get_training_dataloader``): colour jitter (0.4, 0.4, 0.4, 0.1) with
+probability 0.4, a 3x3 Gaussian blur (sigma in [0.1, 2]) with probability
+0.2, greyscale with probability 0.1. The augmentations are the tensor forms
+of torchvision's (float images; torchvision's PIL path rounds to uint8 after
+each), drawn from a generator seeded per epoch, so a run resumed at an
+epoch boundary equals an uninterrupted one.
+"""
+import bisect
+import copy
+import os
+import os.path as osp
+import pickle
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmseg_stag.core.methods import cotta_transforms as T
+
+#: learning-rate milestones (epochs) and decay of the warm-up
+MILESTONES, DECAY = (3, 6, 8), 0.2
+STATE_FILE = 'ecotta_warmup_state.pth'
+
+
+def warmup_lr(base_lr: float, epoch: int, batch_index: int,
+              iters_per_epoch: int) -> float:
+    """The learning rate of batch ``batch_index`` (0-based) of ``epoch``
+    (1-based)."""
+    if epoch == 1:
+        return base_lr * batch_index / (iters_per_epoch + 1e-8)
+    return base_lr * DECAY**bisect.bisect_right(MILESTONES, epoch)
+
+
+def color_jitter(img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """torchvision's ``ColorJitter(0.4, 0.4, 0.4, 0.1)`` on one image."""
+    order = torch.randperm(4, generator=g).tolist()
+    factors = [float(torch.empty(1).uniform_(0.6, 1.4, generator=g))
+               for _ in range(3)]
+    hue = float(torch.empty(1).uniform_(-0.1, 0.1, generator=g))
+    ops = [lambda x: T.adjust_brightness(x, factors[0]),
+           lambda x: T.adjust_contrast(x, factors[1]),
+           lambda x: T.adjust_saturation(x, factors[2]),
+           lambda x: T.adjust_hue(x, hue)]
+    for i in order:
+        img = ops[i](img)
+    return img
+
+
+def augment(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """The warm-up's augmentation of ``[N, 3, H, W]`` images in ``[0, 1]``."""
+    out = []
+    for img in batch:
+        if float(torch.rand(1, generator=g)) < 0.4:
+            img = color_jitter(img, g)
+        if float(torch.rand(1, generator=g)) < 0.2:
+            sigma = float(torch.empty(1).uniform_(0.1, 2.0, generator=g))
+            img = T.gaussian_blur(img[None], 3, sigma)[0]
+        if float(torch.rand(1, generator=g)) < 0.1:
+            img = T.rgb_to_grayscale(img).expand(3, -1, -1)
+        out.append(img)
+    return torch.stack(out)
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles CIFAR's python batches: dicts of numpy arrays and plain
+    values; any other object is refused."""
+
+    ALLOWED = {('numpy.core.multiarray', '_reconstruct'),
+               ('numpy._core.multiarray', '_reconstruct'),
+               ('numpy', 'ndarray'), ('numpy', 'dtype')}
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f'{module}.{name} is not allowed in a '
+                                     'CIFAR batch file')
+
+
+def _read_cifar_batch(path: str, label_key: bytes):
+    with open(path, 'rb') as f:
+        batch = _ArrayUnpickler(f, encoding='bytes').load()
+    images = np.asarray(batch[b'data'], np.uint8).reshape(-1, 3, 32, 32)
+    return images.transpose(0, 2, 3, 1), np.asarray(batch[label_key])
+
+
+def read_training_set(path: str, labels: Optional[str] = None
+                      ) -> Tuple[np.ndarray, np.ndarray]:
+    """The source training set as uint8 ``[N, H, W, 3]`` and labels ``[N]``:
+    CIFAR-10's ``cifar-10-batches-py`` (``data_batch_1..5``), CIFAR-100's
+    ``cifar-100-python`` (``train``, fine labels), either folder or its
+    parent, or an ``.npy`` of images with ``labels`` an ``.npy`` of labels.
+
+    Raises:
+        FileNotFoundError: nothing of that layout at ``path``.
+    """
+    if path.endswith('.npy'):
+        if labels is None:
+            raise ValueError(f'{path}: images as .npy need --train-labels')
+        for p in (path, labels):
+            if not osp.isfile(p):
+                raise FileNotFoundError(f'training-set file not found: {p}')
+        return np.load(path), np.load(labels)
+    for folder in (path, osp.join(path, 'cifar-10-batches-py'),
+                   osp.join(path, 'cifar-100-python')):
+        c10 = [osp.join(folder, f'data_batch_{i}') for i in range(1, 6)]
+        if all(osp.isfile(p) for p in c10):
+            parts = [_read_cifar_batch(p, b'labels') for p in c10]
+            return (np.concatenate([p[0] for p in parts]),
+                    np.concatenate([p[1] for p in parts]))
+        if osp.isfile(osp.join(folder, 'train')) and osp.isfile(
+                osp.join(folder, 'meta')):
+            return _read_cifar_batch(osp.join(folder, 'train'),
+                                     b'fine_labels')
+    raise FileNotFoundError(
+        f'no training set at {path}: expected cifar-10-batches-py/'
+        'data_batch_1..5, cifar-100-python/train, or an .npy of images '
+        '(with --train-labels)')
+
+
+def _meta_parameters(network: nn.Module):
+    for name, p in network.named_parameters():
+        p.requires_grad_(name.startswith('ecotta.'))
+    return [p for n, p in network.named_parameters()
+            if n.startswith('ecotta.')]
+
+
+def _save_atomic(obj, path: str) -> None:
+    tmp = path + '.tmp'
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
+            work_dir: str, epochs: int = 10, lr: float = 0.05,
+            batch_size: int = 64, seed: int = 0, resume: bool = False,
+            settings: Optional[dict] = None,
+            progress: Optional[Callable[[int], Callable]] = None
+            ) -> Dict[str, list]:
+    """Train the meta networks of ``model`` (an ``OnlineClassifier`` whose
+    network has ``ecotta``) on ``images``/``labels``; the state is saved to
+    ``work_dir`` after every epoch.
+
+    Args:
+        settings: what must match to resume (the caller's identity of the
+            run: config, source weights, data, lr, batch, seed).
+        progress: ``progress(num_batches)`` returns a per-batch callback
+            (a progress bar); ``None``: silent.
+
+    Returns:
+        ``{'loss': [...], 'acc': [...]}`` per epoch (all epochs so far).
+    """
+    network = model.network
+    if not hasattr(network, 'ecotta'):
+        raise ValueError('the warm-up needs an EcoTTA network (model.network'
+                         " type='EcoTTANetwork')")
+    params = _meta_parameters(network)
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
+    state_path = osp.join(work_dir, STATE_FILE)
+    history, start = dict(loss=[], acc=[]), 1
+    settings = dict(settings or {}, lr=lr, batch_size=batch_size, seed=seed)
+    if resume and osp.isfile(state_path):
+        state = torch.load(state_path, map_location='cpu', weights_only=True)
+        if state['settings'] != settings:
+            diff = sorted(k for k in set(state['settings']) | set(settings)
+                          if state['settings'].get(k) != settings.get(k))
+            raise ValueError(f'{state_path} was written by another warm-up '
+                             f'(differs in {diff}); use another work dir')
+        network.load_state_dict(state['network'])
+        optimizer.load_state_dict(state['optimizer'])
+        history, start = state['history'], state['epoch'] + 1
+    x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
+    y_all = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    preprocessor = model.data_preprocessor
+    iters = (len(x_all) + batch_size - 1) // batch_size
+    network.train()
+    for epoch in range(start, epochs + 1):
+        g = torch.Generator().manual_seed(seed * 1000 + epoch)
+        order = torch.randperm(len(x_all), generator=g)
+        tick = progress(iters) if progress else None
+        total = correct = 0.
+        for b in range(iters):
+            idx = order[b * batch_size:(b + 1) * batch_size]
+            x = augment(x_all[idx].float() / 255.0, g)
+            if preprocessor.normalise:
+                x = (x - preprocessor.mean) / preprocessor.std
+            for group in optimizer.param_groups:
+                group['lr'] = warmup_lr(lr, epoch, b, iters)
+            logits = network(x)
+            loss = F.cross_entropy(logits, y_all[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(idx)
+            correct += float((logits.argmax(1) == y_all[idx]).sum())
+            if tick:
+                tick(b)
+        history['loss'].append(total / len(x_all))
+        history['acc'].append(correct / len(x_all))
+        os.makedirs(work_dir, exist_ok=True)
+        _save_atomic(dict(network=network.state_dict(),
+                          optimizer=optimizer.state_dict(), epoch=epoch,
+                          history=history, settings=settings), state_path)
+    return history
+
+
+@torch.no_grad()
+def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
+                batch_size: int = 256) -> float:
+    """Mean cross-entropy of ``model`` on un-augmented images, in the
+    network's current mode (on a copy: its BN statistics stay)."""
+    network = copy.deepcopy(model.network)
+    x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
+    y_all = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    total = 0.
+    for i in range(0, len(x_all), batch_size):
+        x = model.data_preprocessor(dict(inputs=x_all[i:i + batch_size]))
+        logits = network(x['inputs'])
+        total += F.cross_entropy(logits, y_all[i:i + batch_size],
+                                 reduction='sum').item()
+    return total / len(x_all)
