@@ -249,9 +249,10 @@ def run_row(cfg, ckpt, work_dir):
     row of the same config is reused."""
     from mmseg_stag.engine.runs import prepare_config, run_test
     text = cfg.pretty_text
-    done = osp.join(work_dir, 'continual_results.json')
+    done = [osp.join(work_dir, f) for f in ('continual_results.json',
+                                            'per_image.csv')]
     saved = osp.join(work_dir, 'row_config.py')
-    if osp.isfile(done) and osp.isfile(saved) and \
+    if all(osp.isfile(f) for f in done) and osp.isfile(saved) and \
             open(saved).read() == text:
         return
     os.makedirs(work_dir, exist_ok=True)

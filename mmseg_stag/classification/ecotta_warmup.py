@@ -216,16 +216,20 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
 
 @torch.no_grad()
 def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
-                batch_size: int = 256) -> float:
-    """Mean cross-entropy of ``model`` on un-augmented images, in the
-    network's current mode (on a copy: its BN statistics stay)."""
+                batch_size: int = 256, seed: int = 0) -> float:
+    """Mean cross-entropy of ``model`` on un-augmented images in shuffled
+    batches (a training set stored by class would give one-class batches,
+    whose batch statistics mislead a network in train mode), in the
+    network's current mode, on a copy (its BN statistics stay)."""
     network = copy.deepcopy(model.network)
     x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
     y_all = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    order = torch.randperm(len(x_all),
+                           generator=torch.Generator().manual_seed(seed))
     total = 0.
     for i in range(0, len(x_all), batch_size):
-        x = model.data_preprocessor(dict(inputs=x_all[i:i + batch_size]))
+        idx = order[i:i + batch_size]
+        x = model.data_preprocessor(dict(inputs=x_all[idx]))
         logits = network(x['inputs'])
-        total += F.cross_entropy(logits, y_all[i:i + batch_size],
-                                 reduction='sum').item()
+        total += F.cross_entropy(logits, y_all[idx], reduction='sum').item()
     return total / len(x_all)

@@ -1,12 +1,18 @@
 """``StreamAccuracyMetric``: accuracy per stage and per corruption."""
+import csv
+import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
+from mmseg_stag.analysis.running import PER_IMAGE_FILE
 from mmseg_stag.engine.report import mean_ignoring_nan, write_results
 from mmseg_stag.engine.stream_metric import StreamMetric
 from mmseg_stag.registry import METRICS
 
 TABLE_METRICS = ('acc', 'err')
+#: the per-image file of a classification run, and its columns
+PER_IMAGE_COLUMNS = ('image', 'batch', 'stage', 'round', 'corruption',
+                     'correct')
 
 
 def counts_result(correct: int, total: int) -> dict:
@@ -95,6 +101,19 @@ class StreamAccuracyMetric(StreamMetric):
                                    avg_err=100.0 - acc,
                                    overall_acc=counts_result(
                                        correct, total)['acc']))
+
+
+    def write_records(self, results: List[dict]) -> None:
+        """``per_image.csv``: each image of the stream in order, its batch,
+        stage and corruption and whether it was classified correctly (the
+        running curves of tools/analysis/running_curves.py)."""
+        path = osp.join(self.output_dir, PER_IMAGE_FILE)
+        with open(path, 'w', newline='') as f:
+            writer = csv.writer(f)
+            writer.writerow(PER_IMAGE_COLUMNS)
+            for i, r in enumerate(results):
+                writer.writerow([i, r['batch'], r['stage'], r['round'],
+                                 r['corruption'], r['correct']])
 
 
 def per_corruption(records: List[dict]) -> Dict[str, dict]:

@@ -49,6 +49,7 @@ class StreamMetric(BaseMetric):
         self.run_info: dict = {}
         self._current: Optional[int] = None  # stage of the last image
         self._partial_started = False
+        self._batches = 0  # batches processed (an image's ``batch``)
 
     # -- to define --------------------------------------------------------
     @abstractmethod
@@ -68,6 +69,9 @@ class StreamMetric(BaseMetric):
         """The result files of the run."""
         write_results(self.output_dir, stages, conditions, self.score,
                       summary=self.run_info)
+
+    def write_records(self, results: List[dict]) -> None:
+        """Per-image files of the run (none by default)."""
 
     # -- shared -----------------------------------------------------------
     def process(self, data_batch, data_samples: Sequence) -> None:
@@ -89,7 +93,8 @@ class StreamMetric(BaseMetric):
             self.results.append(dict(
                 self.image_record(sample), stage=stage,
                 round=int(sample['round']),
-                condition=str(sample['condition'])))
+                condition=str(sample['condition']), batch=self._batches))
+        self._batches += 1
 
     def stage_results(self, results: List[dict]) -> List[dict]:
         """One result per stage, in stage order."""
@@ -124,6 +129,8 @@ class StreamMetric(BaseMetric):
             {k: v.numpy() if torch.is_tensor(v) else v for k, v in r.items()}
             for r in state['results']]
         self._current, self._partial_started = None, False
+        self._batches = 1 + max((r.get('batch', -1) for r in self.results),
+                                default=-1)
         if self.output_dir is not None:
             for result in self.stage_results(self.results):
                 append_partial(self.output_dir, result,
@@ -163,6 +170,7 @@ class StreamMetric(BaseMetric):
                   logger='current')
         if self.output_dir is not None:
             self.write(stages, conditions)
+            self.write_records(results)
         metrics = self.summary(stages)
         for s in stages:
             key = f"r{s['round']}_{s['condition']}"

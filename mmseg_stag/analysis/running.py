@@ -1,0 +1,62 @@
+"""Accuracy running curves (Figure running curves): the cumulative online
+accuracy after every batch of a classification run, from its
+``per_image.csv`` (written by ``StreamAccuracyMetric``)."""
+import csv
+import os.path as osp
+from typing import Dict, List, Optional
+
+PER_IMAGE_FILE = 'per_image.csv'
+
+
+def read_per_image(work_dir: str) -> List[Dict[str, object]]:
+    """The run's images in stream order (``image``, ``batch``, ``stage``,
+    ``round``, ``corruption``, ``correct``).
+
+    Raises:
+        FileNotFoundError: ``work_dir`` holds no finished classification
+            run.
+    """
+    path = osp.join(work_dir, PER_IMAGE_FILE)
+    if not osp.isfile(path):
+        raise FileNotFoundError(
+            f'{work_dir}: no {PER_IMAGE_FILE}, so not a finished '
+            'classification run (tools/test.py writes it at the end of a '
+            'stream; a demo row cached from before it existed needs a '
+            're-run)')
+    with open(path, newline='') as f:
+        rows = [dict(r) for r in csv.DictReader(f)]
+    for r in rows:
+        for key in ('image', 'batch', 'stage', 'round', 'correct'):
+            r[key] = int(r[key])
+    if not rows:
+        raise ValueError(f'{path} holds no image')
+    return rows
+
+
+def running_accuracy(rows: List[dict], corruption: Optional[str] = None
+                     ) -> Dict[str, list]:
+    """Cumulative accuracy (%) after each batch of one corruption's images
+    (``None``: the stream's first corruption).
+
+    Returns:
+        ``dict(corruption, batch=[1, 2, ...], images=[...], accuracy=[...])``
+        (batches counted from 1 within the corruption).
+    """
+    if corruption is None:
+        corruption = rows[0]['corruption']
+    mine = [r for r in rows if r['corruption'] == corruption]
+    if not mine:
+        seen = sorted({r['corruption'] for r in rows})
+        raise ValueError(f'no image of corruption {corruption!r} (the run '
+                         f'has {seen})')
+    batches, images, accuracy = [], [], []
+    correct = total = 0
+    for i, r in enumerate(mine):
+        correct += r['correct']
+        total += 1
+        if i + 1 == len(mine) or mine[i + 1]['batch'] != r['batch']:
+            batches.append(len(batches) + 1)
+            images.append(total)
+            accuracy.append(100.0 * correct / total)
+    return dict(corruption=corruption, batch=batches, images=images,
+                accuracy=accuracy)

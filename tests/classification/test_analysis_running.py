@@ -1,0 +1,66 @@
+"""Figure running curves: a run's ``per_image.csv`` (written by the
+metric), the cumulative accuracy per batch against a direct count, and
+``tools/analysis/running_curves.py`` with its files and errors."""
+import csv
+import json
+
+import pytest
+
+from mmseg_stag.analysis import read_per_image, running_accuracy
+from tools.analysis import running_curves
+
+from test_cls_online import CIFAR, checkpoint, options, run  # noqa: F401
+
+
+def test_per_image_file_and_running_accuracy(tmp_path, stream, names,
+                                             checkpoint):
+    _, root = stream
+    opts = options(root, names, batch_size=16)
+    result = run(CIFAR.format('tent'), checkpoint, tmp_path / 'tent', opts)
+    rows = read_per_image(str(tmp_path / 'tent'))
+    assert [r['image'] for r in rows] == list(range(120))
+    assert [r['corruption'] for r in rows] == [c for c in names
+                                               for _ in range(40)]
+    # batches of 16 never cross a stage: 16, 16, 8 per corruption
+    first = [r['batch'] for r in rows if r['corruption'] == names[0]]
+    assert first == [0] * 16 + [1] * 16 + [2] * 8
+    for c in names:  # the per-image file and the results agree
+        assert sum(r['correct'] for r in rows if r['corruption'] == c) == \
+            result['per_corruption'][c]['correct']
+    curve = running_accuracy(rows, names[1])
+    assert curve['batch'] == [1, 2, 3] and curve['images'] == [16, 32, 40]
+    mine = [r['correct'] for r in rows if r['corruption'] == names[1]]
+    assert curve['accuracy'] == pytest.approx(
+        [100 * sum(mine[:n]) / n for n in (16, 32, 40)])
+    assert running_accuracy(rows)['corruption'] == names[0]
+    with pytest.raises(ValueError, match='no image of corruption'):
+        running_accuracy(rows, 'fog')
+
+
+def test_command_writes_panels(tmp_path, stream, names, checkpoint):
+    _, root = stream
+    opts = options(root, names, batch_size=16)
+    for method in ('tent', 'tent-stag'):
+        run(CIFAR.format(method), checkpoint, tmp_path / method, opts)
+    out = tmp_path / 'out'
+    curves = running_curves.main([
+        '--panel', 'Tiny CNN, TENT', f'TENT={tmp_path / "tent"}',
+        f'TENT+STAG={tmp_path / "tent-stag"}', '--corruption', names[2],
+        '--out', str(out)])
+    saved = json.load(open(out / 'running_curves.json'))
+    assert saved['panels'] == curves
+    assert set(curves['Tiny CNN, TENT']) == {'TENT', 'TENT+STAG'}
+    rows = list(csv.DictReader(open(out / 'running_curves.csv')))
+    assert len(rows) == 2 * 3 and rows[0]['corruption'] == names[2]
+    assert (out / 'running_curves.png').stat().st_size > 10000
+
+
+def test_command_errors(tmp_path):
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(FileNotFoundError, match='per_image.csv'):
+        running_curves.main(['--panel', 'A', f'X={tmp_path / "empty"}',
+                             '--out', str(tmp_path)])
+    with pytest.raises(SystemExit):
+        running_curves.main(['--panel', 'A', 'no-equals-sign'])
+    with pytest.raises(SystemExit):
+        running_curves.main(['--panel', 'A'])

@@ -1,0 +1,154 @@
+"""Figure structural_anchor: the classifier weights as structural anchors.
+
+    python tools/analysis/anchor_validation.py \\
+        --model CNN-BN configs/cls/demo/_base_/models/cnn-bn.py work_dirs/demo_cls/models/bn.pth \\
+        --model ViT-LN configs/cls/demo/_base_/models/vit-ln.py work_dirs/demo_cls/models/ln.pth \\
+        [--heatmap-model CNN-BN] [--heatmap-classes 20] [--out work_dirs/analysis]
+
+Each ``--model NAME CONFIG CHECKPOINT`` is built from its config (a
+classification ``OnlineClassifier`` or an MMSeg segmentor; the classifier is
+the one the online loop adapts: ``test_cfg.classifier``, else the task's)
+and loaded strictly. Writes ``structural_anchor.png`` ((a) the assignment
+matrix ``softmax(W W^T + b)`` of ``--heatmap-classes`` classes of the heatmap
+model, (b) self-entropy H, mean diagonal probability psi and structural
+accuracy per model) and the numbers as ``structural_anchor.{json,csv}``.
+"""
+import argparse
+import csv
+import json
+import os
+import os.path as osp
+import sys
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+NAME = 'structural_anchor'
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description='classifier weights as '
+                                'structural anchors (Figure structural_anchor)')
+    p.add_argument('--model', nargs=3, action='append', required=True,
+                   metavar=('NAME', 'CONFIG', 'CHECKPOINT'),
+                   help='a model to analyse (repeat for several)')
+    p.add_argument('--heatmap-model', default=None,
+                   help='the model of panel (a) (default: the first)')
+    p.add_argument('--heatmap-classes', type=int, default=20)
+    p.add_argument('--out', default='work_dirs/analysis')
+    p.add_argument('--trust-pickle', action='store_true')
+    args = p.parse_args(argv)
+    names = [m[0] for m in args.model]
+    if len(set(names)) != len(names):
+        p.error(f'--model names must differ, got {names}')
+    for name, config, ckpt in args.model:
+        for what, path in (('config', config), ('checkpoint', ckpt)):
+            if not osp.isfile(path):
+                p.error(f'--model {name}: {what} file not found: {path}')
+    if args.heatmap_model is None:
+        args.heatmap_model = names[0]
+    elif args.heatmap_model not in names:
+        p.error(f'--heatmap-model {args.heatmap_model!r} is not one of '
+                f'{names}')
+    return args
+
+
+def load_classifier(name, config, checkpoint, trust_pickle=False):
+    """The classifier module the online loop would adapt, with the
+    checkpoint's weights."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, init_default_scope
+
+    import mmseg_stag  # noqa: F401  (registers both tasks' parts)
+    from mmseg_stag.checkpoint import load_model_checkpoint
+    from mmseg_stag.engine.online_task import build_task
+    cfg = Config.fromfile(config)
+    # a model base has no runtime: its scope follows from the model type
+    init_default_scope(cfg.get('default_scope') or (
+        'mmseg_stag' if cfg.model.get('type') == 'OnlineClassifier'
+        else 'mmseg'))
+    classifier = (cfg.get('test_cfg') or {}).get('classifier')
+    try:
+        model = MODELS.build(cfg.model)
+        task = build_task(model, None, classifier)
+    except ValueError as err:
+        raise ValueError(f'--model {name} ({config}): {err}') from err
+    load_model_checkpoint(model, checkpoint, trust_pickle, classifier)
+    return task.probe.classifier(task.adapted_module(model))
+
+
+def plot(path, results, heatmap, heatmap_name, classes):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(13, 4.6))
+    grid = fig.add_gridspec(1, 4, width_ratios=[1.5, 1, 1, 1], wspace=0.45)
+    ax = fig.add_subplot(grid[0])
+    im = ax.imshow(heatmap, vmin=0, vmax=1, cmap='viridis')
+    ticks = range(len(classes))
+    ax.set_xticks(ticks, [str(c) for c in classes], fontsize=7, rotation=90)
+    ax.set_yticks(ticks, [str(c) for c in classes], fontsize=7)
+    ax.set_xlabel('assigned class j')
+    ax.set_ylabel('virtual input w_k (class k)')
+    ax.set_title(f'(a) softmax(W W^T + b), {heatmap_name}', fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    names = list(results)
+    panels = (('self_entropy', 'H (nats)'), ('mdp', 'psi (MDP)'),
+              ('structural_accuracy', 'structural acc. (%)'))
+    for i, (key, label) in enumerate(panels):
+        ax = fig.add_subplot(grid[i + 1])
+        values = [results[n][key] for n in names]
+        bars = ax.bar(range(len(names)), values, color=f'C{i}')
+        ax.bar_label(bars, fmt='%.3g', fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha='right',
+                      fontsize=8)
+        ax.set_title(('(b) ' if i == 0 else '') + label, fontsize=10)
+        if key == 'mdp':
+            ax.set_ylim(0, 1.05)
+        elif key == 'structural_accuracy':
+            ax.set_ylim(0, 110)
+        else:
+            ax.set_ylim(0, max(values) * 1.2 or 1)
+    fig.savefig(path, dpi=130, bbox_inches='tight')
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from mmseg_stag.analysis import (anchor_validation, assignment_matrix,
+                                     heatmap_classes)
+    results, heatmap = {}, None
+    for name, config, ckpt in args.model:
+        fc = load_classifier(name, config, ckpt, args.trust_pickle)
+        results[name] = anchor_validation(fc.weight, fc.bias)
+        if name == args.heatmap_model:
+            classes = heatmap_classes(results[name]['num_classes'],
+                                      args.heatmap_classes)
+            p = assignment_matrix(fc.weight, fc.bias)
+            heatmap = p[classes][:, classes].numpy()
+        print(f'{name}: H {results[name]["self_entropy"]:.4f} nats, psi '
+              f'{results[name]["mdp"]:.4f}, structural accuracy '
+              f'{results[name]["structural_accuracy"]:.1f} % '
+              f'({results[name]["num_classes"]} classes)')
+    os.makedirs(args.out, exist_ok=True)
+    base = osp.join(args.out, NAME)
+    with open(base + '.json', 'w') as f:
+        json.dump(dict(models=results, heatmap_model=args.heatmap_model,
+                       heatmap_classes=classes, heatmap=heatmap.tolist(),
+                       sources={n: dict(config=c, checkpoint=k)
+                                for n, c, k in args.model}), f, indent=1)
+    with open(base + '.csv', 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(['model', 'self_entropy', 'mdp',
+                         'structural_accuracy', 'num_classes'])
+        for name, r in results.items():
+            writer.writerow([name, r['self_entropy'], r['mdp'],
+                             r['structural_accuracy'], r['num_classes']])
+    plot(base + '.png', results, heatmap, args.heatmap_model, classes)
+    print(f'wrote {base}.png, .json, .csv')
+    return results
+
+
+if __name__ == '__main__':
+    main()
