@@ -246,19 +246,11 @@ def row_config(args, scenario, net, method, data_root, source_files,
 
 def run_row(cfg, ckpt, work_dir):
     """One row through tools/test.py's run (in this process); a finished
-    row of the same config is reused."""
-    from mmseg_stag.engine.runs import prepare_config, run_test
-    text = cfg.pretty_text
-    done = [osp.join(work_dir, f) for f in ('continual_results.json',
-                                            'per_image.csv')]
-    saved = osp.join(work_dir, 'row_config.py')
-    if all(osp.isfile(f) for f in done) and osp.isfile(saved) and \
-            open(saved).read() == text:
-        return
-    os.makedirs(work_dir, exist_ok=True)
-    run_test(prepare_config(cfg, work_dir), ckpt)
-    with open(saved, 'w') as f:
-        f.write(text)
+    row of the same config (``row_config.py``) is reused."""
+    from mmseg_stag.engine.runs import run_cached
+    run_cached(cfg, ckpt, work_dir,
+               needs=('continual_results.json', 'per_image.csv'),
+               config_name='row_config.py')
 
 
 def select_stag(args, scenario, net, method, data_root, source_files, ckpt,

@@ -1,6 +1,7 @@
 """One online run from a config, as ``tools/test.py`` runs it: also called
 in-process by the demos and ``tools/select_beta.py`` (one process for many
 runs saves the interpreter's start-up per run)."""
+import json
 import logging
 import os
 import os.path as osp
@@ -73,8 +74,10 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
 
 
 def run_test(cfg: Config, checkpoint: str,
-             allow_unsafe_pickle: bool = False) -> tuple:
-    """Build the Runner, load the source weights, run the test loop.
+             allow_unsafe_pickle: bool = False, hooks=()) -> tuple:
+    """Build the Runner, load the source weights, run the test loop;
+    ``hooks``: Hook objects registered on the Runner (a config holds only
+    dicts).
 
     Returns:
         ``(metrics, model)``: the evaluator's metrics and the (adapted)
@@ -87,6 +90,8 @@ def run_test(cfg: Config, checkpoint: str,
     name = osp.basename(osp.normpath(cfg.work_dir))
     cfg.setdefault('experiment_name', f'{name}_{uuid.uuid4().hex[:8]}')
     runner = Runner.from_cfg(cfg)
+    for hook in hooks:
+        runner.register_hook(hook)
     from mmseg_stag.checkpoint import load_model_checkpoint
     model = runner.model.module if is_model_wrapper(runner.model) \
         else runner.model
@@ -116,3 +121,22 @@ def run_config(config, checkpoint: str, work_dir: Optional[str] = None,
                          None if isinstance(config, Config) else config,
                          **kwargs)
     return run_test(cfg, checkpoint)[0]
+
+
+def run_cached(cfg: Config, checkpoint: str, work_dir: str,
+               needs=('continual_results.json', ),
+               config_name: str = 'run_config.py') -> dict:
+    """One run of ``cfg`` in ``work_dir``, reused when the work dir holds
+    ``needs`` and the same config (``config_name``, written after the
+    run). Returns its ``continual_results.json``."""
+    text = cfg.pretty_text
+    saved = osp.join(work_dir, config_name)
+    done = all(osp.isfile(osp.join(work_dir, f)) for f in needs) and \
+        osp.isfile(saved) and open(saved).read() == text
+    if not done:
+        os.makedirs(work_dir, exist_ok=True)
+        run_test(prepare_config(cfg.copy(), work_dir), checkpoint)
+        with open(saved, 'w') as f:
+            f.write(text)
+    with open(osp.join(work_dir, 'continual_results.json')) as f:
+        return json.load(f)

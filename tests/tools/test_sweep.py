@@ -126,9 +126,9 @@ def test_without_ray_the_command_says_how_to_install_it(tiny_checkpoint,
     assert "pip install -e '.[sweep]'" in proc.stderr
 
 
-def test_sweep_runs_classification_configs(tmp_path):
-    """The same sweep over classification configs (a table's rows): the
-    per-stage accuracy reported and gathered."""
+def tiny_cifar_c(tmp_path):
+    """Two corruptions of 16 random images (4 classes) in CIFAR-C's layout
+    and a 4-class SmallCNN checkpoint: ``(root, checkpoint)``."""
     import numpy as np
     import torch
 
@@ -144,6 +144,13 @@ def test_sweep_runs_classification_configs(tmp_path):
     ckpt = str(tmp_path / 'tiny_cnn.pth')
     torch.save({'state_dict': SmallCNN(num_classes=4, width=4).state_dict()},
                ckpt)
+    return root, ckpt
+
+
+def test_sweep_runs_classification_configs(tmp_path):
+    """The same sweep over classification configs (a table's rows): the
+    per-stage accuracy reported and gathered."""
+    root, ckpt = tiny_cifar_c(tmp_path)
     configs = [osp.join(REPO, 'configs/cls/cifar-c/'
                         f'cifar10-c_continual_wrn-28-10_{leaf}.py')
                for leaf in ('tent', 'tent-stag')]
