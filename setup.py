@@ -49,6 +49,8 @@ setup(
         'cls': ['torchvision', 'timm'],
         # tools/sweep.py: many runs on many GPUs/nodes (Ray Tune)
         'sweep': ['ray[tune]>=2.9'],
+        # tools/analysis/tsne.py
+        'analysis': ['scikit-learn'],
     },
     zip_safe=False,
 )
