@@ -4,6 +4,10 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmseg_stag_installed
+# the real classifiers (torchvision, timm) need a torch with a torchvision
+# wheel: a second environment, without MMCV (tools/install_real_models_env.sh)
+VENV_REAL ?= .venv-real
+STAMP_REAL := $(VENV_REAL)/.real_models_installed
 
 .PHONY: install demo demo-cls test clean-venv
 
@@ -19,8 +23,13 @@ demo: $(STAMP)
 demo-cls: $(STAMP)
 	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls
 
-test: $(STAMP)
+$(STAMP_REAL): setup.py tools/install_real_models_env.sh
+	rm -f $(STAMP_REAL)
+	bash tools/install_real_models_env.sh $(VENV_REAL) $(PYTHON)
+
+test: $(STAMP) $(STAMP_REAL)
 	$(PY) -m pytest
+	MMSEG_STAG_REAL_MODELS=required $(VENV_REAL)/bin/python -m pytest tests/real_models
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV_REAL)

@@ -51,6 +51,12 @@ def timm_model(model_name: str, num_classes: int = 1000,
     ``'vit_base_patch16_224'`` (a ``.pth``/``.safetensors`` state dict or
     the original ``.npz``)."""
     timm = import_optional('timm')
+    if not timm.is_model(model_name):
+        close = [m for m in timm.list_models(f'*{model_name.split("_")[0]}*')
+                 ][:8]
+        raise ValueError(f'TimmModel: timm {timm.__version__} has no model '
+                         f'{model_name!r} (model.network.model_name); '
+                         f'similar names: {close}')
     return timm.create_model(model_name, pretrained=False,
                              num_classes=num_classes, **kwargs)
 

@@ -99,6 +99,7 @@ def test_optional_extras(monkeypatch):
     fake = types.ModuleType('timm')
     fake.create_model = lambda name, pretrained, num_classes: SmallViT(
         num_classes=num_classes)
+    fake.is_model = lambda name: name == 'vit_base_patch16_224'
     monkeypatch.setitem(sys.modules, 'timm', fake)
     model, cls = build_cls_model(dict(type='TimmModel',
                                       model_name='vit_base_patch16_224',
