@@ -10,7 +10,6 @@ import os.path as osp
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import need
 
