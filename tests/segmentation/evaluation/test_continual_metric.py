@@ -152,10 +152,12 @@ def test_process_appends_one_record_per_image():
     metric.process({}, stream[5:])
     assert len(metric.results) == len(stream) == 12
     images = [p for stage in sorted(pairs) for p in pairs[stage]]
+    assert [r['batch'] for r in metric.results] == [0] * 5 + [1] * 7
     for record, (stage, round_, cond), (pred, label) in zip(
             metric.results, [(s, r, c) for s, (r, c) in enumerate(STAGES)
                              for _ in range(3)], images):
-        assert set(record) == {'stage', 'round', 'condition', 'areas'}
+        assert set(record) == {'stage', 'round', 'condition', 'areas',
+                               'batch'}
         assert (record['stage'], record['round'],
                 record['condition']) == (stage, round_, cond)
         areas = record['areas']
