@@ -53,3 +53,11 @@ def stage_config(config: str, cfg_options: dict, condition=None,
                else 'test_dataloader.dataset.corruption_set.n_examples')
         cfg.merge_from_dict({key: images})
     return cfg
+
+
+def mean_score(results: dict):
+    """A run's score (``continual_results.json``): the mean over its stages
+    and the score's name (``accuracy``/``mIoU``)."""
+    key = results.get('score', 'mIoU')
+    scores = [s[key] for s in results['stages']]
+    return sum(scores) / len(scores), key

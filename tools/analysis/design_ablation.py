@@ -65,13 +65,6 @@ def row_configs(config, cfg_options, condition, whole_stream):
     return configs
 
 
-def score_of(results):
-    """The run's score: the mean over its stages (one stage by default)."""
-    key = results.get('score', 'mIoU')
-    scores = [s[key] for s in results['stages']]
-    return sum(scores) / len(scores), key
-
-
 def plot(path, table, names):
     import matplotlib
     matplotlib.use('Agg')
@@ -99,6 +92,7 @@ def main(argv=None):
     args = parse_args(argv)
     import mmseg_stag  # noqa: F401  (registries)
     from mmseg_stag.engine.runs import run_cached
+    from tools.analysis.common import mean_score
     table, names = {}, [n for n, _ in args.row]
     for name, config in args.row:
         table[name] = {}
@@ -107,7 +101,7 @@ def main(argv=None):
         for (title, _), cfg in zip(VARIANTS, configs):
             slug = title.split(' (')[0].replace(' / ', '-').lower()
             work = osp.join(args.work_dir, name.lower(), slug)
-            score, key = score_of(run_cached(cfg, args.checkpoint, work))
+            score, key = mean_score(run_cached(cfg, args.checkpoint, work))
             table[name][title] = score
             table['score'] = key
             print(f'{name:8s} {title:24s} {key} {score:.2f}')

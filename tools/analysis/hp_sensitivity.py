@@ -110,14 +110,13 @@ def run_grid(args, first):
 
 def run_baseline(args, cfg, first):
     from mmseg_stag.engine.runs import run_cached
+    from tools.analysis.common import mean_score
     base = copy.deepcopy(cfg)
     base.merge_from_dict(first)
     base.test_cfg.method.pop('stag')
     res = run_cached(base, args.checkpoint,
                      osp.join(args.work_dir, 'baseline'))
-    key = res.get('score', 'mIoU')
-    values = [s[key] for s in res['stages']]
-    return sum(values) / len(values), key, res
+    return (*mean_score(res), res)
 
 
 def plot(path, grid, betas, gammas, optimum, baseline, key, steps):
