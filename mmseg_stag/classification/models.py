@@ -88,19 +88,14 @@ def load_weights(model: nn.Module, path: str,
 
     Keys of the model's non-persistent buffers (e.g. the AugMix WRN's input
     ``mu``/``sigma``) are dropped from the file if present. A ViT ``.npz``
-    goes through timm's own ``load_pretrained``.
+    goes through :func:`load_vit_npz`.
 
     Raises:
         FileNotFoundError: no such file.
         ValueError: the keys or shapes do not match the model.
     """
     if path.endswith('.npz'):
-        if not osp.isfile(path):
-            raise FileNotFoundError(f'checkpoint file not found: {path}')
-        if not hasattr(model, 'load_pretrained'):
-            raise ValueError(f'{path}: .npz weights need a timm model with '
-                             'load_pretrained (a ViT)')
-        model.load_pretrained(path)
+        load_vit_npz(model, path)
         return
     state = read_state_dict(path, allow_unsafe_pickle)
     for key in non_persistent_buffers(model):
@@ -129,6 +124,75 @@ def load_weights(model: nn.Module, path: str,
             (f'\n  shape mismatches: {show(wrong)}' if wrong else ''))
     # a cold start leaves the meta networks as initialised (checked above)
     model.load_state_dict(state, strict=not cold_start)
+
+
+#: where the original (JAX) ViT ``.npz`` files keep their tensors
+NPZ_PREFIXES = ('', 'opt/target/', 'params/', 'params/img/')
+
+
+def npz_mismatches(model: nn.Module, files, prefix: str) -> list:
+    """What timm's ``_load_weights`` would adapt silently: a head of another
+    size (left random), another patch size or position grid (resampled),
+    another depth (blocks left random)."""
+    def shape(key):
+        return tuple(files[prefix + key].shape) if prefix + key in files \
+            else None
+
+    proj = model.patch_embed.proj.weight
+    pos = shape('Transformer/posembed_input/pos_embedding') or \
+        shape('pos_embedding')
+    blocks = {int(k[len(prefix):].split('/')[1].split('_')[1])
+              for k in files
+              if k.startswith(prefix + 'Transformer/encoderblock_')}
+    found = dict(head=shape('head/bias'),
+                 patch_embedding=shape('embedding/kernel'),
+                 pos_embedding=pos, blocks=len(blocks) or None)
+    wanted = dict(head=(model.head.out_features, )
+                  if isinstance(model.head, nn.Linear) else None,
+                  patch_embedding=tuple(proj.shape[i] for i in (2, 3, 1, 0)),
+                  pos_embedding=tuple(model.pos_embed.shape),
+                  blocks=len(model.blocks))
+    if found['blocks'] is None and \
+            prefix + 'Transformer/encoderblock/LayerNorm_0/scale' in files:
+        found['blocks'] = files[
+            prefix + 'Transformer/encoderblock/LayerNorm_0/scale'].shape[0]
+    return [f'{name}: file {found[name]} vs model {wanted[name]}'
+            for name in wanted if found[name] != wanted[name]]
+
+
+def load_vit_npz(model: nn.Module, path: str) -> None:
+    """Fill a timm ViT from an original ``.npz`` through timm's
+    ``load_pretrained``, after refusing what timm would adapt silently."""
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'checkpoint file not found: {path}')
+    if not (hasattr(model, 'load_pretrained') and
+            hasattr(model, 'pos_embed') and hasattr(model, 'blocks')):
+        raise ValueError(
+            f'{path}: a .npz holds the original (JAX) ViT weights, but the '
+            f'model is a {type(model).__name__}, not a timm '
+            'VisionTransformer; give its .pth/.safetensors state dict')
+    import numpy as np
+    try:
+        files = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f'{path}: not a readable .npz archive '
+                         f'({type(err).__name__}: {err})') from err
+    with files:
+        prefix = next((p for p in NPZ_PREFIXES
+                       if f'{p}embedding/kernel' in files.files), None)
+        if prefix is None:
+            raise ValueError(f'{path}: no embedding/kernel under '
+                             f'{NPZ_PREFIXES}: not an original ViT .npz '
+                             f'(keys: {sorted(files.files)[:5]})')
+        wrong = npz_mismatches(model, files, prefix)
+    if wrong:
+        raise ValueError(f'{path} does not match {type(model).__name__}:\n'
+                         '  ' + '\n  '.join(wrong))
+    try:
+        model.load_pretrained(path)
+    except (KeyError, RuntimeError) as err:  # a tensor timm looks for
+        raise ValueError(f'{path} does not match {type(model).__name__}: '
+                         f'{type(err).__name__}: {err}') from err
 
 
 def source_keys_of_ecotta(model: nn.Module, path: str, own: dict) -> dict:

@@ -4,5 +4,8 @@ model = dict(
     type='OnlineClassifier',
     network=dict(type='TimmModel', model_name='vit_base_patch16_224'),
     classifier='head',
+    # ImageNet mean/std, as SAR's and DeYO's data code normalises every
+    # model (dataset/selectedRotateImageFolder.py), though timm trained this
+    # ViT with 0.5/0.5: set mean=std=(0.5, 0.5, 0.5) for timm's own
     data_preprocessor=dict(
         mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))
