@@ -20,25 +20,17 @@ def pseudo_label_cross_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 def cross_entropy_to_teacher(student_logits: torch.Tensor,
                              teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Per-sample ``-sum_c softmax(teacher)_c log_softmax(student)_c``
-    (CoTTA's CIFAR ``softmax_entropy(x, x_ema)``)."""
+    """Per-sample CE, teacher's softmax as target (CoTTA's CIFAR loss)."""
     return -(teacher_logits.softmax(1) *
              student_logits.log_softmax(1)).sum(1)
 
 
 def symmetric_cross_entropy(student_logits: torch.Tensor,
                             teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Per-sample mean of the cross-entropies both ways between student and
-    teacher (CoTTA's ImageNet ``softmax_entropy(x, x_ema)``).
-
-    Args:
-        student_logits (Tensor): ``x``, class axis at dim 1.
-        teacher_logits (Tensor): ``x_ema``, same shape (detach it to train
-            the student only).
+    """Per-sample mean of both cross-entropies (CoTTA's ImageNet).
 
     Returns:
-        Tensor: ``0.5 CE(teacher -> student) + 0.5 CE(student -> teacher)``,
-        the class axis summed out.
+        Tensor: ``0.5 CE(teacher, student) + 0.5 CE(student, teacher)``.
     """
     # qinenergy/cotta imagenet/cotta.py: softmax_entropy(x, x_ema)
     return 0.5 * cross_entropy_to_teacher(student_logits, teacher_logits) + \
@@ -47,11 +39,7 @@ def symmetric_cross_entropy(student_logits: torch.Tensor,
 
 def mean_over_outputs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                       head_outputs: HeadOutputs) -> torch.Tensor:
-    """Mean of a per-pair mean loss over all samples/pixels of all pairs.
-
-    ``fn(features, logits)`` returns the mean over one pair; pairs (e.g.
-    sliding-window crops) are weighted by their number of samples/pixels.
-    """
+    """Mean of ``fn(features, logits)`` over pairs, weighted by their size."""
     sizes = [logits[:, 0].numel() for _, logits in head_outputs]
     total = float(sum(sizes))
     return sum(fn(feats, logits) * (size / total)
@@ -66,24 +54,18 @@ def flatten_outputs(head_outputs: HeadOutputs, method: str,
                     supported: Union[str, Sequence[str]] = ('per_sample',
                                                             'per_pixel')
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(features [M, D], logits [M, C])``: the samples of a forward pass,
-    every pixel of per-pixel outputs a sample.
-
-    Per-sample pairs ``(features [N, D], logits [N, C])`` are returned as
-    they are (one pair) or concatenated (several pairs). Per-pixel pairs
-    ``(features [N, D, h, w], logits [N, C, h, w])`` (the classifier's
-    resolution) become ``[N*h*w, D]`` and ``[N*h*w, C]``: pixel ``(n, i,
-    j)`` of a pair is row ``n*h*w + i*w + j`` (image by image, each image's
-    pixels row by row: ``permute(0, 2, 3, 1).reshape(-1, C)``); several
-    pairs (sliding-window crops, in the order of the classifier's calls)
-    are concatenated in that order, so a pixel covered by two crops is two
-    samples.
+    """Concatenate the pairs of a forward pass, one row per sample or pixel.
 
     Args:
-        head_outputs: ``[(features, logits), ...]`` of one forward pass.
-        method: the method's name, for the error messages.
-        supported: the output kinds (``'per_sample'``, ``'per_pixel'``) the
-            caller accepts; a ValueError naming ``method`` for any other.
+        head_outputs (Sequence[tuple]): ``(features, logits)`` pairs.
+        method (str): The method's name, for the error messages.
+        supported (str | Sequence[str]): Output kinds the caller accepts.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``features [M, D]`` and ``logits [M, C]``.
+
+    Raises:
+        ValueError: On an unsupported or mixed output kind, or no pair.
     """
     supported = (supported, ) if isinstance(supported, str) else \
         tuple(supported)
@@ -106,8 +88,7 @@ def flatten_outputs(head_outputs: HeadOutputs, method: str,
 
 
 def _pixels_as_rows(x: torch.Tensor) -> torch.Tensor:
-    """``[N, D, h, w] -> [N*h*w, D]`` (row-major pixels of each image);
-    ``[N, D]`` unchanged."""
+    """``[N, D, h, w] -> [N*h*w, D]``, pixels row by row; ``[N, D]`` as is."""
     if x.dim() == 2:
         return x
     return x.permute(0, 2, 3, 1).reshape(-1, x.shape[1])
@@ -121,6 +102,7 @@ _DESCRIPTION = {'per_sample': 'per-sample classification outputs (logits '
 
 def _unsupported(method: str, supported: Tuple[str, ...],
                  logits: torch.Tensor) -> str:
+    """The error message for logits of an unsupported kind."""
     shape = tuple(logits.shape)
     if len(supported) == 1:
         return (f'{method} was configured for {_DESCRIPTION[supported[0]]}; '
@@ -131,10 +113,11 @@ def _unsupported(method: str, supported: Tuple[str, ...],
 
 def per_sample_logits(head_outputs: HeadOutputs,
                       method: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(features [N, D], logits [N, C])`` of a per-sample forward pass,
-    concatenated over the pairs; raises a ValueError naming ``method`` for
-    per-pixel outputs (:func:`flatten_outputs` for per-sample outputs
-    only)."""
+    """``(features [N, D], logits [N, C])`` of a per-sample forward pass.
+
+    Raises:
+        ValueError: Naming ``method`` for per-pixel outputs.
+    """
     for _, logits in head_outputs:
         if logits.dim() != 2:
             raise ValueError(

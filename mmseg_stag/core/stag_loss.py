@@ -1,9 +1,4 @@
-"""``STAGLoss``: the STAG alignment loss as a plain ``nn.Module``.
-
-The segmentation adapter registers it into MMSeg's ``MODELS`` (so
-``MODELS.build(dict(type='STAGLoss'))`` works in MMSeg configs); the core
-builds it directly, without MMSeg.
-"""
+"""``STAGLoss``: the STAG alignment loss as a plain ``nn.Module``."""
 from typing import Optional, Tuple
 
 import torch
@@ -13,39 +8,20 @@ from . import stag
 
 
 class STAGLoss(nn.Module):
-    """Structural Test-time Alignment of Gradients loss.
-
-    ``loss(features, logits, cls_weight, cls_bias)`` returns
-    ``loss_weight * L_STAG(B)`` (eq:stag_batch_loss): the mean over samples
-    (``[N, D]``/``[N, C]`` inputs) or over valid pixels (``[N, D, H, W]``/
-    ``[N, C, H, W]`` inputs) of the negative cosine between the analytic
-    entropy gradient ``g = s h`` and the structural anchor of the predicted
-    class. The same module serves classification and segmentation.
-
-    Anchors (Phase 1) are cached and recomputed only when the classifier's
-    weight or bias tensor changes (new tensor, new shape/dtype/device, or an
-    in-place update such as an optimizer step), so a frozen classifier pays
-    for them once and an adapted one once per step.
-
-    ``logits`` must be the classifier's output on ``features`` (the paper's
-    ``z = W h + b``). When the classifier weight is frozen
-    (``requires_grad`` False, as for TENT and BN Adapt), the projections
-    ``h . a_k`` are computed from the logits
-    (:func:`~mmseg_stag.stag.projections_from_logits`): same values and
-    same gradients, without the ``C x D`` projection of every sample/pixel
-    and without a second ``D``-sized gradient on the features.
+    """STAG loss ``loss_weight * L_STAG(B)`` (eq:stag_batch_loss).
 
     Args:
-        eps (float): the ``epsilon`` of eq:stag_loss. Default: 1e-8.
-        anchor (str): ``'diagonal'`` (paper, eq:structural_anchor) or
-            ``'full'`` (whole gradient of the self-structural entropy).
-        label (str): ``'hard'`` (paper, argmax pseudo-label) or ``'soft'``
-            (probability-weighted over all classes).
-        loss_weight (float): multiplier of the loss. Default: 1.0.
-        loss_name (str): name under which the loss is logged.
-            Default: ``'loss_stag'``.
-        ignore_index (int): label value treated as invalid when a label map
-            is passed as ``valid_mask`` (an integer tensor). Default: 255.
+        eps (float): The ``epsilon`` of eq:stag_loss. Default: 1e-8.
+        anchor (str): ``'diagonal'`` (paper) or ``'full'``.
+            Default: ``'diagonal'``.
+        label (str): ``'hard'`` (paper) or ``'soft'``. Default: ``'hard'``.
+        loss_weight (float): Multiplier of the loss. Default: 1.0.
+        loss_name (str): Name of the loss in logs. Default: ``'loss_stag'``.
+        ignore_index (int): Invalid value of a label map given as
+            ``valid_mask``. Default: 255.
+
+    Raises:
+        ValueError: If ``anchor``, ``label`` or ``eps`` is invalid.
     """
 
     def __init__(self,
@@ -81,24 +57,25 @@ class STAGLoss(nn.Module):
     def _tensor_key(tensor: Optional[torch.Tensor]) -> Tuple:
         if tensor is None:
             return (None, )
-        # ``_version`` is bumped by every in-place update (optimizer steps).
+        # ``_version`` is bumped by every in-place update (optimizer steps)
         return (tensor.data_ptr(), tensor._version, tuple(tensor.shape),
                 tensor.dtype, tensor.device)
 
     def anchors(self, cls_weight: torch.Tensor,
                 cls_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Structural anchors ``[C, D]`` for this classifier (cached)."""
+        """Structural anchors ``[C, D]`` of this classifier, cached."""
         self._update_anchors(cls_weight, cls_bias)
         return self._anchors
 
     def anchor_coefficients(self, cls_weight: torch.Tensor,
                             cls_bias: Optional[torch.Tensor] = None
                             ) -> torch.Tensor:
-        """``V`` with ``a_k = sum_j V_kj w_j`` (cached with the anchors)."""
+        """Coefficients ``V`` of the anchors, cached with them."""
         self._update_anchors(cls_weight, cls_bias)
         return self._coefficients
 
     def _update_anchors(self, cls_weight, cls_bias) -> None:
+        """Recompute the anchors if the classifier changed."""
         key = self._tensor_key(cls_weight) + self._tensor_key(cls_bias)
         if self._anchors is None or key != self._anchor_key:
             with torch.no_grad():
@@ -113,6 +90,7 @@ class STAGLoss(nn.Module):
 
     def _to_bool_mask(self, valid_mask: Optional[torch.Tensor]
                       ) -> Optional[torch.Tensor]:
+        """A bool mask, or ``label != ignore_index`` for a label map."""
         if valid_mask is None or valid_mask.dtype == torch.bool:
             return valid_mask
         if valid_mask.is_floating_point():
@@ -131,34 +109,27 @@ class STAGLoss(nn.Module):
         """Compute ``loss_weight * L_STAG(B)``.
 
         Args:
-            features (Tensor): classifier inputs, ``[N, D]`` or
-                ``[N, D, H, W]``.
-            logits (Tensor): classifier outputs from the same forward pass,
-                ``[N, C]`` or ``[N, C, H, W]``.
-            cls_weight (Tensor): classifier weight ``[C, D]`` or
-                ``[C, D, 1, 1]``.
-            cls_bias (Tensor, optional): classifier bias ``[C]``.
-            valid_mask (Tensor, optional): bool mask (True = use) or an
-                integer label map whose ``ignore_index`` entries are
-                excluded; shape ``[N]`` or ``[N, H, W]``.
+            features (Tensor): Classifier inputs ``[N, D(, H, W)]``.
+            logits (Tensor): Its outputs ``[N, C(, H, W)]``, same pass.
+            cls_weight (Tensor): ``[C, D]`` or ``[C, D, 1, 1]``.
+            cls_bias (Tensor, optional): ``[C]``.
+            valid_mask (Tensor, optional): Bool or label map ``[N(, H, W)]``.
 
         Returns:
-            Tensor: scalar loss.
+            Tensor: The scalar loss.
         """
         weight = stag.check_classifier(cls_weight, cls_bias)
         mask = self._to_bool_mask(valid_mask)
         stag.check_inputs(features, logits, num_classes=weight.shape[0],
                           feature_dim=weight.shape[1], valid_mask=mask)
-        # mixed precision: the term in float32 (autocast off, the C-sized
-        # tensors upcast; the D-sized features stay as they are, their norm
-        # is accumulated in float32, see stag.feature_norm)
+        # float32 for the C-sized tensors; D-sized features are not copied
         dtype = torch.float32 if features.dtype in (
             torch.float16, torch.bfloat16) else features.dtype
         with torch.autocast(device_type=features.device.type, enabled=False):
             logits = logits.to(dtype)
             anchors = self.anchors(cls_weight, cls_bias).to(dtype)
             if not cls_weight.requires_grad:
-                # a trainable bias enters z and (z - b) alike: no gradient
+                # a frozen W lets the logits stand in for the features
                 projections = stag.projections_from_logits(
                     logits, self._coefficients, cls_bias)
             else:
