@@ -9,7 +9,7 @@ STAMP := $(VENV)/.mmseg_stag_installed
 VENV_REAL ?= .venv-real
 STAMP_REAL := $(VENV_REAL)/.real_models_installed
 
-.PHONY: install demo demo-cls test clean-venv
+.PHONY: install demo demo-cls docs test clean-venv
 
 install: $(STAMP)
 
@@ -27,9 +27,14 @@ $(STAMP_REAL): setup.py tools/install_real_models_env.sh
 	rm -f $(STAMP_REAL)
 	bash tools/install_real_models_env.sh $(VENV_REAL) $(PYTHON)
 
+# the documentation site; strict (mkdocs.yml): a broken link fails
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 test: $(STAMP) $(STAMP_REAL)
 	$(PY) -m pytest
 	MMSEG_STAG_REAL_MODELS=required $(VENV_REAL)/bin/python -m pytest tests/real_models
+	$(MAKE) docs
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_REAL)

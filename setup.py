@@ -51,6 +51,8 @@ setup(
         'sweep': ['ray[tune]>=2.9'],
         # tools/analysis/tsne.py
         'analysis': ['scikit-learn'],
+        # make docs: the documentation site (mkdocs.yml), built strict
+        'docs': ['mkdocs==1.6.1', 'mkdocs-material==9.8.2'],
     },
     zip_safe=False,
 )

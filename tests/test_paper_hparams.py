@@ -1,6 +1,7 @@
 """The paper's beta0/gamma table (``mmseg_stag/paper_hparams.py``) is the one
 source of the numbers: the generated classification configs, the ACDC
-configs, tools/benchmark.py's +STAG arm and the README all match it."""
+configs and tools/benchmark.py's +STAG arm match it (the docs' β0/γ page
+is generated from it: tests/test_docs.py)."""
 import argparse
 import glob
 import os.path as osp
@@ -11,7 +12,7 @@ from mmengine.config import Config
 
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper_hparams import (PAPER_STAG, config_stag, markdown_table,
-                                     our_markdown_table, paper_stag)
+                                     paper_stag)
 from tools import benchmark
 from tools.make_cls_configs import (BENCHMARK_DIRS, ECOTTA_ROWS,
                                     leaf_configs, write_configs)
@@ -140,10 +141,3 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
             assert built[kind][1].stag_cfg is None
             assert built[f'{kind}+stag'][1].stag_cfg == \
                 paper_stag(*setting, kind), (name, kind)
-
-
-def test_readme_shows_the_table():
-    with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
-        readme = f.read()
-    assert markdown_table() in readme
-    assert our_markdown_table() in readme

@@ -1,0 +1,174 @@
+"""The README and the docs say what runs: every shell/Python block is run
+as written, unless the line before it says why not
+(``<!-- not run: needs real data -->``); every block is checked for paths
+that exist, tools' options that exist, ``make`` targets and
+``--cfg-options`` keys of the config it names. The generated pages come
+from the repository (``tools/docs_hooks.py``); the README stays short."""
+import functools
+import glob
+import importlib.util
+import os
+import os.path as osp
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+PAGES = [osp.join(REPO, 'README.md')] + sorted(
+    glob.glob(osp.join(REPO, 'docs', '*.md')))
+FENCE = re.compile(r'^([ \t]*)```(\w*)\n(.*?)^[ \t]*```', re.S | re.M)
+NOT_RUN = re.compile(r'<!-- not run: ([^>]+?) -->\s*$')
+
+
+def blocks():
+    """``(page, line, language, code, reason not run or None)``."""
+    found = []
+    for page in PAGES:
+        with open(page, encoding='utf-8') as f:
+            text = f.read()
+        for match in FENCE.finditer(text):
+            lang = match.group(2) or 'text'
+            if lang not in ('bash', 'sh', 'python'):
+                continue
+            before = text[:match.start()].rstrip('\n').rsplit('\n', 1)[-1]
+            reason = NOT_RUN.search(before)
+            line = text.count('\n', 0, match.start()) + 1
+            code = textwrap.dedent(match.group(3))
+            found.append((osp.relpath(page, REPO), line, lang, code,
+                          reason and reason.group(1)))
+    return found
+
+
+BLOCKS = blocks()
+RUN = [b for b in BLOCKS if b[4] is None]
+SHELL = [b for b in BLOCKS if b[2] in ('bash', 'sh')]
+
+
+def block_id(block):
+    return f'{block[0]}:{block[1]}'
+
+
+def commands(code):
+    """The block's commands: continuation lines joined, comments dropped,
+    a ``for VAR in WORDS; do ... done`` loop unrolled."""
+    joined = re.sub(r'\\\n\s*', ' ', code)
+    loop = re.search(r'for (\w+) in ([^;]+); do(.*?)done', joined, re.S)
+    if loop:
+        body = loop.group(3)
+        joined = joined[:loop.start()] + '\n'.join(
+            body.replace('$' + loop.group(1), value)
+            for value in loop.group(2).split()) + joined[loop.end():]
+    out = []
+    for line in joined.splitlines():
+        line = line.split(' #')[0].strip()
+        if line and not line.startswith('#'):
+            out.extend(part.strip() for part in re.split(r'&&|;|\|', line))
+    return [c for c in out if c]
+
+
+@functools.lru_cache(maxsize=None)
+def tool_options(tool):
+    """The ``--options`` in a tool's ``--help``."""
+    done = subprocess.run([sys.executable, tool, '--help'], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f'{tool} --help\n{done.stderr}'
+    return set(re.findall(r'(--[\w-]+)', done.stdout)) | {'--help'}
+
+
+def make_targets():
+    with open(osp.join(REPO, 'Makefile'), encoding='utf-8') as f:
+        return set(re.findall(r'^([\w-]+):', f.read(), re.M))
+
+
+def cfg_keys_exist(config, pairs):
+    """``--cfg-options`` keys that the config does not have."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(REPO, config))
+    missing = []
+    for pair in pairs:
+        node = cfg
+        for key in pair.split('=')[0].split('.'):
+            if not hasattr(node, 'get') or key not in node:
+                missing.append(pair)
+                break
+            node = node[key]
+    return missing
+
+
+@pytest.mark.parametrize('block', SHELL, ids=block_id)
+def test_shell_block_names_what_exists(block):
+    page, line, _, code, _ = block
+    targets = make_targets()
+    for command in commands(code):
+        words = shlex.split(command.replace('$', 'DOLLAR'))
+        paths = [w for w in words if re.match(r'^(configs|tools)/[\w/.-]+$', w)]
+        for path in paths:
+            assert osp.exists(osp.join(REPO, path)), (page, line, path)
+        if words[:1] == ['make'] and len(words) > 1 and '=' not in words[1]:
+            assert words[1] in targets, (page, line, command)
+        tools = [w for w in words if re.match(r'^tools/[\w/]+\.py$', w)]
+        if words and words[0].endswith('python') and tools:
+            known = tool_options(tools[0])
+            for word in words:
+                if word.startswith('--') and '=' not in word:
+                    assert word in known, (page, line, tools[0], word)
+            config = next((w for w in paths if w.endswith('.py')
+                           and w.startswith('configs/')), None)
+            if config and '--cfg-options' in words:
+                pairs = [w for w in words[words.index('--cfg-options') + 1:]
+                         if '=' in w and not w.startswith('-')]
+                assert not cfg_keys_exist(config, pairs), (page, line)
+
+
+@pytest.mark.parametrize('block', RUN, ids=block_id)
+def test_block_runs_as_written(block, tmp_path):
+    page, line, lang, code, _ = block
+    env = dict(os.environ, PATH=osp.dirname(sys.executable) + os.pathsep +
+               os.environ['PATH'], MPLBACKEND='Agg')
+    argv = [sys.executable, '-c', code] if lang == 'python' else \
+        ['bash', '-euo', 'pipefail', '-c', code]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, f'{page}:{line}\n{done.stdout}\n{done.stderr}'
+
+
+def test_every_block_not_run_says_why():
+    for page, line, _, _, reason in BLOCKS:
+        assert reason is None or len(reason.strip()) > 5, (page, line)
+
+
+def hooks():
+    spec = importlib.util.spec_from_file_location(
+        'docs_hooks', osp.join(REPO, 'tools', 'docs_hooks.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_beta_gamma_page_is_generated_not_copied():
+    from mmseg_stag.paper_hparams import markdown_table, our_markdown_table
+    page = hooks().beta_gamma_page()
+    assert markdown_table() in page and our_markdown_table() in page
+    for path in PAGES:  # nobody keeps a hand copy that could drift
+        with open(path, encoding='utf-8') as f:
+            assert markdown_table() not in f.read(), path
+
+
+def test_configs_page_lists_every_config():
+    page = hooks().configs_page()
+    for path in glob.glob(osp.join(REPO, 'configs', '**', '*.py'),
+                          recursive=True):
+        assert f'`{osp.basename(path)}`' in page, path
+
+
+def test_readme_is_short_and_links_every_page():
+    with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
+        readme = f.read()
+    assert readme.count('\n') <= 200
+    for page in glob.glob(osp.join(REPO, 'docs', '*.md')):
+        name = osp.basename(page)
+        assert f'docs/{name}' in readme or name == 'index.md', name
