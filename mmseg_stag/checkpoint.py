@@ -1,15 +1,4 @@
-"""Safe checkpoint loading and publishing.
-
-Checkpoints are read with ``torch.load(..., weights_only=True)``: tensors and
-plain Python containers only, no arbitrary code. A legacy pickle that needs
-more is refused with an error that names the file and the explicit opt-in
-(``allow_unsafe_pickle=True`` / ``--trust-pickle``); there is no silent
-fallback.
-
-With torch >= 2.6, MMEngine 0.10.x cannot reload what its own Runner saved
-(``HistoryBuffer`` and numpy objects in ``meta``): :func:`publish_checkpoint`
-rewrites such a file as ``state_dict`` + plain ``meta``.
-"""
+"""Checkpoint loading with ``weights_only=True`` and publishing as such."""
 import os.path as osp
 import pickle
 from collections import OrderedDict
@@ -33,13 +22,13 @@ def load_checkpoint_file(path: str,
     """Read a checkpoint file onto the CPU.
 
     Args:
-        path: the ``.pth`` file.
-        allow_unsafe_pickle: trust the file and unpickle arbitrary objects
-            (``weights_only=False``). Only for files from a trusted source.
+        path (str): The ``.pth`` file.
+        allow_unsafe_pickle (bool): Unpickle arbitrary objects
+            (``weights_only=False``); for trusted files only.
 
     Raises:
-        FileNotFoundError: the file does not exist.
-        RuntimeError: the file needs unsafe unpickling and it was not allowed.
+        FileNotFoundError: If the file does not exist.
+        RuntimeError: If it needs unsafe unpickling that was not allowed.
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint file not found: {path}')
@@ -54,8 +43,11 @@ def load_checkpoint_file(path: str,
 
 def extract_state_dict(checkpoint: Dict[str, Any],
                        path: str = '<checkpoint>') -> 'OrderedDict':
-    """The model weights of a loaded checkpoint (``state_dict``, ``model`` or
-    the mapping itself), with a ``module.`` prefix from DDP removed."""
+    """The weights of a loaded checkpoint, without DDP's ``module.`` prefix.
+
+    Raises:
+        ValueError: If it holds something other than tensors.
+    """
     if not isinstance(checkpoint, dict):
         raise ValueError(f'{path}: expected a dict checkpoint, got '
                          f'{type(checkpoint).__name__}')
@@ -78,15 +70,20 @@ def load_segmentor_checkpoint(model: nn.Module,
                               allow_unsafe_pickle: bool = False,
                               classifier_name: Optional[str] = None
                               ) -> Dict[str, Any]:
-    """Strictly load a checkpoint into a segmentor, with clear errors.
+    """Strictly load a checkpoint into a segmentor.
 
-    The classifier (``classifier_name``, default ``decode_head.conv_seg``)
-    is checked
-    first so that a class-count mismatch is reported as such; then every key
-    must match (no missing, no unexpected keys, same shapes).
+    Args:
+        model (nn.Module): The segmentor.
+        path (str): The checkpoint file.
+        allow_unsafe_pickle (bool): See :func:`load_checkpoint_file`.
+        classifier_name (str, optional): Checked first, so a class-count
+            mismatch is named. Default: ``'decode_head.conv_seg'``.
 
     Returns:
-        The checkpoint's ``meta`` (empty dict if none).
+        dict: The checkpoint's ``meta`` (empty if none).
+
+    Raises:
+        ValueError: On a missing, unexpected or mis-shaped key.
     """
     checkpoint = load_checkpoint_file(path, allow_unsafe_pickle)
     state = extract_state_dict(checkpoint, path)
@@ -127,8 +124,7 @@ def load_segmentor_checkpoint(model: nn.Module,
 
 
 def plain_meta(meta: Any) -> Any:
-    """Keep only what ``weights_only=True`` can read back: str/int/float/bool/
-    None in dicts, lists and tuples (numpy scalars become Python numbers)."""
+    """Keep what ``weights_only=True`` reads back; numpy scalars as numbers."""
     if isinstance(meta, _PLAIN):
         return meta
     if isinstance(meta, dict):
@@ -150,8 +146,8 @@ def publish_checkpoint(src: str,
                        allow_unsafe_pickle: bool = False) -> int:
     """Rewrite ``src`` as ``{'state_dict': ..., 'meta': plain}`` at ``dst``.
 
-    Returns the number of tensors written. The result loads with
-    ``weights_only=True``.
+    Returns:
+        int: The number of tensors written.
     """
     checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
     state = extract_state_dict(checkpoint, src)
@@ -164,9 +160,7 @@ def publish_checkpoint(src: str,
 def load_model_checkpoint(model: nn.Module, path: str,
                           allow_unsafe_pickle: bool = False,
                           classifier_name: Optional[str] = None) -> None:
-    """The source weights of either task's model: an ``OnlineClassifier``
-    loads its network's file (``.pth``, ``.safetensors``, a ViT ``.npz``), a
-    segmentor through :func:`load_segmentor_checkpoint`; both strictly."""
+    """Strictly load the source weights of a classifier or a segmentor."""
     if hasattr(model, 'load_weights'):
         model.load_weights(path, allow_unsafe_pickle)
     else:

@@ -1,9 +1,4 @@
-"""The registries of the ``mmseg_stag`` scope (MMEngine looks for
-``<scope>.registry``): children of MMEngine's roots, so a classification
-config with ``default_scope='mmseg_stag'`` builds its model, stream, sampler
-and metric here, and MMEngine's own parts (hooks, loops) through the parents.
-The task-agnostic online loop and log processor sit in MMEngine's root
-registries, found from any scope (``mmseg`` too)."""
+"""Registries of the ``mmseg_stag`` scope, children of MMEngine's roots."""
 from mmengine import registry as mmengine_registry
 from mmengine.registry import DATA_SAMPLERS as MMENGINE_DATA_SAMPLERS
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
@@ -27,8 +22,7 @@ DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS,
 METRICS = Registry('metric', parent=MMENGINE_METRICS, scope='mmseg_stag',
                    locations=['mmseg_stag.classification'])
 
-# scope children of the other registries a Runner builds from (empty: they
-# hold MMEngine's own parts), so MMEngine finds the scope in every tree
+# empty children, so MMEngine finds the scope in every registry it uses
 HOOKS, LOOPS, LOG_PROCESSORS, VISUALIZERS, VISBACKENDS, FUNCTIONS, \
     OPTIM_WRAPPERS, OPTIMIZERS, PARAM_SCHEDULERS, EVALUATOR, RUNNERS, \
     WEIGHT_INITIALIZERS, TRANSFORMS = [

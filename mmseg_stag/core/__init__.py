@@ -1,6 +1,4 @@
-"""The task-agnostic core: STAG's math and loss, the head probe, the shared
-losses, SAM, and the online-adaptation methods. Plain PyTorch (and MMEngine's
-registry/optimizer builder): it imports neither MMSeg nor MMCV."""
+"""The task-agnostic core in plain PyTorch and MMEngine: no MMSeg, no MMCV."""
 from . import stag
 from .losses import (cross_entropy_to_teacher, flatten_outputs,
                      mean_over_outputs, per_sample_logits,

@@ -18,9 +18,10 @@ def norm_layers(model: nn.Module,
                 ) -> List[Tuple[str, nn.Module]]:
     """``(name, module)`` of every normalisation layer of the given types.
 
-    Selection is by module type, not by name: MMSeg's MiT names its
-    stage-final LayerNorms ``layers.{i}.2`` (no "norm" in the name).
+    Raises:
+        ValueError: On an unknown type in ``norm_types``.
     """
+    # by type, not name: MiT's stage-final LayerNorms are ``layers.{i}.2``
     unknown = set(norm_types) - set(NORM_LAYER_TYPES)
     if unknown:
         raise ValueError(f'unknown norm_types {sorted(unknown)}; choose from '
@@ -38,11 +39,11 @@ def select_parameters(model: nn.Module,
     """The parameters a method adapts, as ``(name, parameter)``.
 
     Args:
-        model: the model.
-        kind: ``'norm_affine'`` (weight and bias of the normalisation layers
-            of ``norm_types``) or ``'all'``.
-        norm_types: families in :data:`NORM_LAYER_TYPES`.
-        name_regex: if given, keep only parameters whose full name matches.
+        model (nn.Module): The model.
+        kind (str): ``'norm_affine'`` (normalisation weight and bias) or
+            ``'all'``.
+        norm_types (Sequence[str]): Keys of :data:`NORM_LAYER_TYPES`.
+        name_regex (str, optional): Keep only the names it matches.
     """
     if kind == 'norm_affine':
         selected = [(f'{mod_name}.{p_name}' if mod_name else p_name, p)
@@ -62,9 +63,7 @@ def select_parameters(model: nn.Module,
 
 def exclude_by_module(params: List[Tuple[str, nn.Parameter]],
                       exclude_regex: str) -> List[Tuple[str, nn.Parameter]]:
-    """The parameters whose *module* name does not match ``exclude_regex``
-    (``re.search``, the authors' substring tests in SAR/DeYO
-    ``collect_params``); the excluded ones are frozen."""
+    """Freeze and drop the parameters whose module name matches the regex."""
     pattern = re.compile(exclude_regex)
     kept = []
     for name, p in params:
@@ -77,12 +76,7 @@ def exclude_by_module(params: List[Tuple[str, nn.Parameter]],
 
 
 def use_batch_statistics(model: nn.Module) -> None:
-    """BatchNorm layers normalise with the current batch's statistics.
-
-    As in the BN Adapt baseline (Schneider et al.; tent's ``norm.py``): the
-    running statistics are dropped so that evaluation mode cannot bring them
-    back.
-    """
+    """Make BatchNorm layers use batch statistics, even in eval mode."""
     for _, m in norm_layers(model, ('BN', )):
         m.track_running_stats = False
         m.running_mean = None

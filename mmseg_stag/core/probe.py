@@ -1,17 +1,4 @@
-"""``HeadProbe``: one forward pass gives the prediction *and* the classifier's
-inputs and outputs, for any model (a segmentor or a classifier).
-
-STAG (and every entropy-style loss) needs the classifier's input features
-``h`` and its logits ``z`` from the very forward pass that makes the
-prediction. The probe hooks the classifier module (found by name in whichever
-model it is given: the adapted model, a teacher copy, a source copy) for the
-duration of one call and returns what it saw::
-
-    prediction, head_outputs = probe(model, inputs)
-    # head_outputs = [(features, logits), ...]: one pair per classifier call
-    # (one for a classifier or whole-image inference, one per crop for
-    # sliding-window inference), with their autograd graphs.
-"""
+"""``HeadProbe``: the prediction and the classifier's inputs and outputs."""
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -26,6 +13,7 @@ Forward = Callable[[nn.Module, Any], Tuple[torch.Tensor, HeadOutputs]]
 
 
 def check_output_kind(output: str) -> str:
+    """Return ``output``; raise ``ValueError`` if not an output kind."""
     if output not in OUTPUT_KINDS:
         raise ValueError(f'output must be one of {OUTPUT_KINDS}, got '
                          f'{output!r}')
@@ -33,17 +21,18 @@ def check_output_kind(output: str) -> str:
 
 
 class HeadProbe:
-    """Records ``(input, output)`` of a model's classifier module.
+    """Record the ``(input, output)`` of a model's classifier in one call.
 
     Args:
-        classifier (str, optional): dotted module name of the classifier
-            (``'fc'``, ``'head'``, ``'decode_head.conv_seg'``). ``None``
-            (per sample only): the last ``nn.Linear`` of the model.
-        output (str): ``'per_sample'`` (an ``nn.Linear``-like classifier,
-            features ``[N, D]``) or ``'per_pixel'`` (a plain 1x1 conv,
-            features ``[N, D, H, W]``).
-        run (callable, optional): ``run(model, inputs) -> prediction``, the
-            model's own forward pass. Default: ``model(inputs)``.
+        classifier (str, optional): Dotted module name of the classifier,
+            e.g. ``'decode_head.conv_seg'``. ``None``: the model's last
+            ``nn.Linear`` (per sample only).
+        output (str): ``'per_sample'`` or ``'per_pixel'``.
+        run (callable, optional): ``run(model, inputs) -> prediction``.
+            Default: ``model(inputs)``.
+
+    Raises:
+        ValueError: If ``output`` or ``classifier`` is invalid.
     """
 
     def __init__(self,
@@ -62,8 +51,11 @@ class HeadProbe:
         self.run = run or (lambda model, inputs: model(inputs))
 
     def find(self, model: nn.Module) -> Tuple[str, nn.Module]:
-        """``(name, module)`` of the classifier in ``model``; a ValueError
-        names what is wrong (no such module, not a valid classifier)."""
+        """Return ``(name, module)`` of the classifier in ``model``.
+
+        Raises:
+            ValueError: If there is no such module or it is no classifier.
+        """
         name = self.classifier_name
         if name is None:
             linears = [(n, m) for n, m in model.named_modules()
@@ -97,8 +89,16 @@ class HeadProbe:
     def __call__(self, model: nn.Module, inputs: Any,
                  run: Optional[Callable[[nn.Module, Any], Any]] = None
                  ) -> Tuple[Any, HeadOutputs]:
-        """Run ``model`` once on ``inputs`` (``run`` or the probe's own);
-        returns ``(prediction, head_outputs)``."""
+        """Run ``model`` once on ``inputs`` and record its classifier.
+
+        Returns:
+            tuple: ``(prediction, [(features, logits), ...])``, one pair per
+            classifier call, with their autograd graphs.
+
+        Raises:
+            RuntimeError: If the classifier did not run.
+            ValueError: If its input has the wrong number of dimensions.
+        """
         name, module = self.find(model)
         records: HeadOutputs = []
 
@@ -125,8 +125,7 @@ class HeadProbe:
 
 
 def check_sample_classifier(module: nn.Module, name: str) -> nn.Module:
-    """A per-sample classifier is linear: a ``[C, D]`` weight applied to
-    ``[N, D]`` features."""
+    """Raise ``ValueError`` unless the classifier has a ``[C, D]`` weight."""
     weight = getattr(module, 'weight', None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError(f'classifier {name!r} ({type(module).__name__}) '
@@ -136,9 +135,7 @@ def check_sample_classifier(module: nn.Module, name: str) -> nn.Module:
 
 
 def check_pixel_classifier(module: nn.Module, name: str) -> nn.Conv2d:
-    """A per-pixel classifier is a plain 1x1 conv (weight
-    ``[C, D, 1, 1]``, stride 1, groups 1, no padding): STAG's ``g = s h``
-    holds at every pixel of its input."""
+    """Raise ``ValueError`` unless the classifier is a plain 1x1 conv."""
     if not isinstance(module, nn.Conv2d):
         raise ValueError(
             f'classifier {name!r} is a {type(module).__name__} ({module!r}), '

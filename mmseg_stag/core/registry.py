@@ -1,5 +1,4 @@
-"""The registry of online-adaptation methods (MMEngine's ``Registry``: no
-MMSeg import)."""
+"""The registry of online-adaptation methods (MMEngine only, no MMSeg)."""
 from mmengine.registry import Registry
 
 METHODS = Registry('online adaptation method', scope='mmseg_stag',
@@ -7,9 +6,12 @@ METHODS = Registry('online adaptation method', scope='mmseg_stag',
 
 
 def build_method(cfg: dict, registry: Registry = METHODS):
-    """Build a method from ``registry`` (:data:`METHODS` or a task's child
-    of it, looked up there first), whatever the caller's default scope is
-    (``mmseg`` inside a Runner)."""
+    """Build a method from ``registry`` whatever the caller's default scope.
+
+    Raises:
+        ValueError: If ``cfg`` has no ``type``.
+        KeyError: If the type is unknown, listing the known ones.
+    """
     cfg = dict(cfg)
     if 'type' not in cfg:
         raise ValueError(f'a method config needs a type, got {cfg}')

@@ -1,11 +1,4 @@
-"""What a long online run needs to continue after a crash: random-number
-states, a fingerprint of the run's settings, and one state file written
-atomically and read back with ``torch.load(weights_only=True)``.
-
-The method's own state comes from :meth:`BaseMethod.state_dict`; the
-segmentation loop and the classification runner put it, with their
-position in the stream, into one file per run (see the README, "Resume").
-"""
+"""Run state for resuming: random states, fingerprints, one atomic file."""
 import hashlib
 import json
 import os
@@ -22,8 +15,7 @@ STATE_VERSION = 1
 
 
 def rng_state() -> dict:
-    """Python's, NumPy's and torch's (CPU and every CUDA device's) random
-    states, as plain tensors and numbers."""
+    """Random states of Python, NumPy and torch (CPU, CUDA) as plain data."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, mt, gauss_next = random.getstate()
     state = dict(torch=torch.get_rng_state(),
@@ -38,7 +30,11 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what :func:`rng_state` returned.
+
+    Raises:
+        RuntimeError: If the state holds CUDA states and CUDA is missing.
+    """
     torch.set_rng_state(state['torch'])
     n = state['numpy']
     np.random.set_state((n['kind'], n['keys'].numpy().astype(np.uint32),
@@ -55,9 +51,7 @@ def set_rng_state(state: dict) -> None:
 
 @torch.no_grad()
 def weights_fingerprint(module: nn.Module) -> str:
-    """SHA-1 of a model's parameters and buffers (names, dtypes, shapes and
-    bytes): the same checkpoint loaded into the same config gives the same
-    fingerprint on any device."""
+    """Device-independent SHA-1 of a model's parameters and buffers."""
     digest = hashlib.sha1()
     for name, tensor in module.state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
@@ -68,8 +62,7 @@ def weights_fingerprint(module: nn.Module) -> str:
 
 
 def flatten_settings(settings: Any, prefix: str = '') -> Dict[str, str]:
-    """``{'a.b.0.c': repr(value)}`` of nested dicts and lists: settings as
-    plain strings that compare key by key."""
+    """Flatten nested settings to ``{'a.b.0.c': json_or_repr}`` strings."""
     if isinstance(settings, dict):
         items = [(str(k), v) for k, v in settings.items()]
     elif isinstance(settings, (list, tuple)) and any(
@@ -86,9 +79,7 @@ def flatten_settings(settings: Any, prefix: str = '') -> Dict[str, str]:
 
 def settings_differences(saved: Dict[str, str], current: Dict[str, str],
                          ignore: Iterable[str] = ()) -> List[str]:
-    """Keys whose value differs (or that only one side has), as
-    ``'key: saved -> current'`` lines; keys matching a pattern of ``ignore``
-    (``fnmatch``) are skipped."""
+    """``'key: saved -> current'`` for each differing key not in ``ignore``."""
     from fnmatch import fnmatchcase
     patterns = list(ignore)
     lines = []
@@ -102,9 +93,8 @@ def settings_differences(saved: Dict[str, str], current: Dict[str, str],
 
 
 def save_run_state(path: str, state: dict) -> None:
-    """Write ``state`` (with ``version``) to ``path`` atomically: a
-    temporary file in the same folder, flushed to disk, then renamed, so a
-    crash leaves the previous file or the new one, never a mix."""
+    """Write ``state`` and its ``version`` to ``path`` atomically."""
+    # temporary file, fsync, rename: a crash leaves the old file or the new
     folder = osp.dirname(osp.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = f'{path}.tmp.{os.getpid()}'
@@ -116,12 +106,11 @@ def save_run_state(path: str, state: dict) -> None:
 
 
 def load_run_state(path: str, map_location: Optional[str] = 'cpu') -> dict:
-    """Read a state file written by :func:`save_run_state` (plain tensors
-    and numbers only: ``weights_only=True``).
+    """Read a file of :func:`save_run_state` with ``weights_only=True``.
 
     Raises:
-        FileNotFoundError: no such file.
-        RuntimeError: the file is corrupt, truncated or of another version.
+        FileNotFoundError: If there is no such file.
+        RuntimeError: If it is corrupt, truncated or of another version.
     """
     if not osp.isfile(path):
         raise FileNotFoundError(f'no run state to resume from: {path}')

@@ -1,6 +1,4 @@
-"""SAM (Foret et al., ICLR 2021) as a ``torch.optim.Optimizer``, the shape of
-the SAR authors' ``sam.py`` (non-adaptive): ``first_step`` moves to
-``theta + e_w``, ``second_step`` moves back and steps the base optimizer."""
+"""SAM (Foret et al., ICLR 2021) shaped as the SAR authors' ``sam.py``."""
 import torch
 
 
@@ -8,9 +6,8 @@ class SAM(torch.optim.Optimizer):
     """Sharpness-aware minimisation around a built base optimizer.
 
     Args:
-        base_optimizer (Optimizer): the optimizer that takes the step (its
-            parameter groups become SAM's).
-        rho (float): neighbourhood size. Default: 0.05.
+        base_optimizer (Optimizer): Takes the step; its groups become SAM's.
+        rho (float): Neighbourhood size. Default: 0.05.
     """
 
     def __init__(self, base_optimizer: torch.optim.Optimizer,
@@ -30,7 +27,7 @@ class SAM(torch.optim.Optimizer):
 
     @torch.no_grad()
     def first_step(self) -> None:
-        """``theta += rho g / (||g|| + 1e-12)`` (no-op without gradients)."""
+        """Move to ``theta + rho g / (||g|| + 1e-12)``; no-op without grads."""
         if not any(p.grad is not None for group in self.param_groups
                    for p in group['params']):
             return
@@ -54,15 +51,12 @@ class SAM(torch.optim.Optimizer):
 
     @torch.no_grad()
     def second_step(self) -> None:
-        """Back to ``theta``, then one step of the base optimizer with the
-        gradients at ``theta + e_w``."""
+        """Restore ``theta``; step with the gradients at ``theta + e_w``."""
         self.unperturb()
         self.base_optimizer.step()
 
     def load_base_state_dict(self, state_dict: dict) -> None:
-        """Load the base optimizer's state (momentum buffers...) and keep
-        SAM's parameter groups the base optimizer's (``load_state_dict``
-        replaces them with new dicts)."""
+        """Load the base optimizer's state and share its new param groups."""
         self.base_optimizer.load_state_dict(state_dict)
         self.param_groups = self.base_optimizer.param_groups
 
