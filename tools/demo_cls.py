@@ -2,7 +2,7 @@
 MNIST.
 
     python tools/demo_cls.py [--work-dir work_dirs/demo_cls]
-        [--scenarios continual mild] [--nets bn gn ln]
+        [--scenarios continual mild label_shift bs1] [--nets bn gn ln]
         [--methods bn_adapt tent eata sar deyo cotta] [--n-test 1000]
 
 Steps (each is skipped when its result is already in the work dir):
@@ -21,7 +21,9 @@ Steps (each is skipped when its result is already in the work dir):
    ``--gamma-grid``;
 4. each baseline of the scenario (paired as in the paper: continual with
    BN Adapt, TENT, CoTTA, EcoTTA (K=4) on the BN model; mild with BN
-   Adapt, TENT, EATA, SAR, DeYO on the three models) that ``--methods``
+   Adapt, TENT, EATA, SAR, DeYO on the three models; label shift (ratio
+   inf) and batch size 1 with TENT, EATA, SAR, DeYO on the GN and LN
+   models, +STAG where the paper's table has a row) that ``--methods``
    and ``--nets`` keep runs the whole stream online (predict, then adapt),
    without and with STAG; BN Adapt only on the BN model; EATA's Fisher
    information comes from 2,000 clean training digits; EcoTTA's meta
@@ -56,17 +58,31 @@ CLS_BASE = osp.join(REPO, 'configs', 'cls', '_base_')
 NETS = {'bn': ('CNN-BN', 'cnn-bn'), 'gn': ('CNN-GN', 'cnn-gn'),
         'ln': ('ViT-LN', 'vit-ln')}
 #: scenario: (stream base under configs/cls/demo/_base_/datasets, table
-#: metric, baselines, models), paired as in the paper's tables: continual
-#: CIFAR-C (BN Adapt, TENT, CoTTA on BatchNorm WideResNets; no reset; error
-#: %) and mild ImageNet-C (TENT, EATA, SAR, DeYO on ResNet-50-BN/-GN and
-#: ViT-B-LN; reset per corruption; accuracy %). Batch 64 for both: the demo
-#: has 1,000 images per corruption.
+#: metric, baselines, models, the paper's setting whose +STAG rows it
+#: keeps: None = every baseline gets one). Paired as in the paper's tables:
+#: continual CIFAR-C (BN Adapt, TENT, CoTTA, EcoTTA on BatchNorm
+#: WideResNets; no reset; error %), mild ImageNet-C (TENT, EATA, SAR, DeYO
+#: on ResNet-50-BN/-GN and ViT-B-LN), and Table label_shifts_bs1: label
+#: shift (ratio inf) and batch size 1 on ResNet50-GN and ViT-B/16, whose
+#: demo counterparts are the CNN-GN and the ViT-LN (reset per corruption;
+#: accuracy %).
 SCENARIOS = {
     'continual': ('mnist-c_continual', 'err',
-                  ('bn_adapt', 'tent', 'cotta', 'ecotta'), ('bn', )),
+                  ('bn_adapt', 'tent', 'cotta', 'ecotta'), ('bn', ), None),
     'mild': ('mnist-c_mild', 'acc',
-             ('bn_adapt', 'tent', 'eata', 'sar', 'deyo'), ('bn', 'gn', 'ln')),
+             ('bn_adapt', 'tent', 'eata', 'sar', 'deyo'), ('bn', 'gn', 'ln'),
+             None),
+    'label_shift': ('mnist-c_label-shift', 'acc',
+                    ('tent', 'eata', 'sar', 'deyo'), ('gn', 'ln'),
+                    'label-shift'),
+    'bs1': ('mnist-c_bs1', 'acc', ('tent', 'eata', 'sar', 'deyo'),
+            ('gn', 'ln'), 'bs1'),
 }
+SCENARIO_TITLES = {'continual': 'Continual', 'mild': 'Mild',
+                   'label_shift': 'Label shift (ratio inf)',
+                   'bs1': 'Batch size 1'}
+#: the paper's ImageNet-C model a demo net stands in for
+PAPER_MODELS = {'bn': 'resnet50-bn', 'gn': 'resnet50-gn', 'ln': 'vit-b16'}
 METHODS = ('bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta', 'ecotta')
 #: EcoTTA: its own network (the CNN-BN with K=4 meta networks, warmed up on
 #: the clean training digits by tools/ecotta_warmup.py) and its own
@@ -93,7 +109,9 @@ def parse_args(argv=None):
         'MNIST (offline)')
     p.add_argument('--work-dir', default='work_dirs/demo_cls')
     p.add_argument('--scenarios', nargs='+', default=list(SCENARIOS),
-                   choices=list(SCENARIOS))
+                   choices=list(SCENARIOS),
+                   help='label_shift and bs1 are Table label_shifts_bs1\'s '
+                   'scenarios (on the GN and LN models)')
     p.add_argument('--nets', nargs='+', default=list(NETS),
                    choices=list(NETS),
                    help='keep only these models (continual runs on the BN '
@@ -111,8 +129,9 @@ def parse_args(argv=None):
     p.add_argument('--gamma-grid', type=float, nargs='+',
                    default=[10.0, 100.0])
     p.add_argument('--lr', type=float, default=1e-3,
-                   help='Adam learning rate of every baseline (CoTTA/TENT '
-                   'CIFAR-C protocol)')
+                   help='Adam learning rate of every baseline at batch 64 '
+                   '(CoTTA/TENT CIFAR-C protocol); batch 1 scales it by '
+                   'the rule of SAR\'s main.py')
     p.add_argument('--warmup-epochs', type=int,
                    default=ECOTTA_WARMUP_EPOCHS,
                    help='epochs of EcoTTA\'s warm-up of its meta networks '
@@ -210,6 +229,27 @@ def make_models(args, train, test, log):
     return paths, clean
 
 
+def batch_lr(lr, batch_size, net):
+    """``lr`` (batch 64) scaled to ``batch_size`` by SAR's and DeYO's
+    ``main.py`` rule: ``B / 64``, doubled below 32 for the ResNets (here
+    the CNNs), ``B / 64`` for the ViT."""
+    if batch_size >= 32 and net != 'ln':
+        return lr
+    return lr * batch_size / 64 * (1 if net == 'ln' else 2)
+
+
+def stag_rows(scenario, net, methods):
+    """The baselines that get a +STAG row: all, or those with a row in the
+    paper's table for the setting the scenario stands in for."""
+    from mmseg_stag.paper_hparams import PAPER_STAG
+    setting = SCENARIOS[scenario][4]
+    if setting is None:
+        return list(methods)
+    return [m for m in methods
+            if ('imagenet-c', setting, PAPER_MODELS[net], m) in
+            {row[:4] for row in PAPER_STAG}]
+
+
 def row_config(args, scenario, net, method, data_root, source_files,
                stag=None):
     """The config of one row: the demo's model and stream bases, the
@@ -227,9 +267,10 @@ def row_config(args, scenario, net, method, data_root, source_files,
                'default_hooks.logger.interval': 1000,
                'log_level': 'WARNING'}  # the row's files hold the results
     if method not in ('source', 'ecotta'):
+        lr = batch_lr(args.lr, cfg.test_dataloader.batch_size, net)
         options['test_cfg.method'] = dict(
             METHOD_OPTIONS.get(method, {}), type=method,
-            optimizer=dict(type='Adam', lr=args.lr, betas=(0.9, 0.999)))
+            optimizer=dict(type='Adam', lr=lr, betas=(0.9, 0.999)))
     if method == 'eata':  # Fisher information: 2,000 clean digits
         options['test_cfg.source_dataloader'] = dict(
             batch_size=64, num_workers=0,
@@ -334,8 +375,12 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
             f'({time.time() - t0:.0f} s)')
 
     run('source', 'Source')
+    with_stag = stag_rows(scenario, net, methods)
     for m in methods:
         name = METHOD_NAMES[m]
+        if m not in with_stag:
+            run(m, name)
+            continue
         t0 = time.time()
         chosen = select_stag(args, scenario, net, m, data_root,
                              source_files, ckpt_of(m), out)
@@ -346,7 +391,7 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
             f'{time.time() - t0:.0f} s)')
         run(m, name)
         run(m, f'{name}+STAG', base=name, stag=stag)
-    head = f'{scenario.capitalize()}, {title}'
+    head = f'{SCENARIO_TITLES[scenario]}, {title}'
     corruptions = list(rows[0]['per_corruption'])
     write_corruption_table(out, rows, corruptions, metric, head,
                            meta=dict(scenario=scenario, net=net,

@@ -158,3 +158,42 @@ def test_demo_cls_rejects_bad_options(tmp_path):
             capture_output=True, text=True, cwd=REPO)
         assert proc.returncode == 2 and message in proc.stderr, bad
     assert not os.listdir(tmp_path)  # nothing written
+
+
+def test_reduced_demo_cls_hard_scenarios(tmp_path):
+    """Table label_shifts_bs1's scenarios through the same command: the
+    label-shift stream is ordered by class within each corruption, the
+    batch-size-1 stream adapts on one image per step with the lr scaled by
+    SAR's rule; +STAG rows where the paper has them (none for TENT on the
+    GN model)."""
+    from mmengine.config import Config
+
+    from mmseg_stag.classification import CorruptionStream
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
+         str(tmp_path), '--n-test', '30', '--nets', 'gn', '--scenarios',
+         'label_shift', 'bs1', '--methods', 'tent', 'eata', '--epochs', '1',
+         '--beta-grid', '10', '--gamma-grid', '10', '--workers', '1'],
+        capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    settings = json.load(open(tmp_path / 'summary.json'))['settings']
+    for key in ('label_shift_gn', 'bs1_gn'):
+        assert [r['name'] for r in settings[key]['rows']] == [
+            'Source', 'TENT', 'EATA', 'EATA+STAG'], key
+    cfg = Config.fromfile(tmp_path / 'label_shift_gn/tent/row_config.py')
+    assert cfg.test_dataloader.batch_size == 64
+    stream = CorruptionStream(**{k: v for k, v in
+                                 cfg.test_dataloader.dataset.items()
+                                 if k != 'type'})
+    assert len(stream.stages) == 15
+    for stage in stream.stages:  # ratio inf: one block per class
+        labels = stream.data.labels[stage.indices]
+        blocks = [c for i, c in enumerate(labels)
+                  if i == 0 or c != labels[i - 1]]
+        assert len(blocks) == len(set(labels.tolist())), stage.name
+    cfg = Config.fromfile(tmp_path / 'bs1_gn/eata/row_config.py')
+    assert cfg.test_dataloader.batch_size == 1
+    assert cfg.test_cfg.method.optimizer.lr == pytest.approx(1e-3 * 2 / 64)
+    with open(tmp_path / 'bs1_gn/eata/per_image.csv') as f:
+        batches = [line.split(',')[1] for line in f.read().split()[1:]]
+    assert len(batches) == len(set(batches)) == 15 * 30  # one image a step
