@@ -1,5 +1,4 @@
-"""The paper's analyses as functions (the figures' numbers); the commands
-that draw them are under ``tools/analysis/``."""
+"""The numbers of the paper's analysis figures."""
 from .anchors import anchor_validation, assignment_matrix, heatmap_classes
 from .running import read_per_image, running_accuracy
 

@@ -1,6 +1,4 @@
-"""Accuracy running curves (Figure running curves): the cumulative online
-accuracy after every batch of a classification run, from its
-``per_image.csv`` (written by ``StreamAccuracyMetric``)."""
+"""Cumulative online accuracy per batch of a classification run."""
 import csv
 import os.path as osp
 from typing import Dict, List, Optional
@@ -9,12 +7,11 @@ PER_IMAGE_FILE = 'per_image.csv'
 
 
 def read_per_image(work_dir: str) -> List[Dict[str, object]]:
-    """The run's images in stream order (``image``, ``batch``, ``stage``,
-    ``round``, ``corruption``, ``correct``).
+    """Read a run's ``per_image.csv``, the images in stream order.
 
     Raises:
-        FileNotFoundError: ``work_dir`` holds no finished classification
-            run.
+        FileNotFoundError: If ``work_dir`` holds no finished run.
+        ValueError: If the file holds no image.
     """
     path = osp.join(work_dir, PER_IMAGE_FILE)
     if not osp.isfile(path):
@@ -35,12 +32,13 @@ def read_per_image(work_dir: str) -> List[Dict[str, object]]:
 
 def running_accuracy(rows: List[dict], corruption: Optional[str] = None
                      ) -> Dict[str, list]:
-    """Cumulative accuracy (%) after each batch of one corruption's images
-    (``None``: the stream's first corruption).
+    """Compute the accuracy (%) after each batch of one corruption.
 
     Returns:
-        ``dict(corruption, batch=[1, 2, ...], images=[...], accuracy=[...])``
-        (batches counted from 1 within the corruption).
+        dict: ``corruption`` and per batch ``batch``, ``images``, ``accuracy``.
+
+    Raises:
+        ValueError: If the run has no image of ``corruption``.
     """
     if corruption is None:
         corruption = rows[0]['corruption']

@@ -1,7 +1,4 @@
-"""The MMEngine side, task-agnostic (no MMSeg import): the online loop and
-its log processor (registered in MMEngine's root registries, so any scope
-finds them), the tasks' interface, the per-stage metric base and the one
-report writer."""
+"""Task-agnostic MMEngine parts: online loop, log processor, task, metric."""
 from .log_processor import OnlineAdaptationLogProcessor
 from .online_loop import (DISTRIBUTED_ERROR, STATE_FILE, OnlineAdaptationLoop,
                           batch_stage)

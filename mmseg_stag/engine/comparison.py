@@ -1,7 +1,4 @@
-"""Several online runs side by side, either task: one table (CSV, JSON,
-Markdown) and one figure (the score, mIoU or accuracy, per condition across
-rounds, one line per run, like the paper's Figure continual_graph). Used by
-``tools/sweep.py`` and the demo."""
+"""Several online runs side by side: one table and one figure."""
 import csv
 import json
 import os
@@ -15,9 +12,7 @@ from .report import (RESULTS_FILE, json_safe, mean_ignoring_nan,
 
 
 def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
-    """``(stages, finished)`` of one run's work dir: the final
-    ``continual_results.json``, else the stages its partial file holds
-    (a run that failed or was stopped), else none."""
+    """Return ``(stages, finished)`` of a run from its result files."""
     final = osp.join(work_dir, RESULTS_FILE)
     if osp.isfile(final):
         with open(final) as f:
@@ -40,9 +35,7 @@ def _score(runs: Sequence[dict]) -> str:
 
 
 def comparison_rows(runs: Sequence[dict]) -> List[dict]:
-    """One flat row per run: its fields other than ``stages``, the number
-    of stages done, the mean over them, the mean per condition and every
-    stage's mIoU (``'r<round> <condition>'``)."""
+    """Return one flat row per run: its fields, means and stage scores."""
     conditions, score = _conditions(runs), _score(runs)
     rows = []
     for run in runs:
@@ -66,16 +59,14 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
     """Write the table and the figure of ``runs``.
 
     Args:
-        out_dir (str): folder (created if needed).
-        runs (Sequence[dict]): each with ``name``, ``stages`` (stage
-            results: ``round``, ``condition``, ``mIoU``) and any other
-            plain fields (``status``, ``config``, ``seed``...), kept as
-            columns.
-        prefix (str): file name stem.
-        title (str): figure title.
+        out_dir (str): Folder, created if needed.
+        runs (Sequence[dict]): Each with ``name``, ``stages`` and other
+            plain fields kept as columns.
+        prefix (str): File name stem. Default: 'comparison'.
+        title (str): Figure title. Default: 'continual mIoU'.
 
     Returns:
-        dict: paths keyed ``json``, ``csv``, ``md``, ``png``.
+        dict[str, str]: Paths keyed ``json``, ``csv``, ``md``, ``png``.
     """
     os.makedirs(out_dir, exist_ok=True)
     paths = {ext: osp.join(out_dir, f'{prefix}.{ext}')
@@ -110,8 +101,7 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
 
 
 def short_labels(names: Sequence[str]) -> List[str]:
-    """Legend labels: the ``,``-separated parts of the run names that not
-    all runs share (``'cfg@ckpt,beta0=100,seed=0'`` -> ``'beta0=100'``)."""
+    """Return the comma-separated parts of each name not all runs share."""
     parts = [name.split(',') for name in names]
     common = set.intersection(*map(set, parts)) if len(parts) > 1 else set()
     return [','.join(p for p in ps if p not in common) or name
@@ -120,7 +110,7 @@ def short_labels(names: Sequence[str]) -> List[str]:
 
 def plot_comparison(path: str, runs: Sequence[dict],
                     conditions: Sequence[str], title: str) -> None:
-    """One panel per condition: the score vs round, a line per run."""
+    """Plot one panel per condition, the score against the round per run."""
     # an explicit Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

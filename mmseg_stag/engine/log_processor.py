@@ -8,10 +8,7 @@ _HEADER_KEYS = ('time', 'data_time', 'iter', 'memory')
 
 @LOG_PROCESSORS.register_module()
 class OnlineAdaptationLogProcessor(LogProcessor):
-    """MMEngine's ``LogProcessor``, plus the scalars that
-    ``OnlineAdaptationLoop`` records under ``test/`` (loss, loss_stag, beta,
-    filter counts...), averaged over the logging window like training losses.
-    MMEngine prints no scalars after a test iteration, only time and ETA."""
+    """Log processor that also prints the online loop's ``test/`` scalars."""
 
     def get_log_after_iter(self, runner, batch_idx, mode):
         tag, log_str = super().get_log_after_iter(runner, batch_idx, mode)

@@ -1,5 +1,4 @@
-"""``OnlineAdaptationLoop``: MMEngine's test loop that adapts the model
-online, for either task (no MMSeg import)."""
+"""MMEngine test loop that adapts the model online, for either task."""
 import contextlib
 import os.path as osp
 from typing import List, Optional, Union
@@ -24,16 +23,14 @@ from .online_task import build_task
 MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 #: the run state a resumable stream saves at every stage boundary
 STATE_FILE = 'online_adaptation_state.pth'
-#: config keys that do not change a run's numbers (a resumed run may change
-#: them): where it writes, how it loads and logs
+#: config keys a resumed run may change (they do not change its numbers)
 RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
                   'test_cfg.resume', 'test_cfg.save_state', '*num_workers',
                   '*persistent_workers', 'default_hooks.*', 'visualizer.*',
                   'vis_backends*', 'log_processor.*', 'log_level',
                   'env_cfg.*')
 
-#: The message of the distributed guard: the unit of parallel work is a
-#: whole run, which tools/sweep.py spreads over GPUs and nodes with Ray.
+#: message of the distributed guard (the unit of parallel work is a run)
 DISTRIBUTED_ERROR = (
     'OnlineAdaptationLoop: a continual stream is sequential (every image is '
     'predicted by the model adapted on all images before it), so it cannot '
@@ -49,65 +46,36 @@ DISTRIBUTED_ERROR = (
 class OnlineAdaptationLoop(TestLoop):
     """Test loop that predicts each batch, then adapts the model on it.
 
-    It owns every batch; hooks only observe. One batch, either task::
-
-        run_iter(data_batch)
-         ├─ task.batch(model, data_batch)      (data preprocessor; stage)
-         ├─ [restart from the source]          (a stage tagged ``reset``)
-         ├─ method.on_stage(stage of the batch)
-         ├─ method.adapt(BatchContext)         [grad if it updates]
-         │   ├─ forward: HeadProbe around the model's forward
-         │   │    -> logits, [(features, logits) at the classifier]
-         │   ├─ method.loss(ctx) = L_base + beta_t * L_STAG
-         │   └─ backward, optimizer step     (prediction made before it)
-         ├─ task: prediction -> data samples (labels at the original size)
-         ├─ evaluator.process(outputs)         (per-image records)
-         ├─ message_hub: test/loss, test/loss_stag, test/beta, ...
-         └─ [stage's last batch: metric.end_stage, run state saved]
-
-    The task (``segmentation``: an MMSeg segmentor; ``classification``: an
-    ``OnlineClassifier``) is the model's (:mod:`.online_task`).
-
     Args:
-        runner (Runner): the runner.
-        dataloader (DataLoader | dict): the stream, in order; samples carry
-            the ``stage``/``round``/``condition`` tags (and ``reset``: start
-            the stage from the source model, a fresh method and torch's
-            generator seeded with ``seed * 100003 + stage``).
-        evaluator (Evaluator | dict | list): e.g. ``ContinualIoUMetric``,
-            ``StreamAccuracyMetric``.
-        method (dict): an online-adaptation method, e.g.
-            ``dict(type='tent', stag=dict(beta0=500, gamma=35))``
-            (``mmseg_stag.core.METHODS``).
-        classifier (str, optional): module name of the classifier in the
-            adapted module. Default: the task's (``decode_head.conv_seg``;
-            the classifier the ``OnlineClassifier`` names).
+        runner (Runner): The runner.
+        dataloader (DataLoader | dict): The stream, in order; samples carry
+            ``stage``/``round``/``condition`` tags and optionally ``reset``.
+        evaluator (Evaluator | dict | list): E.g. ``ContinualIoUMetric``.
+        method (dict): Config of a ``mmseg_stag.core.METHODS`` method, e.g.
+            ``dict(type='tent', stag=dict(beta0=500, gamma=35))``.
+        classifier (str, optional): Module name of the classifier in the
+            adapted module. Default: the task's.
         task (str, optional): ``'segmentation'`` or ``'classification'``.
             Default: the model's.
-        bn_batch_stats (bool): BatchNorm layers normalise with the test
-            batch's statistics before the method is configured (tent's
-            ``configure_model``; the classification baselines' code), so
-            copies it makes (teachers) inherit it. Default: False.
-        fp16 (bool): MMEngine's ``TestLoop`` flag, the same as
-            ``mixed_precision='fp16'``. Default: False.
-        mixed_precision (str, optional): ``'bf16'`` or ``'fp16'``: each
-            batch's forward passes (and the method's loss) under
-            ``torch.autocast``; the STAG term stays in float32, the
-            parameters and optimizer too. Default: None (float32).
-        main_view (int, optional): segmentation with a multi-view pipeline
-            (CoTTA's teacher): the view the model adapts on and the metric
-            scores. Default: the pipeline's ``ScaleFlipViews.main_view``.
-        source_dataloader (DataLoader | dict, optional): clean source
-            images for a method that needs them before the stream (EATA's
-            Fisher information); their labels are not used.
-        save_state (bool): when a stage's last batch is done (and at the
-            end) save the run state to ``<work_dir>/online_adaptation_state
-            .pth``, atomically: the method's state, the metric's records,
-            the random states, the position and the run's fingerprint.
-            Default: True.
-        resume (bool): continue from that file: refused if it was written
-            by another config (keys of ``RESUME_IGNORES`` aside) or other
-            starting weights. ``tools/test.py --resume`` sets it.
+        bn_batch_stats (bool): Whether BatchNorm uses test-batch statistics
+            from before the method is configured. Default: False.
+        fp16 (bool): MMEngine's flag, same as ``mixed_precision='fp16'``.
+            Default: False.
+        main_view (int, optional): The view a multi-view segmentation
+            pipeline adapts on and scores. Default: the pipeline's.
+        source_dataloader (DataLoader | dict, optional): Clean source images
+            for a method that needs them (EATA's Fisher). Default: None.
+        save_state (bool): Whether to save the run state at every stage
+            end. Default: True.
+        resume (bool): Whether to continue from the saved run state.
+            Default: False.
+        mixed_precision (str, optional): ``'bf16'`` or ``'fp16'`` autocast
+            of the forward passes. Default: None (float32).
+
+    Raises:
+        RuntimeError: If launched on more than one rank.
+        ValueError: If an option contradicts the model, method or device.
+        FileNotFoundError: If ``resume`` finds no run state.
     """
 
     def __init__(self,
@@ -178,8 +146,11 @@ class OnlineAdaptationLoop(TestLoop):
         return osp.join(self.runner.work_dir, STATE_FILE)
 
     def run(self) -> dict:
-        """Configure the method on the loaded model (or resume), then run
-        the stream, saving the run state whenever a stage ends."""
+        """Configure the method (or resume) and run the stream.
+
+        Returns:
+            dict: The evaluator's metrics.
+        """
         self.runner.call_hook('before_test')
         self.runner.call_hook('before_test_epoch')
         model = self._model(self.runner)
@@ -231,16 +202,13 @@ class OnlineAdaptationLoop(TestLoop):
         return metrics
 
     def configure_method(self) -> None:
-        """The method on the adapted module and its classifier."""
+        """Configure the method on the adapted module and its classifier."""
         adapted = self.task.adapted_module(self._model(self.runner))
         self.method.configure(adapted, self.task.probe.classifier(adapted),
                               self.task.output)
 
     def restart(self, stage) -> None:
-        """Start a stage tagged ``reset`` from the source: the source
-        weights, the method as built from its config (fresh optimizer,
-        ``t = 0``), its source statistics, and torch's generator seeded by
-        the run's seed and the stage."""
+        """Restart from the source weights and a fresh method at ``stage``."""
         torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(stage))
         adapted = self.task.adapted_module(self._model(self.runner))
         adapted.load_state_dict(self.source_state)
@@ -249,16 +217,17 @@ class OnlineAdaptationLoop(TestLoop):
         if self.source_dataloader is not None:
             self.fit_source()
 
-    # -- resume ----------------------------------------------------------
     def run_identity(self, model) -> dict:
-        """What determines the run's numbers: the config's settings (as
-        flat ``key: value`` strings) and the starting weights."""
+        """Return the config settings and weights fingerprint of the run."""
         settings = flatten_settings(self.runner.cfg.to_dict())
         return dict(config=settings, weights=weights_fingerprint(model))
 
     def check_stateful(self) -> bool:
-        """Whether the run state can be saved (every metric has
-        ``state_dict``); ``resume`` without it is an error."""
+        """Return whether the run state can be saved.
+
+        Raises:
+            ValueError: If ``resume`` is set and a metric has no state.
+        """
         if not (self.save_state or self.resume):
             return False
         lacking = [type(m).__name__ for m in self.evaluator.metrics
@@ -287,9 +256,14 @@ class OnlineAdaptationLoop(TestLoop):
             rng=rng_state()))
 
     def load_state(self, identity: dict):
-        """Restore the run state; returns ``(batches done, the random
-        states to set once the batches are drawn)``. Refuses a state of
-        another run, naming what differs."""
+        """Restore the run state saved by :meth:`end_stage`.
+
+        Returns:
+            tuple: Batches done and the random states to set.
+
+        Raises:
+            ValueError: If the state belongs to another run or stream.
+        """
         path = self.state_path
         state = load_run_state(path)
         diffs = settings_differences(state['identity']['config'],
@@ -323,8 +297,7 @@ class OnlineAdaptationLoop(TestLoop):
         return done, state['rng']
 
     def batches_from(self, start: int):
-        """The stream's batches from batch ``start`` on (the skipped ones
-        are not loaded)."""
+        """Return a loader of the batches from ``start`` on, skipping loads."""
         loader = self.dataloader
         if start == 0:
             return loader
@@ -339,7 +312,7 @@ class OnlineAdaptationLoop(TestLoop):
                           worker_init_fn=loader.worker_init_fn, **extra)
 
     def fit_source(self) -> None:
-        """The method's statistics of the clean source images."""
+        """Fit the method's statistics on the clean source images."""
         print_log(f'{self.method.name}: statistics of '
                   f'{len(self.source_dataloader.dataset)} clean source '
                   'images', logger='current')
@@ -348,7 +321,12 @@ class OnlineAdaptationLoop(TestLoop):
         self.method.fit_source(forward, inputs)
 
     def run_iter(self, idx: int, data_batch: dict) -> None:
-        """Predict, then adapt, on one batch (see the class docstring)."""
+        """Predict, then adapt, on one batch.
+
+        Args:
+            idx (int): Index of the batch in the stream.
+            data_batch (dict): The batch from the dataloader.
+        """
         self.runner.call_hook(
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
         batch = self.task.batch(self._model(self.runner), data_batch)
@@ -365,7 +343,7 @@ class OnlineAdaptationLoop(TestLoop):
             outputs=outputs)
 
     def autocast(self, inputs):
-        """MMEngine's ``autocast`` on the inputs' device, if configured."""
+        """Return MMEngine's ``autocast`` on the inputs' device, or a no-op."""
         if self.mixed_precision is None:
             return contextlib.nullcontext()
         device = inputs.device.type if torch.is_tensor(inputs) else 'cuda' \
@@ -375,9 +353,13 @@ class OnlineAdaptationLoop(TestLoop):
 
 
 class BatchStage:
-    """Where a batch sits in the stream: its stage, whether it restarts
-    from the source (the first batch of a stage tagged ``reset``) and
-    whether it ends its stage."""
+    """Position of a batch in the stream.
+
+    Args:
+        stage (int, optional): The batch's stage tag.
+        restarts (bool): Whether it starts a stage tagged ``reset``.
+        ends_stage (bool): Whether it is its stage's last batch.
+    """
 
     def __init__(self, stage, restarts: bool, ends_stage: bool):
         self.stage, self.restarts, self.ends_stage = \
@@ -385,9 +367,7 @@ class BatchStage:
 
 
 def sample_stage(dataset, index: int):
-    """``(stage, reset)`` of one sample, from the dataset's ``stage_of``
-    (classification streams) or its data info (``ACDCContinualDataset``);
-    ``(None, False)`` for an untagged dataset."""
+    """Return ``(stage, reset)`` of one sample; ``(None, False)`` untagged."""
     if hasattr(dataset, 'stage_of'):
         return dataset.stage_of(index)
     if hasattr(dataset, 'get_data_info'):
@@ -397,9 +377,11 @@ def sample_stage(dataset, index: int):
 
 
 def stream_batches(loader) -> List[BatchStage]:
-    """Per batch of the loader, in order: its :class:`BatchStage` (a batch
-    spanning two stages is refused: use batch size 1 or a stage-aligned
-    batch sampler)."""
+    """Return the :class:`BatchStage` of each batch of ``loader``.
+
+    Raises:
+        ValueError: If a batch spans two stages.
+    """
     dataset = loader.dataset
     stages = []
     for indices in loader.batch_sampler:
@@ -419,7 +401,11 @@ def stream_batches(loader) -> List[BatchStage]:
 
 
 def batch_stage(metas) -> Optional[int]:
-    """The stage tag shared by a batch's images (``None`` untagged)."""
+    """Return the stage tag shared by a batch's images (None untagged).
+
+    Raises:
+        ValueError: If the images have different stages.
+    """
     stages = {meta.get('stage') for meta in metas}
     if len(stages) > 1:
         raise ValueError(f'a batch spans several stages {sorted(stages)}; '

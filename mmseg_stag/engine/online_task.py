@@ -1,6 +1,4 @@
-"""What the online loop leaves to the task: how a batch becomes the
-method's :class:`~mmseg_stag.core.BatchContext`, and the prediction the
-metric's data samples."""
+"""The task interface of the online loop: batches in, data samples out."""
 from abc import ABC, abstractmethod
 from typing import Callable, List, Optional
 
@@ -15,48 +13,50 @@ ONLINE_TASKS = Registry('online adaptation task', scope='mmseg_stag')
 
 
 class OnlineTask(ABC):
-    """The task side of ``OnlineAdaptationLoop`` (one object per run).
+    """Task side of ``OnlineAdaptationLoop``, one object per run.
 
     Args:
-        model (nn.Module): the runner's model.
-        classifier (str, optional): the classifier's module name in the
-            adapted module (:meth:`adapted_module`).
+        model (nn.Module): The runner's model.
+        classifier (str, optional): Module name of the classifier in the
+            adapted module.
     """
 
     #: ``'per_sample'`` or ``'per_pixel'`` classifier outputs
     output = 'per_sample'
-    #: the ``task`` a stream dataset declares (``dataset.task``)
+    #: the ``task`` a stream dataset declares
     name = ''
 
     def __init__(self, model: nn.Module, classifier: Optional[str]):
         self.probe = HeadProbe(classifier or self.default_classifier(model),
                                output=self.output)
-        self.probe.find(self.adapted_module(model))  # no classifier: now
+        self.probe.find(self.adapted_module(model))  # fail before the stream
 
     def default_classifier(self, model: nn.Module) -> Optional[str]:
-        """The classifier's name when the config gives none."""
+        """Return the classifier's name when the config gives none."""
         return None
 
     def setup(self, dataset) -> None:
-        """Settings read from the stream dataset (once)."""
+        """Read settings from the stream dataset, once."""
 
     def build_method(self, cfg: dict):
-        """The method of ``cfg``: the core's (a task may register its own
-        variants in a child registry of ``METHODS``)."""
+        """Build the method of ``cfg``; a task may use a child registry."""
         return build_method(cfg)
 
     @classmethod
     @abstractmethod
     def matches(cls, model: nn.Module) -> bool:
-        """Whether ``model`` is this task's kind of model."""
+        """Return whether ``model`` is this task's kind of model."""
 
     def adapted_module(self, model: nn.Module) -> nn.Module:
-        """The module the method adapts (its ``model``)."""
+        """Return the module the method adapts."""
         return model
 
     def check_dataset(self, dataset) -> None:
-        """A clear error before the first batch if ``dataset`` is not a
-        stream of this task."""
+        """Check that ``dataset`` is a stream of this task.
+
+        Raises:
+            ValueError: If the dataset declares another task.
+        """
         task = getattr(dataset, 'task', None)
         if task is not None and task != self.name:
             raise ValueError(
@@ -70,22 +70,20 @@ class OnlineTask(ABC):
     @abstractmethod
     def batch(self, model: nn.Module, data_batch: dict
               ) -> 'OnlineBatch':
-        """The preprocessed batch: the method's context and how its
-        prediction becomes the metric's data samples."""
+        """Return the preprocessed batch as an :class:`OnlineBatch`."""
 
     @abstractmethod
     def source_batches(self, model: nn.Module, dataloader):
-        """``(forward, inputs)`` for the method's ``fit_source``."""
+        """Return ``(forward, inputs)`` for the method's ``fit_source``."""
 
 
 class OnlineBatch:
-    """One preprocessed batch (:meth:`OnlineTask.batch`).
+    """One preprocessed batch.
 
     Args:
-        context (BatchContext): what the method sees.
-        metas (list[dict]): each sample's metainfo (stage tags).
-        to_outputs (callable): ``prediction -> data samples`` for the
-            metric.
+        context (BatchContext): What the method sees.
+        metas (list[dict]): Each sample's metainfo, with the stage tags.
+        to_outputs (callable): Maps the prediction to the data samples.
     """
 
     def __init__(self, context: BatchContext, metas: List[dict],
@@ -96,7 +94,11 @@ class OnlineBatch:
 
 def build_task(model: nn.Module, task: Optional[str],
                classifier: Optional[str], **options) -> OnlineTask:
-    """The task of ``model`` (``task=None``: the one whose model it is)."""
+    """Build the task named ``task``, or the one matching ``model``.
+
+    Raises:
+        ValueError: If no task fits or ``task`` does not match the model.
+    """
     if task is None:
         found = [cls for cls in ONLINE_TASKS.module_dict.values()
                  if cls.matches(model)]

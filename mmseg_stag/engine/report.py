@@ -1,8 +1,4 @@
-"""The results of an online run, either task: the per-stage table, and the
-JSON / CSV / PNG / partial-jsonl files. A stage result is a dict with
-``stage``, ``round``, ``condition``, ``num_images`` and its score under the
-key ``score`` names (``'mIoU'`` for segmentation, ``'accuracy'`` for
-classification), plus an optional per-column detail dict (per-class IoU)."""
+"""Result table and files (JSON, CSV, PNG, partial JSONL) of an online run."""
 import csv
 import json
 import math
@@ -17,19 +13,18 @@ RESULTS_FILE = 'continual_results.json'
 
 
 def mean_ignoring_nan(values: Sequence[float]) -> float:
-    """Mean ignoring ``nan`` (``nan`` if nothing is left)."""
+    """Return the mean ignoring NaN and None (NaN if nothing is left)."""
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.mean(values)) if values else float('nan')
 
 
 def score_key(stage: dict) -> str:
-    """The key of a stage result's score: ``'mIoU'`` (segmentation) or
-    ``'accuracy'`` (classification)."""
+    """Return the score key of a stage result, ``'mIoU'`` or ``'accuracy'``."""
     return 'mIoU' if 'mIoU' in stage else 'accuracy'
 
 
 def json_safe(value):
-    """``nan`` -> ``None`` recursively (JSON has no NaN)."""
+    """Return ``value`` with NaN replaced by None, recursively."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
@@ -41,18 +36,16 @@ def json_safe(value):
 
 def format_table(stages: List[dict], conditions: Sequence[str],
                  score: str = 'mIoU') -> str:
-    """The paper's table of a continual run.
+    """Format the paper's round-by-condition table of a continual run.
 
     Args:
-        stages (list[dict]): stage results (``round``, ``condition``, the
-            score in %).
-        conditions (Sequence[str]): column order.
-        score (str): the key of the stage's score. Default: 'mIoU'.
+        stages (list[dict]): Stage results with ``round``, ``condition``
+            and the score in %.
+        conditions (Sequence[str]): Column order.
+        score (str): Key of the stage's score. Default: 'mIoU'.
 
     Returns:
-        str: rows = rounds, columns = conditions + ``Mean`` (of the row), a
-        ``Mean`` row (per condition over rounds) and the mean over stages;
-        one decimal, ``-`` for a stage that did not run.
+        str: The table with row and column means.
     """
     rounds = sorted({s['round'] for s in stages})
 
@@ -82,12 +75,12 @@ def append_partial(output_dir: str, result: dict, fresh: bool = False
     """Append one finished stage to ``continual_results.partial.jsonl``.
 
     Args:
-        output_dir (str): folder (created if needed).
-        result (dict): one stage result.
-        fresh (bool): start the file afresh (first stage of a run).
+        output_dir (str): Folder, created if needed.
+        result (dict): One stage result.
+        fresh (bool): Whether to start the file afresh. Default: False.
 
     Returns:
-        str: the file path.
+        str: The file path.
     """
     os.makedirs(output_dir, exist_ok=True)
     path = osp.join(output_dir, PARTIAL_FILE)
@@ -97,8 +90,7 @@ def append_partial(output_dir: str, result: dict, fresh: bool = False
 
 
 def read_partial(output_dir: str) -> List[dict]:
-    """The stages ``continual_results.partial.jsonl`` holds, up to a line
-    that a crash cut (or that is being written); none without the file."""
+    """Return the stages of the partial file, up to a cut line."""
     stages = []
     path = osp.join(output_dir, PARTIAL_FILE)
     if osp.isfile(path):
@@ -115,25 +107,19 @@ def write_results(output_dir: str, stages: List[dict],
                   conditions: Sequence[str], score: str = 'mIoU',
                   detail: Optional[Tuple[str, Sequence[str]]] = None,
                   summary: Optional[dict] = None) -> Dict[str, str]:
-    """Write the results of an online run.
+    """Write the JSON, CSV and PNG results of an online run.
 
     Args:
-        output_dir (str): folder (created if needed).
-        stages (list[dict]): stage results (``stage``, ``round``,
-            ``condition``, the score, ``num_images``).
-        conditions (Sequence[str]): condition order (plot legend).
-        score (str): the key of the stage's score. Default: 'mIoU'.
-        detail (tuple, optional): ``(key, columns)``: a per-stage dict
-            (e.g. ``('per_class_IoU', class names)``) written as CSV columns.
-        summary (dict, optional): more top-level JSON fields.
+        output_dir (str): Folder, created if needed.
+        stages (list[dict]): Stage results.
+        conditions (Sequence[str]): Condition order.
+        score (str): Key of the stage's score. Default: 'mIoU'.
+        detail (tuple, optional): ``(key, columns)`` of a per-stage dict
+            written as CSV columns. Default: None.
+        summary (dict, optional): Extra top-level JSON fields. Default: None.
 
     Returns:
-        dict: paths of ``continual_results.json`` (``{"stages": [...],
-        "mean_<score>", "score", "conditions", "rounds", **summary}``),
-        ``continual_results.csv`` (one row per stage: stage, round,
-        condition, score, the detail columns, num_images) and
-        ``continual_<score>.png`` (score per condition vs round), keyed
-        ``json``, ``csv``, ``png``.
+        dict[str, str]: Paths keyed ``json``, ``csv``, ``png``.
     """
     os.makedirs(output_dir, exist_ok=True)
     paths = dict(json=osp.join(output_dir, RESULTS_FILE),
@@ -166,7 +152,7 @@ def write_results(output_dir: str, stages: List[dict],
 
 def plot_stages(path: str, stages: List[dict], conditions: Sequence[str],
                 score: str, mean: float) -> None:
-    """The score per condition vs round, one line per condition."""
+    """Plot the score per condition against the round."""
     # an explicit Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -1,6 +1,4 @@
-"""One online run from a config, as ``tools/test.py`` runs it: also called
-in-process by the demos and ``tools/select_beta.py`` (one process for many
-runs saves the interpreter's start-up per run)."""
+"""One online run from a config, as ``tools/test.py`` runs it, in-process."""
 import json
 import logging
 import os
@@ -27,8 +25,11 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
                    launcher: str = 'none', seed: Optional[int] = None,
                    deterministic: bool = False,
                    resume: bool = False) -> Config:
-    """The work dir, randomness, distributed guard and ``--resume`` checks
-    of a run, before anything is built (errors as ``SystemExit``)."""
+    """Set a run's work dir and randomness; check its launcher and resume.
+
+    Raises:
+        SystemExit: If the run is distributed or ``resume`` cannot apply.
+    """
     cfg.launcher = launcher
     online = is_online(cfg)
     world_size = int(os.environ.get('WORLD_SIZE', '1'))
@@ -52,8 +53,7 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
         randomness['seed'] = seed
     if deterministic:
         randomness['deterministic'] = True
-        # cuBLAS needs a fixed workspace for repeatable GEMMs (set before
-        # CUDA starts; a user's own setting is kept)
+        # cuBLAS needs a fixed workspace for repeatable GEMMs
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
     cfg.randomness = randomness
     if resume:
@@ -75,18 +75,24 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
 
 def run_test(cfg: Config, checkpoint: str,
              allow_unsafe_pickle: bool = False, hooks=()) -> tuple:
-    """Build the Runner, load the source weights, run the test loop;
-    ``hooks``: Hook objects registered on the Runner (a config holds only
-    dicts).
+    """Build the Runner, load the source weights and run the test loop.
+
+    Args:
+        cfg (Config): The prepared config.
+        checkpoint (str): The source checkpoint.
+        allow_unsafe_pickle (bool): Whether to unpickle beyond
+            ``weights_only``. Default: False.
+        hooks (Sequence[Hook]): Hook objects to register. Default: ().
 
     Returns:
-        ``(metrics, model)``: the evaluator's metrics and the (adapted)
-        model.
+        tuple: The evaluator's metrics and the adapted model.
+
+    Raises:
+        FileNotFoundError: If ``checkpoint`` does not exist.
     """
     if not osp.isfile(checkpoint):
         raise FileNotFoundError(f'checkpoint file not found: {checkpoint}')
-    # unique per run, so several runs in one process keep their own
-    # logger, message hub and visualizer
+    # unique per run: runs in one process keep their own logger and hub
     name = osp.basename(osp.normpath(cfg.work_dir))
     cfg.setdefault('experiment_name', f'{name}_{uuid.uuid4().hex[:8]}')
     runner = Runner.from_cfg(cfg)
@@ -110,9 +116,11 @@ def run_test(cfg: Config, checkpoint: str,
 
 def run_config(config, checkpoint: str, work_dir: Optional[str] = None,
                 cfg_options: Optional[dict] = None, **kwargs) -> dict:
-    """``tools/test.py CONFIG CHECKPOINT --work-dir DIR --cfg-options ...``
-    in this process; ``kwargs`` go to :func:`prepare_config` (``seed``,
-    ``resume``, ...). Returns the metrics."""
+    """Run ``tools/test.py CONFIG CHECKPOINT`` in this process.
+
+    Returns:
+        dict: The evaluator's metrics.
+    """
     cfg = config.copy() if isinstance(config, Config) \
         else Config.fromfile(config)
     if cfg_options:
@@ -126,9 +134,11 @@ def run_config(config, checkpoint: str, work_dir: Optional[str] = None,
 def run_cached(cfg: Config, checkpoint: str, work_dir: str,
                needs=('continual_results.json', ),
                config_name: str = 'run_config.py') -> dict:
-    """One run of ``cfg`` in ``work_dir``, reused when the work dir holds
-    ``needs`` and the same config (``config_name``, written after the
-    run). Returns its ``continual_results.json``."""
+    """Run ``cfg`` in ``work_dir`` unless a finished run of it is there.
+
+    Returns:
+        dict: The run's ``continual_results.json``.
+    """
     text = cfg.pretty_text
     saved = osp.join(work_dir, config_name)
     done = all(osp.isfile(osp.join(work_dir, f)) for f in needs) and \

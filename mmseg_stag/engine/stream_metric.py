@@ -1,4 +1,4 @@
-"""``StreamMetric``: the per-stage bookkeeping both tasks' metrics share."""
+"""Per-stage bookkeeping shared by both tasks' stream metrics."""
 from abc import abstractmethod
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
@@ -17,23 +17,13 @@ STREAM_TAGS = ('stage', 'round', 'condition')
 
 
 class StreamMetric(BaseMetric):
-    """A score per stage of an online stream, kept per image in
-    ``self.results`` (so MMEngine gathers them), summed per stage in
-    ``compute_metrics``.
-
-    A finished stage is logged and appended to
-    ``<output_dir>/continual_results.partial.jsonl`` at once (the online
-    loop calls :meth:`end_stage`), so a crashed run keeps its finished
-    stages; :meth:`state_dict` / :meth:`load_state_dict` carry the records
-    through a resumed run. Subclasses define :meth:`image_record` (one
-    image's numbers), :meth:`stage_result` (one stage's from its records)
-    and ``score``.
+    """Base metric that scores an online stream per stage.
 
     Args:
-        output_dir (str, optional): where results are written. Default:
-            None (the online loop sets the work dir).
-        collect_device (str): see ``BaseMetric``. Default: 'cpu'.
-        prefix (str, optional): see ``BaseMetric``.
+        output_dir (str, optional): Where results are written. Default: None
+            (the online loop sets the work dir).
+        collect_device (str): See ``BaseMetric``. Default: 'cpu'.
+        prefix (str, optional): See ``BaseMetric``. Default: None.
     """
 
     #: the stage result's key that the table, plot and summary use
@@ -51,31 +41,33 @@ class StreamMetric(BaseMetric):
         self._partial_started = False
         self._batches = 0  # batches processed (an image's ``batch``)
 
-    # -- to define --------------------------------------------------------
     @abstractmethod
     def image_record(self, sample: dict) -> dict:
-        """One image's numbers (``sample``: the data sample as a dict)."""
+        """Return one image's numbers from its data sample as a dict."""
 
     @abstractmethod
     def stage_result(self, records: List[dict]) -> dict:
-        """One stage's result from its images' records."""
+        """Return one stage's result from its images' records."""
 
     def summary(self, stages: List[dict]) -> Dict[str, float]:
-        """The metrics ``compute_metrics`` returns (and logs)."""
+        """Return the summary metrics ``compute_metrics`` returns."""
         return {self.score: mean_ignoring_nan([s[self.score]
                                                for s in stages])}
 
     def write(self, stages: List[dict], conditions: List[str]) -> None:
-        """The result files of the run."""
+        """Write the run's result files."""
         write_results(self.output_dir, stages, conditions, self.score,
                       summary=self.run_info)
 
     def write_records(self, results: List[dict]) -> None:
-        """Per-image files of the run (none by default)."""
+        """Write per-image files of the run (none by default)."""
 
-    # -- shared -----------------------------------------------------------
     def process(self, data_batch, data_samples: Sequence) -> None:
-        """Append each image's stream tags and numbers to ``results``."""
+        """Append each image's stream tags and numbers to ``results``.
+
+        Raises:
+            KeyError: If a sample lacks a stream tag.
+        """
         for sample in data_samples:
             if isinstance(sample, BaseDataElement):
                 sample = sample.to_dict()
@@ -97,23 +89,24 @@ class StreamMetric(BaseMetric):
         self._batches += 1
 
     def stage_results(self, results: List[dict]) -> List[dict]:
-        """One result per stage, in stage order."""
+        """Return one result per stage, in stage order."""
         stages: Dict[int, List[dict]] = OrderedDict()
         for r in sorted(results, key=lambda r: r['stage']):
             stages.setdefault(r['stage'], []).append(r)
         return [self.stage_result(records) for records in stages.values()]
 
     def end_stage(self) -> None:
-        """The stream's current stage is over: log it and append it to the
-        partial file now (the online loop calls this when a stage's last
-        image is done, before it saves the run state)."""
+        """Close the current stage: log it, append it to the partial file."""
         if self._current is not None:
             self._finish_stage(self._current)
         self._current = None
 
     def state_dict(self) -> dict:
-        """The per-image records so far (plain tensors and numbers), for
-        the run state of a resumable stream; call after :meth:`end_stage`."""
+        """Return the per-image records as plain tensors and numbers.
+
+        Raises:
+            RuntimeError: If a stage is still open.
+        """
         if self._current is not None:
             raise RuntimeError(f'{type(self).__name__}.state_dict: call '
                                'end_stage() first (a stage is open)')
@@ -122,9 +115,7 @@ class StreamMetric(BaseMetric):
              for k, v in r.items()} for r in self.results])
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict`; rewrites the partial file with
-        the restored stages (dropping a stage a crash wrote after the run
-        state was saved)."""
+        """Restore :meth:`state_dict` and rewrite the partial file from it."""
         self.results = [
             {k: v.numpy() if torch.is_tensor(v) else v for k, v in r.items()}
             for r in state['results']]
@@ -150,12 +141,17 @@ class StreamMetric(BaseMetric):
                   f'{result[self.score]:.2f}', logger='current')
 
     def compute_metrics(self, results: list) -> Dict[str, float]:
-        """Per-stage scores from the gathered per-image records; prints the
-        table and writes the files.
+        """Compute the per-stage scores, print the table, write the files.
+
+        Args:
+            results (list): The gathered per-image records.
 
         Returns:
             dict[str, float]: :meth:`summary` and one
-            ``r<round>_<condition>`` score per stage (2 decimals).
+            ``r<round>_<condition>`` score per stage.
+
+        Raises:
+            ValueError: If no sample was processed.
         """
         self.end_stage()
         self._partial_started = False
