@@ -1,9 +1,4 @@
-"""The classification task of the online loop: corrupted test sets as
-streams (:class:`CorruptionStream` with the scenarios' orders), the
-classifier wrapper (:class:`OnlineClassifier`: torchvision, timm, the
-RobustBench WRNs, the demo nets) with its data preprocessor, the per-stage
-accuracy metric and the paper's table of several runs. Needs MMEngine, not
-MMSeg or MMCV."""
+"""Classification task of the online loop: streams, models, metric, tables."""
 from .classifier import ClassifierPreprocessor, OnlineClassifier
 from .data import (CIFARC, CORRUPTIONS, IMAGENET_MEAN, IMAGENET_STD,
                    SHORT_NAMES, CorruptionSet, ImageFolder, ImageNetC,
@@ -22,7 +17,7 @@ from .table import (format_corruption_table, read_run, table_values,
                     write_corruption_table)
 from .wide_resnet import WideResNet, wrn28_10_standard, wrn40_2_augmix
 
-#: Display names of the registered methods (paper spelling).
+#: display names of the registered methods (paper spelling)
 METHOD_NAMES = {
     'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
     'eata': 'EATA', 'sar': 'SAR', 'deyo': 'DeYO', 'cotta': 'CoTTA',

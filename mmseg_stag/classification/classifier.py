@@ -1,6 +1,4 @@
-"""``OnlineClassifier``: a classification network behind MMEngine's model
-interface (a data preprocessor, ``forward(inputs, data_samples, mode)``), so
-the online loop sees a classifier as it sees a segmentor."""
+"""A classification network behind MMEngine's model interface."""
 from typing import List, Optional, Sequence
 
 import torch
@@ -15,14 +13,11 @@ from .registry import CLS_MODELS
 
 @MODELS.register_module()
 class ClassifierPreprocessor(BaseDataPreprocessor):
-    """uint8 images -> float ``[N, 3, H, W]``: ``x / 255``, then
-    ``(x - mean) / std`` per channel if given (torchvision's ``ToTensor``,
-    ``Normalize``).
+    """Scale uint8 images to ``[0, 1]`` and normalise them if configured.
 
     Args:
-        mean, std (Sequence[float], optional): normalisation of the
-            ``[0, 1]`` images; ``None``: none (the RobustBench models take
-            ``[0, 1]`` inputs).
+        mean (Sequence[float], optional): Channel means. Default: None.
+        std (Sequence[float], optional): Channel stds. Default: None.
     """
 
     def __init__(self, mean: Optional[Sequence[float]] = None,
@@ -50,15 +45,15 @@ class ClassifierPreprocessor(BaseDataPreprocessor):
 
 @MODELS.register_module()
 class OnlineClassifier(BaseModel):
-    """A classification network (``CLS_MODELS``: torchvision, timm, the
-    RobustBench WRNs, the demo nets) with its data preprocessor.
+    """A ``CLS_MODELS`` network with its data preprocessor.
 
     Args:
-        network (dict): a ``CLS_MODELS`` config.
-        classifier (str, optional): the network's classifier module
-            (``'fc'``, ``'head'``). Default: its last ``nn.Linear``.
-        data_preprocessor (dict, optional): a ``ClassifierPreprocessor``
-            config. Default: no normalisation.
+        network (dict): A ``CLS_MODELS`` config.
+        classifier (str, optional): The classifier module, e.g. ``'fc'``.
+            Default: the last ``nn.Linear``.
+        data_preprocessor (dict, optional): A ``ClassifierPreprocessor``
+            config. Default: None (no normalisation).
+        init_cfg (dict, optional): See ``BaseModel``. Default: None.
     """
 
     def __init__(self, network: dict, classifier: Optional[str] = None,
@@ -66,7 +61,7 @@ class OnlineClassifier(BaseModel):
                  init_cfg: Optional[dict] = None):
         preprocessor = dict(data_preprocessor or {})
         preprocessor.setdefault('type', 'ClassifierPreprocessor')
-        # built in this scope, whatever the caller's default scope is
+        # build in this scope, whatever the caller's default scope
         super().__init__(
             data_preprocessor=MODELS.build(
                 dict(preprocessor, _scope_='mmseg_stag')),
@@ -75,8 +70,7 @@ class OnlineClassifier(BaseModel):
         self.classifier, _ = HeadProbe(classifier).find(self.network)
 
     def load_weights(self, path: str, allow_unsafe_pickle: bool = False):
-        """Strictly load a weight file of the network (``.pth``/``.pt``,
-        ``.safetensors``, a ViT ``.npz``)."""
+        """Strictly load a weight file into the network."""
         load_weights(self.network, path, allow_unsafe_pickle)
 
     def forward(self, inputs: torch.Tensor,

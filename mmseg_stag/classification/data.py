@@ -1,16 +1,4 @@
-"""Corrupted classification test sets, as released, as uint8 ``[3, H, W]``
-tensors (the ``OnlineClassifier``'s data preprocessor normalises them).
-
-* ImageNet-C (Hendrycks & Dietterich): ``<root>/<corruption>/<severity>/
-  <wnid>/*.JPEG``; the class index is the position of the wnid in the sorted
-  list of class folders (torchvision's ``ImageFolder`` order) or in a given
-  wnid list.
-* CIFAR-10-C / CIFAR-100-C: ``<root>/<corruption>.npy`` of ``50,000`` uint8
-  HWC images (severities 1..5, 10,000 each, in that order) and
-  ``<root>/labels.npy``; severity ``s`` is rows ``(s-1)*10000 : s*10000``.
-
-Only PIL, numpy and torch are used (no torchvision).
-"""
+"""Corrupted classification test sets as released, as uint8 images."""
 import hashlib
 import os
 import os.path as osp
@@ -23,13 +11,13 @@ from torch.utils.data import Dataset
 
 from .registry import CLS_DATASETS
 
-#: The 15 ImageNet-C corruptions in the paper's evaluation order.
+#: the 15 ImageNet-C corruptions in the paper's evaluation order
 CORRUPTIONS = ('gaussian_noise', 'shot_noise', 'impulse_noise',
                'defocus_blur', 'glass_blur', 'motion_blur', 'zoom_blur',
                'snow', 'frost', 'fog', 'brightness', 'contrast',
                'elastic_transform', 'pixelate', 'jpeg_compression')
 
-#: Column titles of the paper's tables.
+#: column titles of the paper's tables
 SHORT_NAMES = {
     'gaussian_noise': 'Gauss.', 'shot_noise': 'Shot',
     'impulse_noise': 'Impul.', 'defocus_blur': 'Defoc.',
@@ -45,8 +33,7 @@ IMAGE_EXTENSIONS = ('.jpeg', '.jpg', '.png', '.bmp', '.webp')
 
 
 def to_uint8_chw(image: np.ndarray) -> torch.Tensor:
-    """uint8 ``[H, W, 3]`` -> uint8 ``[3, H, W]`` (a copy: memory maps and
-    PIL buffers are read-only)."""
+    """Return a writable uint8 ``[3, H, W]`` copy of a ``[H, W, 3]`` image."""
     return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(
         2, 0, 1).contiguous()
 
@@ -54,18 +41,20 @@ def to_uint8_chw(image: np.ndarray) -> torch.Tensor:
 def imagenet_preprocess(image: Image.Image,
                         resize: Optional[int] = 256,
                         crop: Optional[int] = 224) -> torch.Tensor:
-    """torchvision's ``Resize(256), CenterCrop(224)`` with PIL and numpy
-    only (``ToTensor, Normalize``: the model's data preprocessor).
+    """Apply torchvision's ``Resize(256), CenterCrop(224)`` with PIL only.
 
     Args:
-        image: a PIL image (converted to RGB).
-        resize: the shorter side is resized to this (bilinear, the longer
-            side keeps the aspect ratio, truncated as torchvision does).
-            ``None``: no resize (SAR's ImageNet-C transform).
-        crop: side of the center crop; ``None``: no crop.
+        image (Image.Image): A PIL image, converted to RGB.
+        resize (int, optional): Shorter side after a bilinear resize; None
+            skips it. Default: 256.
+        crop (int, optional): Side of the center crop; None skips it.
+            Default: 224.
 
     Returns:
-        ``[3, crop, crop]`` uint8 tensor.
+        torch.Tensor: ``[3, crop, crop]`` uint8 image.
+
+    Raises:
+        ValueError: If the image is smaller than the crop.
     """
     image = image.convert('RGB')
     if resize is not None:
@@ -98,7 +87,7 @@ def _require_file(path: str, what: str) -> None:
 
 
 def read_wnids(wnids: Union[str, Sequence[str]]) -> List[str]:
-    """A wnid list given inline or as a text file with one wnid per line."""
+    """Return a wnid list given inline or as a file of one wnid per line."""
     if isinstance(wnids, str):
         _require_file(wnids, 'wnid list file')
         with open(wnids, encoding='utf-8') as f:
@@ -111,11 +100,11 @@ def scan_class_folders(folder: str,
                        n_examples: Optional[int] = None,
                        subset_seed: int = 0
                        ) -> Tuple[List[str], List[str], np.ndarray]:
-    """``(classes, image paths, labels)`` of ``<folder>/<wnid>/*.JPEG``.
+    """Return ``(classes, image paths, labels)`` of ``<folder>/<wnid>/*.JPEG``.
 
-    Classes are the wnid list (or the sorted sub-folders); images are in
-    class then file-name order; ``n_examples`` keeps a seeded random subset
-    (in that order).
+    Raises:
+        ValueError: If a class folder is not in ``wnids``.
+        FileNotFoundError: If there are no images.
     """
     present = sorted(d for d in os.listdir(folder)
                      if osp.isdir(osp.join(folder, d)))
@@ -144,11 +133,7 @@ def scan_class_folders(folder: str,
 
 
 class CorruptionSet(Dataset):
-    """One corruption at one severity: ``(image tensor, label)`` items.
-
-    Subclasses set ``corruption``, ``severity`` and ``labels`` (int64
-    numpy array, one per item) and implement ``__getitem__``.
-    """
+    """Base of one corruption at one severity; items are ``(image, label)``."""
 
     corruption: str
     severity: int
@@ -158,12 +143,11 @@ class CorruptionSet(Dataset):
         return len(self.labels)
 
     def files(self) -> List[str]:
-        """The files the items are read from (for :meth:`fingerprint`)."""
+        """Return the files the items are read from."""
         return []
 
     def fingerprint(self) -> str:
-        """Changes when the data changes: labels, file names, sizes and
-        modification times."""
+        """Return a hash of the labels, file names, sizes and times."""
         h = hashlib.sha1(f'{self.corruption}/{self.severity}'.encode())
         h.update(np.ascontiguousarray(self.labels).tobytes())
         for path in self.files():
@@ -174,8 +158,7 @@ class CorruptionSet(Dataset):
 
 
 class ImageFiles(CorruptionSet):
-    """Items read from image files (``paths``) with ImageNet's
-    preprocessing (``transform_args`` of :func:`imagenet_preprocess`)."""
+    """Items read from image files with :func:`imagenet_preprocess`."""
 
     paths: List[str]
     transform_args: dict
@@ -194,16 +177,16 @@ class ImageNetC(ImageFiles):
     """ImageNet-C images of one corruption and severity.
 
     Args:
-        data_root: the ImageNet-C root (holds ``<corruption>/``).
-        corruption: e.g. ``'gaussian_noise'``.
-        severity: 1..5.
-        wnids: class order: a list of wnids or a text file of them. Default:
-            the sorted class folders of this corruption/severity.
-        n_examples: keep a seeded random subset of this many images (kept in
-            file order); ``None``: all.
-        subset_seed: seed of that subset (the same subset for every
-            corruption when the folders hold the same files).
-        resize, crop: see :func:`imagenet_preprocess`.
+        data_root (str): The ImageNet-C root.
+        corruption (str): E.g. ``'gaussian_noise'``.
+        severity (int): 1 to 5. Default: 5.
+        wnids (list[str] | str, optional): Class order, or a file of it.
+            Default: None (the sorted class folders).
+        n_examples (int, optional): Size of a seeded random subset.
+            Default: None (all).
+        subset_seed (int): Seed of that subset. Default: 0.
+        resize (int, optional): See :func:`imagenet_preprocess`.
+        crop (int, optional): See :func:`imagenet_preprocess`.
     """
 
     def __init__(self,
@@ -232,14 +215,16 @@ class CIFARC(CorruptionSet):
     """CIFAR-10-C / CIFAR-100-C arrays as released.
 
     Args:
-        data_root: folder of ``<corruption>.npy`` and ``labels.npy``.
-        corruption: e.g. ``'gaussian_noise'``.
-        severity: 1..5.
-        n_examples: the first ``n`` images of that severity (RobustBench's
-            ``load_cifar10c``); ``None``: all of them.
-        severities: the severities the files hold, in order. The released
-            files hold ``(1, 2, 3, 4, 5)``; a file made for one severity only
-            (the project's demo data) holds ``(5, )``.
+        data_root (str): Folder of ``<corruption>.npy`` and ``labels.npy``.
+        corruption (str): E.g. ``'gaussian_noise'``.
+        severity (int): 1 to 5. Default: 5.
+        n_examples (int, optional): First images of that severity kept.
+            Default: None (all).
+        severities (Sequence[int]): Severities the files hold, in order.
+            Default: (1, 2, 3, 4, 5).
+
+    Raises:
+        ValueError: If the files do not hold the severity or mismatch.
     """
 
     def __init__(self,
@@ -288,13 +273,15 @@ class CIFARC(CorruptionSet):
 
 @CLS_DATASETS.register_module()
 class ImageFolder(ImageFiles):
-    """Clean images ``<data_root>/<wnid>/*.JPEG`` (the ImageNet validation
-    folder): the source-domain data EATA's Fisher information is taken from.
+    """Clean source images ``<data_root>/<wnid>/*.JPEG``, e.g. for EATA.
 
     Args:
-        data_root: the folder of class folders.
-        wnids, n_examples, subset_seed: see :class:`ImageNetC`.
-        resize, crop: see :func:`imagenet_preprocess`.
+        data_root (str): The folder of class folders.
+        wnids (list[str] | str, optional): See :class:`ImageNetC`.
+        n_examples (int, optional): See :class:`ImageNetC`.
+        subset_seed (int): See :class:`ImageNetC`. Default: 0.
+        resize (int, optional): See :func:`imagenet_preprocess`.
+        crop (int, optional): See :func:`imagenet_preprocess`.
     """
 
     def __init__(self,
@@ -313,13 +300,12 @@ class ImageFolder(ImageFiles):
 
 @CLS_DATASETS.register_module()
 class NumpyImages(CorruptionSet):
-    """Clean images in one uint8 ``[N, H, W, 3]`` ``.npy`` file and labels in
-    another (CIFAR-C's format without the severities): source-domain data.
+    """Clean source images in a uint8 ``[N, H, W, 3]`` ``.npy`` file.
 
     Args:
-        images: path of the images ``.npy``.
-        labels: path of the labels ``.npy``.
-        n_examples: the first ``n`` images; ``None``: all.
+        images (str): Path of the images ``.npy``.
+        labels (str): Path of the labels ``.npy``.
+        n_examples (int, optional): First images kept. Default: None (all).
     """
 
     def __init__(self,
@@ -352,11 +338,13 @@ class NumpyImages(CorruptionSet):
 
 
 def build_corruption_sets(cfg: dict) -> Dict[str, CorruptionSet]:
-    """``{corruption: CorruptionSet}`` in the configured order.
+    """Build one corruption set per corruption of ``cfg``, in order.
 
     Args:
-        cfg: ``dict(type='CIFARC' | 'ImageNetC', corruptions=[...], ...)``;
-            the remaining keys go to the dataset class.
+        cfg (dict): ``type``, ``corruptions`` and the dataset's arguments.
+
+    Returns:
+        dict[str, CorruptionSet]: The sets by corruption.
     """
     cfg = dict(cfg)
     corruptions = list(cfg.pop('corruptions', CORRUPTIONS))
@@ -369,11 +357,8 @@ def build_corruption_sets(cfg: dict) -> Dict[str, CorruptionSet]:
 class StreamData:
     """Several corruption sets addressed by one global index.
 
-    The global index of item ``i`` of the ``k``-th set is
-    ``offsets[k] + i``.
-
     Args:
-        sets: ``{corruption: CorruptionSet}`` (ordered).
+        sets (dict[str, CorruptionSet]): The sets, in order.
     """
 
     def __init__(self, sets: Dict[str, CorruptionSet]):
@@ -389,17 +374,17 @@ class StreamData:
         return int(self.offsets[-1])
 
     def fingerprint(self) -> str:
-        """Identity of the data (see :meth:`CorruptionSet.fingerprint`)."""
+        """Return a hash of the sets' fingerprints."""
         return hashlib.sha1(''.join(
             s.fingerprint() for s in self.sets).encode()).hexdigest()[:16]
 
     def indices_of(self, name: str) -> np.ndarray:
-        """Global indices of one corruption, in file order."""
+        """Return the global indices of one corruption, in file order."""
         k = self.names.index(name)
         return np.arange(self.offsets[k], self.offsets[k + 1])
 
     def item(self, index: int) -> Tuple[torch.Tensor, int, int]:
-        """``(image, label, corruption index)`` of global index ``index``."""
+        """Return ``(image, label, corruption index)`` of a global index."""
         k = int(self.domain[index])
         image, label = self.sets[k][int(index - self.offsets[k])]
         return image, label, k

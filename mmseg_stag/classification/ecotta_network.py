@@ -1,6 +1,4 @@
-"""``EcoTTANetwork``: a classification network with EcoTTA's meta networks
-attached (:func:`mmseg_stag.core.methods.ecotta_networks.attach_meta_networks`),
-and the partition presets."""
+"""A classification network with EcoTTA's meta networks, and its presets."""
 from typing import Optional, Sequence
 
 import torch.nn as nn
@@ -9,15 +7,12 @@ from mmseg_stag.core.methods.ecotta_networks import (attach_meta_networks,
                                                      find_blocks)
 from .registry import CLS_MODELS
 
-#: The WideResNets' residual blocks (RobustBench names).
+#: the WideResNets' residual blocks (RobustBench names)
 WRN_BLOCKS = r'block\d\.layer\.\d+'
-#: Blocks per part for K parts, by the number of blocks. WRN-40-2 (18
-#: blocks): the notebook's ``attach_meta_networks`` (the paper's Table 13);
-#: WRN-28-10 (12 blocks): the community code's ``wideresnet28.py``, the same
-#: shape (two thin parts, then wider ones).
+#: blocks per part, by number of blocks and K (docs/classification.md)
 WRN_PARTS = {18: {4: [3, 3, 6, 6], 5: [3, 3, 3, 3, 6]},
              12: {4: [2, 2, 4, 4], 5: [2, 2, 2, 2, 4]}}
-#: The demo CNN: its 12 modules, one conv-norm-ReLU layer per part (K=4).
+#: the demo CNN's 12 modules, one conv-norm-ReLU layer per part at K=4
 SMALL_CNN_BLOCKS = r'features\.\d+'
 SMALL_CNN_PARTS = {12: {4: [3, 3, 3, 3], 2: [6, 6]}}
 
@@ -31,7 +26,11 @@ ECOTTA_PRESETS = {
 
 
 def preset_partition(network_type: str, num_blocks: int, K: int):
-    """The preset parts of ``K`` for a network, or a ValueError."""
+    """Return the preset blocks per part for ``K`` parts of a network.
+
+    Raises:
+        ValueError: If there is no such preset.
+    """
     presets = ECOTTA_PRESETS[network_type][1].get(num_blocks, {})
     if K not in presets:
         raise ValueError(
@@ -48,19 +47,25 @@ def ecotta_network(network: dict,
                    blocks: Optional[str] = None,
                    input_size: Sequence[int] = (3, 32, 32),
                    allow_cold_start: bool = False) -> nn.Module:
-    """Build ``network`` (a ``CLS_MODELS`` config) and attach EcoTTA's meta
-    networks (``<network>.ecotta``); the network keeps its module names.
+    """Build ``network`` and attach EcoTTA's meta networks as ``.ecotta``.
 
     Args:
-        network: the source network's config.
-        K: the partition factor: the preset parts (:data:`ECOTTA_PRESETS`).
-        parts: blocks per part (instead of ``K``).
-        blocks: regex of the blocks' names. Default: the preset's.
-        input_size: ``(C, H, W)`` of one input image.
-        allow_cold_start: the weight file may lack the meta networks (they
-            keep their initialisation: not EcoTTA as published, whose meta
-            networks are warmed up on source data first,
-            ``tools/ecotta_warmup.py``).
+        network (dict): The source network's ``CLS_MODELS`` config.
+        K (int, optional): Number of parts, from :data:`ECOTTA_PRESETS`.
+        parts (Sequence[int], optional): Blocks per part, instead of ``K``.
+        blocks (str, optional): Regex of the blocks' names.
+            Default: the preset's.
+        input_size (Sequence[int]): ``(C, H, W)`` of one input.
+            Default: (3, 32, 32).
+        allow_cold_start (bool): Whether weights without meta networks may
+            load. Default: False.
+
+    Returns:
+        nn.Module: The network with meta networks.
+
+    Raises:
+        ValueError: If neither or both of ``K`` and ``parts`` are given or
+            no preset fits.
     """
     net_type = network.get('type')
     if blocks is None:

@@ -1,18 +1,6 @@
-"""EcoTTA's warm-up: the meta networks trained on the source training set
-before deployment (the frozen network's own BNs keep tracking statistics,
-as in the community ``main.py`` ``warmup_train``; its reference is
-``weiaicunzai/pytorch-cifar100`` ``train.py``).
+"""EcoTTA's warm-up of the meta networks on the source training set.
 
-Cross-entropy, SGD (momentum 0.9, no weight decay) on the meta networks,
-batch 64, 10 epochs; learning rate linear from 0 over the first epoch
-(``WarmUpLR``), then ``base * 0.2^(number of milestones 3, 6, 8 <= epoch)``
-(``MultiStepLR.step(epoch)``); light augmentation (``utils.py``
-``get_training_dataloader``): colour jitter (0.4, 0.4, 0.4, 0.1) with
-probability 0.4, a 3x3 Gaussian blur (sigma in [0.1, 2]) with probability
-0.2, greyscale with probability 0.1. The augmentations are the tensor forms
-of torchvision's (float images; torchvision's PIL path rounds to uint8 after
-each), drawn from a generator seeded per epoch, so a run resumed at an
-epoch boundary equals an uninterrupted one.
+Follows ``warmup_train`` of ``main.py`` in ``Lily-Le/EcoTTA``.
 """
 import bisect
 import copy
@@ -35,15 +23,14 @@ STATE_FILE = 'ecotta_warmup_state.pth'
 
 def warmup_lr(base_lr: float, epoch: int, batch_index: int,
               iters_per_epoch: int) -> float:
-    """The learning rate of batch ``batch_index`` (0-based) of ``epoch``
-    (1-based)."""
+    """Return the learning rate of a batch of ``epoch`` (1-based)."""
     if epoch == 1:
         return base_lr * batch_index / (iters_per_epoch + 1e-8)
     return base_lr * DECAY**bisect.bisect_right(MILESTONES, epoch)
 
 
 def color_jitter(img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """torchvision's ``ColorJitter(0.4, 0.4, 0.4, 0.1)`` on one image."""
+    """Apply torchvision's ``ColorJitter(0.4, 0.4, 0.4, 0.1)`` to one image."""
     order = torch.randperm(4, generator=g).tolist()
     factors = [float(torch.empty(1).uniform_(0.6, 1.4, generator=g))
                for _ in range(3)]
@@ -58,7 +45,7 @@ def color_jitter(img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 
 
 def augment(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """The warm-up's augmentation of ``[N, 3, H, W]`` images in ``[0, 1]``."""
+    """Augment ``[N, 3, H, W]`` images in ``[0, 1]`` as the warm-up does."""
     out = []
     for img in batch:
         if float(torch.rand(1, generator=g)) < 0.4:
@@ -73,8 +60,7 @@ def augment(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 
 
 class _ArrayUnpickler(pickle.Unpickler):
-    """Unpickles CIFAR's python batches: dicts of numpy arrays and plain
-    values; any other object is refused."""
+    """Unpickler of CIFAR batches that refuses anything but numpy arrays."""
 
     ALLOWED = {('numpy.core.multiarray', '_reconstruct'),
                ('numpy._core.multiarray', '_reconstruct'),
@@ -96,13 +82,18 @@ def _read_cifar_batch(path: str, label_key: bytes):
 
 def read_training_set(path: str, labels: Optional[str] = None
                       ) -> Tuple[np.ndarray, np.ndarray]:
-    """The source training set as uint8 ``[N, H, W, 3]`` and labels ``[N]``:
-    CIFAR-10's ``cifar-10-batches-py`` (``data_batch_1..5``), CIFAR-100's
-    ``cifar-100-python`` (``train``, fine labels), either folder or its
-    parent, or an ``.npy`` of images with ``labels`` an ``.npy`` of labels.
+    """Read the source training set as uint8 ``[N, H, W, 3]`` and labels.
+
+    Args:
+        path (str): A CIFAR python folder, its parent, or an images ``.npy``.
+        labels (str, optional): The labels ``.npy`` for an images ``.npy``.
+
+    Returns:
+        tuple[np.ndarray, np.ndarray]: The images and labels.
 
     Raises:
-        FileNotFoundError: nothing of that layout at ``path``.
+        ValueError: If an ``.npy`` comes without ``labels``.
+        FileNotFoundError: If nothing of these layouts is at ``path``.
     """
     if path.endswith('.npy'):
         if labels is None:
@@ -147,18 +138,29 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
             settings: Optional[dict] = None,
             progress: Optional[Callable[[int], Callable]] = None
             ) -> Dict[str, list]:
-    """Train the meta networks of ``model`` (an ``OnlineClassifier`` whose
-    network has ``ecotta``) on ``images``/``labels``; the state is saved to
-    ``work_dir`` after every epoch.
+    """Train the meta networks of ``model``, saving the state every epoch.
 
     Args:
-        settings: what must match to resume (the caller's identity of the
-            run: config, source weights, data, lr, batch, seed).
-        progress: ``progress(num_batches)`` returns a per-batch callback
-            (a progress bar); ``None``: silent.
+        model (nn.Module): An ``OnlineClassifier`` with an EcoTTA network.
+        images (np.ndarray): uint8 ``[N, H, W, 3]`` training images.
+        labels (np.ndarray): Their labels.
+        work_dir (str): Where the per-epoch state is saved.
+        epochs (int): Number of epochs. Default: 10.
+        lr (float): Base learning rate. Default: 0.05.
+        batch_size (int): Batch size. Default: 64.
+        seed (int): Seed of the order and augmentations. Default: 0.
+        resume (bool): Whether to continue from the saved state.
+            Default: False.
+        settings (dict, optional): What must match to resume. Default: None.
+        progress (callable, optional): Returns a per-batch callback for a
+            number of batches. Default: None.
 
     Returns:
-        ``{'loss': [...], 'acc': [...]}`` per epoch (all epochs so far).
+        dict[str, list]: Loss and accuracy per epoch so far.
+
+    Raises:
+        ValueError: If the network has no meta networks or the saved state
+            is another warm-up's.
     """
     network = model.network
     if not hasattr(network, 'ecotta'):
@@ -217,10 +219,7 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
 @torch.no_grad()
 def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
                 batch_size: int = 256, seed: int = 0) -> float:
-    """Mean cross-entropy of ``model`` on un-augmented images in shuffled
-    batches (a training set stored by class would give one-class batches,
-    whose batch statistics mislead a network in train mode), in the
-    network's current mode, on a copy (its BN statistics stay)."""
+    """Return the mean cross-entropy on shuffled, un-augmented batches."""
     network = copy.deepcopy(model.network)
     x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
     y_all = torch.as_tensor(np.asarray(labels), dtype=torch.long)

@@ -1,4 +1,4 @@
-"""``StreamAccuracyMetric``: accuracy per stage and per corruption."""
+"""Accuracy metric of a classification stream, per stage and per corruption."""
 import csv
 import os.path as osp
 from collections import OrderedDict
@@ -16,7 +16,7 @@ PER_IMAGE_COLUMNS = ('image', 'batch', 'stage', 'round', 'corruption',
 
 
 def counts_result(correct: int, total: int) -> dict:
-    """``correct``, ``total``, ``acc`` and ``err`` (%)."""
+    """Return ``correct``, ``total``, ``acc`` and ``err`` (%)."""
     acc = 100.0 * correct / total if total else float('nan')
     return dict(correct=int(correct), total=int(total), acc=acc,
                 err=100.0 - acc)
@@ -24,15 +24,14 @@ def counts_result(correct: int, total: int) -> dict:
 
 @METRICS.register_module()
 class StreamAccuracyMetric(StreamMetric):
-    """Top-1 accuracy per stage of a classification stream, and per
-    corruption over the whole stream (the paper's table: a column per
-    corruption, their mean as Avg.).
+    """Top-1 accuracy per stage and per corruption of a classification stream.
 
     Args:
-        table_metric (str): what the paper's table shows: ``'acc'``
-            (ImageNet-C tables) or ``'err'`` (CIFAR-C tables). Default:
-            'acc'.
-        output_dir, collect_device, prefix: see ``StreamMetric``.
+        table_metric (str): ``'acc'`` or ``'err'``, what the paper's table
+            shows. Default: 'acc'.
+        output_dir (str, optional): See ``StreamMetric``. Default: None.
+        collect_device (str): See ``BaseMetric``. Default: 'cpu'.
+        prefix (str, optional): See ``BaseMetric``. Default: None.
     """
 
     default_prefix = 'stream'
@@ -71,7 +70,7 @@ class StreamAccuracyMetric(StreamMetric):
                                     for c, v in counts.items()})
 
     def corruption_results(self, stages: List[dict]) -> Dict[str, dict]:
-        """Per corruption over the stream (every stage's images of it)."""
+        """Return the counts per corruption over the whole stream."""
         sums: Dict[str, List[int]] = OrderedDict()
         for corruption in (self.dataset_meta or {}).get('corruptions', []):
             sums[corruption] = [0, 0]
@@ -104,9 +103,7 @@ class StreamAccuracyMetric(StreamMetric):
 
 
     def write_records(self, results: List[dict]) -> None:
-        """``per_image.csv``: each image of the stream in order, its batch,
-        stage and corruption and whether it was classified correctly (the
-        running curves of tools/analysis/running_curves.py)."""
+        """Write ``per_image.csv``: per image, its position and correctness."""
         path = osp.join(self.output_dir, PER_IMAGE_FILE)
         with open(path, 'w', newline='') as f:
             writer = csv.writer(f)
@@ -117,7 +114,7 @@ class StreamAccuracyMetric(StreamMetric):
 
 
 def per_corruption(records: List[dict]) -> Dict[str, dict]:
-    """``{corruption: counts}`` of image records, in first-seen order."""
+    """Return ``{corruption: counts}`` of image records, in order."""
     sums: Dict[str, List[int]] = OrderedDict()
     for r in records:
         acc = sums.setdefault(r['corruption'], [0, 0])

@@ -1,16 +1,4 @@
-"""Source models of the classification benchmarks and safe weight loading.
-
-* ImageNet-C: torchvision ResNet-50 (BN) and timm ``resnet50_gn`` /
-  ``vit_base_patch16_224``, built without downloading anything and filled
-  from a local weight file. torchvision and timm are optional extras
-  (``pip install -e .[cls]``).
-* CIFAR-C: the RobustBench WideResNets of :mod:`.wide_resnet`.
-
-Weights are read with :func:`mmseg_stag.checkpoint.load_checkpoint_file`
-(``weights_only=True``; ``allow_unsafe_pickle`` / ``--trust-pickle`` is
-the explicit opt-in) and loaded strictly, with errors that name the
-missing, unexpected and mis-shaped keys.
-"""
+"""Source models of the classification benchmarks and strict weight loading."""
 import importlib
 import os.path as osp
 from typing import Optional, Tuple
@@ -26,7 +14,11 @@ EXTRA_HINT = ('install the classification extras with `pip install -e '
 
 
 def import_optional(name: str):
-    """Import ``name`` or raise ImportError naming the install command."""
+    """Import ``name``.
+
+    Raises:
+        ImportError: If it cannot be imported, naming the install command.
+    """
     try:
         return importlib.import_module(name)
     except Exception as err:  # torchvision fails with RuntimeError too
@@ -37,8 +29,7 @@ def import_optional(name: str):
 
 @CLS_MODELS.register_module(name='TorchvisionResNet50')
 def torchvision_resnet50(num_classes: int = 1000) -> nn.Module:
-    """torchvision's ResNet-50 (BatchNorm), random weights (load a file:
-    e.g. ``resnet50-19c8e357.pth`` / ``resnet50-0676ba61.pth``)."""
+    """Build torchvision's ResNet-50 (BatchNorm) with random weights."""
     models = import_optional('torchvision.models')
     return models.resnet50(weights=None, num_classes=num_classes)
 
@@ -46,10 +37,11 @@ def torchvision_resnet50(num_classes: int = 1000) -> nn.Module:
 @CLS_MODELS.register_module(name='TimmModel')
 def timm_model(model_name: str, num_classes: int = 1000,
                **kwargs) -> nn.Module:
-    """``timm.create_model(model_name, pretrained=False)``: e.g.
-    ``'resnet50_gn'`` (file ``resnet50_gn_a1h2-8fe6c4d0.pth``) or
-    ``'vit_base_patch16_224'`` (a ``.pth``/``.safetensors`` state dict or
-    the original ``.npz``)."""
+    """Build ``timm.create_model(model_name, pretrained=False)``.
+
+    Raises:
+        ValueError: If timm has no such model.
+    """
     timm = import_optional('timm')
     if not timm.is_model(model_name):
         close = [m for m in timm.list_models(f'*{model_name.split("_")[0]}*')
@@ -62,8 +54,7 @@ def timm_model(model_name: str, num_classes: int = 1000,
 
 
 def read_state_dict(path: str, allow_unsafe_pickle: bool = False):
-    """The tensors of a weight file (``.pth``/``.pt``/``.bin`` through the
-    safe loader, or ``.safetensors``)."""
+    """Return the state dict of a ``.pth``/``.bin``/``.safetensors`` file."""
     if path.endswith('.safetensors'):
         if not osp.isfile(path):
             raise FileNotFoundError(f'checkpoint file not found: {path}')
@@ -74,7 +65,7 @@ def read_state_dict(path: str, allow_unsafe_pickle: bool = False):
 
 
 def non_persistent_buffers(model: nn.Module) -> set:
-    """Full names of the buffers a state dict of ``model`` leaves out."""
+    """Return the full names of the non-persistent buffers of ``model``."""
     names = set()
     for mod_name, module in model.named_modules():
         for buf in module._non_persistent_buffers_set:
@@ -86,13 +77,15 @@ def load_weights(model: nn.Module, path: str,
                  allow_unsafe_pickle: bool = False) -> None:
     """Strictly load a weight file into ``model``.
 
-    Keys of the model's non-persistent buffers (e.g. the AugMix WRN's input
-    ``mu``/``sigma``) are dropped from the file if present. A ViT ``.npz``
-    goes through :func:`load_vit_npz`.
+    Args:
+        model (nn.Module): The model.
+        path (str): The weight file; a ``.npz`` is an original ViT.
+        allow_unsafe_pickle (bool): Whether to trust the pickle.
+            Default: False.
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: the keys or shapes do not match the model.
+        FileNotFoundError: If there is no such file.
+        ValueError: If the keys or shapes do not match the model.
     """
     if path.endswith('.npz'):
         load_vit_npz(model, path)
@@ -131,9 +124,7 @@ NPZ_PREFIXES = ('', 'opt/target/', 'params/', 'params/img/')
 
 
 def npz_mismatches(model: nn.Module, files, prefix: str) -> list:
-    """What timm's ``_load_weights`` would adapt silently: a head of another
-    size (left random), another patch size or position grid (resampled),
-    another depth (blocks left random)."""
+    """Return the head, patch, grid or depth mismatches timm would hide."""
     def shape(key):
         return tuple(files[prefix + key].shape) if prefix + key in files \
             else None
@@ -161,8 +152,12 @@ def npz_mismatches(model: nn.Module, files, prefix: str) -> list:
 
 
 def load_vit_npz(model: nn.Module, path: str) -> None:
-    """Fill a timm ViT from an original ``.npz`` through timm's
-    ``load_pretrained``, after refusing what timm would adapt silently."""
+    """Fill a timm ViT from an original ``.npz`` with ``load_pretrained``.
+
+    Raises:
+        FileNotFoundError: If there is no such file.
+        ValueError: If the file or the model does not fit.
+    """
     if not osp.isfile(path):
         raise FileNotFoundError(f'checkpoint file not found: {path}')
     if not (hasattr(model, 'load_pretrained') and
@@ -196,8 +191,11 @@ def load_vit_npz(model: nn.Module, path: str) -> None:
 
 
 def source_keys_of_ecotta(model: nn.Module, path: str, own: dict) -> dict:
-    """The keys a source file fills in an EcoTTA network (all but the meta
-    networks), if its ``allow_cold_start`` allows it."""
+    """Return the non-meta-network keys of an EcoTTA network for a cold start.
+
+    Raises:
+        ValueError: If the network does not allow a cold start.
+    """
     if not getattr(model.ecotta, 'allow_cold_start', False):
         raise ValueError(
             f'{path} has no EcoTTA meta networks (ecotta.*): it is a source '
@@ -216,15 +214,15 @@ def build_cls_model(cfg: dict,
     """Build a source model, load its weights, find its classifier.
 
     Args:
-        cfg: ``dict(type=..., checkpoint=None, classifier=None, **kwargs)``:
-            ``checkpoint`` a weight file (``None``: keep the random/
-            project-initialised weights), ``classifier`` the classifier's
-            module name (``None``: the last ``nn.Linear``).
-        checkpoint: overrides ``cfg['checkpoint']``.
-        allow_unsafe_pickle: trust the file (``--trust-pickle``).
+        cfg (dict): ``type``, optional ``checkpoint`` and ``classifier``
+            (default: the last ``nn.Linear``) and the model's arguments.
+        checkpoint (str, optional): Overrides ``cfg['checkpoint']``.
+        allow_unsafe_pickle (bool): Whether to trust the file.
+            Default: False.
 
     Returns:
-        ``(model in eval mode, classifier name)``.
+        tuple[nn.Module, str]: The model in eval mode and the classifier's
+        name.
     """
     cfg = dict(cfg)
     path = checkpoint or cfg.pop('checkpoint', None)

@@ -1,6 +1,4 @@
-"""The classification side of ``OnlineAdaptationLoop``: an
-``OnlineClassifier``'s batch as the method's context (per-sample head
-outputs), and its prediction as ``pred_label``."""
+"""Classification task of ``OnlineAdaptationLoop``."""
 import torch
 
 from mmseg_stag.core import BatchContext
@@ -11,8 +9,7 @@ from .classifier import OnlineClassifier
 
 @ONLINE_TASKS.register_module(name='classification')
 class ClassificationTask(OnlineTask):
-    """An ``OnlineClassifier`` on a ``CorruptionStream``; the method adapts
-    its ``network`` (parameter and module names as the network's own)."""
+    """An ``OnlineClassifier`` on a ``CorruptionStream``."""
 
     name = 'classification'
     output = 'per_sample'

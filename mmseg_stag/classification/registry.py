@@ -1,8 +1,4 @@
-"""Registries of the classification components (models, data, scenarios).
-
-They live here rather than in MMSeg's registries: none of them is an MMSeg
-concept. Methods come from :data:`mmseg_stag.core.METHODS`.
-"""
+"""Registries of the classification models, datasets and scenarios."""
 from mmengine.registry import Registry
 
 CLS_MODELS = Registry('classification model', scope='mmseg_stag',

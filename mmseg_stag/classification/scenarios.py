@@ -1,28 +1,4 @@
-"""Test streams of the paper's classification scenarios (§4.2-4.5).
-
-A stream is a list of :class:`Stage`: the global indices into a
-:class:`~mmseg_stag.classification.data.StreamData` in stream order, and
-whether the model and the method restart from the source state at the
-stage. Shuffles are seeded: the same seed gives the same stream. The batch
-size is the dataloader's (``StageBatchSampler`` cuts batches inside a
-stage; the configs under ``configs/cls/_base_/scenarios`` set both).
-
-=================  =====  ===================================  =============
-scenario           batch  order                                reset
-=================  =====  ===================================  =============
-``mild``           64     one corruption at a time, shuffled   every stage
-``label_shift``    64     one corruption at a time, sorted by  every stage
-                          class (imbalance ratio = inf)
-``batch_size_1``   1      one corruption at a time, shuffled   every stage
-``mixed``          64     all corruptions in one shuffled      once
-                          stream
-``continual``      200    corruptions in sequence, file order  never (only
-                                                               at the start)
-=================  =====  ===================================  =============
-
-"Reset every stage" is the SAR/DeYO/EATA protocol of the ImageNet-C
-tables: each corruption is a separate run from the source model.
-"""
+"""Test streams of the paper's classification scenarios, as lists of stages."""
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -39,9 +15,9 @@ class Stage:
     """One stream segment.
 
     Args:
-        name: the corruption, or ``'mixed'``.
-        indices: global indices, in stream order.
-        reset: restart from the source model and a fresh method.
+        name (str): The corruption, or ``'mixed'``.
+        indices (np.ndarray): Global indices, in stream order.
+        reset (bool): Whether to restart from the source model.
     """
     name: str
     indices: np.ndarray = field(
@@ -50,7 +26,7 @@ class Stage:
 
 
 def stage_rng(seed: int, stage: int) -> np.random.Generator:
-    """The random generator of one stage (independent of the others)."""
+    """Return the random generator of one stage."""
     return np.random.default_rng([int(seed), int(stage)])
 
 
@@ -60,13 +36,18 @@ def order_indices(indices: np.ndarray, labels: np.ndarray, order: str,
     """Arrange one stage's indices.
 
     Args:
-        indices: global indices in file order.
-        labels: their labels.
-        order: ``'shuffle'`` (seeded permutation), ``'file'`` (as given) or
-            ``'class'`` (all samples of a class together, file order within
-            a class; classes ascending or, with ``shuffle_class_order``, in
-            a seeded random order as in SAR's label-shift streams).
-        rng: the stage's generator.
+        indices (np.ndarray): Global indices in file order.
+        labels (np.ndarray): Their labels.
+        order (str): ``'shuffle'``, ``'file'`` or ``'class'``.
+        rng (np.random.Generator): The stage's generator.
+        shuffle_class_order (bool): Whether ``'class'`` orders the classes
+            randomly, as SAR's label-shift streams. Default: False.
+
+    Returns:
+        np.ndarray: The indices in stream order.
+
+    Raises:
+        ValueError: If ``order`` is unknown or the labels are missing.
     """
     if order not in ORDERS:
         raise ValueError(f'order must be one of {ORDERS}, got {order!r}')
@@ -96,13 +77,18 @@ def per_corruption(data: StreamData,
     """One stage per corruption, in the data's corruption order.
 
     Args:
-        data: the corruption sets.
-        seed: seed of the shuffles.
-        order: see :func:`order_indices`.
-        reset: reset before every stage (``False``: only before the first).
-        shuffle_class_order: see :func:`order_indices`.
-        n_per_corruption: keep only the first ``n`` samples of each stage
-            (after ordering); ``None``: all.
+        data (StreamData): The corruption sets.
+        seed (int): Seed of the shuffles. Default: 0.
+        order (str): See :func:`order_indices`. Default: 'shuffle'.
+        reset (bool): Whether to reset before every stage, not only the
+            first. Default: True.
+        shuffle_class_order (bool): See :func:`order_indices`.
+            Default: False.
+        n_per_corruption (int, optional): Samples kept per stage after
+            ordering. Default: None (all).
+
+    Returns:
+        list[Stage]: The stream.
     """
     stages = []
     for k, name in enumerate(data.names):
@@ -131,16 +117,14 @@ def label_shift(data: StreamData, seed: int = 0,
 
 @CLS_SCENARIOS.register_module(name='batch_size_1')
 def batch_size_1(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
-    """Shuffled, reset between corruptions (the mild order; the
-    dataloader's batch size is 1)."""
+    """Shuffled, reset between corruptions; the dataloader's batch is 1."""
     return per_corruption(data, seed, order='shuffle', reset=True, **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='continual')
 def continual(data: StreamData, seed: int = 0, order: str = 'file',
               **kwargs) -> List[Stage]:
-    """Corruptions in sequence, never reset (CoTTA's CIFAR-C protocol: file
-    order within a corruption)."""
+    """Corruptions in sequence, never reset (CoTTA's CIFAR-C protocol)."""
     return per_corruption(data, seed, order=order, reset=False, **kwargs)
 
 

@@ -1,9 +1,4 @@
-"""Small classifiers with BN, GN and LN for the offline demo and the tests.
-
-They stand in for the paper's ResNet50-BN, ResNet50-GN and ViT-B (LN) on
-32x32 images; each ends in an ``nn.Linear`` classifier fed by a pooled
-feature vector, like the real models.
-"""
+"""Small BN, GN and LN classifiers for the offline demo and the tests."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,14 +16,13 @@ def _norm2d(norm: str, channels: int, groups: int) -> nn.Module:
 
 @CLS_MODELS.register_module()
 class SmallCNN(nn.Module):
-    """Four 3x3 conv-norm-ReLU layers (strides 1, 2, 1, 2), global average
-    pooling, ``fc``.
+    """Four 3x3 conv-norm-ReLU layers, global average pooling and ``fc``.
 
     Args:
-        num_classes: classes.
-        width: channels of the first layer (doubled at each stride).
-        norm: ``'BN'`` or ``'GN'``.
-        groups: GroupNorm groups.
+        num_classes (int): Number of classes. Default: 10.
+        width (int): Channels of the first layer. Default: 16.
+        norm (str): ``'BN'`` or ``'GN'``. Default: 'BN'.
+        groups (int): GroupNorm groups. Default: 8.
     """
 
     def __init__(self, num_classes: int = 10, width: int = 16,
@@ -74,13 +68,16 @@ class _Block(nn.Module):
 
 @CLS_MODELS.register_module()
 class SmallViT(nn.Module):
-    """A ViT with LayerNorm only: patch embedding, ``depth`` blocks, final
-    ``norm``, mean pooling over tokens, ``head``.
+    """A LayerNorm-only ViT with mean pooling over tokens and ``head``.
 
     Args:
-        num_classes: classes.
-        img_size, patch_size: input side and patch side.
-        dim, depth, heads, mlp_ratio: transformer sizes.
+        num_classes (int): Number of classes. Default: 10.
+        img_size (int): Input side. Default: 32.
+        patch_size (int): Patch side. Default: 4.
+        dim (int): Token width. Default: 64.
+        depth (int): Number of blocks. Default: 4.
+        heads (int): Attention heads. Default: 4.
+        mlp_ratio (int): MLP width over ``dim``. Default: 2.
     """
 
     def __init__(self, num_classes: int = 10, img_size: int = 32,

@@ -1,6 +1,4 @@
-"""Classification streams as MMEngine datasets: corrupted test sets in the
-order of a scenario, every sample tagged with its stage, and the samplers
-that batch them (stage-aligned) and shuffle EATA's clean source images."""
+"""Classification streams as MMEngine datasets, and their samplers."""
 from typing import Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -16,8 +14,7 @@ from .scenarios import build_stream
 
 
 def classification_sample(image: torch.Tensor, label: int, **tags) -> dict:
-    """``dict(inputs, data_samples)``: a uint8 ``[3, H, W]`` image and its
-    data sample (``gt_label`` and the stream tags as metainfo)."""
+    """Return ``dict(inputs, data_samples)`` with ``gt_label`` and the tags."""
     return dict(inputs=image,
                 data_samples=BaseDataElement(
                     metainfo=dict(gt_label=int(label), **tags)))
@@ -25,23 +22,16 @@ def classification_sample(image: torch.Tensor, label: int, **tags) -> dict:
 
 @DATASETS.register_module()
 class CorruptionStream(Dataset):
-    """Corrupted test images in the order of a scenario (one pass).
-
-    Item ``i`` is the ``i``-th image of the stream; its data sample carries
-    ``gt_label`` and the tags ``stage`` (0-based), ``round`` (1),
-    ``condition`` (the stage's name: a corruption, or ``'mixed'``),
-    ``corruption`` (the image's own) and ``reset`` (the stage restarts from
-    the source model).
+    """Corrupted test images in the order of a scenario, in one pass.
 
     Args:
-        corruption_set (dict): a ``CLS_DATASETS`` config without the
-            corruption (``CIFARC``, ``ImageNetC``), e.g.
-            ``dict(type='CIFARC', data_root='data/CIFAR-10-C', severity=5)``.
-        corruptions (Sequence[str]): the corruptions, in stream order.
+        corruption_set (dict): A ``CLS_DATASETS`` config without the
+            corruption, e.g. ``dict(type='CIFARC', data_root=...)``.
+        corruptions (Sequence[str]): The corruptions, in stream order.
             Default: the 15 of ImageNet-C.
-        scenario (dict): a ``CLS_SCENARIOS`` config, e.g.
-            ``dict(type='mild')``, ``dict(type='label_shift')``.
-        shuffle_seed (int): seed of the scenario's shuffles. Default: 1.
+        scenario (dict, optional): A ``CLS_SCENARIOS`` config.
+            Default: None (``dict(type='mild')``).
+        shuffle_seed (int): Seed of the scenario's shuffles. Default: 1.
     """
 
     task = 'classification'
@@ -67,7 +57,7 @@ class CorruptionStream(Dataset):
         return len(self.order)
 
     def stage_of(self, index: int):
-        """``(stage, reset)`` of item ``index``."""
+        """Return ``(stage, reset)`` of item ``index``."""
         k = int(self.stage_index[index])
         return k, self.stages[k].reset
 
@@ -81,8 +71,7 @@ class CorruptionStream(Dataset):
 
 @DATASETS.register_module()
 class SourceImages(Dataset):
-    """Clean source-domain images (EATA's Fisher information), from a
-    ``CLS_DATASETS`` config: ``NumpyImages`` or ``ImageFolder``."""
+    """Clean source images from a ``NumpyImages`` or ``ImageFolder`` config."""
 
     def __init__(self, images: dict):
         self.images = CLS_DATASETS.build(images)
@@ -97,13 +86,14 @@ class SourceImages(Dataset):
 
 @DATA_SAMPLERS.register_module()
 class StageBatchSampler(Sampler):
-    """Batches of ``batch_size`` consecutive samples that never span two
-    stages (the last batch of a stage may be smaller).
+    """Batch sampler of consecutive samples that never spans two stages.
 
     Args:
-        sampler (Sampler): an in-order sampler of the stream (MMEngine's
-            ``DefaultSampler(shuffle=False)``).
-        batch_size (int): samples per batch.
+        sampler (Sampler): An in-order sampler of the stream.
+        batch_size (int): Samples per batch.
+
+    Raises:
+        ValueError: If ``batch_size < 1`` or the sampler shuffles.
     """
 
     def __init__(self, sampler: Sampler, batch_size: int):
@@ -137,9 +127,7 @@ class StageBatchSampler(Sampler):
 
 @DATA_SAMPLERS.register_module()
 class SeededShuffleSampler(Sampler):
-    """A numpy-seeded permutation of the dataset (``default_rng(seed)``), the
-    order of EATA's shuffled Fisher loader in this project since its first
-    classification release (kept so results stay comparable)."""
+    """Sampler of a numpy ``default_rng(seed)`` permutation of the dataset."""
 
     def __init__(self, dataset, seed: Optional[int] = 0):
         self.dataset, self.seed = dataset, 0 if seed is None else int(seed)

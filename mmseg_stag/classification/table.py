@@ -1,8 +1,4 @@
-"""Several classification runs as one table of the paper's layout: a row
-per run (Source, TENT, TENT+STAG, ...), a column per corruption, their
-average and, for a +STAG row, the gain over its baseline (accuracy:
-+STAG - base; error: base - +STAG, so a positive gain is an improvement
-either way, as in the paper's parentheses), plus one figure."""
+"""Several classification runs as one table in the paper's layout."""
 import csv
 import json
 import math
@@ -16,9 +12,20 @@ from .metric import TABLE_METRICS
 
 
 def read_run(work_dir: str, name: str, base: Optional[str] = None) -> dict:
-    """One row from a run's ``continual_results.json``: ``name``, ``base``,
-    ``per_corruption`` (correct, total, acc, err), ``avg_acc``,
-    ``avg_err``, ``num_updates``."""
+    """Read one table row from a run's ``continual_results.json``.
+
+    Args:
+        work_dir (str): The run's work dir.
+        name (str): The row's name.
+        base (str, optional): Name of the baseline row of a +STAG row.
+
+    Returns:
+        dict: The row, with ``per_corruption``, ``avg_acc`` and ``avg_err``.
+
+    Raises:
+        FileNotFoundError: If the run did not finish.
+        ValueError: If it is not a classification run.
+    """
     path = osp.join(work_dir, RESULTS_FILE)
     if not osp.isfile(path):
         raise FileNotFoundError(f'run {name!r}: no {path} (the run did not '
@@ -36,8 +43,7 @@ def read_run(work_dir: str, name: str, base: Optional[str] = None) -> dict:
 
 def table_values(rows: Sequence[dict], corruptions: Sequence[str],
                  metric: str = 'acc') -> List[dict]:
-    """Per row: ``name``, ``values`` (per corruption, %), ``avg`` and
-    ``gain`` (``None`` unless the row's base is in ``rows``)."""
+    """Return per row its ``name``, ``values``, ``avg`` and ``gain``."""
     if metric not in TABLE_METRICS:
         raise ValueError(f'metric must be one of {TABLE_METRICS}, got '
                          f'{metric!r}')
@@ -65,7 +71,7 @@ def _fmt(v: Optional[float], sign: bool = False) -> str:
 def format_corruption_table(rows: Sequence[dict],
                             corruptions: Sequence[str],
                             metric: str = 'acc', title: str = '') -> str:
-    """A plain-text table in the paper's layout."""
+    """Format a plain-text table in the paper's layout."""
     vals = table_values(rows, corruptions, metric)
     header = [f'{title} ({"accuracy" if metric == "acc" else "error"} %)'
               .strip()] + [SHORT_NAMES.get(c, c) for c in corruptions] + \
@@ -87,9 +93,11 @@ def write_corruption_table(out_dir: str, rows: Sequence[dict],
                            corruptions: Sequence[str], metric: str = 'acc',
                            title: str = '', stem: str = 'table',
                            meta: Optional[dict] = None) -> Dict[str, str]:
-    """Write ``<stem>.json`` (rows and table), ``<stem>.csv``,
-    ``<stem>.txt`` (the printed table) and ``<stem>.png`` (the metric per
-    corruption, a line per run)."""
+    """Write the table as ``<stem>.json``, ``.csv``, ``.txt`` and ``.png``.
+
+    Returns:
+        dict[str, str]: Paths keyed ``json``, ``csv``, ``txt``, ``png``.
+    """
     os.makedirs(out_dir, exist_ok=True)
     vals = table_values(rows, corruptions, metric)
     paths = {k: osp.join(out_dir, f'{stem}.{k}')
@@ -116,7 +124,7 @@ def write_corruption_table(out_dir: str, rows: Sequence[dict],
 def plot_corruptions(path: str, vals: Sequence[dict],
                      corruptions: Sequence[str], metric: str,
                      title: str) -> None:
-    """The metric per corruption, one line per run."""
+    """Plot the metric per corruption, one line per run."""
     # an explicit Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

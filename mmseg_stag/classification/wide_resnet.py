@@ -1,14 +1,6 @@
 """WideResNet for CIFAR with RobustBench's parameter names.
 
-The continual CIFAR-C benchmarks use RobustBench's corruption model zoo:
-``Standard`` (WRN-28-10, CIFAR-10, inputs in ``[0, 1]``) and
-``Hendrycks2020AugMix_WRN`` (WRN-40-2, CIFAR-100, inputs normalised by
-mean = std = 0.5 inside the model). Both share one architecture: a
-pre-activation WideResNet (Zagoruyko & Komodakis) whose first unit of a
-width change applies ``BN-ReLU`` before both the convolution and the 1x1
-shortcut. Module names follow RobustBench so that their released state
-dicts load strictly: ``conv1``, ``block{1,2,3}.layer.{i}.{bn1,conv1,bn2,
-conv2,convShortcut}``, ``bn1``, ``fc``.
+Follows RobustBench's ``robustbench/model_zoo/architectures/wide_resnet.py``.
 """
 import math
 from typing import Optional, Sequence
@@ -21,12 +13,13 @@ from .registry import CLS_MODELS
 
 
 class BasicBlock(nn.Module):
-    """Pre-activation residual unit: ``BN-ReLU-conv3x3-BN-ReLU-conv3x3``.
+    """Pre-activation residual unit ``BN-ReLU-conv3x3-BN-ReLU-conv3x3``.
 
     Args:
-        in_planes, out_planes: channels.
-        stride: stride of the first convolution (and the shortcut).
-        drop_rate: dropout between the convolutions (0 in the zoo models).
+        in_planes (int): Input channels.
+        out_planes (int): Output channels.
+        stride (int): Stride of the first convolution and the shortcut.
+        drop_rate (float): Dropout between the convolutions. Default: 0.
     """
 
     def __init__(self, in_planes: int, out_planes: int, stride: int,
@@ -46,8 +39,7 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pre = self.relu1(self.bn1(x))
-        # identity units add the raw input; width-changing units project the
-        # pre-activated input
+        # width-changing units project the pre-activated input
         shortcut = x if self.equal_in_out else self.convShortcut(pre)
         out = self.relu2(self.bn2(self.conv1(pre)))
         if self.drop_rate > 0:
@@ -56,7 +48,7 @@ class BasicBlock(nn.Module):
 
 
 class NetworkBlock(nn.Module):
-    """``num_layers`` units; the first changes width and stride."""
+    """A stack of ``num_layers`` units; the first changes width and stride."""
 
     def __init__(self, num_layers: int, in_planes: int, out_planes: int,
                  stride: int, drop_rate: float = 0.0):
@@ -76,14 +68,17 @@ class WideResNet(nn.Module):
     """WRN-``depth``-``widen_factor`` for 32x32 inputs.
 
     Args:
-        depth: ``6n + 4`` (28 or 40 in the zoo models).
-        widen_factor: width multiplier (10 or 2).
-        num_classes: 10 or 100.
-        input_mean, input_std: if given, the model normalises its input
-            with them (AugMix WRN: 0.5, 0.5). They are non-persistent
-            buffers ``mu``/``sigma``: RobustBench's AugMix file does not
-            contain them, so they stay out of the state dict.
-        drop_rate: dropout inside the units.
+        depth (int): ``6n + 4``. Default: 28.
+        widen_factor (int): Width multiplier. Default: 10.
+        num_classes (int): Number of classes. Default: 10.
+        input_mean (Sequence[float], optional): Input normalisation mean,
+            kept as a non-persistent buffer. Default: None.
+        input_std (Sequence[float], optional): Input normalisation std,
+            kept as a non-persistent buffer. Default: None.
+        drop_rate (float): Dropout inside the units. Default: 0.
+
+    Raises:
+        ValueError: If ``depth`` is not ``6n + 4``.
     """
 
     def __init__(self,
@@ -142,8 +137,7 @@ def wrn28_10_standard(**kwargs) -> WideResNet:
 
 
 def wrn40_2_augmix(**kwargs) -> WideResNet:
-    """RobustBench ``Hendrycks2020AugMix_WRN`` (CIFAR-100): WRN-40-2 that
-    normalises its input with mean = std = 0.5."""
+    """RobustBench ``Hendrycks2020AugMix_WRN`` (CIFAR-100): WRN-40-2."""
     return WideResNet(depth=40, widen_factor=2, num_classes=100,
                       input_mean=(0.5, 0.5, 0.5), input_std=(0.5, 0.5, 0.5),
                       **kwargs)
