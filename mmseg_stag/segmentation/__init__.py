@@ -1,7 +1,4 @@
-"""The MMSeg side: registers the segmentation task of the online loop, the
-NVlabs SegFormer backbone and head, the ACDC stream and its views, the
-per-stage metric, the per-pixel method variants and ``STAGLoss`` in MMSeg's registries (imported by ``import
-mmseg_stag`` when MMSeg is there)."""
+"""The MMSeg side: segmentation task, models, ACDC stream, metric, methods."""
 from mmseg.registry import MODELS
 
 from mmseg_stag.core import STAGLoss
@@ -15,7 +12,7 @@ from .models import (NVMixVisionTransformer, NVSegformerHead,
                      convert_nvlabs_checkpoint, convert_nvlabs_mit,
                      convert_nvlabs_segformer)
 
-# the core's loss, buildable from MMSeg configs: dict(type='STAGLoss')
+# so that MMSeg configs can build dict(type='STAGLoss')
 MODELS.register_module(module=STAGLoss)
 
 __all__ = [

@@ -1,6 +1,4 @@
-"""The segmentation side of ``OnlineAdaptationLoop``: an MMSeg segmentor's
-batch as the method's context (per-pixel head outputs, labels at the
-original size, CoTTA's views), and its prediction as ``pred_sem_seg``."""
+"""Segmentation task of ``OnlineAdaptationLoop`` for MMSeg segmentors."""
 import functools
 from typing import List, Optional
 
@@ -16,17 +14,18 @@ from .methods import SEGMENTATION_METHODS, SegmentationBatchContext, View
 
 @ONLINE_TASKS.register_module(name='segmentation')
 class SegmentationTask(OnlineTask):
-    """An MMSeg segmentor on a continual stream (``ACDCContinualDataset``).
+    """An MMSeg segmentor on a continual stream such as ACDC.
 
     Args:
-        model (BaseSegmentor): the segmentor.
-        classifier (str, optional): the decode head's 1x1 classifier.
-            Default: ``'decode_head.conv_seg'`` (every MMSeg decode head).
-        main_view (int, optional): with a multi-view pipeline
-            (``ScaleFlipViews`` or MMCV's ``TestTimeAug``, for CoTTA's
-            teacher): the view the model adapts on and the metric scores,
-            unflipped. Default: ``ScaleFlipViews.main_view`` of the
-            pipeline, else 0.
+        model (BaseSegmentor): The segmentor.
+        classifier (str, optional): The decode head's 1x1 classifier.
+            Default: None (``'decode_head.conv_seg'``).
+        main_view (int, optional): The unflipped view of a multi-view
+            pipeline that the model adapts on. Default: None (the
+            pipeline's ``main_view``, else 0).
+
+    Raises:
+        ValueError: If ``main_view`` is not an index.
     """
 
     name = 'segmentation'
@@ -55,18 +54,16 @@ class SegmentationTask(OnlineTask):
         self.main_view = int(self.main_view)
 
     def build_method(self, cfg: dict):
-        """Per-pixel variants first (CoTTA's ACDC TENT and CoTTA), then
-        the core's methods."""
+        """Build from ``SEGMENTATION_METHODS`` first, then the core's."""
         return build_method(cfg, SEGMENTATION_METHODS)
 
     def probe_forward(self, metas):
-        """``forward(model, inputs)``: the probe around ``model.inference``
-        with this batch's (or view's) metainfo."""
+        """Return the probe around ``model.inference`` with ``metas``."""
         return functools.partial(
             self.probe, run=lambda m, x: m.inference(x, metas))
 
     def view(self, model, view_batch: dict) -> View:
-        """One view of a multi-view batch, preprocessed."""
+        """Return one preprocessed view of a multi-view batch."""
         with torch.no_grad():
             data = model.data_preprocessor(view_batch, False)
         samples = data['data_samples']
@@ -101,7 +98,7 @@ class SegmentationTask(OnlineTask):
         def to_outputs(prediction):
             if prediction.is_floating_point():  # logits at the input size
                 return postprocess(prediction)
-            # labels at the original size (CoTTA's evaluated label map)
+            # CoTTA predicts labels at the original size
             return set_labels(data_samples, prediction)
 
         return OnlineBatch(ctx, metas, to_outputs)
@@ -123,9 +120,12 @@ class SegmentationTask(OnlineTask):
 
 
 class Postprocess:
-    """``model.postprocess_result`` of one batch, computed once per
-    prediction: the loss (labels at the original size) and the metric share
-    it."""
+    """``model.postprocess_result`` of one batch, cached per prediction.
+
+    Args:
+        model (BaseSegmentor): The segmentor.
+        data_samples (list): The batch's data samples.
+    """
 
     def __init__(self, model, data_samples):
         self.model, self.data_samples = model, data_samples
@@ -133,8 +133,7 @@ class Postprocess:
 
     @torch.no_grad()
     def __call__(self, seg_logits: torch.Tensor) -> list:
-        # the same storage and version: the same prediction (``done`` keeps
-        # the tensor alive, so its memory cannot serve another tensor)
+        # same storage and version: same prediction (``done`` pins memory)
         key = (seg_logits.data_ptr(), tuple(seg_logits.shape),
                seg_logits._version)
         if self.done is None or key != self.done[0]:
@@ -144,7 +143,11 @@ class Postprocess:
         return self.outputs
 
     def labels(self, seg_logits: torch.Tensor) -> torch.Tensor:
-        """``[N, H0, W0]`` predicted labels at the original image size."""
+        """Return ``[N, H0, W0]`` predicted labels at the original size.
+
+        Raises:
+            ValueError: If the batch's images differ in size.
+        """
         labels = [s.pred_sem_seg.data[0] for s in self(seg_logits)]
         shapes = {tuple(label.shape) for label in labels}
         if len(shapes) > 1:
@@ -154,7 +157,7 @@ class Postprocess:
 
 
 def pipeline_main_view(dataset) -> int:
-    """``main_view`` of the dataset's ``ScaleFlipViews`` (0 without)."""
+    """Return ``main_view`` of the dataset's ``ScaleFlipViews``, else 0."""
     transforms = getattr(getattr(dataset, 'pipeline', None), 'transforms', [])
     for transform in transforms:
         if hasattr(transform, 'main_view'):
@@ -163,9 +166,7 @@ def pipeline_main_view(dataset) -> int:
 
 
 def split_views(data_batch: dict) -> list:
-    """``[data_batch]``, or one batch per view of a multi-view pipeline
-    (``TestTimeAug`` collates ``inputs`` as a list of views, each a list of
-    images)."""
+    """Return ``[data_batch]``, or one batch per view of a multi-view one."""
     inputs = data_batch['inputs']
     if not (isinstance(inputs, (list, tuple)) and inputs
             and isinstance(inputs[0], (list, tuple))):
@@ -175,8 +176,11 @@ def split_views(data_batch: dict) -> list:
 
 
 def set_labels(data_samples: list, labels: torch.Tensor) -> list:
-    """``pred_sem_seg`` of each sample from labels ``[N, H0, W0]`` at the
-    original size."""
+    """Set ``pred_sem_seg`` of each sample from ``[N, H0, W0]`` labels.
+
+    Raises:
+        ValueError: If a label map is not at its image's original size.
+    """
     for sample, label in zip(data_samples, labels):
         shape = tuple(sample.metainfo['ori_shape'])
         if tuple(label.shape) != shape:
@@ -187,6 +191,6 @@ def set_labels(data_samples: list, labels: torch.Tensor) -> list:
 
 
 def batch_metas(data_batch: dict) -> List[dict]:
-    """The metainfo of a (multi-view) batch's images, first view."""
+    """Return the metainfo of a batch's images (first view)."""
     return [sample.metainfo
             for sample in split_views(data_batch)[0]['data_samples']]

@@ -1,4 +1,4 @@
-"""``ACDCContinualDataset``: the continual ACDC stream in one dataset."""
+"""The continual ACDC stream as one MMSeg dataset."""
 import inspect
 import os
 import os.path as osp
@@ -8,63 +8,49 @@ from mmseg.datasets import BaseSegDataset, CityscapesDataset
 from mmseg.datasets.transforms import PackSegInputs
 from mmseg.registry import DATASETS
 
-#: The tags every sample of the stream carries.
+#: the tags every sample of the stream carries
 STREAM_TAGS = ('stage', 'round', 'condition')
 
 
 def _default_pack_meta_keys() -> tuple:
-    """``PackSegInputs``' default ``meta_keys`` of the installed MMSeg."""
+    """Return ``PackSegInputs``' default ``meta_keys`` in this MMSeg."""
     default = inspect.signature(
         PackSegInputs.__init__).parameters['meta_keys'].default
     return tuple(default)
 
 
-#: ``PackSegInputs`` meta keys that carry the stream tags to the metric:
-#: MMSeg's defaults plus ``stage``, ``round`` and ``condition``.
+#: MMSeg's default ``PackSegInputs`` meta keys plus the stream tags
 CONTINUAL_META_KEYS = _default_pack_meta_keys() + tuple(
     k for k in STREAM_TAGS if k not in _default_pack_meta_keys())
 
 
 @DATASETS.register_module()
 class ACDCContinualDataset(BaseSegDataset):
-    """ACDC (Sakaridis et al., ICCV 2021) as a continual adaptation stream.
-
-    Reads the released layout::
-
-        data_root/rgb_anon/<condition>/<split>/<GOPRxxxx>/<name>_rgb_anon.png
-        data_root/gt/<condition>/<split>/<GOPRxxxx>/<name>_gt_labelTrainIds.png
-
-    and yields ``conditions[0] -> ... -> conditions[-1]`` repeated ``rounds``
-    times (CoTTA's protocol: fog -> night -> rain -> snow x 10 = 40 stages),
-    files sorted by path within a condition. Every sample is tagged with
-    ``stage`` (0-based index in the stream), ``round`` (1-based) and
-    ``condition``; ``PackSegInputs(meta_keys=CONTINUAL_META_KEYS)`` carries
-    the tags to the metric. Labels are the 19 Cityscapes train IDs, 255 is
-    ignored.
+    """ACDC as a continual stream: the conditions in order, ``rounds`` times.
 
     Args:
         data_root (str): ACDC root folder.
-        conditions (Sequence[str]): conditions in stream order.
-        split (str): ``'train'`` (the protocol), ``'val'`` ...
-        rounds (int): how many times the condition cycle repeats.
-        img_dir (str): image folder under ``data_root``.
-        ann_dir (str): label folder under ``data_root``.
-        img_suffix (str): image file suffix.
-        seg_map_suffix (str): label file suffix.
-        **kwargs: ``BaseSegDataset`` arguments (pipeline, test_mode,
-            lazy_init, indices, ...). ``reduce_zero_label`` must stay False
-            (the labels are train IDs).
+        conditions (Sequence[str]): Conditions in stream order.
+            Default: ('fog', 'night', 'rain', 'snow').
+        split (str): The split read. Default: 'train'.
+        rounds (int): Repetitions of the condition cycle. Default: 10.
+        img_dir (str): Image folder under ``data_root``. Default: 'rgb_anon'.
+        ann_dir (str): Label folder under ``data_root``. Default: 'gt'.
+        img_suffix (str): Image file suffix. Default: '_rgb_anon.png'.
+        seg_map_suffix (str): Label file suffix.
+            Default: '_gt_labelTrainIds.png'.
+        **kwargs: Other ``BaseSegDataset`` arguments.
 
     Raises:
-        FileNotFoundError: ``data_root``, a condition folder, its images or
-            the label of an image is missing (the message names the path).
-        ValueError: ``rounds < 1``, empty ``conditions`` or
+        FileNotFoundError: If ``data_root``, a condition folder, its images
+            or an image's label is missing.
+        ValueError: If ``rounds < 1``, ``conditions`` is empty or
             ``reduce_zero_label=True``.
     """
 
     METAINFO = CityscapesDataset.METAINFO
 
-    #: the online loop's task check (``OnlineTask.check_dataset``)
+    #: checked by ``OnlineTask.check_dataset``
     task = 'segmentation'
 
     def __init__(self,
@@ -106,7 +92,7 @@ class ACDCContinualDataset(BaseSegDataset):
             **kwargs)
 
     def _condition_files(self, condition: str) -> List[dict]:
-        """Image/label paths of one condition, sorted by relative path."""
+        """Return the image and label paths of one condition, sorted."""
         img_root = osp.join(self.data_root, self.acdc_img_dir, condition,
                             self.split)
         ann_root = osp.join(self.data_root, self.acdc_ann_dir, condition,
@@ -134,12 +120,11 @@ class ACDCContinualDataset(BaseSegDataset):
         return files
 
     def load_data_list(self) -> List[dict]:
-        """The stream: ``rounds`` x ``conditions`` x sorted files.
+        """Load the stream, ``rounds`` x ``conditions`` x sorted files.
 
         Returns:
-            list[dict]: ``img_path``, ``seg_map_path``, ``label_map``,
-            ``reduce_zero_label``, ``seg_fields`` and the tags ``stage``
-            (0-based), ``round`` (1-based) and ``condition``.
+            list[dict]: Data infos with the paths and the tags ``stage``,
+            ``round`` and ``condition``.
         """
         per_condition = [self._condition_files(c) for c in self.conditions]
         data_list = []

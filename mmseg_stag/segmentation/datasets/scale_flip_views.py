@@ -1,6 +1,7 @@
-"""``ScaleFlipViews``: the scaled and flipped views of an image that CoTTA's
-teacher averages (CoTTA's ``tools/cotta.py``: ``MultiScaleFlipAug`` with
-``img_ratios`` 0.5 ... 2.0 and ``flip=True``)."""
+"""The scaled and flipped views of an image that CoTTA's teacher averages.
+
+Follows ``MultiScaleFlipAug`` in CoTTA's ACDC code, ``tools/cotta.py``.
+"""
 from typing import List, Sequence, Tuple
 
 from mmcv.transforms import TestTimeAug
@@ -9,21 +10,19 @@ from mmseg.registry import TRANSFORMS
 
 @TRANSFORMS.register_module()
 class ScaleFlipViews(TestTimeAug):
-    """One view per (ratio, flip): ``Resize(scale * ratio, keep_ratio=True)``
-    of the loaded image, unflipped and flipped, then ``transforms``.
-
-    Views come ratio by ratio, the unflipped one first, as in MMSeg 0.x's
-    ``MultiScaleFlipAug``: the unflipped view at ratio 1 is
-    :attr:`main_view` (CoTTA's ``img_id = 4``).
+    """Test-time augmentation with one view per ratio and flip.
 
     Args:
-        scale (tuple[int, int]): ``(w, h)`` of ratio 1 (CoTTA: 960x540).
-        ratios (Sequence[float]): must contain 1.0. Default: CoTTA's
-            ``(0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)``.
-        flip (bool): add the horizontally flipped view of each ratio.
+        scale (tuple[int, int]): ``(w, h)`` at ratio 1.
+        ratios (Sequence[float]): Resize ratios, containing 1.0.
+            Default: (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0).
+        flip (bool): Whether to add each ratio's flipped view.
             Default: True.
-        transforms (list[dict]): applied to every view after the resize and
-            flip (e.g. ``LoadAnnotations``, ``PackSegInputs``).
+        transforms (list[dict]): Applied to every view after the resize
+            and flip. Default: ().
+
+    Raises:
+        ValueError: If ``ratios`` lacks 1.0.
     """
 
     def __init__(self,

@@ -1,4 +1,4 @@
-"""``ContinualIoUMetric``: mIoU per stage of a continual stream."""
+"""mIoU per stage of a continual segmentation stream."""
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -12,10 +12,10 @@ from mmseg_stag.engine.stream_metric import StreamMetric
 
 
 def stage_iou(areas: np.ndarray) -> np.ndarray:
-    """Per-class IoU (``[C]`` in [0, 1]) from the ``[4, C]`` intersection,
-    union, prediction and label areas summed over a stage; ``nan`` where a
-    class is absent from both the ground truth and the prediction (as MMSeg
-    does)."""
+    """Return the per-class IoU ``[C]`` of a stage's summed ``[4, C]`` areas.
+
+    A class absent from label and prediction gets NaN, as in MMSeg.
+    """
     intersect, union = areas[0], areas[1]
     with np.errstate(divide='ignore', invalid='ignore'):
         return np.where(union > 0, intersect / union, np.nan)
@@ -24,8 +24,7 @@ def stage_iou(areas: np.ndarray) -> np.ndarray:
 def stage_result(stage: int, round_: int, condition: str,
                  areas: np.ndarray, num_images: int,
                  class_names: Sequence[str]) -> dict:
-    """One stage's result (mIoU and per-class IoU in %) from its summed
-    ``[4, C]`` areas."""
+    """Return one stage's mIoU and per-class IoU (%) from its summed areas."""
     iou = stage_iou(areas) * 100
     return dict(
         stage=stage,
@@ -39,21 +38,18 @@ def stage_result(stage: int, round_: int, condition: str,
 
 @METRICS.register_module()
 class ContinualIoUMetric(StreamMetric):
-    """mIoU per stage of a continual stream (CoTTA's ACDC protocol).
-
-    ``process`` keeps one ``dict(stage, round, condition, areas)`` per
-    image (``areas``: ``[4, C]`` intersection, union, prediction and label
-    areas, as ``IoUMetric.intersect_and_union``); a stage's IoU sums its
-    images' areas (it is not a mean of per-image IoUs). Samples need the
-    stream tags of ``ACDCContinualDataset`` (``PackSegInputs(meta_keys=
-    CONTINUAL_META_KEYS)``).
+    """mIoU per stage of a continual stream, from areas summed per stage.
 
     Args:
-        ignore_index (int): label ignored by the metric. Default: 255.
-        output_dir (str, optional): where results are written. Default:
-            None (``OnlineAdaptationLoop`` sets the work dir).
-        collect_device (str): see ``BaseMetric``. Default: 'cpu'.
-        prefix (str, optional): see ``BaseMetric``. Default: 'continual'.
+        ignore_index (int): Label ignored by the metric. Default: 255.
+        output_dir (str, optional): Where results are written. Default: None
+            (the online loop sets the work dir).
+        collect_device (str): See ``BaseMetric``. Default: 'cpu'.
+        prefix (str, optional): See ``BaseMetric``. Default: None
+            ('continual').
+
+    Raises:
+        TypeError: If an unknown argument is given.
     """
 
     default_prefix = 'continual'
@@ -74,14 +70,19 @@ class ContinualIoUMetric(StreamMetric):
 
     @property
     def class_names(self) -> List[str]:
-        """Class names of the dataset (Cityscapes' 19 if not set)."""
+        """Class names of the dataset, else Cityscapes' 19."""
         meta = self.dataset_meta
         if not meta or 'classes' not in meta:
             meta = CityscapesDataset.METAINFO
         return list(meta['classes'])
 
     def image_record(self, sample: dict) -> dict:
-        """The image's ``[4, C]`` areas (prediction at the original size)."""
+        """Return the image's ``[4, C]`` areas from ``intersect_and_union``.
+
+        Raises:
+            KeyError: If the prediction or label is missing.
+            ValueError: If they differ in size.
+        """
         missing = [k for k in ('pred_sem_seg', 'gt_sem_seg')
                    if k not in sample]
         if missing:

@@ -1,55 +1,6 @@
 """Convert NVlabs SegFormer checkpoints to MMSeg 1.x names.
 
-The source is NVlabs' own release (e.g. ``segformer.b5.1024x1024.city.160k
-.pth``: NVlabs ``mit_b*`` backbone + NVlabs ``SegFormerHead``, an MMSeg 0.x
-fork). The target is an ``EncoderDecoder`` with
-:class:`NVMixVisionTransformer` (MMSeg's ``MixVisionTransformer`` with
-NVlabs' LayerNorm eps values, same parameter names) and
-:class:`NVSegformerHead`.
-
-Backbone keys (``backbone.`` prefix kept) follow MMSeg's own converter
-``tools/model_converters/mit2mmseg.py`` and the parameter names of MMSeg
-1.x's ``MixVisionTransformer``:
-
-- ``patch_embed{i}.proj.*`` -> ``layers.{i-1}.0.projection.*``
-- ``patch_embed{i}.norm.*`` -> ``layers.{i-1}.0.norm.*``
-- ``block{i}.{j}.norm1.*`` / ``.norm2.*`` -> ``layers.{i-1}.1.{j}.norm1.*``
-  / ``.norm2.*``
-- ``block{i}.{j}.attn.q.*`` and ``.attn.kv.*`` ->
-  ``layers.{i-1}.1.{j}.attn.attn.in_proj_*`` = ``cat([q, kv])`` (rows q, k,
-  v, as ``nn.MultiheadAttention`` expects)
-- ``block{i}.{j}.attn.proj.*`` -> ``layers.{i-1}.1.{j}.attn.attn.out_proj.*``
-- ``block{i}.{j}.attn.sr.*`` / ``.attn.norm.*`` -> same names under
-  ``layers.{i-1}.1.{j}.``
-- ``block{i}.{j}.mlp.fc1.*`` -> ``layers.{i-1}.1.{j}.ffn.layers.0.*``
-  (Linear weight ``[out, in]`` -> 1x1 conv ``[out, in, 1, 1]``)
-- ``block{i}.{j}.mlp.dwconv.dwconv.*`` -> ``layers.{i-1}.1.{j}.ffn.layers.1.*``
-- ``block{i}.{j}.mlp.fc2.*`` -> ``layers.{i-1}.1.{j}.ffn.layers.4.*``
-  (reshaped like ``fc1``)
-- ``norm{i}.*`` -> ``layers.{i-1}.2.*``
-
-(MMSeg keeps the block norms as ``norm1``/``norm2``; there are no ``ln1``/
-``ln2`` in MMSeg 1.2's MiT.) Head keys: ``decode_head.linear_c{i}.proj.*``
-and ``decode_head.linear_fuse.{conv,bn}.*`` are unchanged, the classifier
-``decode_head.linear_pred.*`` becomes ``decode_head.conv_seg.*``.
-
-Known keys that are dropped (they carry no weight of the NVlabs model's
-computation):
-
-- ``decode_head.conv_seg.*``: NVlabs' MMSeg 0.x ``BaseDecodeHead`` always
-  builds a ``conv_seg`` (``channels`` = 128 -> classes) that its
-  ``SegFormerHead`` never calls (it predicts with ``linear_pred``);
-- ``backbone.head.*``: MiT's ImageNet classification head, present in the
-  ImageNet ``mit_b*.pth`` files and unused for segmentation.
-
-Any other key is an error (listed), as is a ``q`` without its ``kv``.
-
-Numerical note: NVlabs' patch-embedding norms and attention ``sr`` norms use
-LayerNorm eps 1e-5 and the other norms 1e-6; MMSeg's ``MixVisionTransformer``
-uses 1e-6 everywhere (as after MMSeg's own ``mit2mmseg`` conversion). The
-converted weights load into either (same names), but only
-:class:`NVMixVisionTransformer` (the ``*nvlabs*`` configs) computes exactly
-what NVlabs' model computes.
+Backbone keys follow MMSeg's ``tools/model_converters/mit2mmseg.py``.
 """
 import os
 import os.path as osp
@@ -73,7 +24,7 @@ _HEAD_SAME = re.compile(
     r'linear_fuse\.bn\.(weight|bias|running_mean|running_var|'
     r'num_batches_tracked))$')
 _HEAD_PRED = re.compile(r'^linear_pred\.(weight|bias)$')
-#: keys of NVlabs checkpoints that are dropped on purpose (see module doc)
+#: keys of NVlabs checkpoints that carry no weight of the model, dropped
 DROPPED_KEYS = re.compile(r'^(decode_head\.conv_seg|backbone\.head)\.'
                           r'(weight|bias)$')
 
@@ -109,8 +60,7 @@ def _convert_block_key(stage: int, index: str, rest: str, value: torch.Tensor,
             raise ValueError(
                 f'backbone.{kv_key} has shape {tuple(kv.shape)}, expected '
                 f'2x backbone.{q_key} {tuple(value.shape)}')
-        # nn.MultiheadAttention's in_proj rows are [q; k; v] and NVlabs'
-        # kv rows are [k; v].
+        # in_proj rows are [q; k; v], NVlabs' kv rows are [k; v]
         return f'{prefix}attn.attn.in_proj_{param}', torch.cat([value, kv])
     match = _MLP.match(rest)
     if match:
@@ -128,8 +78,7 @@ def _convert_block_key(stage: int, index: str, rest: str, value: torch.Tensor,
 def _convert_backbone_key(key: str, value: torch.Tensor,
                           backbone: Mapping[str, torch.Tensor]
                           ) -> Optional[Tuple[str, torch.Tensor]]:
-    """One NVlabs MiT entry (without ``backbone.``) -> ``(mmseg_key,
-    tensor)``, ``None`` when merged into another key."""
+    """Return ``(mmseg_key, tensor)`` of one MiT entry, None if merged."""
     match = _PATCH_EMBED.match(key)
     if match:
         stage, part, param = match.groups()
@@ -205,18 +154,16 @@ def convert_nvlabs_segformer(state_dict: Mapping[str, torch.Tensor]
     """Map an NVlabs SegFormer state dict onto MMSeg 1.x names.
 
     Args:
-        state_dict (Mapping[str, Tensor]): NVlabs keys (``backbone.*``,
-            ``decode_head.*``; a DDP ``module.`` prefix is removed).
+        state_dict (Mapping[str, Tensor]): NVlabs keys, with or without a
+            DDP ``module.`` prefix.
 
     Returns:
         OrderedDict[str, Tensor]: Keys of an ``EncoderDecoder`` with
-        :class:`NVMixVisionTransformer` and ``NVSegformerHead``. The known
-        unused keys (:data:`DROPPED_KEYS`) are left out.
+        ``NVMixVisionTransformer`` and ``NVSegformerHead``.
 
     Raises:
-        ValueError: Listing every key that is not part of an NVlabs
-            SegFormer, or naming an inconsistent ``attn.q``/``attn.kv``
-            pair.
+        ValueError: If a key is unknown or an ``attn.q``/``attn.kv`` pair
+            is inconsistent.
     """
     return _convert(state_dict)[0]
 
@@ -225,22 +172,16 @@ def convert_nvlabs_mit(state_dict: Mapping[str, torch.Tensor]
                        ) -> 'OrderedDict[str, torch.Tensor]':
     """Map an NVlabs MiT state dict onto MMSeg 1.x backbone names.
 
-    The backbone part of :func:`convert_nvlabs_segformer`, for a MiT on its
-    own (e.g. NVlabs' ``mit_b*`` module's ``state_dict()``).
-
     Args:
         state_dict (Mapping[str, Tensor]): NVlabs MiT keys without the
-            ``backbone.`` prefix (``patch_embed1.proj.weight``,
-            ``block1.0.attn.q.weight``, ...). The ImageNet classification
-            head ``head.*`` is left out.
+            ``backbone.`` prefix.
 
     Returns:
-        OrderedDict[str, Tensor]: Keys of :class:`NVMixVisionTransformer`
-        (and of MMSeg's ``MixVisionTransformer``).
+        OrderedDict[str, Tensor]: Keys of MMSeg's ``MixVisionTransformer``.
 
     Raises:
-        ValueError: Listing every unknown key, or naming an inconsistent
-            ``attn.q``/``attn.kv`` pair.
+        ValueError: If a key is unknown or an ``attn.q``/``attn.kv`` pair
+            is inconsistent.
     """
     converted: 'OrderedDict[str, torch.Tensor]' = OrderedDict()
     unknown = []
@@ -265,27 +206,18 @@ def convert_nvlabs_checkpoint(src: str,
                               allow_unsafe_pickle: bool = False) -> int:
     """Convert the NVlabs checkpoint file ``src`` and save it to ``dst``.
 
-    ``src`` is read with ``torch.load(src, map_location='cpu',
-    weights_only=True)``; the weights are taken from ``state_dict``,
-    ``model`` or the top level. ``dst`` holds ``{'state_dict': converted,
-    'meta': plain}`` (``meta`` has only str/int/float/bool/None in dicts and
-    lists) and loads with ``torch.load(dst, weights_only=True)``.
-
     Args:
         src (str): NVlabs checkpoint (``.pth``).
         dst (str): Output path; its directory is created.
-        allow_unsafe_pickle (bool): Trust ``src`` and unpickle arbitrary
-            objects (``weights_only=False``). Only for files from a trusted
-            source. Default: False.
+        allow_unsafe_pickle (bool): Whether to unpickle arbitrary objects of
+            a trusted ``src``. Default: False.
 
     Returns:
         int: The number of tensors written.
 
     Raises:
-        RuntimeError: ``src`` is a legacy pickle that the safe loader
-            refuses and ``allow_unsafe_pickle`` is False (the message names
-            ``--trust-pickle`` / ``allow_unsafe_pickle=True``).
-        ValueError: ``src`` is not an NVlabs SegFormer checkpoint.
+        RuntimeError: If the safe loader refuses ``src``.
+        ValueError: If ``src`` is not an NVlabs SegFormer checkpoint.
     """
     checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
     converted, dropped = _convert(extract_state_dict(checkpoint, src))

@@ -8,25 +8,15 @@ from torch import nn
 class NVMixVisionTransformer(MixVisionTransformer):
     """MMSeg's ``MixVisionTransformer`` with NVlabs' LayerNorm eps values.
 
-    NVlabs' MiT (``mmseg/models/backbones/mix_transformer.py`` of
-    NVlabs/SegFormer) builds the patch-embedding norms
-    (``OverlapPatchEmbed.norm``) and the spatial-reduction norms of the
-    attention (``Attention.norm``) as plain ``nn.LayerNorm``, i.e. eps 1e-5,
-    and every other norm (block ``norm1``/``norm2``, stage ``norm1..4``)
-    with ``partial(nn.LayerNorm, eps=1e-6)``. MMSeg's MiT uses
-    ``norm_cfg``'s eps (1e-6) everywhere. This subclass sets the two kinds
-    of norms that differ, so that a checkpoint converted by
-    ``tools/convert_nvlabs_segformer.py`` computes what NVlabs' model
-    computes. Parameters and their names are MMSeg's.
+    Follows ``mmseg/models/backbones/mix_transformer.py`` of NVlabs/SegFormer.
 
     Args:
-        patch_embed_norm_eps (float): eps of the patch-embedding norms
-            (``layers.{i}.0.norm``). Default: 1e-5 (NVlabs).
-        sr_norm_eps (float): eps of the attention's spatial-reduction norms
-            (``layers.{i}.1.{j}.attn.norm``, stages with ``sr_ratio > 1``).
-            Default: 1e-5 (NVlabs).
-        norm_cfg (dict): The other norms, as in MMSeg (must be a LayerNorm).
-            Default: ``dict(type='LN', eps=1e-6)`` (NVlabs' ``mit_b*``).
+        patch_embed_norm_eps (float): Eps of the patch-embedding norms.
+            Default: 1e-5.
+        sr_norm_eps (float): Eps of the attention's spatial-reduction
+            norms. Default: 1e-5.
+        norm_cfg (dict): The other norms, a LayerNorm.
+            Default: ``dict(type='LN', eps=1e-6)``.
         **kwargs: The other arguments of ``MixVisionTransformer``.
     """
 
@@ -46,8 +36,7 @@ class NVMixVisionTransformer(MixVisionTransformer):
 
     @staticmethod
     def _set_eps(norm: nn.Module, eps: float) -> None:
-        # nn.LayerNorm reads ``eps`` at every forward, so setting it after
-        # construction is enough and keeps MMSeg's module tree untouched
+        # LayerNorm reads eps at every forward: MMSeg's module tree stays
         if not isinstance(norm, nn.LayerNorm):
             raise TypeError(f'NVMixVisionTransformer needs LayerNorm norms '
                             f'(norm_cfg type LN), got {type(norm).__name__}')

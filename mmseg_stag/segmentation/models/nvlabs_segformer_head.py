@@ -10,11 +10,7 @@ from mmseg.registry import MODELS
 
 
 class TokenMLP(nn.Module):
-    """Per-pixel linear embedding, NVlabs' ``MLP`` (its only parameter is
-    ``proj``).
-
-    The feature map is flattened to tokens ``[N, H*W, C_in]``, projected by
-    ``proj`` (``nn.Linear``) and reshaped back to ``[N, C_out, H, W]``.
+    """Per-pixel linear embedding of a feature map, NVlabs' ``MLP``.
 
     Args:
         in_channels (int): Channels of the input level.
@@ -35,48 +31,23 @@ class TokenMLP(nn.Module):
 class NVSegformerHead(BaseDecodeHead):
     """SegFormer's all-MLP decode head as released by NVlabs.
 
-    Mirrors ``SegFormerHead`` of NVlabs' SegFormer repository
-    (``mmseg/models/decode_heads/segformer_head.py``, an MMSeg 0.x fork),
-    the head of ``segformer.b5.1024x1024.city.160k.pth`` used by the STAG
-    paper and by CoTTA:
-
-    1. each level ``c1..c4`` (strides 4, 8, 16, 32) is projected to
-       ``embedding_dim`` by a per-pixel linear layer ``linear_c{i}.proj``
-       (``nn.Linear`` on the flattened tokens);
-    2. ``c4``, ``c3``, ``c2`` are resized to ``c1``'s size (bilinear,
-       ``align_corners=False`` regardless of the head's ``align_corners``,
-       as NVlabs does);
-    3. they are concatenated in the order ``[c4, c3, c2, c1]`` and fused by
-       ``linear_fuse``, a 1x1 ``ConvModule`` (conv without bias + BN + ReLU,
-       keys ``linear_fuse.conv.*`` and ``linear_fuse.bn.*``);
-    4. dropout, then the 1x1 classifier.
-
-    Differences from the NVlabs code, none of which changes the function:
-    NVlabs' classifier is named ``linear_pred``; here it is
-    ``BaseDecodeHead.conv_seg`` (``embedding_dim -> num_classes``), so that
-    ``OnlineAdaptationLoop``'s default ``classifier`` finds it and
-    ``channels`` equals ``embedding_dim`` (768 for B5: the ``D`` of STAG).
-    NVlabs' base head also builds an unused ``conv_seg`` from ``channels``
-    (128 in its configs), which the converter drops. NVlabs hard-codes
-    ``SyncBN`` in ``linear_fuse``; here the head's ``norm_cfg`` is used (BN
-    if it is None) so that it runs on one CPU/GPU; the parameters and
-    buffers are the same. The ``feature_strides`` and ``decoder_params``
-    arguments of NVlabs are replaced by ``embedding_dim``.
-    ``tools/convert_nvlabs_segformer.py`` maps the checkpoint keys.
+    Follows NVlabs/SegFormer's ``mmseg/models/decode_heads/segformer_head.py``.
 
     Args:
         embedding_dim (int): Width of the per-level projections and of the
             fused feature map. Default: 768.
-        in_channels (Sequence[int]): Channels of the four input levels
-            ``c1..c4``, e.g. ``[64, 128, 320, 512]`` for MiT-B5.
-        channels (int, optional): Channels before the classifier; must
-            equal ``embedding_dim`` (the default when omitted).
-        in_index (Sequence[int]): Indices of the four levels among the
-            backbone outputs. Default: ``[0, 1, 2, 3]``.
-        input_transform (str): Must be ``'multiple_select'`` (the default).
-        **kwargs: The other arguments of ``BaseDecodeHead``
-            (``num_classes``, ``dropout_ratio``, ``norm_cfg``, ``act_cfg``,
-            ``align_corners``, ``loss_decode``, ...).
+        in_channels (Sequence[int]): Channels of the four input levels.
+            Default: (64, 128, 320, 512).
+        channels (int, optional): Must equal ``embedding_dim``.
+            Default: None (``embedding_dim``).
+        in_index (Sequence[int]): Backbone outputs of the four levels.
+            Default: (0, 1, 2, 3).
+        input_transform (str): Must be 'multiple_select'.
+        **kwargs: The other arguments of ``BaseDecodeHead``.
+
+    Raises:
+        ValueError: If ``channels``, ``input_transform`` or the number of
+            levels do not fit.
     """
 
     def __init__(self,
@@ -119,7 +90,7 @@ class NVSegformerHead(BaseDecodeHead):
             act_cfg=self.act_cfg)
 
     def forward(self, inputs: List[torch.Tensor]) -> torch.Tensor:
-        """Logits ``[N, num_classes, H/4, W/4]`` at ``c1``'s resolution."""
+        """Return logits ``[N, num_classes, H/4, W/4]`` at ``c1``'s size."""
         c1, c2, c3, c4 = self._transform_inputs(inputs)
         size = c1.shape[2:]
         embedded = []
