@@ -1,5 +1,4 @@
-"""The online-adaptation methods, one file each, registered in
-:data:`mmseg_stag.core.registry.METHODS` under their lower-case names."""
+"""The online-adaptation methods, in ``METHODS`` by lower-case name."""
 from .base import BaseMethod, BatchContext, SampleFilteringMethod
 from .bn_adapt import BNAdapt
 from .cotta import CoTTA

@@ -1,23 +1,6 @@
-"""``BaseMethod``: what every online-adaptation method shares, and STAG's
-place in it.
+"""The base class of the online-adaptation methods and STAG's place in it.
 
-A method sees a model, its classifier, and a :class:`BatchContext` per batch:
-the inputs, a ``forward(model, inputs) -> (prediction, head_outputs)``
-callable (a :class:`~mmseg_stag.core.probe.HeadProbe`; methods call it again
-for teachers or other views), and the head outputs of the batch's forward
-pass: ``(features, logits)`` pairs, class axis at dim 1, ``[N, C]`` per
-sample or ``[N, C, H, W]`` per pixel. The same classes serve segmentation
-and classification.
-
-Life cycle (DequanWang/tent, mariodoebler/test-time-adaptation)::
-
-    method = build_method(dict(type='tent', stag=dict(beta0=500, gamma=35)))
-    method.check_output('per_pixel')          # at build time: wrong task?
-    method.configure(model, classifier, 'per_pixel')  # params, optimizer
-    for each batch (the caller sets torch.set_grad_enabled(method.updates)):
-        prediction, stats = method.adapt(BatchContext(inputs, forward))
-        #  forward once -> loss(ctx) = base_loss(ctx) + beta_t L_STAG
-        #  -> backward -> optimizer step; prediction made *before* the step
+Follows the life cycle of DequanWang/tent's tent.py (Tent.forward).
 """
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -39,19 +22,13 @@ class BatchContext:
     """One batch as a method sees it.
 
     Args:
-        inputs: the model's inputs (e.g. preprocessed images ``[N, 3, H,
-            W]``).
-        forward: ``forward(model, inputs) -> (prediction, head_outputs)``.
-        prediction: what the batch is evaluated on (set by the method's
-            forward pass; CoTTA replaces it by its teacher's).
-        head_outputs: ``[(features, logits), ...]`` of that forward pass.
-        among: samples an earlier pass of the same batch kept (SAR's second
-            forward filters only among them); ``None``: all.
-        kept: the samples the method's own filter kept (filtering methods).
-        stats: numbers the method reports for this batch (logged).
-
-    A task adds what only it knows in a subclass (segmentation: labels at
-    the original size, the views of a multi-view pipeline).
+        inputs (Any): The model's inputs, e.g. images ``[N, 3, H, W]``.
+        forward (Forward): ``f(model, inputs) -> (prediction, outputs)``.
+        prediction (Tensor, optional): What the batch is evaluated on.
+        head_outputs (HeadOutputs): ``[(features, logits), ...]``.
+        among (Tensor, optional): Samples an earlier pass kept; None: all.
+        kept (Tensor, optional): Samples the method's own filter kept.
+        stats (dict[str, float]): Numbers logged for the batch.
     """
     inputs: Any
     forward: Forward
@@ -66,19 +43,17 @@ class BaseMethod:
     """Base class of the online-adaptation methods.
 
     Args:
-        stag (dict, optional): ``dict(beta0=..., gamma=..., eps=1e-8,
-            anchor='diagonal', label='hard', reset_per_stage=False)`` adds
-            ``beta_t * L_STAG`` (:class:`~mmseg_stag.core.STAGLoss`).
-            ``reset_per_stage``: restart ``t`` (so ``beta_t = beta0``) when
-            the stream's stage changes; the paper's Algorithm 1 never resets
-            ``t``. ``None``: STAG off.
-        optimizer (dict): an MMEngine ``OPTIMIZERS`` config without params.
-            Default: Adam, lr 7.5e-6, betas (0.9, 0.999) (CoTTA's ACDC setup).
-        trainable (dict): arguments of :func:`select_parameters`.
-        reset_optimizer_per_stage (bool): a fresh optimizer (no moments)
-            when the stream's stage changes, as CoTTA's ACDC code does
-            (``single_gpu_tent``/``single_gpu_cotta`` build their Adam at
-            every call, one call per stage). Default: False.
+        stag (dict, optional): ``dict(beta0, gamma, reset_per_stage=False,
+            **STAGLoss args)`` adds ``beta_t L_STAG``. Default: None.
+        optimizer (dict, optional): An MMEngine ``OPTIMIZERS`` config
+            without params. Default: Adam, lr 7.5e-6, betas (0.9, 0.999).
+        trainable (dict, optional): For :func:`select_parameters`.
+            Default: ``dict(kind='norm_affine')``.
+        reset_optimizer_per_stage (bool): Build a fresh optimizer when the
+            stage changes. Default: False.
+
+    Raises:
+        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``.
     """
 
     #: whether the method has a loss of its own (``L_base``)
@@ -115,7 +90,7 @@ class BaseMethod:
         self.classifier: Optional[nn.Module] = None
         self.optimizer = None
         self.params: List[Tuple[str, nn.Parameter]] = []
-        self.step = 0  # update steps since the start (or the stage): t
+        self.step = 0  # t of beta_t
         self.num_updates = 0
         self.stage = None
 
@@ -125,22 +100,23 @@ class BaseMethod:
 
     @property
     def updates(self) -> bool:
-        """Whether :meth:`adapt` runs a backward pass and an optimizer
-        step (so the caller enables gradients)."""
+        """Whether :meth:`adapt` runs a backward pass and a step."""
         return self.has_base_loss or self.stag_loss is not None
 
     @property
     def beta(self) -> float:
-        """Current ``beta_t`` (0 without STAG), eq:adaptive_decay."""
+        """Current ``beta_t``, 0 without STAG (eq:adaptive_decay)."""
         if self.stag_cfg is None:
             return 0.0
         return stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'],
                          self.step)
 
-    # ------------------------------------------------------------------
     def check_output(self, output: str) -> None:
-        """Raise a ValueError if the method is not defined on ``output``
-        (``'per_sample'`` or ``'per_pixel'``) classifier outputs."""
+        """Check that the method is defined on ``output`` outputs.
+
+        Raises:
+            ValueError: If ``output`` is not in :attr:`supported_outputs`.
+        """
         if check_output_kind(output) not in self.supported_outputs:
             raise ValueError(
                 f'{self.name} supports {" and ".join(self.supported_outputs)}'
@@ -149,8 +125,11 @@ class BaseMethod:
 
     def configure(self, model: nn.Module, classifier: nn.Module,
                   output: str = 'per_sample') -> None:
-        """Select and unfreeze the adapted parameters, build the optimizer,
-        set the layers' modes."""
+        """Set the modes, unfreeze the adapted parameters, build the optimizer.
+
+        Raises:
+            ValueError: If no parameter matches ``trainable``.
+        """
         self.check_output(output)
         self.model, self.classifier = model, classifier
         for p in model.parameters():
@@ -174,8 +153,11 @@ class BaseMethod:
             dict(self.optimizer_cfg, params=[p for _, p in self.params]))
 
     def exclude_modules(self, exclude_regex: Optional[str]) -> None:
-        """Freeze the selected parameters whose module name matches
-        ``exclude_regex`` and rebuild the optimizer on the others."""
+        """Freeze the parameters of the modules ``exclude_regex`` matches.
+
+        Raises:
+            ValueError: If it matches every selected parameter.
+        """
         if exclude_regex is None:
             return
         kept = exclude_by_module(self.params, exclude_regex)
@@ -189,16 +171,14 @@ class BaseMethod:
             self.optimizer = self.build_optimizer()
 
     def set_modes(self, model: nn.Module) -> None:
-        """Train/eval behaviour of the layers (once, in :meth:`configure`)."""
+        """Set the layers' train/eval modes (once, in :meth:`configure`)."""
         model.eval()
 
     def fit_source(self, forward: Forward, batches) -> None:
-        """Statistics taken from clean source batches before the stream
-        (EATA's Fisher information); nothing by default."""
+        """Take statistics from clean source batches; nothing by default."""
 
     def on_stage(self, stage) -> None:
-        """Called with each batch's stage tag (``None`` when untagged);
-        a new stage restarts ``t`` and/or the optimizer if configured."""
+        """Restart ``t`` and/or the optimizer on a new stage, if set."""
         if stage != self.stage and self.stage is not None:
             if self.reset_beta_per_stage:
                 self.step = 0
@@ -206,17 +186,11 @@ class BaseMethod:
                 self.optimizer = self.build_optimizer()
         self.stage = stage
 
-    # ------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything the rest of a stream depends on: the model's
-        parameters and buffers, the optimizer's state, ``t``, the counters
-        and the stage; subclasses add their own (teacher, EMA, ...).
+        """Return what the rest of the stream depends on (live tensors).
 
-        Plain tensors and numbers (``torch.save`` it, read it back with
-        ``weights_only=True``); the tensors are the live ones, so save or
-        clone before adapting further. What :meth:`configure` and
-        :meth:`fit_source` derive from the source model alone is rebuilt by
-        them, except where a subclass saves it to skip the work.
+        Raises:
+            RuntimeError: If the method is not configured.
         """
         if self.model is None:
             raise RuntimeError(f'{self.name}: configure before state_dict')
@@ -227,8 +201,12 @@ class BaseMethod:
             step=self.step, num_updates=self.num_updates, stage=self.stage)
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict` of a method built from the same
-        config and configured on the same source model."""
+        """Continue from :meth:`state_dict` of a method of the same config.
+
+        Raises:
+            RuntimeError: If the method is not configured.
+            ValueError: If the saved state disagrees on having an optimizer.
+        """
         if self.model is None:
             raise RuntimeError(f'{self.name}: configure before '
                                'load_state_dict')
@@ -242,27 +220,22 @@ class BaseMethod:
         self.step, self.num_updates = state['step'], state['num_updates']
         self.stage = state['stage']
 
-    # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
-        """``L_base`` of eq:total_objective; ``None``: nothing to minimise
-        (a filtering baseline kept no sample)."""
+        """Return ``L_base`` (eq:total_objective), None if nothing is kept."""
         raise TypeError(f'{self.name} has no loss of its own '
                         '(has_base_loss is False)')
 
     def stag_term(self, ctx: BatchContext) -> torch.Tensor:
-        """``L_STAG`` (eq:stag_batch_loss) over every sample/pixel of the
-        batch's head outputs."""
+        """Return ``L_STAG`` over every sample (eq:stag_batch_loss)."""
         weight, bias = self.classifier.weight, self.classifier.bias
         return mean_over_outputs(
             lambda f, z: self.stag_loss(f, z, weight, bias), ctx.head_outputs)
 
     def loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
-        """``L_total = L_base + beta_t L_STAG`` (eq:total_objective).
+        """Return ``L_base + beta_t L_STAG`` (eq:total_objective).
 
-        ``L_STAG`` covers every sample (pixel), whatever a baseline's own
-        filter keeps: it regularises the update, it is not a pseudo-label
-        loss. ``None`` when there is nothing to minimise (no kept sample and
-        STAG off); numbers go to ``ctx.stats``.
+        Returns:
+            Tensor | None: The loss; None if there is nothing to minimise.
         """
         total = None
         if self.has_base_loss:
@@ -279,8 +252,7 @@ class BaseMethod:
         return total
 
     def update(self, total: Optional[torch.Tensor]) -> bool:
-        """One backward pass and optimizer step on ``total``; advances
-        ``t``. Returns whether an update happened."""
+        """Run backward and one step on ``total``; return whether it ran."""
         if total is None:
             return False
         self.optimizer.zero_grad(set_to_none=True)
@@ -291,7 +263,7 @@ class BaseMethod:
         return True
 
     def forward_pass(self, ctx: BatchContext) -> BatchContext:
-        """The batch's one forward pass through the probe."""
+        """Run the batch's one forward pass through the probe."""
         ctx.prediction, ctx.head_outputs = ctx.forward(self.model, ctx.inputs)
         return ctx
 
@@ -300,8 +272,10 @@ class BaseMethod:
         """Predict, then adapt: one forward, at most one backward.
 
         Returns:
-            ``(prediction, stats)``: the prediction of the forward pass
-            (before the update), detached, and the batch's numbers.
+            tuple[Tensor, dict]: The prediction before the update and stats.
+
+        Raises:
+            RuntimeError: If the method is not configured.
         """
         if self.model is None:
             raise RuntimeError(f'{self.name}.configure(model, classifier) '
@@ -321,9 +295,11 @@ class BaseMethod:
 
 @torch.no_grad()
 def log_anchor_signs(classifier: nn.Module) -> Tuple[int, float, float]:
-    """Log how many classes have ``s_k > 0`` (their anchor ``a_k = s_k w_k``
-    points away from ``w_k``) and the range of ``s_k``
-    (eq:structural_anchor). Returns ``(num_positive, min, max)``."""
+    """Log the number of classes with ``s_k > 0`` (eq:structural_anchor).
+
+    Returns:
+        tuple[int, float, float]: That number and the range of ``s_k``.
+    """
     weight = classifier.weight.detach().flatten(1).double()
     bias = None if classifier.bias is None else classifier.bias.detach()
     s = anchor_coefficients(weight, None if bias is None else bias.double())
@@ -336,9 +312,7 @@ def log_anchor_signs(classifier: nn.Module) -> Tuple[int, float, float]:
 
 
 class SampleFilteringMethod(BaseMethod):
-    """Base of the baselines whose loss keeps samples through two filters
-    (EATA, DeYO): counts the kept samples over the stream under the authors'
-    names and reports this batch's counts in the stats."""
+    """Base of the two-filter baselines (EATA, DeYO); counts kept samples."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -357,7 +331,7 @@ class SampleFilteringMethod(BaseMethod):
 
     def record_selection(self, ctx: BatchContext, reliable: torch.Tensor,
                          selected: torch.Tensor) -> int:
-        """Counts one batch's kept samples; returns how many are selected."""
+        """Count one batch's kept samples; return how many are selected."""
         num_reliable, num_selected = int(reliable.sum()), int(selected.sum())
         self.num_samples_update_1 += num_reliable
         self.num_samples_update_2 += num_selected

@@ -7,9 +7,7 @@ from .base import BaseMethod
 class BNAdapt(BaseMethod):
     """BN Adapt: BatchNorm layers normalise with the test batch's statistics.
 
-    No loss of its own: without STAG there is no gradient step. With STAG the
-    normalisation layers' affine parameters are updated by ``beta_t * L_STAG``
-    alone (``L_base = 0`` in eq:total_objective).
+    No loss of its own; with STAG the update is ``beta_t L_STAG`` alone.
     """
 
     has_base_loss = False

@@ -1,12 +1,4 @@
-"""CoTTA (Wang et al., CVPR 2022): continual test-time adaptation.
-
-Follows the authors' CIFAR code (github.com/qinenergy/cotta,
-``cifar/cotta.py`` ``CoTTA.forward_and_adapt``, ``update_ema_variables``,
-``copy_model_and_optimizer``; ``cifar/my_transforms.py``; the defaults of
-``cifar/cfgs/cifar10/cotta.yaml``); ``loss='symmetric_ce'`` gives the loss of
-their ImageNet code (``imagenet/cotta.py``). Per pixel, their ACDC code:
-``mmseg_stag.segmentation.SegmentationCoTTA``.
-"""
+"""CoTTA (Wang et al., CVPR 2022): continual test-time adaptation."""
 import copy
 from typing import Dict, List, Optional, Tuple
 
@@ -22,79 +14,30 @@ from .cotta_transforms import CoTTAAugment, cotta_augment_params
 
 @METHODS.register_module(name='cotta')
 class CoTTA(BaseMethod):
-    """CoTTA: a student trained on an EMA teacher's (augmentation-averaged)
-    pseudo-labels, with stochastic restore of the source weights.
+    """CoTTA: a student trained on an EMA teacher, with stochastic restore.
 
-    ``configure`` (after selecting the trainable parameters) copies the
-    configured model (``copy.deepcopy``) into the EMA teacher and the
-    source model (frozen; the authors' ``model_anchor``), and keeps the
-    source values of the parameters for the restore.
-
-    One ``adapt`` call (authors' ``forward_and_adapt``):
-
-    1. student forward with gradients; source-model forward (no
-       gradients): ``source_prob`` = max softmax probability per sample; teacher
-       forward: ``standard_ema``;
-    2. if ``source_prob.mean() < ap`` (and ``num_augs > 0``): the teacher
-       prediction is the mean of the teacher's logits on ``num_augs``
-       augmented batches (:class:`~.cotta_transforms.CoTTAAugment`); otherwise
-       ``standard_ema``;
-    3. ``L_base = mean_n -sum_c softmax(teacher)_c log_softmax(student)_c``
-       (``loss='ce'``, the CIFAR code) or the mean of the cross-entropies
-       both ways (``loss='symmetric_ce'``, the ImageNet code), ``+ beta_t
-       L_STAG`` on the student's forward; backward; optimizer step;
-    4. teacher update ``theta_t <- a theta_t + (1 - a) theta_s`` for every
-       parameter (not the buffers, as the authors);
-    5. stochastic restore: for every trainable parameter named ``weight``/
-       ``bias``, in ``named_parameters`` order, ``mask = torch.rand(shape)
-       < restore_prob`` (CPU, global generator) and
-       ``theta <- theta_source * mask + theta * (1 - mask)``.
-
-    Returns the teacher prediction of step 2 (detached): CoTTA evaluates
-    the teacher. The student/source-model/teacher forwards all use the
-    ``forward`` callable (which looks the classifier up by name).
-
-    Random draws per call, in order (global generator): the augmentations
-    (``num_augs`` calls, only when the augmentation branch is taken, or
-    always with ``always_augment``), then one restore mask per restored
-    parameter (none when ``restore_prob <= 0``).
-
-    The default augmentations expect images in ``[0, 1]`` (the authors'
-    RobustBench CIFAR models normalise inside the model); for normalised
-    inputs pass ``augment=dict(mean=..., std=...)``.
+    Follows CoTTA's cifar/cotta.py (CoTTA.forward_and_adapt).
 
     Args:
-        ema_momentum (float): ``a`` of the teacher update. Default: 0.999.
-        restore_prob (float): restore probability per element.
-            Default: 0.01.
-        ap (float): threshold on the source model's mean confidence below which
-            the augmentation-averaged prediction is used. Default: 0.92
-            (CIFAR-10; the authors use 0.72 for CIFAR-100).
-        num_augs (int): augmented teacher forwards (0: never augment).
-            Default: 32.
-        augment (dict, optional): arguments of
-            :class:`~.cotta_transforms.CoTTAAugment`, over the authors'
-            ``get_tta_transforms(gaussian_std=0.005, soft=False)``; the
-            extra keys ``soft`` and ``gaussian_std`` select that function's
-            presets.
-        always_augment (bool): run the ``num_augs`` augmented forwards on
-            every batch even when their mean is not used, as the authors'
-            code does (same random stream as theirs, 32 wasted forwards on
-            confident batches). Default: False (only when used).
-        optimizer (dict): default Adam lr 1e-3, betas (0.9, 0.999) (the
-            authors' CIFAR configs).
-        trainable (dict): default ``dict(kind='all')`` (every parameter).
-        loss (str): the student's loss to the (detached) teacher
-            prediction, per sample, averaged: ``'ce'`` (the authors' CIFAR
-            ``softmax_entropy``, ``-sum p_t log p_s``) or ``'symmetric_ce'``
-            (their ImageNet ``softmax_entropy``, ``-0.5 sum p_t log p_s
-            - 0.5 sum p_s log p_t``). Default: ``'ce'``.
-        **kwargs: see :class:`BaseMethod` (``stag``, ...).
+        ema_momentum (float): Teacher EMA momentum. Default: 0.999.
+        restore_prob (float): Restore probability per element. Default: 0.01.
+        ap (float): Confidence threshold of augmenting. Default: 0.92.
+        num_augs (int): Augmented teacher forwards. Default: 32.
+        augment (dict, optional): Arguments of :class:`CoTTAAugment`, plus
+            ``soft`` and ``gaussian_std``. Default: the authors' preset.
+        always_augment (bool): Augment even when unused. Default: False.
+        optimizer (dict, optional): Default: Adam, lr 1e-3.
+        trainable (dict, optional): Default: ``dict(kind='all')``.
+        loss (str): ``'ce'`` or ``'symmetric_ce'``. Default: ``'ce'``.
+        **kwargs: See :class:`BaseMethod`.
+
+    Raises:
+        ValueError: If an argument is out of range.
     """
 
     supported_outputs = ('per_sample', )
 
-    #: per-sample student-to-teacher losses (CIFAR, ImageNet code)
+    #: the per-sample losses of option ``loss`` (CIFAR, ImageNet code)
     LOSSES = dict(ce=cross_entropy_to_teacher,
                   symmetric_ce=symmetric_cross_entropy)
 
@@ -147,7 +90,7 @@ class CoTTA(BaseMethod):
 
     def configure(self, model, classifier, output='per_sample'):
         super().configure(model, classifier, output)
-        # the authors' copy_model_and_optimizer, after configure_model
+        # CoTTA's copy_model_and_optimizer, after configure_model
         self.teacher = copy.deepcopy(model)
         self.source_model = copy.deepcopy(model)
         for copy_ in (self.teacher, self.source_model):
@@ -168,11 +111,8 @@ class CoTTA(BaseMethod):
         super().load_state_dict(state)
         self.teacher.load_state_dict(state['teacher'])
 
-    # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> torch.Tensor:
-        """Mean ``loss`` (cross-entropy or symmetric cross-entropy) of the
-        student to the teacher's prediction of the batch, which becomes
-        ``ctx.prediction`` (CoTTA evaluates the teacher)."""
+        """Return the student's loss to the teacher (the prediction)."""
         _, logits = per_sample_logits(ctx.head_outputs, 'CoTTA')
         teacher, stats = self.teacher_prediction(ctx.forward, ctx.inputs)
         ctx.prediction = teacher
@@ -182,7 +122,7 @@ class CoTTA(BaseMethod):
     @torch.no_grad()
     def teacher_prediction(self, forward, inputs
                            ) -> Tuple[torch.Tensor, Dict[str, float]]:
-        """Steps 1-2 for the teacher: ``(teacher logits, stats)``."""
+        """Return the teacher's logits (augmented if unsure) and stats."""
         source_logits, _ = forward(self.source_model, inputs)
         source_prob = source_logits.softmax(1).max(1)[0]
         standard_ema, _ = forward(self.teacher, inputs)
@@ -201,7 +141,7 @@ class CoTTA(BaseMethod):
 
     @torch.no_grad()
     def update_teacher(self) -> None:
-        """``theta_t <- a theta_t + (1 - a) theta_s`` (all parameters)."""
+        """Update the teacher: ``theta_t <- a theta_t + (1 - a) theta_s``."""
         a = self.ema_momentum
         for ema_param, param in zip(self.teacher.parameters(),
                                     self.model.parameters()):
@@ -209,8 +149,7 @@ class CoTTA(BaseMethod):
 
     @torch.no_grad()
     def stochastic_restore(self) -> None:
-        """Each element of the restored parameters returns to its source
-        value with probability ``restore_prob``."""
+        """Restore each element to its source value w.p. ``restore_prob``."""
         if self.restore_prob <= 0:
             return
         for name, p in self.restore_params:

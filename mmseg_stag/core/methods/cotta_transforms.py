@@ -1,34 +1,7 @@
-"""CoTTA's test-time augmentations in pure torch (no torchvision).
+"""CoTTA's test-time augmentations in pure torch, one draw per batch.
 
-A transcription of the authors' ``get_tta_transforms`` (github.com/qinenergy/
-cotta, ``cifar/cotta.py``) and ``ColorJitterPro``/``GaussianNoise``/``Clip``
-(``cifar/my_transforms.py``), following the tensor code paths of the
-torchvision release they pin (0.11): ``adjust_*`` of
-``functional_tensor.py``, ``RandomAffine`` (bilinear, fill 0, integer
-translations), ``GaussianBlur`` (reflect padding), ``CenterCrop``,
-``RandomHorizontalFlip``.
-
-The transforms work on a batch ``[N, 3, H, W]`` of images **in [0, 1]** (the
-authors' CIFAR models normalise inside the model); images normalised with a
-mean/std can be handled by giving :class:`CoTTAAugment` that ``mean``/
-``std`` (undone before, redone after the augmentation).
-
-As torchvision transforms applied to a batch tensor, every call makes **one
-random draw for the whole batch**, from torch's global generator, in the
-authors' order:
-
-1. colour jitter: ``torch.randperm(5)`` (the order of brightness, contrast,
-   saturation, hue, gamma), then one ``uniform_`` per enabled operation,
-   in that order;
-2. affine: angle, ``tx``, ``ty`` (rounded to integers, as torchvision),
-   scale;
-3. blur: sigma;
-4. flip: ``torch.rand(1) < p``;
-5. noise: ``torch.randn(x.shape)`` (drawn on the CPU, then moved).
-
-A disabled operation (``None``) draws nothing; a range whose two ends equal
-the neutral value (e.g. ``brightness=(1, 1)``) counts as disabled, as in
-torchvision's ``ColorJitter``.
+Follows CoTTA's cifar/cotta.py (get_tta_transforms) on torchvision 0.11's
+tensor code paths; the order of the random draws: docs/methods.md.
 """
 import math
 import numbers
@@ -43,8 +16,6 @@ Range = Optional[Tuple[float, float]]
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)
 
 
-# ---------------------------------------------------------------------------
-# colour operations (images in [0, 1])
 def _check_rgb(img: torch.Tensor) -> None:
     if img.dim() < 3 or img.shape[-3] != 3:
         raise ValueError('colour augmentations need RGB images [..., 3, H, W]'
@@ -57,7 +28,7 @@ def _blend(img1: torch.Tensor, img2: torch.Tensor,
 
 
 def rgb_to_grayscale(img: torch.Tensor) -> torch.Tensor:
-    """``[..., 1, H, W]`` luma of an RGB image ``[..., 3, H, W]``."""
+    """Return the luma ``[..., 1, H, W]`` of RGB images."""
     _check_rgb(img)
     r, g, b = img.unbind(dim=-3)
     gray = GRAY_WEIGHTS[0] * r + GRAY_WEIGHTS[1] * g + GRAY_WEIGHTS[2] * b
@@ -79,7 +50,7 @@ def adjust_saturation(img: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def rgb_to_hsv(img: torch.Tensor) -> torch.Tensor:
-    """RGB -> HSV, all channels in [0, 1] (torchvision's ``_rgb2hsv``)."""
+    """RGB -> HSV in [0, 1] (torchvision's ``_rgb2hsv``)."""
     _check_rgb(img)
     r, g, b = img.unbind(dim=-3)
     maxc = img.max(dim=-3).values
@@ -119,7 +90,11 @@ def hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
 
 
 def adjust_hue(img: torch.Tensor, factor: float) -> torch.Tensor:
-    """Rotate the hue by ``factor`` (a fraction of the colour wheel)."""
+    """Rotate the hue by ``factor`` (a fraction of the colour wheel).
+
+    Raises:
+        ValueError: If ``factor`` is outside ``[-0.5, 0.5]``.
+    """
     if not -0.5 <= factor <= 0.5:
         raise ValueError(f'hue factor {factor} is not in [-0.5, 0.5]')
     h, s, v = rgb_to_hsv(img).unbind(dim=-3)
@@ -134,15 +109,10 @@ def adjust_gamma(img: torch.Tensor, gamma: float,
     return (gain * img ** gamma).clamp(0, 1)
 
 
-# ---------------------------------------------------------------------------
-# geometric operations
 def inverse_affine_matrix(angle: float, translate: Sequence[float],
                           scale: float,
                           shear: Sequence[float] = (0.0, 0.0)) -> list:
-    """torchvision's ``_get_inverse_affine_matrix`` about the image centre:
-    the 2x3 matrix mapping output pixel coordinates (origin at the centre)
-    to input coordinates. ``angle`` in degrees, clockwise (as
-    ``torchvision.transforms.functional.affine``)."""
+    """Return torchvision's ``_get_inverse_affine_matrix`` (2x3, as a list)."""
     rot = math.radians(angle)
     sx, sy = math.radians(shear[0]), math.radians(shear[1])
     tx, ty = translate
@@ -161,23 +131,17 @@ def affine(img: torch.Tensor, angle: float, translate: Sequence[float],
            scale: float, shear: Sequence[float] = (0.0, 0.0),
            fill: float = 0.0,
            crop: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-    """Bilinear affine warp about the centre of ``img [N, C, H, W]``.
+    """Warp ``img [N, C, H, W]`` about its centre, as torchvision's affine.
 
-    torchvision's tensor ``affine``: the inverse matrix acts on pixel-centre
-    coordinates relative to the image centre (here through
-    ``F.affine_grid``, ``align_corners=False``); outside the image the value
-    is ``fill``, blended with the bilinearly sampled validity mask as
-    torchvision does. ``crop=(oh, ow)``: only the :func:`center_crop` of
-    that size of the warped image is computed.
+    Args:
+        crop (tuple[int, int], optional): Compute only this centre crop.
     """
     n, c, h, w = img.shape
     m = inverse_affine_matrix(angle, translate, scale, shear)
-    # pixel coordinates x_p = x_n * w / 2, y_p = y_n * h / 2 (x_n, y_n the
-    # normalised coordinates of affine_grid with align_corners=False)
+    # from pixel to affine_grid's normalised coordinates
     theta = torch.tensor([[m[0], m[1] * h / w, 2.0 * m[2] / w],
                           [m[3] * w / h, m[4], 2.0 * m[5] / h]],
                          dtype=img.dtype, device=img.device)
-    # one matrix for the whole batch: one grid, shared
     grid = F.affine_grid(theta.unsqueeze(0), [1, c + 1, h, w],
                          align_corners=False)
     if crop is not None:
@@ -202,10 +166,14 @@ def gaussian_kernel1d(kernel_size: int, sigma: float,
 
 def gaussian_blur(img: torch.Tensor, kernel_size: int,
                   sigma: float, pad: bool = True) -> torch.Tensor:
-    """Gaussian blur of ``img [N, C, H, W]`` (square kernel, one sigma),
-    reflect padding: a separable form of torchvision's 2-D kernel
-    ``outer(k, k)``. ``pad=False``: no padding, only the pixels whose whole
-    window lies inside the image."""
+    """Blur ``img [N, C, H, W]`` separably, as torchvision's GaussianBlur.
+
+    Args:
+        pad (bool): Reflect padding; False: valid pixels only.
+
+    Raises:
+        ValueError: If ``kernel_size`` or ``sigma`` is invalid.
+    """
     if kernel_size <= 0 or kernel_size % 2 == 0:
         raise ValueError(f'kernel_size must be odd and positive, got '
                          f'{kernel_size}')
@@ -216,11 +184,10 @@ def gaussian_blur(img: torch.Tensor, kernel_size: int,
     if pad:
         x = F.pad(img, [half, half, half, half], mode='reflect')
         h, w = img.shape[-2:]
-    else:  # 'valid': the output is smaller by the kernel's margins
+    else:
         x = img
         h, w = img.shape[-2] - 2 * half, img.shape[-1] - 2 * half
-    # weighted sums of shifted views: a few multiply-adds per pixel, several
-    # times faster on CPU than a depthwise convolution with a tiny kernel
+    # shifted views: faster on CPU than a depthwise conv with a tiny kernel
     rows = sum(k[i] * x[..., i:i + h, :] for i in range(kernel_size))
     return sum(k[i] * rows[..., i:i + w] for i in range(kernel_size))
 
@@ -233,13 +200,10 @@ def center_crop(img: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
     return img[..., top:top + th, left:left + tw]
 
 
-# ---------------------------------------------------------------------------
 def _range(value, name: str, center: float = 1.0,
            bound: Tuple[float, float] = (0.0, float('inf')),
            clip_first_on_zero: bool = True) -> Range:
-    """torchvision ``ColorJitter._check_input``: a number ``v`` means
-    ``[center - v, center + v]``; ``None`` or ``[center, center]`` means
-    disabled."""
+    """Check a jitter range as torchvision's ``ColorJitter._check_input``."""
     if value is None:
         return None
     if isinstance(value, numbers.Number):
@@ -263,15 +227,13 @@ def _range(value, name: str, center: float = 1.0,
 
 
 def _uniform(low: float, high: float) -> float:
-    """One float32 draw from torch's global generator (torchvision's
-    ``torch.empty(1).uniform_(low, high).item()``)."""
+    """Draw one float32 from torch's global generator, as torchvision."""
     return float(torch.empty(1).uniform_(low, high).item())
 
 
 def cotta_augment_params(soft: bool = False,
                          gaussian_std: float = 0.005) -> dict:
-    """Arguments of :class:`CoTTAAugment` for the authors'
-    ``get_tta_transforms(gaussian_std, soft)``."""
+    """Return :class:`CoTTAAugment`'s arguments of CoTTA's presets."""
     return dict(
         brightness=(0.8, 1.2) if soft else (0.6, 1.4),
         contrast=(0.85, 1.15) if soft else (0.7, 1.3),
@@ -290,40 +252,29 @@ def cotta_augment_params(soft: bool = False,
 
 
 class CoTTAAugment:
-    """The authors' ``get_tta_transforms`` as one callable on a batch.
+    """CoTTA's augmentation chain as one callable on a batch.
 
-    ``Clip -> ColorJitterPro -> Pad(edge) -> RandomAffine -> GaussianBlur ->
-    CenterCrop -> RandomHorizontalFlip -> GaussianNoise -> Clip``, with one
-    random draw per call for the whole batch (see the module docstring for
-    the order of the draws). Defaults: ``get_tta_transforms(0.005,
-    soft=False)``.
+    Follows CoTTA's cifar/cotta.py (get_tta_transforms); None turns a step
+    off.
 
     Args:
-        brightness, contrast, saturation, gamma: factor ranges
-            ``(min, max)`` (or a number ``v``: ``[1 - v, 1 + v]``);
-            ``None``: off.
-        hue: hue shift range within ``[-0.5, 0.5]`` (a number ``v``:
-            ``[-v, v]``); ``None``: off.
-        pad_fraction: edge padding on each side, as a fraction of the image
-            height (top/bottom) and width (left/right), before the affine
-            warp; the centre crop restores the size. The authors pad
-            ``int(32 / 2)`` pixels on every side of 32x32 images (the same
-            for square images).
-        degrees: rotation range in degrees (``None``: no rotation).
-        translate: ``(fx, fy)``: shifts up to ``fx`` times the padded width
-            and ``fy`` times the padded height, rounded to whole pixels
-            (``None``: no shift).
-        scale: scale range (``None``: 1).
-        blur_kernel: Gaussian kernel size (odd).
-        blur_sigma: sigma range (``None``: no blur).
-        hflip_prob: probability of a horizontal flip (``None``: never,
-            without a draw).
-        noise_std: std of the additive Gaussian noise (``None``: none).
-        clip: ``(min, max)`` clip at the start and at the end (``None``:
-            none).
-        mean, std: if given, inputs are normalised images
-            ``(x01 - mean) / std``: they are mapped back to ``[0, 1]``
-            before the augmentation and normalised again after it.
+        brightness, contrast, saturation, gamma (tuple | float): Factor
+            ranges.
+        hue (tuple | float): Hue shift range within ``[-0.5, 0.5]``.
+        pad_fraction (float): Edge padding per side, a fraction of H and W.
+        degrees (tuple | float): Rotation range in degrees.
+        translate (tuple): Maximal shifts, fractions of the padded size.
+        scale (tuple): Scale range.
+        blur_kernel (int): Gaussian kernel size (odd).
+        blur_sigma (tuple): Sigma range.
+        hflip_prob (float): Probability of a horizontal flip.
+        noise_std (float): Std of the additive Gaussian noise.
+        clip (tuple): ``(min, max)`` clip at the start and at the end.
+        mean, std (Sequence[float], optional): Normalisation of the inputs,
+            undone around the augmentation.
+
+    Raises:
+        ValueError: If an argument is out of range.
     """
 
     def __init__(self,
@@ -381,10 +332,8 @@ class CoTTAAugment:
         self.mean = None if mean is None else tuple(map(float, mean))
         self.std = None if std is None else tuple(map(float, std))
 
-    # ------------------------------------------------------------------
     def color_jitter(self, img: torch.Tensor) -> torch.Tensor:
-        """``ColorJitterPro.forward``: the five operations in a random
-        order (``torch.randperm(5)``), one factor each."""
+        """Jitter colours in a random order, as ``ColorJitterPro``."""
         ops = (self.brightness, self.contrast, self.saturation, self.hue,
                self.gamma)
         if all(op is None for op in ops):
@@ -409,8 +358,7 @@ class CoTTAAugment:
 
     def affine_params(self, width: int,
                       height: int) -> Tuple[float, Tuple[int, int], float]:
-        """``RandomAffine.get_params``: angle, integer translation,
-        scale."""
+        """Draw angle, integer translation and scale (RandomAffine)."""
         angle = 0.0 if self.degrees is None else _uniform(*self.degrees)
         if self.translate is not None:
             max_dx = float(self.translate[0] * width)
@@ -428,7 +376,7 @@ class CoTTAAugment:
                     and self.scale is None)
 
     def augment01(self, x: torch.Tensor) -> torch.Tensor:
-        """The augmentation of a batch of images in ``[0, 1]``."""
+        """Augment a batch of images in ``[0, 1]``."""
         if x.dim() != 4:
             raise ValueError(f'CoTTAAugment needs images [N, C, H, W], got '
                              f'shape {tuple(x.shape)}')
@@ -439,9 +387,7 @@ class CoTTAAugment:
         ph, pw = int(h * self.pad_fraction), int(w * self.pad_fraction)
         if ph or pw:
             x = F.pad(x, [pw, pw, ph, ph], mode='replicate')
-        # Only the final center crop is kept: when the padding leaves room
-        # for the blur kernel's margin, warp and blur just that window
-        # (plus the margin) - the same pixels, a quarter of the work.
+        # only the final crop (+ the blur margin) is warped and blurred
         half = self.blur_kernel // 2 if self.blur_sigma is not None else 0
         window = (h + 2 * half, w + 2 * half) \
             if ph >= half and pw >= half else None

@@ -1,10 +1,4 @@
-"""DeYO (Lee et al., ICLR 2024): destroy your object, entropy and PLPD.
-
-Follows the authors' code (github.com/Jhyun17/DeYO, ``methods/deyo.py``
-``forward_and_adapt_deyo`` with ``aug_type='patch'``, ``collect_params``;
-defaults of ``config.py``/``main.py``); on segmentation outputs every pixel
-is a sample (see :class:`DeYO`).
-"""
+"""DeYO (Lee et al., ICLR 2024): destroy your object, entropy and PLPD."""
 import math
 from typing import Optional, Union
 
@@ -15,10 +9,7 @@ from ..losses import flatten_outputs, softmax_entropy
 from ..registry import METHODS
 from .base import BatchContext, SampleFilteringMethod
 
-#: Module names the authors' ``collect_params`` never adapts (substring
-#: tests on module names, as in their code, inherited from SAR): the last
-#: stage (``layer4`` of ResNets, ``blocks.9``-``blocks.11`` of ViT-B) and
-#: the final ``norm``.
+#: Modules DeYO's collect_params never adapts (SAR's rule).
 DEYO_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
 
 
@@ -26,29 +17,22 @@ def patch_shuffle(x: torch.Tensor,
                   patch_len: int = 4,
                   generator: Optional[torch.Generator] = None,
                   perm: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """DeYO's object-destroying transform (``aug_type='patch'``).
+    """Shuffle each image's ``patch_len x patch_len`` patches.
 
-    The images are cut into a ``patch_len x patch_len`` grid of patches
-    (``patch_len`` is the number of patches per row/column, the authors'
-    ``--patch_len``), the ``patch_len**2`` patches of each image are
-    permuted independently, and the grid is reassembled. Patch ``k`` is the
-    one at grid row ``k // patch_len``, column ``k % patch_len``; the
-    output's patch ``k`` is the input's patch ``perm[b, k]``.
-
-    When ``H`` or ``W`` is not a multiple of ``patch_len`` the images are
-    first resized (bilinear, ``align_corners=False``, no antialiasing: the
-    tensor ``Resize`` of torchvision 0.11, which the authors pin) to
-    ``(patch_len * (H // patch_len), patch_len * (W // patch_len))`` and
-    resized back afterwards. (The authors size both sides from the width,
-    i.e. assume square images.)
+    Follows DeYO's methods/deyo.py (``aug_type='patch'``).
 
     Args:
-        x: images ``[N, C, H, W]``.
-        patch_len: patches per row and per column.
-        generator: for the permutation ``argsort(rand(N, patch_len**2))``,
-            drawn on the CPU; ``None``: torch's global generator (as the
-            authors).
-        perm: ``[N, patch_len**2]`` permutations to use instead of a draw.
+        x (Tensor): Images ``[N, C, H, W]``.
+        patch_len (int): Patches per row and per column. Default: 4.
+        generator (torch.Generator, optional): For the permutations.
+        perm (Tensor, optional): ``[N, patch_len**2]``: output patch ``k``
+            is input patch ``perm[b, k]`` (row-major); None: drawn.
+
+    Returns:
+        Tensor: The shuffled images, same shape.
+
+    Raises:
+        ValueError: If the shapes do not fit.
     """
     if x.dim() != 4:
         raise ValueError(f'patch_shuffle needs images [N, C, H, W], got '
@@ -69,12 +53,10 @@ def patch_shuffle(x: torch.Tensor,
         x = F.interpolate(x, size=(th, tw), mode='bilinear',
                           align_corners=False)
     ph, pw = th // patch_len, tw // patch_len
-    # 'b c (ps1 h) (ps2 w) -> b (ps1 ps2) c h w'
     patches = x.reshape(n, c, patch_len, ph, patch_len, pw).permute(
         0, 2, 4, 1, 3, 5).reshape(n, num, c, ph, pw)
     perm = perm.to(device=x.device, dtype=torch.long)
     patches = patches[torch.arange(n, device=x.device).unsqueeze(-1), perm]
-    # 'b (ps1 ps2) c h w -> b c (ps1 h) (ps2 w)'
     out = patches.reshape(n, patch_len, patch_len, c, ph, pw).permute(
         0, 3, 1, 4, 2, 5).reshape(n, c, th, tw)
     if resized:
@@ -85,62 +67,24 @@ def patch_shuffle(x: torch.Tensor,
 
 @METHODS.register_module(name='deyo')
 class DeYO(SampleFilteringMethod):
-    """DeYO: entropy minimisation on samples whose prediction depends on
-    the object's shape.
+    """DeYO: entropy minimisation on samples whose prediction needs shape.
 
-    Per batch (authors' ``forward_and_adapt_deyo``, ``aug_type='patch'``),
-    with per-sample logits ``z`` of the forward pass (with gradients),
-    ``p = softmax(z)``, entropies ``H``:
-
-    1. filter 1: ``H < deyo_margin * ln C``;
-    2. ``x'`` = the kept images, patch-shuffled (:func:`patch_shuffle`,
-       one ``torch.rand`` draw from the global generator);
-       ``p' = softmax(model(x'))`` without gradients (same model, same
-       mode);
-    3. ``PLPD = p[y] - p'[y]``, ``y = argmax p``;
-       filter 2: ``PLPD > plpd_threshold``;
-    4. ``L_base = mean_{both filters}(w * H)``, ``w = reweight_ent /
-       exp(H - entropy_margin * ln C) + reweight_plpd / exp(-PLPD)``
-       (detached; with both reweights zero/False, ``w = 1``).
-
-    An empty filter gives no base loss: without STAG there is no backward
-    pass and no optimizer step (as the authors); with STAG the update uses
-    ``beta_t * L_STAG`` alone, which covers every sample of the forward
-    pass. ``adapt`` returns the forward pass's logits (before the update).
-    The batch's stats hold ``num_reliable`` (filter 1) and ``num_selected``
-    (both filters).
-
-    Segmentation (``'per_pixel'`` outputs; no code of the authors exists),
-    as ``DeYOContinual`` of stanfc/MLMP (``adapt/deyo_continual.py``):
-    every pixel of the head's output ``[N, C, h, w]`` is a sample
-    (:func:`~mmseg_stag.core.losses.flatten_outputs`, all crops' pixels
-    concatenated). Filter 1 per pixel; ``x'``: the images holding at least
-    one pixel of filter 1 (a pixel's input is its image: the authors'
-    ``x[filter_ids_1]``), patch-shuffled by :func:`patch_shuffle`
-    (one permutation per image, one ``torch.rand`` draw), forwarded
-    without gradients through the same probe; ``PLPD = p[y] - p'[y]`` per
-    pixel, ``p'`` the shuffled image's prediction at the *same*
-    head-output location (as MLMP; it does not follow the moved patch),
-    ``y`` the pixel's argmax before shuffling; filter 2, weights and loss
-    as above per pixel (mean over the pixels of both filters).
-    ``num_reliable``, ``num_selected`` and the stream counts count pixels.
+    Follows DeYO's methods/deyo.py (forward_and_adapt_deyo).
 
     Args:
-        deyo_margin (float): ``tau_Ent`` as a fraction of ``ln C``.
-            Default: 0.5.
-        entropy_margin (float): ``Ent_0`` of the weights as a fraction of
-            ``ln C``. Default: 0.4.
-        plpd_threshold (float): ``tau_PLPD``. Default: 0.2.
-        patch_len (int): patches per row/column. Default: 4.
-        reweight_ent, reweight_plpd (bool or float): factors of the two
-            weight terms. Default: 1 (True).
-        exclude_regex (str, optional): trainable parameters whose *module*
-            name matches (``re.search``) stay frozen. Default: the authors'
-            ``collect_params`` exclusion :data:`DEYO_AUTHORS_EXCLUDE`;
-            ``None``: every parameter chosen by ``trainable``.
-        optimizer (dict): default SGD lr 0.00025, momentum 0.9 (authors'
-            ResNet setting for batch 64).
-        **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
+        deyo_margin (float): Entropy filter / ``ln C``. Default: 0.5.
+        entropy_margin (float): ``Ent_0`` / ``ln C``. Default: 0.4.
+        plpd_threshold (float): PLPD filter. Default: 0.2.
+        patch_len (int): Patches per row and column. Default: 4.
+        reweight_ent (bool | float): Entropy weight factor. Default: 1.0.
+        reweight_plpd (bool | float): PLPD weight factor. Default: 1.0.
+        exclude_regex (str, optional): Modules left frozen.
+            Default: :data:`DEYO_AUTHORS_EXCLUDE`.
+        optimizer (dict, optional): Default: SGD, lr 0.00025, momentum 0.9.
+        **kwargs: See :class:`BaseMethod`.
+
+    Raises:
+        ValueError: If a margin or ``patch_len`` is not positive.
     """
 
     supported_outputs = ('per_sample', 'per_pixel')
@@ -187,21 +131,20 @@ class DeYO(SampleFilteringMethod):
         self.ent_margin = self.deyo_margin * math.log(self.num_classes)
         self.margin_e0 = self.entropy_margin * math.log(self.num_classes)
 
-    # ------------------------------------------------------------------
     def select(self, head_outputs, inputs: torch.Tensor, forward):
-        """Both filters of one batch.
+        """Apply both filters to one batch.
 
         Args:
-            head_outputs: ``[(features, logits), ...]`` of the forward pass
-                (per-pixel logits: every pixel a sample).
-            inputs: the images ``[N, C, H, W]`` of that pass.
-            forward: ``forward(model, x) -> (prediction, head_outputs)``.
+            head_outputs (HeadOutputs): Of the forward pass.
+            inputs (Tensor): Its images ``[N, C, H, W]``.
+            forward (Forward): For the shuffled images.
 
-        Returns ``(entropies [M], reliable [M], selected [M], plpd)`` over
-        the ``M`` samples (pixels, in
-        :func:`~mmseg_stag.core.losses.flatten_outputs` order): ``plpd``
-        holds the PLPD of the reliable ones (``None`` when none is
-        reliable); ``selected`` marks those kept by both filters.
+        Returns:
+            tuple: Entropies, reliable and selected masks ``[M]``, and the
+            PLPD of the reliable samples (None if there is none).
+
+        Raises:
+            ValueError: If ``inputs`` are not the batch's images.
         """
         _, logits = flatten_outputs(head_outputs, 'DeYO',
                                     self.output or self.supported_outputs)
@@ -240,12 +183,10 @@ class DeYO(SampleFilteringMethod):
 
     def shuffled_pixel_probs(self, head_outputs, inputs, forward,
                              reliable: torch.Tensor) -> torch.Tensor:
-        """``softmax`` of the patch-shuffled images' logits at the reliable
-        pixels' locations, ``[num reliable, C]``.
+        """Return the shuffled images' probabilities at the reliable pixels.
 
-        The images holding a reliable pixel are shuffled (one permutation
-        each) and forwarded; each pixel is read at its own head-output
-        location in its own (now shuffled) image.
+        Raises:
+            ValueError: If the shuffled forward gives other shapes.
         """
         num_images = head_outputs[0][1].shape[0]
         image_of_pixel = torch.cat([
@@ -271,14 +212,12 @@ class DeYO(SampleFilteringMethod):
             prob = z_prime.detach().softmax(1)
             full = prob.new_zeros((num_images, ) + prob.shape[1:])
             full[has_reliable] = prob
-            maps.append((full, full))  # (features unused)
+            maps.append((full, full))
         _, prob_prime = flatten_outputs(maps, 'DeYO', 'per_pixel')
         return prob_prime[reliable]
 
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
-        """Weighted entropy of the samples (pixels) kept by both filters;
-        ``None`` when none is kept. Runs the PLPD forward on
-        ``ctx.inputs``."""
+        """Return the weighted entropy of the samples both filters keep."""
         entropies, reliable, selected, plpd = self.select(
             ctx.head_outputs, ctx.inputs, ctx.forward)
         ctx.kept = selected

@@ -1,10 +1,4 @@
-"""EATA (Niu et al., ICML 2022): efficient anti-forgetting test-time
-adaptation.
-
-Follows the authors' code (github.com/mr-eggplant/EATA, ``eata.py``
-``forward_and_adapt_eata`` and the Fisher loop of ``main.py``); on
-segmentation outputs every pixel is a sample (see :class:`EATA`).
-"""
+"""EATA (Niu et al., ICML 2022): efficient anti-forgetting adaptation."""
 import math
 from typing import Dict, Optional, Tuple
 
@@ -18,8 +12,10 @@ from .base import SampleFilteringMethod
 
 def update_model_probs(current: Optional[torch.Tensor],
                        new_probs: torch.Tensor) -> Optional[torch.Tensor]:
-    """The moving average ``p_bar`` of the selected samples' probabilities
-    (authors' ``update_model_probs``; detached)."""
+    """Return the moving average ``p_bar`` of the selected probabilities.
+
+    Follows EATA's eata.py (update_model_probs).
+    """
     new_probs = new_probs.detach()
     if current is None:
         if new_probs.size(0) == 0:
@@ -32,61 +28,19 @@ def update_model_probs(current: Optional[torch.Tensor],
 
 @METHODS.register_module(name='eata')
 class EATA(SampleFilteringMethod):
-    """EATA: sample-efficient entropy minimisation with an EWC regulariser.
+    """EATA: reliable, non-redundant entropy minimisation with EWC.
 
-    Per batch (per-sample logits ``[N, C]``, entropies ``H``):
-
-    1. reliable samples: ``H < E0``, ``E0 = entropy_margin * ln C``;
-    2. non-redundant samples: once the moving average ``p_bar`` of the
-       selected samples' probability vectors exists, keep the reliable
-       samples with ``|cos(p_bar, softmax(z))| < d_margin``;
-    3. ``p_bar`` update (authors' ``update_model_probs``): the first
-       ``p_bar`` is the mean of the reliable samples' probabilities (the
-       redundancy filter cannot apply yet), afterwards
-       ``0.9 p_bar + 0.1 mean(selected)`` when some are selected;
-    4. ``L_base = mean_selected(H / exp(H - E0))`` (weights detached)
-       ``+ fisher_alpha * sum F (theta - theta_0)^2`` (EWC, eq. 8-9).
-
-    With no selected sample the authors skip the backward pass and the
-    optimizer step: :meth:`base_loss` returns ``None``, so without STAG
-    there is no update, and with STAG the update uses ``beta_t * L_STAG``
-    alone (no EWC term, as there is no EATA loss that step).
-
-    The Fisher information (``fisher_alpha > 0``) comes from
-    :meth:`fit_source` on clean source batches, as in the authors'
-    ``main.py``; adapting before it raises a RuntimeError.
-    ``fisher_alpha=0`` is ETA (no regulariser, no source data needed).
-
-    Segmentation (``'per_pixel'`` outputs; no code of the authors exists):
-    every pixel of the head's output ``[N, C, h, w]`` is a sample
-    (:func:`~mmseg_stag.core.losses.flatten_outputs`, all crops'
-    pixels concatenated), and steps 1-4 are the authors' code with pixels
-    as samples: the entropy filter ``H < E0`` and the redundancy filter
-    ``|cos(p_bar, p)| < d_margin`` per pixel, ``p_bar`` the moving average
-    of the selected pixels' probability vectors (first: the mean over the
-    reliable pixels; then ``0.9 p_bar + 0.1 mean(selected pixels)``),
-    weights ``1/exp(H - E0)`` per pixel, the mean over the selected pixels
-    (+ EWC). :meth:`fit_source`: cross-entropy of every pixel to the
-    model's own argmax, mean over the batch's pixels, ``grad^2`` summed per
-    batch and divided by the number of batches. The entropy filter and the
-    Fisher follow the per-pixel port of stanfc/MLMP
-    (``adapt/eata_continual.py``); MLMP's redundancy filter is per *image*
-    (the mean probability of its reliable pixels, dropped when its cosine
-    to ``p_bar`` exceeds ``1 - d_margin``), this one is the authors' rule
-    per pixel. With few classes most pixels are redundant at
-    ``d_margin=0.05``: a pixel passes only when its class holds little of
-    ``p_bar`` (for one-hot-like ``p``, ``cos = p_bar[c] / |p_bar|``).
-    ``num_reliable``, ``num_selected`` and the stream counts count pixels.
+    Follows EATA's eata.py (forward_and_adapt_eata).
 
     Args:
-        entropy_margin (float): ``E0`` as a fraction of ``ln C``.
-            Default: 0.4 (authors' ``main.py``).
-        d_margin (float): cosine threshold ``epsilon`` of the redundancy
-            filter. Default: 0.05.
-        fisher_alpha (float): weight of the EWC term. Default: 2000.
-        optimizer (dict): default SGD lr 0.00025, momentum 0.9 (authors'
-            ImageNet setting, batch 64).
-        **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
+        entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
+        d_margin (float): Redundancy cosine threshold. Default: 0.05.
+        fisher_alpha (float): EWC weight; 0 gives ETA. Default: 2000.
+        optimizer (dict, optional): Default: SGD, lr 0.00025, momentum 0.9.
+        **kwargs: See :class:`BaseMethod`.
+
+    Raises:
+        ValueError: If a margin is not positive or ``fisher_alpha < 0``.
     """
 
     supported_outputs = ('per_sample', 'per_pixel')
@@ -121,7 +75,7 @@ class EATA(SampleFilteringMethod):
 
     @property
     def needs_source_data(self) -> bool:
-        """EATA (``fisher_alpha > 0``) needs clean batches; ETA does not."""
+        """Whether clean batches are needed (``fisher_alpha > 0``)."""
         return self.fisher_alpha > 0
 
     def configure(self, model, classifier, output='per_sample'):
@@ -133,7 +87,7 @@ class EATA(SampleFilteringMethod):
         self.fishers = None
 
     def state_dict(self) -> dict:
-        # the Fisher information is saved so a resumed run skips fit_source
+        # saved so that a resumed run skips fit_source
         return dict(super().state_dict(), model_probs=self.model_probs,
                     fishers=self.fishers)
 
@@ -143,23 +97,22 @@ class EATA(SampleFilteringMethod):
         self.fishers = None if state['fishers'] is None else {
             name: tuple(pair) for name, pair in state['fishers'].items()}
 
-    # ------------------------------------------------------------------
     def fit_source(self, forward, batches) -> None:
-        """Fisher information of the trainable parameters (authors'
-        ``main.py``): per clean batch, cross-entropy to the model's own
-        argmax (mean over the batch's samples, or pixels), backward,
-        accumulate ``grad^2``; divide by the number of batches;
-        ``theta_0`` = the parameters now. No optimizer step.
+        """Compute the Fisher information of the trainable parameters.
+
+        Follows the Fisher loop of EATA's main.py.
 
         Args:
-            forward: ``forward(model, x) -> (prediction, head_outputs)``;
-                the head outputs' logits are used.
-            batches: iterable of image tensors (or ``(images, ...)``
-                tuples/lists, whose other items are ignored: the authors
-                replace the labels by the model's argmax).
+            forward (Forward): ``forward(model, x) -> (prediction,
+                head_outputs)``.
+            batches (Iterable): Image tensors or ``(images, ...)`` tuples.
+
+        Raises:
+            RuntimeError: If the method is not configured.
+            ValueError: If ``batches`` is empty.
         """
         if self.fisher_alpha == 0:
-            return  # ETA: no regulariser
+            return  # ETA
         if self.model is None:
             raise RuntimeError('EATA.configure(model, classifier) must be '
                                'called before fit_source')
@@ -189,7 +142,7 @@ class EATA(SampleFilteringMethod):
                         for name, p in self.params if name in seen}
 
     def ewc_term(self) -> torch.Tensor:
-        """``fisher_alpha * sum_params sum F (theta - theta_0)^2``."""
+        """Return ``fisher_alpha * sum F (theta - theta_0)^2``."""
         if self.fishers is None:
             raise RuntimeError('EATA has no Fisher information: call '
                                'fit_source(forward, clean_batches) first')
@@ -202,16 +155,15 @@ class EATA(SampleFilteringMethod):
                     fisher * (p - theta0) ** 2).sum()
         return total
 
-    # ------------------------------------------------------------------
     def select(self, logits: torch.Tensor
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Both filters and the ``p_bar`` update for one batch.
+        """Apply both filters and update ``p_bar`` for one batch.
 
         Args:
-            logits: ``[M, C]``, one row per sample (pixel).
+            logits (Tensor): ``[M, C]``, one row per sample (pixel).
 
-        Returns ``(entropies [M], reliable mask [M], selected mask [M])``;
-        the selected samples are reliable and non-redundant.
+        Returns:
+            tuple[Tensor]: Entropies, reliable and selected masks, ``[M]``.
         """
         entropies = softmax_entropy(logits)
         reliable = entropies < self.e_margin
@@ -228,9 +180,7 @@ class EATA(SampleFilteringMethod):
         return entropies, reliable, selected
 
     def base_loss(self, ctx) -> Optional[torch.Tensor]:
-        """Weighted entropy of the selected samples (pixels) (+ EWC);
-        ``None`` when none is selected. Updates ``p_bar`` (once per
-        call)."""
+        """Return the weighted entropy of the selected samples (+ EWC)."""
         _, logits = flatten_outputs(ctx.head_outputs, 'EATA',
                                     self.output or self.supported_outputs)
         entropies, reliable, selected = self.select(logits)

@@ -1,13 +1,6 @@
-"""EcoTTA (Song et al., CVPR 2023): continual adaptation of meta networks on
-a frozen network, with self-distilled regularisation.
+"""EcoTTA (Song et al., CVPR 2023): meta networks on a frozen network.
 
-The method is patented by Qualcomm according to its authors, who released a
-sample notebook only (``Lily-Le/EcoTTA`` at ``d72f0ce``,
-``ecotta_sample_code.py``: the architecture, :mod:`.ecotta_networks`). The
-test-time step follows the community completion in the same repository
-(``main.py`` ``adapt`` at its last commit, which reproduces the paper's
-CIFAR numbers); the notebook points to EATA's code for the optimizer and
-the entropy loss.
+Patented by Qualcomm according to its authors (see docs/methods.md).
 """
 import math
 from typing import Optional
@@ -21,33 +14,16 @@ from .base import BaseMethod, BatchContext
 
 @METHODS.register_module(name='ecotta')
 class EcoTTA(BaseMethod):
-    """EcoTTA on a network with meta networks (``network.ecotta``, see
-    :func:`~.ecotta_networks.attach_meta_networks`; configs build it with
-    ``EcoTTANetwork``).
+    """EcoTTA: a regularisation step, then an entropy step, per batch.
 
-    One ``adapt`` call, two optimizer steps (community ``main.py``)::
-
-        forward with every part's input detached -> lambda * sum_k R_k
-            -> backward -> step                        (R_k trains meta k)
-        forward -> prediction; L_ent over samples with H < E0
-            (+ beta_t L_STAG on the frozen classifier) -> backward -> step
-
-    The whole network runs in ``train()`` mode (batch statistics in the
-    frozen and the meta BNs); only the meta networks train. A batch without
-    a reliable sample still steps (zero gradient, SGD momentum), as the
-    authors' mean over an empty selection does; ``t`` counts batches.
+    Follows the community completion in Lily-Le/EcoTTA (main.py adapt).
 
     Args:
-        reg_weight (float): ``lambda`` of the self-distilled regularisation.
-            Default: 0.5 (the paper's value as quoted by the community
-            code; its reproduction command uses 0.25).
-        entropy_margin (float): ``E0 = entropy_margin * ln C`` (EATA's
-            ``e_margin``). Default: 0.4.
-        optimizer (dict): default SGD lr 5e-3, momentum 0.9 (EATA's CIFAR
-            settings, batch 64).
-        trainable (dict): default the meta networks
-            (``name_regex='^ecotta\\.'``).
-        **kwargs: see :class:`BaseMethod` (``stag``, ...).
+        reg_weight (float): Regularisation weight. Default: 0.5.
+        entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
+        optimizer (dict, optional): Default: SGD, lr 5e-3, momentum 0.9.
+        trainable (dict, optional): Default: the meta networks.
+        **kwargs: See :class:`BaseMethod`.
     """
 
     supported_outputs = ('per_sample', )
@@ -77,8 +53,7 @@ class EcoTTA(BaseMethod):
         model.train()  # community main.py: net.train() before adapt()
 
     def regularisation_step(self, ctx: BatchContext) -> float:
-        """``lambda * sum_k R_k`` on a forward with detached part inputs,
-        one step. Returns the loss."""
+        """Take one step on ``reg_weight * sum_k R_k``; return that loss."""
         with self.meta.regularising():
             ctx.forward(self.model, ctx.inputs)
             reg = self.reg_weight * self.meta.regulariser()
@@ -88,8 +63,7 @@ class EcoTTA(BaseMethod):
         return reg.item()
 
     def base_loss(self, ctx: BatchContext) -> torch.Tensor:
-        """Mean entropy of the samples with ``H < E0`` (zero, with zero
-        gradients, when there is none)."""
+        """Return the mean entropy of the samples with ``H < E0`` (or 0)."""
         _, logits = per_sample_logits(ctx.head_outputs, 'EcoTTA')
         entropy = softmax_entropy(logits)
         reliable = entropy < self.entropy_margin * math.log(logits.shape[1])

@@ -1,14 +1,6 @@
-"""EcoTTA's meta networks on a frozen network (Song et al., CVPR 2023).
+"""EcoTTA's meta networks, attached to a frozen network by forward hooks.
 
-The authors' notebook (``Lily-Le/EcoTTA`` at ``d72f0ce``,
-``ecotta_sample_code.py``: ``conv_block``, ``build_meta_block``,
-``one_part_of_networks``, ``attach_meta_networks``) splits the encoder after
-its input convolution into K parts of consecutive residual blocks and gives
-each part a meta network; the part's output becomes
-``meta_bn(part(x)) + conv_block(x)``. Here the parts are attached with
-forward hooks on the network's own blocks, so the network keeps its module
-names (its source weights load as they are) and the meta networks sit under
-``<network>.ecotta``.
+Follows EcoTTA's ecotta_sample_code.py (attach_meta_networks).
 """
 import contextlib
 import re
@@ -33,13 +25,14 @@ class ConvBlock(nn.Module):
 
 
 class MetaPart(nn.Module):
-    """The meta network of one part (``build_meta_block``) and the part's
-    forward (``one_part_of_networks``), as hooks on the part's first and last
-    block.
+    """The meta network of one part, as hooks on its first and last block.
 
-    ``regularising``: the part's input is detached (so ``R_k`` trains only
-    this meta network) and ``reg_loss`` is the L1 distance of the part's
-    output to the frozen part's output (detached): ``R_k``.
+    Follows the notebook's build_meta_block and one_part_of_networks.
+
+    Args:
+        in_channels (int): Channels into the part.
+        out_channels (int): Channels out of the part.
+        stride (int): The part's stride.
     """
 
     def __init__(self, in_channels: int, out_channels: int, stride: int):
@@ -51,15 +44,14 @@ class MetaPart(nn.Module):
         self._adapted = None
 
     def before_part(self, block, args):
-        """Forward pre-hook of the part's first block."""
+        """Detach the input if regularising; run the adapted branch."""
         x = args[0].detach() if self.regularising else args[0]
-        # computed before the frozen blocks run: an in-place op there cannot
-        # touch the input it reads
+        # before the frozen blocks run: their in-place ops cannot touch x
         self._adapted = self.conv_block(x)
         return (x, ) + tuple(args[1:])
 
     def after_part(self, block, args, frozen_out):
-        """Forward hook of the part's last block."""
+        """Return ``meta_bn(out) + adapted``; record ``R_k`` if asked."""
         adapted, self._adapted = self._adapted, None
         out = self.meta_bn(frozen_out) + adapted
         if self.regularising:
@@ -71,8 +63,8 @@ class MetaNetworks(nn.Module):
     """The K meta networks of a network (``<network>.ecotta``).
 
     Args:
-        shapes: per part ``(in_channels, out_channels, stride)``.
-        parts: blocks per part (kept for ``repr`` and checks).
+        shapes (Sequence[tuple]): Per part ``(in, out, stride)``.
+        parts (Sequence[int]): Blocks per part.
     """
 
     def __init__(self, shapes: Sequence[Tuple[int, int, int]],
@@ -83,18 +75,21 @@ class MetaNetworks(nn.Module):
 
     @contextlib.contextmanager
     def regularising(self):
-        """Forwards inside compute each part's ``R_k`` on detached inputs
-        (read them inside, with :meth:`regulariser`)."""
+        """Compute each part's ``R_k`` on detached inputs inside."""
         for part in self.parts:
             part.regularising, part.reg_loss = True, None
         try:
             yield self
         finally:
-            for part in self.parts:  # no graph kept (a module stays copyable)
+            for part in self.parts:  # drop the graph: stays deep-copyable
                 part.regularising, part.reg_loss = False, None
 
     def regulariser(self) -> torch.Tensor:
-        """``sum_k R_k`` of the last forward inside :meth:`regularising`."""
+        """Return ``sum_k R_k`` of the last forward inside ``regularising``.
+
+        Raises:
+            RuntimeError: If no regularised forward ran.
+        """
         losses = [part.reg_loss for part in self.parts]
         if any(loss is None for loss in losses):
             raise RuntimeError('no regularised forward ran: forward inside '
@@ -106,8 +101,7 @@ class MetaNetworks(nn.Module):
 
 
 def find_blocks(network: nn.Module, blocks: str) -> List[str]:
-    """Names of the modules whose whole name matches ``blocks``, in the
-    network's module order."""
+    """Return the names of the modules that ``blocks`` fully matches."""
     pattern = re.compile(blocks)
     return [n for n, _ in network.named_modules() if pattern.fullmatch(n)]
 
@@ -115,9 +109,11 @@ def find_blocks(network: nn.Module, blocks: str) -> List[str]:
 @torch.no_grad()
 def trace_blocks(network: nn.Module, names: List[str],
                  input_size: Sequence[int]) -> List[Tuple[tuple, tuple]]:
-    """Each block's input and output shape on one zero image; raises a
-    ValueError unless every block's input is the previous block's output
-    (a chain: parts of consecutive blocks can be hooked)."""
+    """Return each block's input and output shape on one zero image.
+
+    Raises:
+        ValueError: If the blocks do not form a chain, once each, in order.
+    """
     modules = dict(network.named_modules())
     seen = []
     handles = [
@@ -126,7 +122,7 @@ def trace_blocks(network: nn.Module, names: List[str],
     ]
     was_training = network.training
     try:
-        network.eval()  # no running statistic changes
+        network.eval()  # leave the running statistics alone
         param = next(network.parameters())
         network(param.new_zeros(1, *input_size))
     finally:
@@ -147,20 +143,20 @@ def attach_meta_networks(network: nn.Module, blocks: str,
                          parts: Sequence[int],
                          input_size: Sequence[int] = (3, 32, 32)
                          ) -> MetaNetworks:
-    """Attach K = ``len(parts)`` meta networks to ``network`` (in place,
-    as ``network.ecotta``).
+    """Attach ``len(parts)`` meta networks as ``network.ecotta``, in place.
 
     Args:
-        network: the source network.
-        blocks: regex of the blocks' module names, e.g.
-            ``r'block\\d\\.layer\\.\\d+'`` (a WideResNet's residual blocks).
-        parts: consecutive blocks per part, covering every block
-            (notebook's ``num_blocks``; WRN-40-2 K=4: ``[3, 3, 6, 6]``).
-        input_size: ``(C, H, W)`` of one image, to read the parts' shapes.
+        network (nn.Module): The source network.
+        blocks (str): Regex of the blocks' module names.
+        parts (Sequence[int]): Consecutive blocks per part, covering all.
+        input_size (Sequence[int]): One image's size. Default: (3, 32, 32).
+
+    Returns:
+        MetaNetworks: The attached meta networks.
 
     Raises:
-        ValueError: the partition does not cover the blocks, or the blocks
-            do not form a chain.
+        ValueError: If the parts do not cover the blocks or the blocks do
+            not form a chain.
     """
     if hasattr(network, 'ecotta'):
         raise ValueError('the network already has EcoTTA meta networks')

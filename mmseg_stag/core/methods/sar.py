@@ -1,10 +1,4 @@
-"""SAR (Niu et al., ICLR 2023): sharpness-aware and reliable entropy
-minimisation.
-
-Follows the authors' code (github.com/mr-eggplant/SAR, ``sar.py``
-``forward_and_adapt_sar``, ``sam.py`` and ``collect_params``); on
-segmentation outputs every pixel is a sample (see :class:`SAR`).
-"""
+"""SAR (Niu et al., ICLR 2023): sharpness-aware reliable adaptation."""
 import copy
 import math
 from typing import Optional
@@ -16,9 +10,7 @@ from ..registry import METHODS
 from ..sam import SAM
 from .base import BaseMethod, BatchContext
 
-#: Module names the authors' ``collect_params`` never adapts: the last stage
-#: (``layer4`` of ResNets, ``blocks.9``-``blocks.11`` of ViT-B) and the final
-#: ``norm`` (substring tests on module names, as in their code).
+#: Modules SAR's collect_params never adapts (last stage, final norm).
 SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
 
 
@@ -26,63 +18,24 @@ SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
 class SAR(BaseMethod):
     """SAR: reliable entropy minimisation with a SAM update and recovery.
 
-    One ``adapt`` (authors' ``forward_and_adapt_sar``): forward 1 (the
-    prediction), ``L1 = mean_{H < E0} H (+ beta_t L_STAG)``, backward,
-    :meth:`SAM.first_step`; forward 2 at ``theta + e_w``,
-    ``L2 = mean H2`` over the samples kept by both passes (``+ beta_t
-    L_STAG``), ``ema = 0.9 ema + 0.1 L2_base``, backward,
-    :meth:`SAM.second_step`; recovery (:meth:`recover`) when
-    ``ema < reset_constant``: the parameters return to their values at
-    ``configure``, the EMA and the base optimizer's momentum are kept (the
-    authors' ``SAR.forward``/``reset``). ``beta_t`` is the same in both
-    passes. Empty filters: see ``momentum_step_on_empty`` and the README.
-
-    Segmentation (``'per_pixel'`` outputs; no code of the authors exists),
-    as the per-pixel SAR of HiLab-git/SicTTA (``sotas/sar.py``, Medical
-    Image Analysis): every pixel of the head's output ``[N, C, h, w]`` is a
-    sample (:func:`~mmseg_stag.core.losses.flatten_outputs`, all crops'
-    pixels concatenated). Filter 1 keeps the pixels with ``H < E0`` of
-    forward 1, ``L1`` is their mean entropy; after the SAM first step the
-    whole image is forwarded again, filter 2 keeps, among the pixels of
-    filter 1 (the authors' ``entropys2 = entropys2[filter_ids_1]`` with
-    pixels), those with ``H2 < E0``; ``L2`` is their mean entropy, and its
-    EMA and the recovery are unchanged. SicTTA lowers the recovery
-    threshold to 0.025 for its 4-class task; the default here stays the
-    authors' 0.2 (``reset_constant``). ``num_kept1``/``num_kept2`` count
-    pixels.
+    Follows SAR's sar.py (forward_and_adapt_sar, SAR.forward).
 
     Args:
-        entropy_margin (float): ``E0`` as a fraction of ``ln C``.
-            Default: 0.4.
-        rho (float): SAM neighbourhood size (non-adaptive SAM).
-            Default: 0.05.
-        reset_constant (float): recovery threshold ``e_m`` on the EMA of
-            the loss. Default: 0.2 (the authors compare with the literal
-            0.2; their ``reset_constant_em`` argument is unused).
-        exclude_regex (str, optional): trainable parameters whose *module*
-            name matches (``re.search``) are left frozen. Default: the
-            authors' exclusion :data:`SAR_AUTHORS_EXCLUDE`; ``None``: keep
-            every parameter chosen by ``trainable``.
-        momentum_step_on_empty (bool): with both filters empty (STAG off),
-            step the base optimizer with zero gradients, i.e. by its
-            momentum alone, as the authors' NaN-loss path does. Default:
-            True; False: no update at all.
-        reset_optimizer (bool): the recovery also restores the base
-            optimizer's state (momentum buffers) to its value at
-            ``configure``. Default: False, as the authors: their reset calls
-            ``SAM.load_state_dict``, which restores SAM's own state (only
-            ``old_p``) and the groups' hyper-parameters (never changed
-            here), not the momentum buffers held in
-            ``base_optimizer.state``.
-        reset_clears_ema (bool): after a recovery the EMA starts afresh
-            (``None``). Default: False, as the authors: ``SAR.forward``
-            calls ``self.reset()`` (which sets ``self.ema = None``) and then
-            ``self.ema = ema``, so the EMA of the recovering batch is kept
-            and recovery fires again on the next batches while it stays
-            below ``reset_constant``.
-        optimizer (dict): the base optimizer of SAM (MMEngine
-            ``OPTIMIZERS``). Default: SGD lr 0.00025, momentum 0.9.
-        **kwargs: see :class:`BaseMethod` (``stag``, ``trainable``, ...).
+        entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
+        rho (float): SAM neighbourhood size. Default: 0.05.
+        reset_constant (float): Recovery threshold (EMA). Default: 0.2.
+        exclude_regex (str, optional): Modules left frozen.
+            Default: :data:`SAR_AUTHORS_EXCLUDE`.
+        momentum_step_on_empty (bool): Step by momentum alone when nothing
+            is kept. Default: True.
+        reset_optimizer (bool): Recovery clears momentum. Default: False.
+        reset_clears_ema (bool): Restart the EMA on recovery. Default: False.
+        optimizer (dict, optional): SAM's base optimizer. Default: SGD,
+            lr 0.00025, momentum 0.9.
+        **kwargs: See :class:`BaseMethod`.
+
+    Raises:
+        ValueError: If ``entropy_margin <= 0`` or ``rho < 0``.
     """
 
     supported_outputs = ('per_sample', 'per_pixel')
@@ -136,7 +89,7 @@ class SAR(BaseMethod):
             self.optimizer.base_optimizer.state_dict())
 
     def state_dict(self) -> dict:
-        # the recovery targets (_initial_*) come from configure
+        # the recovery targets come from configure
         return dict(super().state_dict(), ema=self.ema,
                     num_resets=self.num_resets)
 
@@ -144,12 +97,8 @@ class SAR(BaseMethod):
         super().load_state_dict(state)
         self.ema, self.num_resets = state['ema'], state['num_resets']
 
-    # ------------------------------------------------------------------
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
-        """Mean entropy of the samples (pixels) with ``H < E0`` (and in
-        ``ctx.among`` when set); ``None`` when none is kept. Sets
-        ``ctx.kept`` (a mask over the samples, or over the pixels in
-        :func:`~mmseg_stag.core.losses.flatten_outputs` order)."""
+        """Return the mean entropy of the kept samples; set ``ctx.kept``."""
         _, logits = flatten_outputs(ctx.head_outputs, 'SAR',
                                     self.output or self.supported_outputs)
         entropies = softmax_entropy(logits)
@@ -163,33 +112,29 @@ class SAR(BaseMethod):
         return entropies[keep].mean(0)
 
     def reset(self) -> None:
-        """The authors' ``SAR.reset``: trainable parameters back to their
-        values at ``configure``, ``ema = None``; the base optimizer's
-        momentum is kept unless ``reset_optimizer``."""
+        """Restore the parameters of ``configure``; follows SAR.reset."""
         with torch.no_grad():
             for name, p in self.params:
                 p.copy_(self._initial_params[name])
         if self.reset_optimizer:
-            # deviation (reset_optimizer): also clear the momentum buffers
+            # deviation: SAR.reset keeps the momentum buffers
             self.optimizer.load_base_state_dict(
                 copy.deepcopy(self._initial_optimizer))
         self.ema = None
         self.num_resets += 1
 
     def recover(self) -> bool:
-        """Model recovery after each batch (the authors' ``SAR.forward``):
-        :meth:`reset` when ``ema < reset_constant``, then the EMA is put
-        back unless ``reset_clears_ema``.
+        """Reset when ``ema < reset_constant``, as SAR.forward.
 
         Returns:
-            bool: whether the recovery fired.
+            bool: Whether the recovery fired.
         """
         ema = self.ema
         if ema is None or not ema < self.reset_constant:
             return False
         self.reset()
         if self.reset_clears_ema:
-            return True  # deviation (reset_clears_ema): the EMA stays None
+            return True  # deviation: the EMA stays None
         self.ema = ema  # sar.py SAR.forward: `self.ema = ema` after reset
         return True
 
@@ -228,7 +173,7 @@ class SAR(BaseMethod):
             self.step += 1
             self.num_updates += 1
         elif self.momentum_step_on_empty:
-            # the authors' zero-gradient step (see the class docstring)
+            # the authors' NaN loss gives zero gradients: momentum only
             for _, p in self.params:
                 p.grad = torch.zeros_like(p)
             sam.base_optimizer.step()

@@ -6,8 +6,8 @@ from .base import BaseMethod
 class Source(BaseMethod):
     """The source model, unchanged: no update, evaluation mode.
 
-    A STAG term makes no sense without anything to update, so ``stag`` is
-    refused.
+    Raises:
+        ValueError: If ``stag`` is given (nothing to update).
     """
 
     has_base_loss = False

@@ -8,16 +8,15 @@ from .base import BaseMethod
 class TENT(BaseMethod):
     """TENT (Wang et al., ICLR 2021): minimise the prediction entropy.
 
-    The normalisation layers' affine parameters are adapted; the model stays
-    in evaluation mode (BatchNorm uses its running statistics), as in CoTTA's
-    ACDC code.
+    Follows DequanWang/tent's tent.py (forward_and_adapt), in eval mode.
 
     Args:
-        loss (str): ``'entropy'`` (the paper's TENT, eq:ent, averaged over
-            samples/pixels) or ``'pseudo_ce'`` (cross-entropy to the model's
-            own argmax at the head's resolution). Segmentation adds CoTTA's
-            ACDC loss (``mmseg_stag.segmentation.SegmentationTENT``).
-        **kwargs: see :class:`BaseMethod`.
+        loss (str): ``'entropy'`` (eq:ent) or ``'pseudo_ce'`` (cross-entropy
+            to the own argmax). Default: ``'entropy'``.
+        **kwargs: See :class:`BaseMethod`.
+
+    Raises:
+        ValueError: If ``loss`` is unknown.
     """
 
     LOSSES = ('entropy', 'pseudo_ce')

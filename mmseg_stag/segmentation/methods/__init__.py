@@ -1,5 +1,4 @@
-"""Segmentation variants of the core methods (what only exists at the
-original image size), in :data:`SEGMENTATION_METHODS`."""
+"""Segmentation variants of the core methods, in ``SEGMENTATION_METHODS``."""
 from .cotta import SegmentationCoTTA, teacher_labels
 from .full_resolution import (SegmentationBatchContext, View,
                               full_resolution_cross_entropy)

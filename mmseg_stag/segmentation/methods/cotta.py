@@ -11,17 +11,9 @@ from .registry import SEGMENTATION_METHODS
 
 @SEGMENTATION_METHODS.register_module(name='cotta')
 class SegmentationCoTTA(CoTTA):
-    """CoTTA per pixel, as the authors' ACDC code (``mmseg/apis/test.py``
-    ``single_gpu_cotta``): the teacher predicts every view of a multi-view
-    pipeline (``ctx.views``), its label is :func:`teacher_labels`, the
-    student (main view, the one forward) is trained with cross-entropy to
-    that label at the original size, and the label is the evaluated
-    prediction. The EMA update and the stochastic restore are the core's.
+    """CoTTA per pixel: a multi-view teacher label at full size.
 
-    Args:
-        ap (float): the source model's confidence per pixel above which the
-            teacher's main-view label is kept (ACDC: 0.69).
-        **kwargs: see :class:`~mmseg_stag.core.CoTTA`.
+    Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta).
     """
 
     supported_outputs = ('per_sample', 'per_pixel')
@@ -44,8 +36,7 @@ class SegmentationCoTTA(CoTTA):
 
 @torch.no_grad()
 def view_probabilities(model: nn.Module, view: View) -> torch.Tensor:
-    """Softmax of ``model``'s prediction of one view at the original image
-    size, flip undone (0.x ``inference`` with ``rescale=True``)."""
+    """Return a view's softmax at the original size, flip undone."""
     logits, _ = view.forward(model, view.inputs)
     return view.to_original_size(logits).softmax(dim=1)
 
@@ -54,12 +45,7 @@ def view_probabilities(model: nn.Module, view: View) -> torch.Tensor:
 def teacher_labels(teacher: nn.Module, source_model: nn.Module,
                    views: Sequence[View], main_view: int,
                    threshold: float) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """The label map CoTTA trains on and evaluates, ``[N, H0, W0]``.
-
-    Where the source model's confidence at the main view exceeds
-    ``threshold`` (0.69), the teacher's main-view label; elsewhere the
-    argmax of the teacher's probabilities averaged over all views.
-    """
+    """Return the label map CoTTA trains on and evaluates, and stats."""
     total = None
     for idx, view in enumerate(views):
         probs = view_probabilities(teacher, view)
@@ -67,8 +53,7 @@ def teacher_labels(teacher: nn.Module, source_model: nn.Module,
             single = probs.argmax(dim=1)
         total = probs if total is None else total + probs
     multi = (total / len(views)).argmax(dim=1)
-    # the authors' anchor (the source model) predicts every view; only the
-    # main one is used
+    # CoTTA's anchor model predicts every view but uses only the main one
     confidence = view_probabilities(source_model,
                                     views[main_view]).max(dim=1)[0]
     confident = confidence > threshold

@@ -1,5 +1,4 @@
-"""What a per-pixel method sees at the images' original size: the
-segmentation batch context, its views and the full-resolution loss."""
+"""The segmentation batch context, its views and the full-size loss."""
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
@@ -12,14 +11,12 @@ from mmseg_stag.core.probe import Forward
 
 @dataclass
 class View:
-    """One test-time view of a segmentation batch (a scale x flip of
-    ``ScaleFlipViews``/``TestTimeAug``), as CoTTA's teacher reads them.
+    """One test-time view (a scale and flip) of a segmentation batch.
 
     Args:
-        inputs: the view's preprocessed images.
-        forward: ``forward(model, inputs)`` with the view's metainfo.
-        to_original_size: ``f(seg_logits) -> logits [N, C, H0, W0]``, flip
-            undone (MMSeg's ``postprocess_result``).
+        inputs (Any): The view's preprocessed images.
+        forward (Forward): ``forward(model, inputs)`` for this view.
+        to_original_size (Callable): Logits to ``[N, C, H0, W0]``, unflipped.
     """
     inputs: Any
     forward: Forward
@@ -28,16 +25,12 @@ class View:
 
 @dataclass
 class SegmentationBatchContext(BatchContext):
-    """A segmentation batch: :class:`~mmseg_stag.core.BatchContext` plus
-    what MMSeg knows of the original images.
+    """A segmentation batch: the core context plus the original images.
 
     Args:
-        labels_at_original_size: ``f(seg_logits) -> labels [N, H0, W0]``,
-            the argmax of a prediction at the original size (what the
-            metric scores).
-        views: every :class:`View` of a multi-view pipeline's batch
-            (``views[main_view]`` is ``inputs``); ``None``: one view.
-        main_view: see ``views``.
+        labels_at_original_size (Callable, optional): Logits to labels.
+        views (list[View], optional): Every view; None: one view.
+        main_view (int): Index of ``inputs`` in ``views``. Default: 0.
     """
     labels_at_original_size: Optional[Callable[[torch.Tensor],
                                                torch.Tensor]] = None
@@ -48,16 +41,18 @@ class SegmentationBatchContext(BatchContext):
 def full_resolution_cross_entropy(logits: torch.Tensor,
                                   labels: torch.Tensor,
                                   align_corners: bool = False) -> torch.Tensor:
-    """Mean cross-entropy of ``logits [N, C, h, w]`` resized bilinearly
-    straight to ``labels [N, H, W]``, over all pixels (CoTTA's ACDC code:
-    ``single_gpu_tent`` -> MMSeg 0.x ``BaseDecodeHead.losses``)."""
+    """Return the cross-entropy of logits resized straight to ``labels``."""
     logits = F.interpolate(logits, size=labels.shape[-2:], mode='bilinear',
                            align_corners=align_corners)
     return F.cross_entropy(logits, labels.long())
 
 
 def whole_image_logits(ctx: BatchContext, what: str) -> torch.Tensor:
-    """The one classifier call's logits of a whole-image forward."""
+    """Return the logits of a whole-image forward.
+
+    Raises:
+        ValueError: If the forward made more than one classifier call.
+    """
     if len(ctx.head_outputs) != 1:
         raise ValueError(
             f'{what} trains on the whole image, as CoTTA\'s ACDC code does: '

@@ -1,6 +1,4 @@
-"""The segmentation variants of the core methods: a child of
-:data:`mmseg_stag.core.METHODS`, so a segmentation config's ``type='tent'``
-finds the per-pixel TENT here and ``type='eata'`` the core's EATA."""
+"""The registry of segmentation methods, a child of the core ``METHODS``."""
 from mmengine.registry import Registry
 
 from mmseg_stag.core import METHODS

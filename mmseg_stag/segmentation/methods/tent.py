@@ -5,15 +5,14 @@ from .registry import SEGMENTATION_METHODS
 
 @SEGMENTATION_METHODS.register_module(name='tent')
 class SegmentationTENT(TENT):
-    """TENT with CoTTA's ACDC loss (``mmseg/apis/test.py``
-    ``single_gpu_tent``) as ``loss='pseudo_ce_fullres'``: cross-entropy to
-    the argmax of the prediction at the original image size, the head's
-    logits resized bilinearly straight to it, mean over all pixels.
+    """TENT with ``loss='pseudo_ce_fullres'``, CoTTA's ACDC loss.
+
+    Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_tent).
 
     Args:
-        align_corners (bool): of that resize (the decode head's).
-            Default: False.
-        **kwargs: see :class:`~mmseg_stag.core.TENT`.
+        loss (str): Adds ``'pseudo_ce_fullres'``. Default: ``'entropy'``.
+        align_corners (bool): Of the resize to full size. Default: False.
+        **kwargs: See :class:`~mmseg_stag.core.TENT`.
     """
 
     LOSSES = TENT.LOSSES + ('pseudo_ce_fullres', )
