@@ -9,7 +9,7 @@ STAMP := $(VENV)/.mmseg_stag_installed
 VENV_REAL ?= .venv-real
 STAMP_REAL := $(VENV_REAL)/.real_models_installed
 
-.PHONY: install demo demo-cls docs test clean-venv
+.PHONY: install demo demo-cls demo-cls-hard docs test clean-venv
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 demo-cls: $(STAMP)
 	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls
+
+# Table label_shifts_bs1's scenarios: label shift (ratio inf), batch size 1
+demo-cls-hard: $(STAMP)
+	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls --scenarios label_shift bs1
 
 $(STAMP_REAL): setup.py tools/install_real_models_env.sh
 	rm -f $(STAMP_REAL)

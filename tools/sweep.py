@@ -16,7 +16,7 @@ which reports each stage's score (mIoU or accuracy) as the stage ends. ``--sched
 stops runs that trail the others at the same stage (Ray Tune's
 ``ASHAScheduler``: a beta0/gamma search that spends its GPUs on the
 promising settings). ``--address`` attaches to a running Ray cluster (the
-README shows how to start one under SLURM); without it a local instance is
+docs/sweeps.md shows how to start one under SLURM); without it a local instance is
 started. When all runs have ended, one table (``W/sweep_results.{csv,json,
 md}``) and one figure (``W/sweep_results.png``: the score per condition
 across rounds, a line per run) gather them; a run that failed or was stopped keeps
@@ -265,7 +265,7 @@ def check_address(address, timeout=5.0):
     except OSError as err:
         raise SystemExit(
             f'error: the Ray cluster at --address {address} does not answer '
-            f'({err}); start it first (ray start --head, see the README) or '
+            f'({err}); start it first (ray start --head, see docs/sweeps.md) or '
             'leave --address out for a local instance') from err
 
 

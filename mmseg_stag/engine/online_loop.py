@@ -38,8 +38,8 @@ DISTRIBUTED_ERROR = (
     'images and the metric would see a different stream. Run one stream '
     'with --launcher none; to use several GPUs or nodes, run whole streams '
     'in parallel (configs x checkpoints x seeds x beta0/gamma) with '
-    'tools/sweep.py, one GPU per run, on Ray (see the README, "Many runs on '
-    'many GPUs").')
+    'tools/sweep.py, one GPU per run, on Ray (see docs/sweeps.md, "Many '
+    'runs on many GPUs").')
 
 
 @LOOPS.register_module()

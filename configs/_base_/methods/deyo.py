@@ -1,4 +1,4 @@
-# DeYO per pixel (README: "EATA, SAR and DeYO per pixel"; as MLMP's
+# DeYO per pixel (docs/methods.md: "EATA, SAR and DeYO per pixel"; as MLMP's
 # DeYOContinual): 4x4 patch shuffle of the image, PLPD per pixel, filters
 # (entropy < 0.5 ln C, PLPD > 0.2) and weights per pixel; CoTTA's ACDC
 # Adam; every norm layer (the authors' exclusion is a ResNet/ViT rule).

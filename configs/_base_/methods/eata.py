@@ -1,4 +1,4 @@
-# EATA per pixel (README: "EATA, SAR and DeYO per pixel"): entropy and
+# EATA per pixel (docs/methods.md: "EATA, SAR and DeYO per pixel"): entropy and
 # redundancy filters and weights per pixel (the authors' defaults: E0 = 0.4
 # ln C, d_margin 0.05), the EWC term with the Fisher information of clean
 # Cityscapes val images (alpha 2000); the optimizer, parameters and

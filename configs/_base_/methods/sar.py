@@ -1,4 +1,4 @@
-# SAR per pixel (README: "EATA, SAR and DeYO per pixel"; as SicTTA's
+# SAR per pixel (docs/methods.md: "EATA, SAR and DeYO per pixel"; as SicTTA's
 # segmentation SAR): entropy filter per pixel on both passes (0.4 ln C),
 # SAM (rho 0.05) over CoTTA's ACDC Adam, recovery when the EMA of the second
 # pass's loss < 0.2; every norm layer (the authors' exclusion of the last
