@@ -134,3 +134,43 @@ def test_cifar_c_methods(tmp_path, cifar_c, weights, model, benchmark,
         assert [s['num_images'] for s in res['stages']] == [4] * stages
         if leaf.endswith('-stag'):
             assert res['num_updates'] >= 2 * stages
+
+
+def test_tools_test_py_runs_a_real_model(tmp_path, imagenet_c, weights):
+    """The command users type, in a process of its own: ViT-B/16 SAR+STAG
+    from its .safetensors; then a checkpoint with a 10-class head fails
+    naming the file and the key, before any image is adapted."""
+    import subprocess
+    import sys
+    config = osp.join(REPO, 'configs/cls/imagenet-c/'
+                      'imagenet-c_mild_vit-b16_sar-stag.py')
+    options = ['--cfg-options',
+               f'test_dataloader.dataset.corruption_set.data_root='
+               f'{imagenet_c}',
+               'test_dataloader.dataset.corruptions=[' +
+               ','.join(CORRUPTIONS) + ']',
+               'test_dataloader.batch_size=2',
+               'test_dataloader.num_workers=0']
+
+    def test_py(checkpoint, work_dir):
+        return subprocess.run(
+            [sys.executable, osp.join(REPO, 'tools/test.py'), config,
+             checkpoint, '--work-dir', str(work_dir)] + options,
+            cwd=REPO, capture_output=True, text=True)
+
+    done = test_py(weights['vit-b16'], tmp_path / 'run')
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / 'run' / 'continual_results.json') as f:
+        res = json.load(f)
+    assert [s['num_images'] for s in res['stages']] == [2, 2]
+
+    import timm
+    import torch
+    wrong = str(tmp_path / 'vit_10_classes.pth')
+    torch.save(timm.create_model('vit_base_patch16_224', pretrained=False,
+                                 num_classes=10).state_dict(), wrong)
+    failed = test_py(wrong, tmp_path / 'wrong')
+    assert failed.returncode != 0
+    assert 'vit_10_classes.pth' in failed.stderr
+    assert 'head.weight' in failed.stderr, failed.stderr[-3000:]
+    assert not osp.exists(tmp_path / 'wrong' / 'continual_results.json')
