@@ -229,15 +229,6 @@ def make_models(args, train, test, log):
     return paths, clean
 
 
-def batch_lr(lr, batch_size, net):
-    """``lr`` (batch 64) scaled to ``batch_size`` by SAR's and DeYO's
-    ``main.py`` rule: ``B / 64``, doubled below 32 for the ResNets (here
-    the CNNs), ``B / 64`` for the ViT."""
-    if batch_size >= 32 and net != 'ln':
-        return lr
-    return lr * batch_size / 64 * (1 if net == 'ln' else 2)
-
-
 def stag_rows(scenario, net, methods):
     """The baselines that get a +STAG row: all, or those with a row in the
     paper's table for the setting the scenario stands in for."""
@@ -267,7 +258,10 @@ def row_config(args, scenario, net, method, data_root, source_files,
                'default_hooks.logger.interval': 1000,
                'log_level': 'WARNING'}  # the row's files hold the results
     if method not in ('source', 'ecotta'):
-        lr = batch_lr(args.lr, cfg.test_dataloader.batch_size, net)
+        from tools.make_cls_configs import batch_scaled_lr
+        # SAR's batch rule; the CNNs follow it as the ResNets do
+        lr = batch_scaled_lr(args.lr, cfg.test_dataloader.batch_size,
+                             vit=net == 'ln')
         options['test_cfg.method'] = dict(
             METHOD_OPTIONS.get(method, {}), type=method,
             optimizer=dict(type='Adam', lr=lr, betas=(0.9, 0.999)))
