@@ -7,7 +7,9 @@
 # version: a user with their own torch / mmcv (e.g. CUDA builds) keeps them.
 # Only a missing or incompatible package is installed. mmcv 2.1.0 is built
 # from source with its CPU ops (~13 min the first time; pip caches the wheel,
-# so later installs take seconds).
+# so later installs take seconds); where torch sees a GPU, with its CUDA ops
+# once tools/check_cuda_build.py found an nvcc matching torch's CUDA, or
+# with its CPU ops and the GPU hidden from the build: MMCV_OPS=cpu.
 set -euo pipefail
 
 VENV=${1:-.venv}
@@ -58,12 +60,44 @@ else
   "${PIP[@]}" mmengine==0.10.7
 fi
 
+# mmcv_ops: cpu or cuda, how MMCV 2.1.0's setup.py will build its ops. It
+# builds CUDA ops whenever torch sees a GPU, whatever FORCE_CUDA says, and
+# then needs an nvcc matching torch's CUDA: tools/check_cuda_build.py checks
+# that first (or stops with what to install). MMCV_OPS=cpu hides the GPU
+# from this one build: CPU ops, all that SegFormer needs.
+mmcv_ops() {
+  if [ "${MMCV_OPS:-auto}" = cpu ]; then
+    echo cpu
+  else
+    "$PY" "$ROOT/tools/check_cuda_build.py"
+  fi
+}
+
 if version_ok mmcv 2.0.0 2.2.0; then
   echo "[install] keeping mmcv (with ops)"
 else
-  echo "[install] mmcv 2.1.0 with CPU ops (first build ~13 min, then cached)"
-  MMCV_WITH_OPS=1 FORCE_CUDA=${FORCE_CUDA:-0} MAX_JOBS=${MAX_JOBS:-2} \
-    "${PIP[@]}" --no-build-isolation mmcv==2.1.0
+  ops=$(mmcv_ops) || exit 1  # its message said what to do
+  build_env=(MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}")
+  if [ "$ops" = cpu ]; then
+    echo "[install] mmcv 2.1.0 with CPU ops (first build ~13 min, then cached)"
+    build_env+=(FORCE_CUDA=0)
+    if [ "${MMCV_OPS:-auto}" = cpu ]; then
+      # torch must not see the GPU while setup.py runs (the runs still do)
+      build_env+=(CUDA_VISIBLE_DEVICES=)
+    fi
+  else
+    echo "[install] mmcv 2.1.0 with $ops ops (a long build; pip caches the wheel)"
+  fi
+  env "${build_env[@]}" "${PIP[@]}" --no-build-isolation mmcv==2.1.0
+  built=$("$PY" -c 'from mmcv.ops import get_compiling_cuda_version as v
+print(v())' 2>/dev/null || true)
+  if [ "$ops" = cuda ] && [ "$built" = "not available" ]; then
+    # pip keys its wheel cache on the download, not on how it was built
+    echo "[install] note: pip reused a cached mmcv wheel with CPU ops only" \
+      "(enough for SegFormer); for CUDA ops: $PY -m pip install" \
+      "--no-cache-dir --force-reinstall --no-deps --no-build-isolation" \
+      "mmcv==2.1.0" >&2
+  fi
 fi
 
 if version_ok mmseg 1.2.0 1.3.0; then

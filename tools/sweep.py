@@ -12,7 +12,10 @@ GPU per run when the cluster has GPUs, CPU workers otherwise.
 A continual stream is sequential, so the unit of parallel work is a whole
 run: every run is one ``tools/test.py`` process (its own work dir
 ``W/runs/<name>``, log ``W/runs/<name>/run.log``) inside a Ray Tune trial,
-which reports each stage's score (mIoU or accuracy) as the stage ends. ``--scheduler asha``
+which reports each stage's score (mIoU or accuracy) as the stage ends. A run
+holds 1 CPU for its main process plus 1 per data worker
+(``test_dataloader.num_workers``; ``--cpus-per-run`` sets it) and runs with
+``OMP_NUM_THREADS`` equal to its CPUs. ``--scheduler asha``
 stops runs that trail the others at the same stage (Ray Tune's
 ``ASHAScheduler``: a beta0/gamma search that spends its GPUs on the
 promising settings). ``--address`` attaches to a running Ray cluster (the
@@ -28,6 +31,7 @@ Ray address answers. Ray is an optional extra: ``pip install -e .[sweep]``.
 """
 import argparse
 import ast
+import functools
 import inspect
 import itertools
 import os
@@ -41,6 +45,8 @@ import time
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TEST_PY = osp.join(REPO, 'tools', 'test.py')
+#: the setting that says how many data-loading processes a run starts
+WORKERS_KEY = 'test_dataloader.num_workers'
 RAY_HINT = ('tools/sweep.py runs on Ray, which is not installed: '
             "pip install -e '.[sweep]'  (or: pip install 'ray[tune]')")
 
@@ -83,7 +89,11 @@ def parse_args(argv=None):
                         help='CPUs of the local instance (default: all)')
     parser.add_argument('--gpus-per-run', type=float, default=1,
                         help='GPUs per run when the cluster has GPUs')
-    parser.add_argument('--cpus-per-run', type=float, default=1)
+    parser.add_argument('--cpus-per-run', type=float,
+                        help='CPUs per run (default: 1 + the config\'s '
+                        'test_dataloader.num_workers, the main process and '
+                        'its data workers, at most a node\'s CPUs); also '
+                        'the run\'s OMP_NUM_THREADS')
     parser.add_argument('--max-concurrent', type=int, default=0,
                         help='runs at once (0: as many as resources allow)')
     parser.add_argument('--resume', action='store_true',
@@ -269,6 +279,92 @@ def check_address(address, timeout=5.0):
             'leave --address out for a local instance') from err
 
 
+# -- what each run asks Ray for ------------------------------------------
+@functools.lru_cache(maxsize=None)
+def config_workers(config):
+    """``test_dataloader.num_workers`` of a config file (0 if unset)."""
+    from mmengine.config import Config
+    loader = Config.fromfile(config).get('test_dataloader') or {}
+    return int(loader.get('num_workers', 0) or 0)
+
+
+def run_cpus(run, args):
+    """The CPUs a run asks for before any cap.
+
+    Args:
+        run (dict): A run of :func:`expand_runs`.
+        args (Namespace): The sweep's arguments.
+
+    Returns:
+        float: ``--cpus-per-run``, else 1 (the main process) + the run's
+        ``test_dataloader.num_workers`` (its grid value, else its
+        ``--cfg-options`` value, else its config's).
+    """
+    if args.cpus_per_run is not None:
+        return args.cpus_per_run
+    options = {k: parse_value(v) for k, v in
+               parse_pairs(args.cfg_options, '--cfg-options')}
+    settings = dict(options, **run['overrides'])
+    workers = settings.get(WORKERS_KEY, None)
+    if workers is None:
+        workers = config_workers(run['config'])
+    return 1 + int(workers)
+
+
+def plan_resources(runs, args, cluster_gpus, node_cpus):
+    """Set each run's ``cpus`` and ``gpus``: what its Ray trial holds.
+
+    Args:
+        runs (list[dict]): The runs; each gets ``cpus`` and ``gpus``.
+        args (Namespace): The sweep's arguments.
+        cluster_gpus (float): The GPUs of the Ray cluster.
+        node_cpus (float): The CPUs of its largest node.
+
+    Raises:
+        SystemExit: If ``--cpus-per-run`` exceeds every node (Ray would
+            wait for it forever).
+    """
+    if args.cpus_per_run is not None and args.cpus_per_run > node_cpus:
+        raise SystemExit(f'error: --cpus-per-run {args.cpus_per_run:g} '
+                         f'exceeds the CPUs of every Ray node (at most '
+                         f'{node_cpus:g}): no run could start')
+    for run in runs:
+        # a default larger than a node is cut to it, so that runs start
+        run['cpus'] = min(run_cpus(run, args), node_cpus)
+        run['gpus'] = args.gpus_per_run if cluster_gpus else 0
+
+
+def trial_resources(config):
+    """The Ray Tune request of a trial: its run's CPUs (and GPUs)."""
+    from ray import tune
+    run = config['run']
+    bundle = dict(CPU=run['cpus'])
+    if run['gpus']:
+        bundle['GPU'] = run['gpus']
+    return tune.PlacementGroupFactory([bundle])
+
+
+def child_env(environ, cpus):
+    """The environment of a run's ``tools/test.py``.
+
+    Args:
+        environ (Mapping[str, str]): The Ray worker's environment.
+        cpus (float): The CPUs Ray gave the run.
+
+    Returns:
+        dict: ``environ`` with ``OMP_NUM_THREADS`` = the run's CPUs (Ray
+        sets it in a worker to its CPUs only where it is unset, so a
+        shell's 1 would reach the run and leave torch one thread; the
+        data workers take one thread each anyway), and without the
+        launchers' process counts (the run is one process; the Ray node's
+        own ``srun`` step or MPI job is not its).
+    """
+    from mmseg_stag.engine.launch_guard import LAUNCHER_VARIABLES
+    env = {k: v for k, v in environ.items() if k not in LAUNCHER_VARIABLES}
+    env['OMP_NUM_THREADS'] = str(max(1, int(cpus)))
+    return env
+
+
 # -- one run (inside a Ray worker) --------------------------------------
 def die_with_parent():
     """The run dies with the Ray worker that started it (Linux)."""
@@ -300,7 +396,8 @@ def run_trial(config):
         log.write(' '.join(cmd) + '\n')
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=REPO, preexec_fn=die_with_parent)
+                                cwd=REPO, preexec_fn=die_with_parent,
+                                env=child_env(os.environ, run['cpus']))
     with open(osp.join(run['work_dir'], 'pid'), 'w') as f:
         f.write(str(proc.pid))
     reported, values = 0, []
@@ -378,16 +475,19 @@ def main(argv=None):
     else:
         ray.init(num_cpus=args.num_cpus, include_dashboard=False,
                  object_store_memory=256 * 1024 * 1024)
-    gpus = ray.cluster_resources().get('GPU', 0)
-    resources = dict(gpu=args.gpus_per_run, cpu=args.cpus_per_run) \
-        if gpus else dict(cpu=args.cpus_per_run)
+    node_cpus = max(node['Resources'].get('CPU', 0) for node in ray.nodes()
+                    if node['Alive'])
+    plan_resources(runs, args, ray.cluster_resources().get('GPU', 0),
+                   node_cpus)
+    asks = sorted({(r['cpus'], r['gpus']) for r in runs})
     print(f'[sweep] {len(runs)} runs on Ray ({ray.cluster_resources()}); '
-          f'each run: {resources}', flush=True)
+          'each run: ' + ' or '.join(f'{c:g} CPU(s), {g:g} GPU(s)'
+                                     for c, g in asks), flush=True)
     scheduler = FIFOScheduler() if args.scheduler == 'fifo' else \
         ASHAScheduler(time_attr='training_iteration', max_t=args.max_stages,
                       grace_period=args.grace_stages)
     tuner = tune.Tuner(
-        tune.with_resources(run_trial, resources),
+        tune.with_resources(run_trial, trial_resources),
         param_space=dict(run=tune.grid_search(runs),
                          options=args.cfg_options, resume=args.resume),
         tune_config=tune.TuneConfig(

@@ -176,3 +176,74 @@ def test_sweep_runs_classification_configs(tmp_path):
             first = json.load(f)['stages'][0]['accuracy']
         assert row['r1 gaussian_noise'] == first
         assert row['mean_accuracy'] is not None
+
+
+# -- what a run asks Ray for, and the environment its process gets -------
+def planned(*argv, cluster_gpus=0, node_cpus=64):
+    from tools.sweep import expand_runs, parse_args, plan_resources
+    args = parse_args(['--work-dir', 'w', '--run', TENT, 'x.pth', *argv])
+    runs = expand_runs(args)
+    plan_resources(runs, args, cluster_gpus, node_cpus)
+    return [(r['cpus'], r['gpus']) for r in runs]
+
+
+def test_a_run_holds_a_cpu_per_process_it_starts():
+    """The main process plus its data workers (the ACDC configs: 2), from
+    the config, --cfg-options or the grid; --cpus-per-run overrides."""
+    assert planned() == [(3, 0)]
+    assert planned('--cfg-options', 'test_dataloader.num_workers=0') == \
+        [(1, 0)]
+    assert planned('--grid', 'test_dataloader.num_workers=0,4') == \
+        [(1, 0), (5, 0)]
+    assert planned('--cpus-per-run', '2') == [(2, 0)]
+    assert planned(cluster_gpus=8) == [(3, 1)]
+    assert planned('--gpus-per-run', '0.5', cluster_gpus=8) == [(3, 0.5)]
+
+
+def test_cpus_are_capped_to_a_node_or_refused_when_asked():
+    assert planned(node_cpus=2) == [(2, 0)]  # else Ray waits forever
+    with pytest.raises(SystemExit, match='--cpus-per-run 4 exceeds the '
+                       'CPUs of every Ray node'):
+        planned('--cpus-per-run', '4', node_cpus=2)
+
+
+def test_the_trial_asks_tune_for_its_run_resources():
+    from tools.sweep import trial_resources
+    request = trial_resources(dict(run=dict(cpus=3, gpus=1)))
+    assert request.bundles == [{'CPU': 3, 'GPU': 1}]
+    assert trial_resources(dict(run=dict(cpus=2, gpus=0))).bundles == \
+        [{'CPU': 2}]
+
+
+def test_the_run_gets_its_cpus_as_omp_threads_and_is_one_process(
+        tmp_path, monkeypatch):
+    """Ray's worker has OMP_NUM_THREADS=1 (Ray's default, or the shell's)
+    and, on a SLURM node started by ``srun -N 4 ray start``, the step's task
+    count: the run gets its own CPUs and none of the launchers' counts."""
+    import tools.sweep as sweep
+    seen = {}
+
+    class Done:
+        pid, returncode = 1, 0
+
+        def poll(self):
+            return 0
+
+    def popen(cmd, **kwargs):
+        seen.update(kwargs['env'])
+        return Done()
+
+    monkeypatch.setattr(sweep.subprocess, 'Popen', popen)
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '4')
+    monkeypatch.setenv('SLURM_PROCID', '2')
+    monkeypatch.setenv('SLURM_JOB_ID', '7')
+    run = dict(name='r', config='c.py', checkpoint='k.pth', seed=0,
+               overrides={}, work_dir=str(tmp_path / 'r'), cpus=3, gpus=1)
+    sweep.run_trial(dict(run=run, options=[], resume=False))
+    assert seen['OMP_NUM_THREADS'] == '3'
+    assert 'SLURM_STEP_NUM_TASKS' not in seen and 'SLURM_PROCID' not in seen
+    assert seen['SLURM_JOB_ID'] == '7'  # everything else is inherited
+    from mmseg_stag.engine.launch_guard import check_single_process
+    check_single_process(1, seen)  # the run's own guard lets it through
+    assert sweep.child_env({}, 0.5)['OMP_NUM_THREADS'] == '1'

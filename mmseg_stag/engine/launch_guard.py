@@ -1,0 +1,137 @@
+"""Refuse a continual stream started as several processes, by any launcher.
+
+MMEngine knows of other processes only when its launcher initialised
+``torch.distributed`` (``--launcher pytorch|slurm|mpi``). Started with
+``--launcher none`` by ``srun -n 2``, ``mpirun -n 2`` or ``torchrun
+--nproc-per-node 2``, every process sees a world size of 1 and runs the
+whole stream into the same work dir. The launchers say so in each
+process's environment; which variable counts what:
+
+- ``WORLD_SIZE`` (torchrun, ``torch.distributed.launch``): the processes
+  of the job. ``RANK``/``LOCAL_RANK`` > 0: this is not the first one.
+- ``SLURM_STEP_NUM_TASKS``: the tasks of the ``srun`` step this process
+  belongs to. ``SLURM_NTASKS``/``SLURM_NPROCS`` are NOT read: ``sbatch`` and
+  ``salloc`` set them to the allocation's task count for the batch script
+  or shell itself (one process), and ``srun --preserve-env`` keeps that
+  count inside a step. ``SLURM_PROCID`` > 0: a later task of a step (the
+  batch script has 0).
+- ``OMPI_COMM_WORLD_SIZE`` (Open MPI), ``PMI_SIZE`` (MPICH and Intel MPI's
+  Hydra, ``srun --mpi=pmi2``), ``PMIX_SIZE`` (PMIx, where set),
+  ``MV2_COMM_WORLD_SIZE`` (MVAPICH2): the ranks of the job;
+  ``MPI_LOCALNRANKS`` (Hydra): the ranks on this node. Their rank
+  variables (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``MPI_LOCALRANKID``,
+  ...) > 0: a later rank.
+
+A process that is alone but inherited such a variable (e.g. started by a
+program that itself runs as one of many ranks) sets
+``MMSEG_STAG_ALLOW_MANY_PROCESSES=1``; MMEngine's own world size > 1 is
+never allowed (the stream would be split).
+"""
+import os
+from typing import List, Mapping, Optional, Tuple, Union
+
+#: set to 1 to skip the launchers' variables (not MMEngine's world size)
+ALLOW_ENV = 'MMSEG_STAG_ALLOW_MANY_PROCESSES'
+#: variables that count the processes of this job, with who sets them
+SIZE_VARIABLES = {
+    'WORLD_SIZE': 'torchrun',
+    'SLURM_STEP_NUM_TASKS': 'srun',
+    'OMPI_COMM_WORLD_SIZE': 'Open MPI',
+    'PMI_SIZE': 'MPICH/Intel MPI',
+    'PMIX_SIZE': 'PMIx',
+    'MV2_COMM_WORLD_SIZE': 'MVAPICH2',
+    'MPI_LOCALNRANKS': 'MPICH/Intel MPI, this node',
+}
+#: variables whose value > 0 says an earlier process of the job exists
+RANK_VARIABLES = {
+    'RANK': 'torchrun',
+    'LOCAL_RANK': 'torchrun',
+    'SLURM_PROCID': 'srun',
+    'OMPI_COMM_WORLD_RANK': 'Open MPI',
+    'PMI_RANK': 'MPICH/Intel MPI',
+    'MPI_LOCALRANKID': 'MPICH/Intel MPI, this node',
+    'PMIX_RANK': 'PMIx',
+    'MV2_COMM_WORLD_RANK': 'MVAPICH2',
+}
+#: every variable the guard reads (tools/sweep.py drops them for its runs)
+LAUNCHER_VARIABLES = tuple(SIZE_VARIABLES) + tuple(RANK_VARIABLES)
+
+_PARALLEL_HINT = (
+    'to use several GPUs or nodes, run whole streams in parallel (configs '
+    'x checkpoints x seeds x beta0/gamma) with tools/sweep.py, one GPU per '
+    'run, on Ray (see docs/sweeps.md, "Many runs on many GPUs").')
+#: MMEngine's world size > 1 (the unit of parallel work is a run)
+DISTRIBUTED_ERROR = (
+    'OnlineAdaptationLoop: a continual stream is sequential (every image is '
+    'predicted by the model adapted on all images before it), so it cannot '
+    'be split across {n} ranks: each rank would adapt on only 1 of every {n} '
+    'images and the metric would see a different stream. Run one stream '
+    'with --launcher none; ' + _PARALLEL_HINT)
+#: a launcher started several copies that MMEngine does not know of
+MANY_PROCESSES_ERROR = (
+    'OnlineAdaptationLoop: this command was started as {n} processes '
+    '({evidence}), but each runs alone (MMEngine\'s world size is 1, '
+    '--launcher none), so every one would run the whole continual stream '
+    'and all would write the same work dir. Start it as one process '
+    '(srun -n 1, torchrun --nproc-per-node 1, mpirun -n 1, or plain '
+    'python); ' + _PARALLEL_HINT + ' If this process is alone and only '
+    'inherited the variable, set ' + ALLOW_ENV + '=1.')
+
+
+def _integer(environ: Mapping[str, str], name: str) -> Optional[int]:
+    """The integer value of ``environ[name]``, or None."""
+    try:
+        return int(environ.get(name, ''))
+    except ValueError:
+        return None
+
+
+def launcher_evidence(
+        environ: Mapping[str, str]) -> Tuple[List[str], Union[int, str]]:
+    """What the launchers' variables say about other processes of this job.
+
+    Args:
+        environ (Mapping[str, str]): The process environment.
+
+    Returns:
+        tuple[list[str], int | str]: ``NAME=value (who)`` for each variable
+        that shows another process, and the largest process count shown
+        (``'several'`` when only a rank > 0 shows them; 1 if none does).
+    """
+    found, sizes = [], []
+    for name, who in SIZE_VARIABLES.items():
+        value = _integer(environ, name)
+        if value is not None and value > 1:
+            found.append(f'{name}={value} ({who})')
+            sizes.append(value)
+    for name, who in RANK_VARIABLES.items():
+        value = _integer(environ, name)
+        if value is not None and value > 0:
+            found.append(f'{name}={value} ({who})')
+    n = max(sizes) if sizes else ('several' if found else 1)
+    return found, n
+
+
+def check_single_process(world_size: int,
+                         environ: Optional[Mapping[str, str]] = None):
+    """Raise unless this stream runs as a single process.
+
+    Args:
+        world_size (int): MMEngine's world size (``get_world_size()``).
+        environ (Mapping[str, str], optional): The environment to read.
+            Default: ``os.environ``.
+
+    Raises:
+        RuntimeError: If ``world_size > 1``, or (unless
+            ``MMSEG_STAG_ALLOW_MANY_PROCESSES=1``) a launcher's variable
+            shows another process of this job; the message names it.
+    """
+    if world_size > 1:
+        raise RuntimeError(DISTRIBUTED_ERROR.format(n=world_size))
+    environ = os.environ if environ is None else environ
+    if environ.get(ALLOW_ENV, '') == '1':
+        return
+    found, n = launcher_evidence(environ)
+    if found:
+        raise RuntimeError(MANY_PROCESSES_ERROR.format(
+            evidence=', '.join(found), n=n))
