@@ -67,6 +67,33 @@ def flatten_outputs(head_outputs: HeadOutputs, method: str,
     Raises:
         ValueError: On an unsupported or mixed output kind, or no pair.
     """
+    check_kinds(head_outputs, method, supported)
+    if OUTPUT_KIND_OF_DIM[head_outputs[0][1].dim()] == 'per_sample' and \
+            len(head_outputs) == 1:
+        return head_outputs[0]
+    feats, logits = zip(*[(_pixels_as_rows(f), _pixels_as_rows(z))
+                          for f, z in head_outputs])
+    return torch.cat(feats), torch.cat(logits)
+
+
+def flatten_logits(head_outputs: HeadOutputs, method: str,
+                   supported: Union[str, Sequence[str]] = ('per_sample',
+                                                           'per_pixel')
+                   ) -> torch.Tensor:
+    """The logits of :func:`flatten_outputs` alone (no ``D``-sized copy).
+
+    Raises:
+        ValueError: As :func:`flatten_outputs`.
+    """
+    check_kinds(head_outputs, method, supported)
+    return torch.cat([_pixels_as_rows(z) for _, z in head_outputs]) \
+        if len(head_outputs) > 1 or head_outputs[0][1].dim() == 4 \
+        else head_outputs[0][1]
+
+
+def check_kinds(head_outputs: HeadOutputs, method: str,
+                supported: Union[str, Sequence[str]]) -> None:
+    """Raise ``ValueError`` unless the pairs are of one supported kind."""
     supported = (supported, ) if isinstance(supported, str) else \
         tuple(supported)
     kinds = set()
@@ -80,11 +107,6 @@ def flatten_outputs(head_outputs: HeadOutputs, method: str,
     if len(kinds) > 1:
         raise ValueError(f'{method}: a forward pass gave both per-sample and '
                          'per-pixel logits')
-    if kinds == {'per_sample'} and len(head_outputs) == 1:
-        return head_outputs[0]
-    feats, logits = zip(*[(_pixels_as_rows(f), _pixels_as_rows(z))
-                          for f, z in head_outputs])
-    return torch.cat(feats), torch.cat(logits)
 
 
 def _pixels_as_rows(x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
 """``HeadProbe``: the prediction and the classifier's inputs and outputs."""
+import contextlib
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -30,6 +31,9 @@ class HeadProbe:
         output (str): ``'per_sample'`` or ``'per_pixel'``.
         run (callable, optional): ``run(model, inputs) -> prediction``.
             Default: ``model(inputs)``.
+        autocast_dtype (torch.dtype, optional): Runs each forward pass, and
+            only the forward pass, under ``torch.autocast`` of this dtype.
+            Default: None (no autocast).
 
     Raises:
         ValueError: If ``output`` or ``classifier`` is invalid.
@@ -38,8 +42,10 @@ class HeadProbe:
     def __init__(self,
                  classifier: Optional[str] = None,
                  output: str = 'per_sample',
-                 run: Optional[Callable[[nn.Module, Any], Any]] = None):
+                 run: Optional[Callable[[nn.Module, Any], Any]] = None,
+                 autocast_dtype: Optional[torch.dtype] = None):
         self.output = check_output_kind(output)
+        self.autocast_dtype = autocast_dtype
         if classifier is None and output == 'per_pixel':
             raise ValueError('a per-pixel probe needs the classifier module '
                              "name (e.g. 'decode_head.conv_seg')")
@@ -91,6 +97,10 @@ class HeadProbe:
                  ) -> Tuple[Any, HeadOutputs]:
         """Run ``model`` once on ``inputs`` and record its classifier.
 
+        Under :attr:`autocast_dtype` the prediction and the logits come
+        back in float32 (the losses run outside autocast) and the features
+        in the autocast dtype (a float32 copy would be ``D``-sized).
+
         Returns:
             tuple: ``(prediction, [(features, logits), ...])``, one pair per
             classifier call, with their autograd graphs.
@@ -107,9 +117,13 @@ class HeadProbe:
 
         handle = module.register_forward_hook(hook)
         try:
-            prediction = (run or self.run)(model, inputs)
+            with self.autocast(inputs):
+                prediction = (run or self.run)(model, inputs)
         finally:
             handle.remove()
+            if self.autocast_dtype is not None:
+                # an enclosing autocast region would keep the weights' casts
+                torch.clear_autocast_cache()
         if not records:
             raise RuntimeError(f'the classifier {name!r} did not run during '
                                "the model's forward pass; name the module "
@@ -121,7 +135,30 @@ class HeadProbe:
                     f'classifier {name!r} got an input of shape '
                     f'{tuple(features.shape)}; {self.output} outputs need '
                     f'{want}-d features')
+        if self.autocast_dtype is not None:
+            prediction = to_float32(prediction)
+            records = [(f, to_float32(z)) for f, z in records]
         return prediction, records
+
+    def autocast(self, inputs: Any):
+        """``torch.autocast`` on the inputs' device, or a no-op.
+
+        The region ends with the forward pass: autocast caches its casts of
+        the weights, so a forward after an update in the same region would
+        read the old weights (and backward should run outside it).
+        """
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        device = inputs.device.type if torch.is_tensor(inputs) else (
+            'cuda' if torch.cuda.is_available() else 'cpu')
+        return torch.autocast(device_type=device, dtype=self.autocast_dtype)
+
+
+def to_float32(x: Any) -> Any:
+    """``x`` as float32 if it is a half-precision tensor, else ``x``."""
+    if torch.is_tensor(x) and x.dtype in (torch.float16, torch.bfloat16):
+        return x.float()
+    return x
 
 
 def check_sample_classifier(module: nn.Module, name: str) -> nn.Module:

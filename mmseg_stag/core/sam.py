@@ -1,4 +1,6 @@
 """SAM (Foret et al., ICLR 2021) shaped as the SAR authors' ``sam.py``."""
+from typing import List
+
 import torch
 
 
@@ -18,36 +20,48 @@ class SAM(torch.optim.Optimizer):
         self.base_optimizer = base_optimizer
         self.param_groups = base_optimizer.param_groups
 
+    def with_grads(self, group: dict) -> List[torch.Tensor]:
+        """The parameters of ``group`` that have a gradient."""
+        return [p for p in group['params'] if p.grad is not None]
+
     @torch.no_grad()
     def grad_norm(self) -> torch.Tensor:
         """2-norm of the per-parameter gradient 2-norms."""
-        return torch.norm(torch.stack([
-            p.grad.norm(p=2) for group in self.param_groups
-            for p in group['params'] if p.grad is not None]), p=2)
+        grads = [p.grad for group in self.param_groups
+                 for p in self.with_grads(group)]
+        return torch.norm(torch.stack(torch._foreach_norm(grads, 2)), p=2)
 
     @torch.no_grad()
     def first_step(self) -> None:
         """Move to ``theta + rho g / (||g|| + 1e-12)``; no-op without grads."""
-        if not any(p.grad is not None for group in self.param_groups
-                   for p in group['params']):
+        if not any(self.with_grads(group) for group in self.param_groups):
             return
         norm = self.grad_norm()
         for group in self.param_groups:
+            params = self.with_grads(group)
+            if not params:
+                continue
             scale = group['rho'] / (norm + 1e-12)
-            for p in group['params']:
-                if p.grad is None:
-                    continue
-                self.state[p]['old_p'] = p.detach().clone()
-                p.add_(p.grad * scale.to(p))
+            olds = [torch.empty_like(p) for p in params]
+            torch._foreach_copy_(olds, params)
+            for p, old in zip(params, olds):
+                self.state[p]['old_p'] = old
+            # one kernel per operation for all parameters (as p + g * scale)
+            torch._foreach_add_(params, torch._foreach_mul(
+                [p.grad for p in params], scale.to(params[0])))
 
     @torch.no_grad()
     def unperturb(self) -> None:
         """Back to ``theta`` wherever :meth:`first_step` moved."""
+        moved, olds = [], []
         for group in self.param_groups:
             for p in group['params']:
                 old = self.state[p].pop('old_p', None)
                 if old is not None:
-                    p.copy_(old)
+                    moved.append(p)
+                    olds.append(old)
+        if moved:
+            torch._foreach_copy_(moved, olds)
 
     @torch.no_grad()
     def second_step(self) -> None:

@@ -32,13 +32,19 @@ def _check_finite(name: str, tensor: torch.Tensor) -> None:
 
 
 def check_classifier(weight: torch.Tensor,
-                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Return ``W [C, D]``; raise ``ValueError`` on a bad ``W`` or ``b``."""
+                     bias: Optional[torch.Tensor] = None,
+                     check_finite: bool = True) -> torch.Tensor:
+    """Return ``W [C, D]``; raise ``ValueError`` on a bad ``W`` or ``b``.
+
+    ``check_finite=False`` checks the shapes only (no wait for the device).
+    """
     weight = flatten_classifier_weight(weight)
     if bias is not None and tuple(bias.shape) != (weight.shape[0], ):
         raise ValueError(
             f'classifier bias must have shape [C] = [{weight.shape[0]}], '
             f'got {tuple(bias.shape)} (weight {tuple(weight.shape)})')
+    if not check_finite:
+        return weight
     _check_finite('classifier weight', weight)
     if bias is not None:
         _check_finite('classifier bias', bias)
@@ -111,8 +117,11 @@ def entropy_logit_gradient(logits: torch.Tensor, dim: int = 1) -> torch.Tensor:
 
 def anchor_coefficients(weight: torch.Tensor,
                         bias: Optional[torch.Tensor] = None,
-                        mode: str = 'diagonal') -> torch.Tensor:
+                        mode: str = 'diagonal',
+                        check_finite: bool = True) -> torch.Tensor:
     """Anchor coefficients ``V`` (eq:appendix_sk; eq:appendix_dHk_dZ if full).
+
+    ``check_finite``: as in :func:`check_classifier`.
 
     Returns:
         Tensor: ``s [C]`` (``diagonal``) or ``V [C, C]`` (``full``).
@@ -122,7 +131,7 @@ def anchor_coefficients(weight: torch.Tensor,
     """
     if mode not in ANCHOR_MODES:
         raise ValueError(f'anchor must be one of {ANCHOR_MODES}, got {mode!r}')
-    weight = check_classifier(weight, bias)
+    weight = check_classifier(weight, bias, check_finite)
     grad_z = entropy_logit_gradient(inter_class_logits(weight, bias), dim=1)
     return grad_z.diagonal().clone() if mode == 'diagonal' else grad_z
 

@@ -19,6 +19,10 @@ class STAGLoss(nn.Module):
         loss_name (str): Name of the loss in logs. Default: ``'loss_stag'``.
         ignore_index (int): Invalid value of a label map given as
             ``valid_mask``. Default: 255.
+        check_finite (bool): Raise at once on nan/inf in the classifier or
+            the loss. Each check waits for the device; the online methods
+            turn it off and the loop checks ``loss_stag`` when it reads it.
+            Default: True.
 
     Raises:
         ValueError: If ``anchor``, ``label`` or ``eps`` is invalid.
@@ -30,7 +34,8 @@ class STAGLoss(nn.Module):
                  label: str = 'hard',
                  loss_weight: float = 1.0,
                  loss_name: str = 'loss_stag',
-                 ignore_index: int = 255):
+                 ignore_index: int = 255,
+                 check_finite: bool = True):
         super().__init__()
         if anchor not in stag.ANCHOR_MODES:
             raise ValueError(
@@ -47,6 +52,7 @@ class STAGLoss(nn.Module):
         self.label = label
         self.loss_weight = float(loss_weight)
         self.ignore_index = ignore_index
+        self.check_finite = bool(check_finite)
         self._loss_name = loss_name
         self._anchor_key: Optional[Tuple] = None
         self._anchors: Optional[torch.Tensor] = None
@@ -82,7 +88,7 @@ class STAGLoss(nn.Module):
                 weight = cls_weight.detach()
                 self._coefficients = stag.anchor_coefficients(
                     weight, None if cls_bias is None else cls_bias.detach(),
-                    mode=self.anchor)
+                    mode=self.anchor, check_finite=self.check_finite)
                 self._anchors = stag.anchors_from_coefficients(
                     weight, self._coefficients)
             self._anchor_key = key
@@ -118,7 +124,8 @@ class STAGLoss(nn.Module):
         Returns:
             Tensor: The scalar loss.
         """
-        weight = stag.check_classifier(cls_weight, cls_bias)
+        weight = stag.check_classifier(cls_weight, cls_bias,
+                                       check_finite=self.check_finite)
         mask = self._to_bool_mask(valid_mask)
         stag.check_inputs(features, logits, num_classes=weight.shape[0],
                           feature_dim=weight.shape[1], valid_mask=mask)
@@ -138,9 +145,9 @@ class STAGLoss(nn.Module):
             per_sample = stag.stag_alignment(features, logits, anchors,
                                              eps=self.eps, label=self.label,
                                              projections=projections)
-            loss = stag.check_finite_loss(
-                stag.reduce_batch_loss(per_sample, mask), features=features,
-                logits=logits)
+            loss = stag.reduce_batch_loss(per_sample, mask)
+            if self.check_finite:
+                stag.check_finite_loss(loss, features=features, logits=logits)
         return self.loss_weight * loss
 
     @property

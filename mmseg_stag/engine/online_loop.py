@@ -1,15 +1,14 @@
 """MMEngine test loop that adapts the model online, for either task."""
-import contextlib
 import os.path as osp
 from typing import List, Optional, Union
 
 import torch
 from mmengine.dist import get_world_size
+from mmengine.hooks import LoggerHook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import LOOPS
 from mmengine.runner import TestLoop
-from mmengine.runner.amp import autocast
 from torch.utils.data import DataLoader
 
 from mmseg_stag.core import use_batch_statistics
@@ -17,7 +16,10 @@ from mmseg_stag.core.run_state import (flatten_settings, load_run_state,
                                        rng_state, save_run_state,
                                        set_rng_state, settings_differences,
                                        weights_fingerprint)
+from .launch_guard import DISTRIBUTED_ERROR  # noqa: F401 (its old home)
+from .launch_guard import check_single_process
 from .online_task import build_task
+from .step_stats import StepStats
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
 MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
@@ -29,17 +31,6 @@ RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
                   '*persistent_workers', 'default_hooks.*', 'visualizer.*',
                   'vis_backends*', 'log_processor.*', 'log_level',
                   'env_cfg.*')
-
-#: message of the distributed guard (the unit of parallel work is a run)
-DISTRIBUTED_ERROR = (
-    'OnlineAdaptationLoop: a continual stream is sequential (every image is '
-    'predicted by the model adapted on all images before it), so it cannot '
-    'be split across {n} ranks: each rank would adapt on only 1 of every {n} '
-    'images and the metric would see a different stream. Run one stream '
-    'with --launcher none; to use several GPUs or nodes, run whole streams '
-    'in parallel (configs x checkpoints x seeds x beta0/gamma) with '
-    'tools/sweep.py, one GPU per run, on Ray (see docs/sweeps.md, "Many '
-    'runs on many GPUs").')
 
 
 @LOOPS.register_module()
@@ -92,8 +83,7 @@ class OnlineAdaptationLoop(TestLoop):
                  save_state: bool = True,
                  resume: bool = False,
                  mixed_precision: Optional[str] = None):
-        if get_world_size() > 1:
-            raise RuntimeError(DISTRIBUTED_ERROR.format(n=get_world_size()))
+        check_single_process(get_world_size())
         self.method_cfg = dict(method)
         options = {} if main_view is None else dict(main_view=main_view)
         self.task = build_task(self._model(runner), task, classifier,
@@ -116,11 +106,19 @@ class OnlineAdaptationLoop(TestLoop):
             raise ValueError(f'fp16=True contradicts mixed_precision='
                              f'{mixed_precision!r}')
         self.mixed_precision = 'fp16' if fp16 else mixed_precision
-        device = next(self._model(runner).parameters()).device.type
-        if self.mixed_precision == 'fp16' and device == 'cpu':
-            raise ValueError("mixed_precision='fp16' needs a GPU (MMEngine's "
-                             "autocast takes bf16 only on the CPU); use "
+        self.device_type = next(self._model(runner).parameters()).device.type
+        if self.mixed_precision == 'fp16' and self.device_type == 'cpu':
+            raise ValueError("mixed_precision='fp16' needs a GPU (float16 "
+                             "autocast is for CUDA); use "
                              "mixed_precision='bf16'")
+        if self.mixed_precision == 'fp16' and self.method.updates and \
+                not self.method.supports_grad_scaler:
+            raise ValueError(
+                f"mixed_precision='fp16': {self.method.name} cannot scale "
+                'its gradients (fp16 gradients underflow without a '
+                "GradScaler); use mixed_precision='bf16' or None")
+        self.setup_precision()
+        self.step_stats = StepStats()
         self.bn_batch_stats = bool(bn_batch_stats)
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.task.check_dataset(self.dataloader.dataset)
@@ -130,7 +128,7 @@ class OnlineAdaptationLoop(TestLoop):
             raise FileNotFoundError(
                 f'--resume: no previous run in {self.runner.work_dir} (no '
                 f'{STATE_FILE}); run without --resume to start it')
-        self.source_dataloader = None
+        self.source_dataloader = self.source_statistics = None
         if self.method.needs_source_data:  # a missing folder fails here
             self.source_dataloader = runner.build_dataloader(
                 source_dataloader, seed=runner.seed)
@@ -213,6 +211,7 @@ class OnlineAdaptationLoop(TestLoop):
         adapted = self.task.adapted_module(self._model(self.runner))
         adapted.load_state_dict(self.source_state)
         self.method = self.task.build_method(self.method_cfg)
+        self.setup_precision()
         self.configure_method()
         if self.source_dataloader is not None:
             self.fit_source()
@@ -313,12 +312,23 @@ class OnlineAdaptationLoop(TestLoop):
 
     def fit_source(self) -> None:
         """Fit the method's statistics on the clean source images."""
+        if self.source_statistics is not None:
+            # a restart is back at the source weights: the same statistics
+            self.method.load_source_statistics(self.source_statistics)
+            return
         print_log(f'{self.method.name}: statistics of '
                   f'{len(self.source_dataloader.dataset)} clean source '
                   'images', logger='current')
         forward, inputs = self.task.source_batches(
             self._model(self.runner), self.source_dataloader)
-        self.method.fit_source(forward, inputs)
+        # float32: squared fp16 gradients underflow; it runs once a run
+        dtype, self.task.probe.autocast_dtype = \
+            self.task.probe.autocast_dtype, None
+        try:
+            self.method.fit_source(forward, inputs)
+        finally:
+            self.task.probe.autocast_dtype = dtype
+        self.source_statistics = self.method.source_statistics()
 
     def run_iter(self, idx: int, data_batch: dict) -> None:
         """Predict, then adapt, on one batch.
@@ -331,25 +341,45 @@ class OnlineAdaptationLoop(TestLoop):
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
         batch = self.task.batch(self._model(self.runner), data_batch)
         self.method.on_stage(batch_stage(batch.metas))
-        with torch.set_grad_enabled(self.method.updates), \
-                self.autocast(batch.context.inputs):
+        # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
+        with torch.set_grad_enabled(self.method.updates):
             prediction, stats = self.method.adapt(batch.context)
         outputs = batch.to_outputs(prediction)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
-        for key, value in stats.items():
-            self.runner.message_hub.update_scalar(f'test/{key}', value)
+        self.step_stats.append(idx, stats)
+        if self.reads_stats(idx):
+            self.step_stats.flush(self.runner.message_hub)
         self.runner.call_hook(
             'after_test_iter', batch_idx=idx, data_batch=data_batch,
             outputs=outputs)
 
-    def autocast(self, inputs):
-        """Return MMEngine's ``autocast`` on the inputs' device, or a no-op."""
+    def reads_stats(self, idx: int) -> bool:
+        """Whether the statistics are read after batch ``idx``.
+
+        At the logger's interval, a stage end and the last batch: reading a
+        statistic waits for the device, so it is not done every step.
+        """
+        info = self.batch_stages[idx]
+        return (idx + 1) % self.log_interval == 0 or info.ends_stage or \
+            idx + 1 == len(self.batch_stages)
+
+    @property
+    def log_interval(self) -> int:
+        """The ``LoggerHook`` interval (1 without a logger hook)."""
+        for hook in self.runner.hooks:
+            if isinstance(hook, LoggerHook):
+                return max(int(hook.interval), 1)
+        return 1
+
+    def setup_precision(self) -> None:
+        """Autocast the probe's forwards; give fp16 a gradient scaler."""
         if self.mixed_precision is None:
-            return contextlib.nullcontext()
-        device = inputs.device.type if torch.is_tensor(inputs) else 'cuda' \
-            if torch.cuda.is_available() else 'cpu'
-        return autocast(device_type=device,
-                        dtype=MIXED_PRECISION[self.mixed_precision])
+            return
+        self.task.probe.autocast_dtype = MIXED_PRECISION[
+            self.mixed_precision]
+        if self.mixed_precision == 'fp16' and self.method.updates:
+            # fp16 gradients underflow (TENT's full-size CE: ~1/2M a pixel)
+            self.method.use_grad_scaler(self.device_type)
 
 
 class BatchStage:

@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent('''
     out['prediction'] = list(prediction.shape)
     out['changed'] = sorted(n for n, p in model.named_parameters()
                             if not torch.equal(p, before[n]))
-    out['stats'] = stats
+    out['stats'] = {k: float(v) for k, v in stats.items()}  # 0-d tensors
     out['num_updates'] = method.num_updates
     out['imported'] = sorted(
         m for m, mod in sys.modules.items()

@@ -169,9 +169,15 @@ def pixel_rows(maps):
 
 def adapt(method, forward, inputs):
     """One batch as the caller runs it: gradients enabled iff the method
-    updates; returns ``(prediction, stats)``."""
+    updates; returns ``(prediction, stats)``, the stats read as floats."""
     with torch.set_grad_enabled(method.updates):
-        return method.adapt(BatchContext(inputs, forward))
+        prediction, stats = method.adapt(BatchContext(inputs, forward))
+    return prediction, floats(stats)
+
+
+def floats(stats):
+    """A method's statistics (floats or 0-d tensors) as floats."""
+    return {k: float(v) for k, v in stats.items()}
 
 
 def norm_params(model):

@@ -62,6 +62,8 @@ class BaseMethod:
     supported_outputs: Tuple[str, ...] = OUTPUT_KINDS
     #: whether :meth:`fit_source` must be given clean source batches
     needs_source_data = False
+    #: whether the updates can go through a ``GradScaler`` (fp16)
+    supports_grad_scaler = True
 
     def __init__(self,
                  stag: Optional[dict] = None,
@@ -75,9 +77,10 @@ class BaseMethod:
             if missing:
                 raise ValueError(f'stag config needs {sorted(missing)}, got '
                                  f'{self.stag_cfg}')
-            self.stag_loss = STAGLoss(**{
+            # the loop checks loss_stag when it reads it: no sync a step
+            self.stag_loss = STAGLoss(**{'check_finite': False, **{
                 k: v for k, v in self.stag_cfg.items()
-                if k not in ('beta0', 'gamma', 'type', 'reset_per_stage')})
+                if k not in ('beta0', 'gamma', 'type', 'reset_per_stage')}})
             stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'], 0)
         self.optimizer_cfg = dict(optimizer or dict(
             type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
@@ -93,6 +96,7 @@ class BaseMethod:
         self.step = 0  # t of beta_t
         self.num_updates = 0
         self.stage = None
+        self.grad_scaler: Optional[torch.amp.GradScaler] = None
 
     @property
     def name(self) -> str:
@@ -148,6 +152,17 @@ class BaseMethod:
         if self.stag_loss is not None:
             log_anchor_signs(classifier)
 
+    def use_grad_scaler(self, device_type: str = 'cuda') -> None:
+        """Scale the losses of every update (float16 autocast).
+
+        Raises:
+            ValueError: If the method cannot scale its gradients.
+        """
+        if not self.supports_grad_scaler:
+            raise ValueError(f'{self.name} cannot scale its gradients (a '
+                             'GradScaler); use bfloat16 or float32')
+        self.grad_scaler = torch.amp.GradScaler(device_type)
+
     def build_optimizer(self):
         return OPTIMIZERS.build(
             dict(self.optimizer_cfg, params=[p for _, p in self.params]))
@@ -177,6 +192,13 @@ class BaseMethod:
     def fit_source(self, forward: Forward, batches) -> None:
         """Take statistics from clean source batches; nothing by default."""
 
+    def source_statistics(self) -> Any:
+        """What :meth:`fit_source` computed (None by default)."""
+        return None
+
+    def load_source_statistics(self, statistics: Any) -> None:
+        """Use :meth:`source_statistics` of an earlier fit instead."""
+
     def on_stage(self, stage) -> None:
         """Restart ``t`` and/or the optimizer on a new stage, if set."""
         if stage != self.stage and self.stage is not None:
@@ -195,10 +217,39 @@ class BaseMethod:
         if self.model is None:
             raise RuntimeError(f'{self.name}: configure before state_dict')
         return dict(
-            model=self.model.state_dict(),
+            model=self.changing_state(),
             optimizer=None if self.optimizer is None
             else self.optimizer.state_dict(),
+            grad_scaler=None if self.grad_scaler is None
+            else self.grad_scaler.state_dict(),
             step=self.step, num_updates=self.num_updates, stage=self.stage)
+
+    def changing_state(self) -> Dict[str, torch.Tensor]:
+        """The adapted parameters and every buffer: what steps can change.
+
+        The frozen parameters are the checkpoint's, which the run's identity
+        pins; saving them would write the whole model at every stage.
+        """
+        state = {name: p.detach() for name, p in self.params}
+        state.update((n, b) for n, b in self.model.named_buffers())
+        return state
+
+    @torch.no_grad()
+    def load_changing_state(self, state: Dict[str, torch.Tensor]) -> None:
+        """Copy :meth:`changing_state` back, onto the model's devices.
+
+        Raises:
+            ValueError: If the saved names are not this model's.
+        """
+        current = self.changing_state()
+        if set(state) != set(current):
+            missing = sorted(set(current) - set(state))[:5]
+            extra = sorted(set(state) - set(current))[:5]
+            raise ValueError(f'{self.name}: the saved state holds other '
+                             f'tensors (missing {missing}, unexpected '
+                             f'{extra})')
+        for name, tensor in current.items():
+            tensor.copy_(state[name])  # copy_ converts device and dtype
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` of a method of the same config.
@@ -210,13 +261,20 @@ class BaseMethod:
         if self.model is None:
             raise RuntimeError(f'{self.name}: configure before '
                                'load_state_dict')
-        self.model.load_state_dict(state['model'])
+        self.load_changing_state(state['model'])
         if (self.optimizer is None) != (state['optimizer'] is None):
             raise ValueError(f'{self.name}: the saved state was written '
                              'with' + ('out' if state['optimizer'] is None
                                        else '') + ' an optimizer')
         if self.optimizer is not None:
+            # torch moves the optimizer state onto each parameter's device
             self.optimizer.load_state_dict(state['optimizer'])
+        if (self.grad_scaler is None) != (state['grad_scaler'] is None):
+            raise ValueError(f'{self.name}: the saved state was written '
+                             'with' + ('out' if state['grad_scaler'] is None
+                                       else '') + ' a GradScaler (fp16)')
+        if self.grad_scaler is not None:
+            self.grad_scaler.load_state_dict(state['grad_scaler'])
         self.step, self.num_updates = state['step'], state['num_updates']
         self.stage = state['stage']
 
@@ -241,23 +299,36 @@ class BaseMethod:
         if self.has_base_loss:
             total = self.base_loss(ctx)
             if total is not None:
-                ctx.stats['loss_base'] = total.item()
+                ctx.stats['loss_base'] = total.detach()
         if self.stag_loss is not None:
             l_stag = self.stag_term(ctx)
             beta = self.beta
-            ctx.stats.update(loss_stag=l_stag.item(), beta=beta)
+            ctx.stats.update(loss_stag=l_stag.detach(), beta=beta)
             total = beta * l_stag if total is None else total + beta * l_stag
         if total is not None:
-            ctx.stats['loss'] = total.item()
+            ctx.stats['loss'] = total.detach()
         return total
+
+    def backward_step(self, loss: torch.Tensor) -> None:
+        """Zero the gradients, backward ``loss``, step (scaled under fp16).
+
+        Under a ``GradScaler`` a step whose gradients overflow is skipped by
+        the scaler, as in any fp16 training.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.grad_scaler is None:
+            loss.backward()
+            self.optimizer.step()
+            return
+        self.grad_scaler.scale(loss).backward()
+        self.grad_scaler.step(self.optimizer)
+        self.grad_scaler.update()
 
     def update(self, total: Optional[torch.Tensor]) -> bool:
         """Run backward and one step on ``total``; return whether it ran."""
         if total is None:
             return False
-        self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        self.optimizer.step()
+        self.backward_step(total)
         self.step += 1
         self.num_updates += 1
         return True
@@ -332,7 +403,9 @@ class SampleFilteringMethod(BaseMethod):
     def record_selection(self, ctx: BatchContext, reliable: torch.Tensor,
                          selected: torch.Tensor) -> int:
         """Count one batch's kept samples; return how many are selected."""
-        num_reliable, num_selected = int(reliable.sum()), int(selected.sum())
+        # one read from the device for both counts
+        num_reliable, num_selected = (int(n) for n in torch.stack(
+            [reliable.sum(), selected.sum()]).tolist())
         self.num_samples_update_1 += num_reliable
         self.num_samples_update_2 += num_selected
         ctx.stats.update(num_reliable=float(num_reliable),

@@ -26,6 +26,9 @@ class CoTTA(BaseMethod):
         augment (dict, optional): Arguments of :class:`CoTTAAugment`, plus
             ``soft`` and ``gaussian_std``. Default: the authors' preset.
         always_augment (bool): Augment even when unused. Default: False.
+        restore_on_device (bool): Draw the restore mask on the parameters'
+            device, in one call for all of them. Default: False (the
+            authors' per-tensor draw on the CPU, copied to the device).
         optimizer (dict, optional): Default: Adam, lr 1e-3.
         trainable (dict, optional): Default: ``dict(kind='all')``.
         loss (str): ``'ce'`` or ``'symmetric_ce'``. Default: ``'ce'``.
@@ -48,6 +51,7 @@ class CoTTA(BaseMethod):
                  num_augs: int = 32,
                  augment: Optional[dict] = None,
                  always_augment: bool = False,
+                 restore_on_device: bool = False,
                  optimizer: Optional[dict] = None,
                  trainable: Optional[dict] = None,
                  loss: str = 'ce',
@@ -74,6 +78,7 @@ class CoTTA(BaseMethod):
         self.ap = float(ap)
         self.num_augs = int(num_augs)
         self.always_augment = bool(always_augment)
+        self.restore_on_device = bool(restore_on_device)
         self.loss_type = loss
         self.augment_cfg = dict(augment or {})
         aug_args = dict(self.augment_cfg)
@@ -135,7 +140,7 @@ class CoTTA(BaseMethod):
             teacher = torch.stack(outputs).mean(0)
         else:
             teacher = standard_ema
-        stats = dict(source_prob=source_prob.mean().item(),
+        stats = dict(source_prob=source_prob.mean().detach(),
                      augmented=float(use_augs))
         return teacher.detach(), stats
 
@@ -143,18 +148,37 @@ class CoTTA(BaseMethod):
     def update_teacher(self) -> None:
         """Update the teacher: ``theta_t <- a theta_t + (1 - a) theta_s``."""
         a = self.ema_momentum
-        for ema_param, param in zip(self.teacher.parameters(),
-                                    self.model.parameters()):
-            ema_param.copy_(a * ema_param + (1 - a) * param)
+        ema = list(self.teacher.parameters())
+        # the same roundings as a * ema + (1 - a) * param, for all at once
+        mixed = torch._foreach_add(torch._foreach_mul(ema, a),
+                                   torch._foreach_mul(
+                                       list(self.model.parameters()), 1 - a))
+        torch._foreach_copy_(ema, mixed)
 
     @torch.no_grad()
     def stochastic_restore(self) -> None:
         """Restore each element to its source value w.p. ``restore_prob``."""
         if self.restore_prob <= 0:
             return
+        if self.restore_on_device:
+            self.restore_drawn_on_device()
+            return
         for name, p in self.restore_params:
             mask = (torch.rand(p.shape) < self.restore_prob).to(p)
             p.copy_(self.source_params[name] * mask + p * (1. - mask))
+
+    @torch.no_grad()
+    def restore_drawn_on_device(self) -> None:
+        """:meth:`stochastic_restore` with one draw on the device."""
+        params = [p for _, p in self.restore_params]
+        draw = torch.rand(sum(p.numel() for p in params),
+                          device=params[0].device) < self.restore_prob
+        masks = [m.view_as(p).to(p.dtype)
+                 for m, p in zip(draw.split([p.numel() for p in params]),
+                                 params)]
+        # lerp with weight 0 or 1 gives the parameter or the source exactly
+        torch._foreach_lerp_(params, [self.source_params[n]
+                                      for n, _ in self.restore_params], masks)
 
     def adapt(self, ctx: BatchContext):
         prediction, stats = super().adapt(ctx)
@@ -169,4 +193,5 @@ class CoTTA(BaseMethod):
                 f'restore_prob={self.restore_prob}, ap={self.ap}, '
                 f'num_augs={self.num_augs}, '
                 f'always_augment={self.always_augment}, '
+                f'restore_on_device={self.restore_on_device}, '
                 f'augment={self.augment})')

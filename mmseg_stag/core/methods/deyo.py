@@ -5,7 +5,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ..losses import flatten_outputs, softmax_entropy
+from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from .base import BatchContext, SampleFilteringMethod
 
@@ -146,7 +146,7 @@ class DeYO(SampleFilteringMethod):
         Raises:
             ValueError: If ``inputs`` are not the batch's images.
         """
-        _, logits = flatten_outputs(head_outputs, 'DeYO',
+        logits = flatten_logits(head_outputs, 'DeYO',
                                     self.output or self.supported_outputs)
         per_pixel = head_outputs[0][1].dim() == 4
         entropies = softmax_entropy(logits)
@@ -213,7 +213,7 @@ class DeYO(SampleFilteringMethod):
             full = prob.new_zeros((num_images, ) + prob.shape[1:])
             full[has_reliable] = prob
             maps.append((full, full))
-        _, prob_prime = flatten_outputs(maps, 'DeYO', 'per_pixel')
+        prob_prime = flatten_logits(maps, 'DeYO', 'per_pixel')
         return prob_prime[reliable]
 
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:

@@ -5,7 +5,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..losses import flatten_outputs, softmax_entropy
+from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from .base import SampleFilteringMethod
 
@@ -93,9 +93,22 @@ class EATA(SampleFilteringMethod):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.model_probs = state['model_probs']
-        self.fishers = None if state['fishers'] is None else {
-            name: tuple(pair) for name, pair in state['fishers'].items()}
+        # a state file is read onto the CPU: back to the parameters' device
+        self.model_probs = None if state['model_probs'] is None else \
+            state['model_probs'].to(self.params[0][1])
+        self.load_source_statistics(state['fishers'])
+
+    def source_statistics(self) -> Optional[dict]:
+        """The Fisher information and ``theta_0`` of :meth:`fit_source`."""
+        return self.fishers
+
+    def load_source_statistics(self, fishers: Optional[dict]) -> None:
+        """Use :meth:`source_statistics` of an earlier fit, on the
+        parameters' devices and dtypes."""
+        params = dict(self.params)
+        self.fishers = None if fishers is None else {
+            name: tuple(t.to(params[name]) for t in pair)
+            for name, pair in fishers.items()}
 
     def fit_source(self, forward, batches) -> None:
         """Compute the Fisher information of the trainable parameters.
@@ -124,7 +137,7 @@ class EATA(SampleFilteringMethod):
             self.optimizer.zero_grad(set_to_none=True)
             with torch.enable_grad():
                 _, head_outputs = forward(self.model, x)
-                _, logits = flatten_outputs(
+                logits = flatten_logits(
                     head_outputs, 'EATA',
                     self.output or self.supported_outputs)
                 targets = logits.detach().max(1)[1]
@@ -148,11 +161,17 @@ class EATA(SampleFilteringMethod):
                                'fit_source(forward, clean_batches) first')
         ref = self.params[0][1]
         total = torch.zeros((), dtype=ref.dtype, device=ref.device)
-        for name, p in self.params:
-            if name in self.fishers:
-                fisher, theta0 = self.fishers[name]
-                total = total + self.fisher_alpha * (
-                    fisher * (p - theta0) ** 2).sum()
+        names = [n for n, _ in self.params if n in self.fishers]
+        if not names:
+            return total
+        params = dict(self.params)
+        # one kernel per operation for all parameters, not one per tensor
+        diffs = torch._foreach_sub([params[n] for n in names],
+                                   [self.fishers[n][1] for n in names])
+        terms = torch._foreach_mul([self.fishers[n][0] for n in names],
+                                   torch._foreach_pow(diffs, 2))
+        for term in terms:
+            total = total + self.fisher_alpha * term.sum()
         return total
 
     def select(self, logits: torch.Tensor
@@ -181,7 +200,7 @@ class EATA(SampleFilteringMethod):
 
     def base_loss(self, ctx) -> Optional[torch.Tensor]:
         """Return the weighted entropy of the selected samples (+ EWC)."""
-        _, logits = flatten_outputs(ctx.head_outputs, 'EATA',
+        logits = flatten_logits(ctx.head_outputs, 'EATA',
                                     self.output or self.supported_outputs)
         entropies, reliable, selected = self.select(logits)
         if self.record_selection(ctx, reliable, selected) == 0:
@@ -191,7 +210,7 @@ class EATA(SampleFilteringMethod):
         loss = ent.mul(coeff).mean(0)
         if self.fishers is not None:
             ewc = self.ewc_term()
-            ctx.stats['loss_ewc'] = ewc.item()
+            ctx.stats['loss_ewc'] = ewc.detach()
             loss = loss + ewc
         return loss
 

@@ -52,15 +52,13 @@ class EcoTTA(BaseMethod):
     def set_modes(self, model):
         model.train()  # community main.py: net.train() before adapt()
 
-    def regularisation_step(self, ctx: BatchContext) -> float:
+    def regularisation_step(self, ctx: BatchContext) -> torch.Tensor:
         """Take one step on ``reg_weight * sum_k R_k``; return that loss."""
         with self.meta.regularising():
             ctx.forward(self.model, ctx.inputs)
             reg = self.reg_weight * self.meta.regulariser()
-        self.optimizer.zero_grad(set_to_none=True)
-        reg.backward()
-        self.optimizer.step()
-        return reg.item()
+        self.backward_step(reg)
+        return reg.detach()
 
     def base_loss(self, ctx: BatchContext) -> torch.Tensor:
         """Return the mean entropy of the samples with ``H < E0`` (or 0)."""

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from ..losses import flatten_outputs, softmax_entropy
+from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from ..sam import SAM
 from .base import BaseMethod, BatchContext
@@ -39,6 +39,8 @@ class SAR(BaseMethod):
     """
 
     supported_outputs = ('per_sample', 'per_pixel')
+    #: SAM's ascent step needs unscaled gradients between two backwards
+    supports_grad_scaler = False
 
     def __init__(self,
                  entropy_margin: float = 0.4,
@@ -99,7 +101,7 @@ class SAR(BaseMethod):
 
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
         """Return the mean entropy of the kept samples; set ``ctx.kept``."""
-        _, logits = flatten_outputs(ctx.head_outputs, 'SAR',
+        logits = flatten_logits(ctx.head_outputs, 'SAR',
                                     self.output or self.supported_outputs)
         entropies = softmax_entropy(logits)
         keep = entropies < self.e_margin
@@ -158,7 +160,8 @@ class SAR(BaseMethod):
                     BatchContext(ctx.inputs, ctx.forward, among=ctx.kept))
                 loss2 = self.loss(second)
                 if 'loss_base' in second.stats:
-                    base = second.stats['loss_base']
+                    # the recovery decides on the host (as the authors')
+                    base = float(second.stats['loss_base'])
                     self.ema = base if self.ema is None else \
                         0.9 * self.ema + (1 - 0.9) * base
                 stats2 = {k + '2': v for k, v in second.stats.items()}

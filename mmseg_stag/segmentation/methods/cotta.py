@@ -58,5 +58,5 @@ def teacher_labels(teacher: nn.Module, source_model: nn.Module,
                                     views[main_view]).max(dim=1)[0]
     confident = confidence > threshold
     labels = torch.where(confident, single, multi)
-    return labels, dict(confident_pixels=confident.float().mean().item(),
+    return labels, dict(confident_pixels=confident.float().mean(),
                         num_views=float(len(views)))

@@ -421,3 +421,47 @@ def test_core_cotta_is_per_sample():
     package's ``SegmentationCoTTA`` (tests/segmentation/methods)."""
     with pytest.raises(ValueError, match='per_sample outputs only'):
         CoTTA().check_output('per_pixel')
+
+
+def test_teacher_update_is_bit_equal_to_the_per_tensor_loop():
+    """The ``_foreach`` EMA rounds exactly as ``a * ema + (1 - a) * p``
+    per tensor (the authors' update_ema_variables), in float32 too."""
+    model = make_model().float()
+    method = build(model, ap=0.0, restore_prob=0.0, ema_momentum=0.999)
+    with torch.no_grad():
+        for p in method.teacher.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    expected = [0.999 * t + (1 - 0.999) * p for t, p in zip(
+        method.teacher.parameters(), model.parameters())]
+    method.update_teacher()
+    for t, e in zip(method.teacher.parameters(), expected):
+        assert torch.equal(t, e)
+
+
+def test_restore_on_device_draws_once_and_restores_exactly():
+    """``restore_on_device``: one draw for all tensors; each element is
+    either its value or its source value exactly, at about the rate."""
+    rst = 0.3
+    model = make_model()
+    source = {n: p.detach().clone() for n, p in model.named_parameters()}
+    method = build(model, ap=0.0, restore_prob=rst, restore_on_device=True,
+                   optimizer=dict(type='Adam', lr=0.0))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    moved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(9)
+    method.stochastic_restore()
+    total = sum(p.numel() for p in model.parameters())
+    draw = torch.rand(total, generator=torch.Generator().manual_seed(9))
+    expected_mask = (draw < rst).split([p.numel()
+                                        for p in model.parameters()])
+    restored = 0
+    for (n, p), mask in zip(model.named_parameters(), expected_mask):
+        mask = mask.view_as(p)
+        assert torch.equal(p, torch.where(mask, source[n], moved[n])), n
+        restored += int(mask.sum())
+    assert 0.15 < restored / total < 0.45
+    assert 'restore_on_device=True' in repr(method)

@@ -109,6 +109,76 @@ def test_resumed_stream_equals_uninterrupted(name):
     assert whole.num_updates > STOP  # the stream did adapt
 
 
+def to_dtype(state, dtype):
+    """``state`` with every floating tensor in ``dtype``."""
+    if isinstance(state, torch.Tensor):
+        return state.to(dtype) if state.is_floating_point() else state
+    if isinstance(state, dict):
+        return {k: to_dtype(v, dtype) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(to_dtype(v, dtype) for v in state)
+    return state
+
+
+def floating_tensors(obj, where='method', seen=None):
+    """``(where, tensor)`` of every floating tensor the method holds."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            yield where, obj
+    elif isinstance(obj, (nn.Module, torch.optim.Optimizer)):
+        yield from floating_tensors(obj.state_dict(), where, seen)
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from floating_tensors(value, f'{where}[{key!r}]', seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from floating_tensors(value, f'{where}[{i}]', seen)
+    elif hasattr(obj, '__dict__') and not inspect.isroutine(obj):
+        yield from floating_tensors(vars(obj), where, seen)
+
+
+@pytest.mark.parametrize('name', list(METHODS))
+def test_restored_state_goes_to_the_parameters_device_and_dtype(name):
+    """A state read from a file whose tensors are elsewhere (a GPU run's
+    state is read onto the CPU; here: float32 for a float64 model, the
+    same ``.to(parameter)`` path) lands on the parameters' device and
+    dtype: nothing the next step uses stays behind."""
+    first = start(METHODS[name])
+    stream(first, BATCHES[:STOP])
+    state = to_dtype(first.state_dict(), torch.float32)
+    resumed = build_method(METHODS[name])
+    model = make_cnn(scale=10)
+    resumed.configure(model, model[5], 'per_sample')
+    resumed.load_state_dict(state)
+    held = list(floating_tensors(vars(resumed)))
+    assert held
+    for where, tensor in held:
+        assert (tensor.device, tensor.dtype) == (
+            torch.device('cpu'), torch.float64), where
+    stream(resumed, BATCHES[STOP:], first=STOP)  # and it runs
+
+
+def test_state_holds_only_what_steps_change():
+    """The run state keeps the adapted parameters and the buffers, not
+    the frozen weights (the checkpoint's, which the run's identity pins)."""
+    method = start(METHODS['tent+stag'])
+    model_state = method.state_dict()['model']
+    adapted = {n for n, _ in method.params}
+    buffers = {n for n, _ in method.model.named_buffers()}
+    assert set(model_state) == adapted | buffers
+    assert adapted < {n for n, _ in method.model.named_parameters()}
+    other = build_method(METHODS['tent+stag'])
+    model = make_cnn(scale=10)
+    other.configure(model, model[5], 'per_sample')
+    del model_state[sorted(adapted)[0]]
+    with pytest.raises(ValueError, match='holds other tensors'):
+        other.load_state_dict(dict(method.state_dict(), model=model_state))
+
+
 def test_state_dict_needs_configure():
     method = build_method(dict(type='tent'))
     with pytest.raises(RuntimeError, match='configure before state_dict'):

@@ -1,0 +1,31 @@
+"""A TENT+STAG step waits for the device zero times between log intervals:
+its statistics stay 0-d tensors until the loop reads them all at once, at
+the logger's interval or a stage end (see tests/host_syncs.py for what is
+counted). Classification's step likewise."""
+import pytest
+
+from host_syncs import count_loop_syncs
+from seg_helpers import make_runner
+
+
+def syncs_per_batch(runner, monkeypatch):
+    per_batch = count_loop_syncs(runner.test_loop, monkeypatch)
+    runner.test()
+    return per_batch, runner.test_loop.batch_stages
+
+
+@pytest.mark.parametrize('method', ['tent-stag', 'bn-adapt-stag'])
+def test_segmentation_step_never_waits_between_reads(
+        method, tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch):
+    runner = make_runner(method, tiny_acdc, tiny_checkpoint, tmp_path,
+                         extra={'default_hooks.logger.interval': 50})
+    per_batch, stages = syncs_per_batch(runner, monkeypatch)
+    assert len(per_batch) == len(stages) == 8
+    for idx, calls in per_batch.items():
+        if stages[idx].ends_stage:  # the statistics are read: once
+            assert calls == ['tolist'], (idx, calls)
+        else:
+            assert calls == [], (idx, calls)
+    # and the log still has every batch's values
+    scalars = runner.message_hub.log_scalars
+    assert len(scalars['test/loss_stag'].data[0]) == 8
