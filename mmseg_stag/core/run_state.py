@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 #: version of the state-file layout (a file of another version is refused)
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the model part holds adapted parameters and buffers
 
 
 def rng_state() -> dict:
