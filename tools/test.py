@@ -78,9 +78,9 @@ def parse_args():
         '--deterministic',
         action='store_true',
         help='PyTorch\'s deterministic algorithms (and cuDNN\'s, and a '
-        'fixed cuBLAS workspace): repeatable runs on a GPU; an operation '
-        'without a deterministic kernel then stops the run with PyTorch\'s '
-        'error naming it')
+        'fixed cuBLAS workspace): repeatable runs on a GPU; the few '
+        'operations without a deterministic CUDA kernel are warned about '
+        'and named in the log (docs/running.md, Reproducibility)')
     parser.add_argument(
         '--cfg-options',
         nargs='+',

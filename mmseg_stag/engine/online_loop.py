@@ -18,6 +18,7 @@ from mmseg_stag.core.run_state import (flatten_settings, load_run_state,
                                        weights_fingerprint)
 from .launch_guard import DISTRIBUTED_ERROR  # noqa: F401 (its old home)
 from .launch_guard import check_single_process
+from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
 from .step_stats import StepStats
 
@@ -62,6 +63,9 @@ class OnlineAdaptationLoop(TestLoop):
             Default: False.
         mixed_precision (str, optional): ``'bf16'`` or ``'fp16'`` autocast
             of the forward passes. Default: None (float32).
+        tf32 (bool, optional): Whether float32 matmuls and cuDNN
+            convolutions may use TF32 (``configure_cuda_math``).
+            Default: None (PyTorch's settings).
 
     Raises:
         RuntimeError: If launched on more than one rank.
@@ -82,7 +86,8 @@ class OnlineAdaptationLoop(TestLoop):
                  source_dataloader: Optional[Union[dict, object]] = None,
                  save_state: bool = True,
                  resume: bool = False,
-                 mixed_precision: Optional[str] = None):
+                 mixed_precision: Optional[str] = None,
+                 tf32: Optional[bool] = None):
         check_single_process(get_world_size())
         self.method_cfg = dict(method)
         options = {} if main_view is None else dict(main_view=main_view)
@@ -106,6 +111,7 @@ class OnlineAdaptationLoop(TestLoop):
             raise ValueError(f'fp16=True contradicts mixed_precision='
                              f'{mixed_precision!r}')
         self.mixed_precision = 'fp16' if fp16 else mixed_precision
+        self.tf32 = None if tf32 is None else bool(tf32)
         self.device_type = next(self._model(runner).parameters()).device.type
         if self.mixed_precision == 'fp16' and self.device_type == 'cpu':
             raise ValueError("mixed_precision='fp16' needs a GPU (float16 "
@@ -149,6 +155,8 @@ class OnlineAdaptationLoop(TestLoop):
         Returns:
             dict: The evaluator's metrics.
         """
+        configure_cuda_math(self.tf32)
+        configure_determinism()  # warn-only list + one log line
         self.runner.call_hook('before_test')
         self.runner.call_hook('before_test_epoch')
         model = self._model(self.runner)

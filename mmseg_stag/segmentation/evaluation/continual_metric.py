@@ -4,11 +4,46 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 from mmseg.datasets import CityscapesDataset
-from mmseg.evaluation.metrics import IoUMetric
 from mmseg.registry import METRICS
 
 from mmseg_stag.engine.report import mean_ignoring_nan, write_results
 from mmseg_stag.engine.stream_metric import StreamMetric
+
+
+def intersect_and_union(pred: torch.Tensor, label: torch.Tensor,
+                        num_classes: int,
+                        ignore_index: int) -> torch.Tensor:
+    """Return an image's ``[4, C]`` areas: intersect, union, pred, label.
+
+    The numbers of MMSeg's ``IoUMetric.intersect_and_union`` (pixels whose
+    label is ``ignore_index`` dropped, values outside ``[0, C)`` counted in
+    no class), from one ``torch.bincount`` of the confusion matrix instead
+    of ``torch.histc``: exact integer counts, and deterministic on CUDA,
+    where ``histc`` raises in deterministic mode.
+
+    Args:
+        pred (Tensor): Predicted labels, any shape.
+        label (Tensor): Ground truth, the same shape.
+        num_classes (int): ``C``.
+        ignore_index (int): Label not evaluated.
+
+    Returns:
+        Tensor: ``[4, C]`` int64 areas on the inputs' device.
+    """
+    keep = label != ignore_index
+    pred, label = pred[keep].long(), label[keep].long()
+    other = num_classes  # one extra bin for values outside the classes
+    pred = torch.where((pred >= 0) & (pred < num_classes), pred, other)
+    label = torch.where((label >= 0) & (label < num_classes), label, other)
+    size = num_classes + 1
+    confusion = torch.bincount(label * size + pred,
+                               minlength=size * size).reshape(size, size)
+    area_intersect = confusion.diagonal()[:num_classes]
+    area_pred = confusion.sum(dim=0)[:num_classes]
+    area_label = confusion.sum(dim=1)[:num_classes]
+    return torch.stack([area_intersect,
+                        area_pred + area_label - area_intersect, area_pred,
+                        area_label])
 
 
 def stage_iou(areas: np.ndarray) -> np.ndarray:
@@ -77,7 +112,7 @@ class ContinualIoUMetric(StreamMetric):
         return list(meta['classes'])
 
     def image_record(self, sample: dict) -> dict:
-        """Return the image's ``[4, C]`` areas from ``intersect_and_union``.
+        """Return the image's ``[4, C]`` areas (:func:`intersect_and_union`).
 
         Raises:
             KeyError: If the prediction or label is missing.
@@ -96,8 +131,8 @@ class ContinualIoUMetric(StreamMetric):
                 f'label {tuple(label.shape)} of {sample.get("img_path")} '
                 'differ in size; predictions must be at the original '
                 'image size')
-        areas = torch.stack(IoUMetric.intersect_and_union(
-            pred, label, len(self.class_names), self.ignore_index))
+        areas = intersect_and_union(pred, label, len(self.class_names),
+                                    self.ignore_index)
         return dict(areas=areas.cpu().numpy().astype(np.float64))
 
     def stage_result(self, records: List[dict]) -> dict:

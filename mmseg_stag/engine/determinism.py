@@ -1,0 +1,201 @@
+"""Deterministic mode and the CUDA math switches of an online run.
+
+``tools/test.py --deterministic`` sets MMEngine's
+``randomness.deterministic=True``: ``torch.use_deterministic_algorithms(
+True)``, ``cudnn.deterministic=True``, ``cudnn.benchmark=False``. On CUDA an
+operation with no deterministic kernel then raises at its first call. The
+project's own code avoids those operations in deterministic mode (the IoU
+areas by ``torch.bincount``, the per-pixel cross-entropy by log-softmax and
+gather, the full-resolution resize by two matrix products); what remains is
+:data:`REMAINING_NONDETERMINISTIC_OPS`, which :func:`configure_determinism`
+turns into warnings and names in the log.
+"""
+import logging
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import torch
+from mmengine.logging import print_log
+
+#: aten ops (overload packet names) that raise on CUDA under
+#: ``torch.use_deterministic_algorithms(True)``: the list of torch 2.13's
+#: ``use_deterministic_algorithms`` docstring ("will throw a RuntimeError"),
+#: plus ``kthvalue`` (alerted in the CUDA source, tested by PyTorch's
+#: ``test_nondeterministic_alert_kthvalue``, not in the docstring). The value
+#: is the docstring's wording. ``MaxUnpool1d`` is ``max_unpool2d``;
+#: ``NLLLoss`` alerts only in its 2-D kernel (``Loss.cu``'s 1-D reduction is
+#: one thread block, deterministic). Left out: ``resize_`` of a quantized
+#: tensor. Conditional entries are narrowed by :func:`raises_on_cuda`.
+NONDETERMINISTIC_CUDA_OPS: Dict[str, str] = {
+    'avg_pool3d_backward': 'AvgPool3d backward',
+    '_adaptive_avg_pool2d_backward': 'AdaptiveAvgPool2d backward',
+    '_adaptive_avg_pool3d_backward': 'AdaptiveAvgPool3d backward',
+    'adaptive_max_pool2d_backward': 'AdaptiveMaxPool2d backward',
+    'fractional_max_pool2d_backward': 'FractionalMaxPool2d backward',
+    'fractional_max_pool3d_backward': 'FractionalMaxPool3d backward',
+    'max_unpool2d': 'MaxUnpool1d / MaxUnpool2d',
+    'max_unpool3d': 'MaxUnpool3d',
+    'upsample_linear1d_backward': "interpolate(mode='linear') backward",
+    'upsample_bilinear2d_backward': "interpolate(mode='bilinear') backward",
+    'upsample_bicubic2d_backward': "interpolate(mode='bicubic') backward",
+    'upsample_trilinear3d_backward': "interpolate(mode='trilinear') backward",
+    'reflection_pad1d_backward': 'ReflectionPad1d backward',
+    'reflection_pad2d_backward': 'ReflectionPad2d backward',
+    'reflection_pad3d_backward': 'ReflectionPad3d backward',
+    'nll_loss2d_forward': 'NLLLoss (2-D, reduced)',
+    '_ctc_loss_backward': 'CTCLoss backward',
+    '_embedding_bag_backward': "EmbeddingBag(mode='max') backward",
+    '_embedding_bag_dense_backward': "EmbeddingBag(mode='max') backward",
+    'put_': 'Tensor.put_',
+    'put': 'Tensor.put_',
+    'histc': 'histc',
+    'bincount': 'bincount with weights',
+    'median': 'median with indices',
+    'kthvalue': 'kthvalue',
+    'grid_sampler_2d_backward': 'grid_sample backward',
+    'grid_sampler_3d_backward': 'grid_sample backward',
+    'cumsum': 'cumsum of a floating-point tensor',
+    'scatter_reduce': "scatter_reduce(reduce='prod')",
+}
+
+#: backward ops that ``F.interpolate`` never reaches on a CUDA tensor in
+#: deterministic mode: for bilinear and trilinear (not linear, bicubic or
+#: antialias) it then calls ``torch._decomp.decompositions.
+#: _upsample_linear_vec``, whose backward is a deterministic
+#: ``_unsafe_index_put`` (torch 2.13 ``torch/nn/functional.py``,
+#: ``interpolate``), despite the docstring. So MMSeg's ``SegformerHead``
+#: resize is deterministic on CUDA, through a slower, larger path.
+ROUTED_BY_INTERPOLATE = ('upsample_bilinear2d_backward',
+                         'upsample_trilinear3d_backward')
+
+#: ops of this project that remain nondeterministic on CUDA in
+#: deterministic mode: op -> where it is called. Found by recording the aten
+#: ops of a tiny stream of every segmentation config (and TENT's losses) on
+#: the CPU, ``F.interpolate`` routed as on CUDA; the shipped configs call
+#: none (tests/segmentation/test_determinism.py keeps TENT+STAG at none).
+REMAINING_NONDETERMINISTIC_OPS: Dict[str, str] = {
+    'nll_loss2d_forward':
+    "tent loss='pseudo_ce' on per-pixel logits: mmseg_stag/core/losses.py "
+    'pseudo_label_cross_entropy',
+}
+
+
+def raises_on_cuda(func, args: Tuple = (),
+                   kwargs: Optional[Mapping[str, Any]] = None
+                   ) -> Optional[str]:
+    """Return why an aten call would raise on CUDA in deterministic mode.
+
+    Args:
+        func (torch._ops.OpOverload): The op, as a ``TorchDispatchMode``
+            sees it, e.g. ``torch.ops.aten.histc.default``.
+        args (tuple): The call's positional arguments.
+        kwargs (Mapping, optional): Its keyword arguments.
+
+    Returns:
+        str | None: The docstring's wording of the op, or None if the call
+        has a deterministic CUDA kernel.
+    """
+    op = func.overloadpacket.__name__
+    if op not in NONDETERMINISTIC_CUDA_OPS:
+        return None
+    named = {a.name: v for a, v in zip(func._schema.arguments, args)}
+    named.update(kwargs or {})
+    if not _condition_holds(op, named):
+        return None
+    return NONDETERMINISTIC_CUDA_OPS[op]
+
+
+def _condition_holds(op: str, named: Mapping[str, Any]) -> bool:
+    """Whether a conditional op's condition holds for these arguments."""
+    if op == 'bincount':
+        return named.get('weights') is not None
+    if op == 'median':  # only the overloads with indices
+        return 'dim' in named
+    if op == 'cumsum':  # floating point or complex, given or cast to
+        dtype = named.get('dtype') or named['self'].dtype
+        return dtype.is_floating_point or dtype.is_complex
+    if op == 'scatter_reduce':
+        return named.get('reduce') == 'prod'
+    if op == 'nll_loss2d_forward':  # reduction 'none' is deterministic
+        return named.get('reduction', 1) != 0
+    if op in ('_embedding_bag_backward', '_embedding_bag_dense_backward'):
+        return named.get('mode') == 2  # 'max'
+    return True
+
+
+def configure_determinism(logger: Optional[logging.Logger] = None,
+                          warn_only: bool = True) -> bool:
+    """Let deterministic mode warn on the remaining ops, and log the state.
+
+    With ``torch.use_deterministic_algorithms(True)`` (MMEngine's
+    ``randomness.deterministic``), switches to ``warn_only=True`` so that an
+    op of :data:`REMAINING_NONDETERMINISTIC_OPS` (or one this project does
+    not know of) warns instead of stopping the run at its first image, and
+    logs one line: the remaining ops, cuDNN's ``deterministic`` and
+    ``benchmark`` flags and the TF32 flags. Does nothing when deterministic
+    mode is off.
+
+    Args:
+        logger (logging.Logger, optional): Where the line goes. Default:
+            None (MMEngine's current logger).
+        warn_only (bool): Whether to switch to warnings; False keeps
+            PyTorch's errors. Default: True.
+
+    Returns:
+        bool: Whether deterministic mode is on.
+    """
+    if not torch.are_deterministic_algorithms_enabled():
+        return False
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    remaining = ', '.join(f'{op} ({where})' for op, where in
+                          REMAINING_NONDETERMINISTIC_OPS.items()) or 'none'
+    print_log(
+        f'deterministic mode ({"warn_only" if warn_only else "strict"}): '
+        f'ops without a deterministic CUDA kernel that may remain: '
+        f'{remaining}; cudnn.deterministic='
+        f'{torch.backends.cudnn.deterministic}, cudnn.benchmark='
+        f'{torch.backends.cudnn.benchmark}, {_tf32_state()}',
+        logger=logger or 'current')
+    return True
+
+
+def configure_cuda_math(tf32: Optional[bool] = None) -> None:
+    """Set whether float32 matmuls and cuDNN convolutions may use TF32.
+
+    What each switch costs in reproducibility:
+
+    - TF32 (Ampere and later GPUs) rounds the inputs of float32 matrix
+      products and convolutions to a 10-bit mantissa: results differ from
+      IEEE float32 by about 1e-3 relative, the same on every run of the
+      same machine and software, different from a run without TF32 and
+      from a CPU run. PyTorch's defaults: matmuls off, cuDNN convolutions
+      on.
+    - ``cudnn.benchmark`` (MMEngine's ``env_cfg.cudnn_benchmark``; not set
+      here) times several convolution algorithms on the first batch of each
+      shape and keeps the fastest, so two runs may pick different
+      algorithms and give different numbers; deterministic mode turns it
+      off.
+
+    Sets PyTorch's ``allow_tf32`` flags, as ``tools/gpu_check.py`` and
+    MMCV read them (torch 2.13 refuses to read them once its newer
+    ``fp32_precision`` settings were used: do not mix the two).
+
+    Args:
+        tf32 (bool, optional): True allows TF32 in both, False forbids it
+            in both (IEEE float32), None keeps PyTorch's settings. Default:
+            None.
+    """
+    if tf32 is None:
+        return
+    torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+    torch.backends.cudnn.allow_tf32 = bool(tf32)
+
+
+def _tf32_state() -> str:
+    """``'tf32 matmul=..., tf32 cudnn=...'`` for the log line."""
+    try:
+        matmul = torch.backends.cuda.matmul.allow_tf32
+        cudnn = torch.backends.cudnn.allow_tf32
+    except RuntimeError:  # the fp32_precision API was used: read that one
+        matmul = torch.backends.cuda.matmul.fp32_precision
+        cudnn = torch.backends.cudnn.conv.fp32_precision
+    return f'tf32 matmul={matmul}, tf32 cudnn={cudnn}'
