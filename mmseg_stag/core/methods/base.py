@@ -262,19 +262,16 @@ class BaseMethod:
             raise RuntimeError(f'{self.name}: configure before '
                                'load_state_dict')
         self.load_changing_state(state['model'])
-        if (self.optimizer is None) != (state['optimizer'] is None):
-            raise ValueError(f'{self.name}: the saved state was written '
-                             'with' + ('out' if state['optimizer'] is None
-                                       else '') + ' an optimizer')
-        if self.optimizer is not None:
-            # torch moves the optimizer state onto each parameter's device
-            self.optimizer.load_state_dict(state['optimizer'])
-        if (self.grad_scaler is None) != (state['grad_scaler'] is None):
-            raise ValueError(f'{self.name}: the saved state was written '
-                             'with' + ('out' if state['grad_scaler'] is None
-                                       else '') + ' a GradScaler (fp16)')
-        if self.grad_scaler is not None:
-            self.grad_scaler.load_state_dict(state['grad_scaler'])
+        # torch moves the optimizer state onto each parameter's device
+        for key, what in (('optimizer', 'an optimizer'),
+                          ('grad_scaler', 'a GradScaler (fp16)')):
+            current = getattr(self, key)
+            if (current is None) != (state[key] is None):
+                raise ValueError(f'{self.name}: the saved state was written '
+                                 'with' + ('out' if state[key] is None
+                                           else '') + f' {what}')
+            if current is not None:
+                current.load_state_dict(state[key])
         self.step, self.num_updates = state['step'], state['num_updates']
         self.stage = state['stage']
 
