@@ -29,7 +29,7 @@ STATE_FILE = 'online_adaptation_state.pth'
 #: config keys a resumed run may change (they do not change its numbers)
 RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
                   'test_cfg.resume', 'test_cfg.save_state', '*num_workers',
-                  '*persistent_workers', 'default_hooks.*', 'visualizer.*',
+                  '*persistent_workers', '*pin_memory', 'default_hooks.*', 'visualizer.*',
                   'vis_backends*', 'log_processor.*', 'log_level',
                   'env_cfg.*')
 

@@ -4,6 +4,8 @@
 # scores (the loop finds it: ScaleFlipViews.main_view). Fewer views, e.g.:
 #   --cfg-options "test_dataloader.dataset.pipeline.1.ratios=[0.5,1.0,1.5]"
 _base_ = ['./acdc_continual.py']
+# load_label: the label is read once and goes with the scored view at the
+# original size (CoTTA's code loads it in each of the 14 views).
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(
@@ -11,8 +13,8 @@ test_pipeline = [
         scale=(960, 540),
         ratios=(0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0),
         flip=True,
+        load_label=True,
         transforms=[
-            dict(type='LoadAnnotations'),
             dict(type='PackSegInputs',
                  meta_keys={{_base_.continual_meta_keys}}),
         ]),

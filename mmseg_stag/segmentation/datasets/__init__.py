@@ -1,7 +1,8 @@
 from .acdc import CONTINUAL_META_KEYS, STREAM_TAGS, ACDCContinualDataset
+from .compact_labels import LabelsAsUint8
 from .scale_flip_views import ScaleFlipViews
 
 __all__ = [
     'ACDCContinualDataset', 'CONTINUAL_META_KEYS', 'STREAM_TAGS',
-    'ScaleFlipViews'
+    'LabelsAsUint8', 'ScaleFlipViews'
 ]

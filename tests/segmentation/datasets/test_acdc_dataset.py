@@ -97,7 +97,8 @@ def test_config_meta_keys_match_the_constant():
     cfg = Config.fromfile(osp.join(
         REPO, 'configs/_base_/datasets/acdc_continual.py'))
     assert tuple(cfg.continual_meta_keys) == CONTINUAL_META_KEYS
-    assert tuple(cfg.test_pipeline[-1]['meta_keys']) == CONTINUAL_META_KEYS
+    pack = [t for t in cfg.test_pipeline if t['type'] == 'PackSegInputs']
+    assert tuple(pack[0]['meta_keys']) == CONTINUAL_META_KEYS
 
 
 def test_stream_of_the_shared_tiny_data_through_the_pipeline(tiny_acdc):

@@ -4,7 +4,8 @@
 _base_ = ['./corruptions.py']
 test_dataloader = dict(
     batch_size=64,
-    num_workers=2,
+    num_workers=8,  # JPEG decoding at batch 64 keeps 2 workers behind a GPU
+    pin_memory=True,
     persistent_workers=False,
     sampler=dict(type='DefaultSampler', shuffle=False),
     batch_sampler=dict(type='StageBatchSampler'),  # never across stages
