@@ -9,7 +9,7 @@ STAMP := $(VENV)/.mmseg_stag_installed
 VENV_REAL ?= .venv-real
 STAMP_REAL := $(VENV_REAL)/.real_models_installed
 
-.PHONY: install demo demo-cls demo-cls-hard docs test clean-venv
+.PHONY: install demo demo-cls demo-cls-hard docs test clean-venv gpu-check
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ test: $(STAMP) $(STAMP_REAL)
 	$(PY) -m pytest
 	MMSEG_STAG_REAL_MODELS=required $(VENV_REAL)/bin/python -m pytest tests/real_models
 	$(MAKE) docs
+
+# on one CUDA GPU (docs/benchmark.md, "GPU check"): the cuda tests and the
+# GPU measurements, one report in work_dirs/gpu_check; fails without a GPU
+gpu-check: $(STAMP)
+	$(PY) tools/gpu_check.py --out-dir work_dirs/gpu_check
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_REAL)

@@ -13,6 +13,17 @@ from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG,  # noqa: F401
                          save_checkpoint, tiny_options)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip on a machine without a CUDA device (CI on
+    the CPU collects them and reports why)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason='no CUDA device')
+    for item in items:
+        if item.get_closest_marker('cuda') is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread_for_segmentation(request):
     """Tests under ``tests/segmentation`` run tiny models: one intra-op

@@ -164,14 +164,25 @@ def rss_bytes():
 
 
 class PeakMemory:
-    """Peak memory above the starting point while the block runs."""
+    """Peak memory above the starting point while the block runs.
+
+    On a GPU the peak is ``torch.cuda.max_memory_allocated`` (``peak``) and
+    ``max_memory_reserved`` (``peak_reserved``) over the WHOLE block: every
+    ``torch.cuda.reset_peak_memory_stats`` call inside it (MMEngine's
+    ``LogProcessor`` makes one at every log interval) first folds the
+    counter into a running maximum, else only the last interval's peak
+    would be left. On the CPU: the RSS, sampled every 0.5 ms by a thread.
+    """
 
     def __enter__(self):
         self.cuda = torch.cuda.is_available()
         if self.cuda:
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats()  # an outer block folds
             self.start = torch.cuda.memory_allocated()
+            self.peak = self.peak_reserved = 0
+            self._reset = torch.cuda.reset_peak_memory_stats
+            torch.cuda.reset_peak_memory_stats = self._folding_reset
             return self
         release_freed_memory()
         self.start = self.peak = rss_bytes()
@@ -179,6 +190,17 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
+
+    def _fold(self):
+        """Fold the CUDA peak counters into the running maxima."""
+        self.peak = max(self.peak, torch.cuda.max_memory_allocated())
+        self.peak_reserved = max(self.peak_reserved,
+                                 torch.cuda.max_memory_reserved())
+
+    def _folding_reset(self, *args, **kwargs):
+        """``torch.cuda.reset_peak_memory_stats``, after a fold."""
+        self._fold()
+        return self._reset(*args, **kwargs)
 
     def _sample(self):
         while self._running:
@@ -188,7 +210,9 @@ class PeakMemory:
     def __exit__(self, *exc):
         if self.cuda:
             torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated()
+            self._fold()
+            torch.cuda.reset_peak_memory_stats = self._reset
+            self.reserved_mb = self.peak_reserved / 2**20
         else:
             self._running = False
             self._thread.join()

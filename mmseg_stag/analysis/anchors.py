@@ -26,7 +26,8 @@ def anchor_validation(weight: torch.Tensor,
     """
     p = assignment_matrix(weight, bias)
     log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
-    classes = torch.arange(p.shape[0])
+    # on the matrix's device: a CUDA classifier is compared on the GPU
+    classes = torch.arange(p.shape[0], device=p.device)
     return dict(
         self_entropy=float(-(p * log_p).sum(1).mean()),
         mdp=float(p.diagonal().mean()),

@@ -1,10 +1,17 @@
 """Table efficiency through ``tools/analysis/efficiency.py`` on the tiny
 CIFAR-C stream: passes counted in images (Source: no backward; TENT and
 TENT+STAG: every image once forward and once backward), time and memory
-measured, the paper's layout written."""
+measured, the paper's layout written; on a GPU the memory is the whole
+run's peak although MMEngine's log processor resets the counter at every
+log interval (simulated here)."""
+import functools
 import json
+from types import SimpleNamespace
 
+import torch
+from mmengine.runner import LogProcessor
 
+from tools import benchmark
 from tools.analysis import efficiency
 
 from test_cls_online import (CIFAR, checkpoint, killable_config,  # noqa
@@ -43,3 +50,51 @@ def test_passes_time_memory(tmp_path, stream, names, checkpoint):
     assert (work / 'efficiency.png').stat().st_size > 10000
     res = json.load(open(work / 'TENT' / 'continual_results.json'))
     assert [s['condition'] for s in res['stages']] == [names[1]]
+
+
+class FakeCudaCounter:
+    """CUDA's allocated-bytes counter and its peak, simulated on the CPU
+    (``torch.cuda`` functions replaced for the test)."""
+
+    def __init__(self, monkeypatch):
+        self.allocated = self.peak = 0
+        fake = dict(is_available=lambda: True,
+                    synchronize=lambda *a, **k: None,
+                    memory_allocated=lambda *a, **k: self.allocated,
+                    max_memory_allocated=lambda *a, **k: self.peak,
+                    max_memory_reserved=lambda *a, **k: self.peak,
+                    reset_peak_memory_stats=self.reset)
+        for name, function in fake.items():
+            monkeypatch.setattr(torch.cuda, name, function)
+
+    def batch(self, mb):
+        """A batch that allocates ``mb`` MB, then frees them."""
+        self.allocated += mb * 2**20
+        self.peak = max(self.peak, self.allocated)
+        self.allocated -= mb * 2**20
+
+    def reset(self, *args, **kwargs):
+        self.peak = self.allocated
+
+
+def test_gpu_memory_is_the_whole_runs_peak(monkeypatch):
+    """A 900 MB batch early in the run, then MMEngine's log line (its
+    ``LogProcessor`` reads the peak and resets it), then 100 MB batches:
+    the run's peak is 900 MB, not the last window's 100 MB."""
+    counter = FakeCudaCounter(monkeypatch)
+    # CUDA events cannot be simulated: the wall-clock timer
+    monkeypatch.setattr(benchmark, 'StepTimer',
+                        functools.partial(benchmark.StepTimer, cuda=False))
+    log_processor = LogProcessor()
+    runner = SimpleNamespace(model=torch.nn.Module())
+    meter = efficiency.Meter()
+    with meter:
+        counter.batch(900)
+        assert log_processor._get_max_memory(runner) == 900  # its log line
+        counter.batch(100)
+        assert log_processor._get_max_memory(runner) == 100
+        counter.batch(100)
+    assert meter.peak_mb == 900
+    assert meter.memory.reserved_mb == 900
+    # the counter's own reset is back in place after the run
+    assert torch.cuda.reset_peak_memory_stats == counter.reset

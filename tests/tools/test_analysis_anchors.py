@@ -42,6 +42,19 @@ def test_three_classes_by_hand():
     assert res['self_entropy'] >= 0 and not math.isnan(res['mdp'])
 
 
+@pytest.mark.parametrize(
+    'device', ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)])
+def test_numbers_on_the_classifier_device(device):
+    """The class indices are made on the classifier's device: under
+    another default device ('meta') or on CUDA, the same numbers."""
+    torch.manual_seed(0)
+    w, b = torch.randn(6, 4), torch.randn(6)
+    expected = anchor_validation(w, b)
+    with torch.device('meta'):  # factory calls default elsewhere
+        assert anchor_validation(w.to(device), b.to(device)) == \
+            pytest.approx(expected)
+
+
 def test_heatmap_classes():
     assert heatmap_classes(1000, 20)[:3] == [0, 53, 105]
     assert heatmap_classes(1000, 20)[-1] == 999

@@ -120,7 +120,26 @@ def test_step_timer_on_the_cpu():
     assert timer.seconds > 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+@pytest.mark.cuda
+def test_peak_memory_across_resets_on_cuda():
+    """On a GPU, a ``reset_peak_memory_stats`` inside the block (MMEngine's
+    log processor makes one per log interval) does not lose the earlier
+    peak, and a nested block folds into the outer one."""
+    from mmengine.device import get_max_cuda_memory
+    with benchmark.PeakMemory() as outer:
+        big = torch.empty(256 * 2**20, dtype=torch.uint8, device='cuda')
+        del big
+        get_max_cuda_memory()  # the log line: reads, then resets
+        with benchmark.PeakMemory() as inner:
+            small = torch.empty(16 * 2**20, dtype=torch.uint8,
+                                device='cuda')
+            del small
+    assert outer.delta_mb >= 256
+    assert 16 <= inner.delta_mb < 256
+    assert outer.peak_reserved >= outer.peak
+
+
+@pytest.mark.cuda
 def test_benchmark_on_cuda(tmp_path):
     """The same tool on a GPU: CUDA events, max_memory_allocated, the same
     pass counts."""

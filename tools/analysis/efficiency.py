@@ -13,8 +13,10 @@ Each row is a tools/test.py run on the first ``--images`` images of one
 stage (the first corruption / ACDC condition, or ``--condition``). Its
 step is timed by tools/benchmark.py's timer (CUDA events on a GPU, wall
 time on the CPU, after ``--warmup`` untimed runs of the row) and memory by
-its peak sampler (``max_memory_allocated`` on a GPU; on the CPU the peak
-RSS above the run's start). Forward counts every image
+its peak sampler (``max_memory_allocated`` on a GPU, the whole run's peak:
+MMEngine's log processor resets that counter at every log interval, and the
+sampler folds it into a running maximum before each reset; on the CPU the
+peak RSS above the run's start). Forward counts every image
 through the adapted network; Backward the images of every batch a backward
 pass ran on (the paper's DeYO row counts the samples its filter kept).
 Writes ``efficiency.{txt,csv,json,png}`` with the device it ran on.
@@ -93,8 +95,9 @@ class Meter:
         self.memory.__exit__(*exc)
         torch.autograd.backward = self._backward
         self.seconds = self.timer.seconds
-        # GPU: the peak allocated (the paper's figure); CPU: the peak RSS
-        # above the run's start (the process keeps earlier runs' memory)
+        # GPU: the peak allocated over the whole run (the paper's figure),
+        # across the log processor's resets; CPU: the peak RSS above the
+        # run's start (the process keeps earlier runs' memory)
         self.peak_mb = self.memory.peak / 2**20 if self.memory.cuda \
             else self.memory.delta_mb
 

@@ -1,0 +1,1007 @@
+"""GPU check: the CUDA tests and the GPU measurements, one command, one
+report.
+
+    make gpu-check    # tools/gpu_check.py --out-dir work_dirs/gpu_check
+    python tools/gpu_check.py [--only tests step_cost loader loop profile]
+        [--pairs 30] [--precisions fp32 tf32 bf16] [--workers 2 8] ...
+
+On one CUDA device, with nothing downloaded (random weights of the real
+architectures), it runs these steps, each timed, a failing one reported
+while the next still runs:
+
+1. ``tests``: ``pytest -m cuda`` (``tests/cuda``: every method ± STAG in
+   float32, bfloat16 and float16, resume, the restored state on the
+   device, deterministic mode, the launcher guard; and the CUDA paths of
+   other tests).
+2. ``step_cost``: one adaptation step of TENT and of TENT+STAG on
+   SegFormer-B5 with the NVlabs head (D = 768, the paper's) at 960x540,
+   batch 1, and on the paper's ImageNet-C ResNet-50 at 224², batch 64
+   (torchvision's when it imports, else the same architecture built from
+   MMSeg's ``ResNet``), in fp32 (TF32 off), TF32 and bf16 autocast: the
+   median step time and images/s (CUDA events around whole steps, the two
+   arms interleaved, no timing hooks inside a step), the STAG share
+   (TENT+STAG minus TENT, and the STAG term timed alone), and each arm's
+   peak allocated and reserved CUDA memory with only that arm's model on
+   the device (the paper's Table efficiency: +0.2 % time, +0.13 % memory).
+3. ``loader``: images/s of the ACDC stream's loader (the real dataset class
+   and pipeline: 1920x1080 PNGs resized to 960x540, labels loaded) with 2
+   and 8 workers, on images generated into a temporary folder.
+4. ``loop``: images/s of the whole online loop (``tools/benchmark_loop.py``)
+   for TENT and TENT+STAG on that stream (B5-NVlabs, 960x540).
+5. ``profile``: ``torch.profiler`` over TENT+STAG steps (CUDA kernel time,
+   host synchronisations, scalar reads) and over loop iterations (the same,
+   plus the time spent waiting for the loader).
+
+It writes ``gpu_check.json`` and ``gpu_check.md`` in ``--out-dir`` (and
+the tests' log and JUnit XML), naming the GPU, its driver, the CUDA,
+cuDNN and PyTorch versions and the date. Exit status: 0 when the tests
+passed and every step ran, 1 otherwise, 2 without a CUDA device (then
+nothing runs). ``--allow-cpu --quick`` (development only) runs the whole
+pipeline on the CPU with tiny sizes: it checks the tool, it measures
+nothing worth reporting.
+"""
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import multiprocessing
+import os
+import os.path as osp
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
+PRECISIONS = ('fp32', 'tf32', 'bf16')
+#: the paper's segmentation config (NVlabs head, D = 768) and its pattern
+NVLABS_CFG = ('configs/stag_acdc/'
+              'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
+#: what the default run should take on one H100 (minutes): the budget
+BUDGET_MIN = 20.0
+#: --quick: tiny stand-ins of the measured models (development only)
+QUICK_SEG = dict(embed_dims=8, num_layers=[1, 1, 1, 1],
+                 num_heads=[1, 2, 2, 2])
+QUICK_SEG_CHANNELS = [8, 16, 16, 16]
+QUICK_CLS = dict(type='ResNet', depth=18, out_indices=(3, ),
+                 style='pytorch', norm_cfg=dict(type='BN'))
+#: profiler events that make the host wait for the device
+SYNC_EVENTS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
+               'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync')
+#: the op behind ``.item()`` / ``float(tensor)``: a host sync on a GPU
+SCALAR_READ = 'aten::_local_scalar_dense'
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description='CUDA tests and GPU measurements (TENT vs TENT+STAG '
+        'step cost and memory, loader, whole loop, profile) into one '
+        'report; needs a CUDA device')
+    p.add_argument('--out-dir', default='work_dirs/gpu_check',
+                   help='where gpu_check.{md,json} and the tests\' log go')
+    p.add_argument('--only', nargs='+', choices=STEPS, default=list(STEPS),
+                   help='steps to run (default: all)')
+    p.add_argument('--test-paths', nargs='+', default=['tests'],
+                   help='what pytest -m cuda collects (default: tests)')
+    p.add_argument('--tests-timeout', type=int, default=900,
+                   help='seconds before the tests step is stopped')
+    p.add_argument('--precisions', nargs='+', choices=PRECISIONS,
+                   default=list(PRECISIONS), help='step_cost precisions')
+    p.add_argument('--pairs', type=int, default=30,
+                   help='measured TENT / TENT+STAG step pairs (step_cost)')
+    p.add_argument('--warmup', type=int, default=3,
+                   help='untimed step pairs first (step_cost)')
+    p.add_argument('--memory-warmup', type=int, default=1,
+                   help='steps of each arm before its memory is measured')
+    p.add_argument('--term-repeats', type=int, default=10,
+                   help='timings of the STAG term alone (step_cost)')
+    p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
+                   metavar=('W', 'H'), help='SegFormer input (paper: 960 '
+                   '540)')
+    p.add_argument('--cls-batch', type=int, default=64,
+                   help='ResNet-50 batch size (paper: 64)')
+    p.add_argument('--cls-size', type=int, default=224,
+                   help='ResNet-50 input side (224)')
+    p.add_argument('--image-size', type=int, nargs=2, default=(1920, 1080),
+                   metavar=('W', 'H'),
+                   help='generated stream images (ACDC: 1920 1080)')
+    p.add_argument('--images-per-condition', type=int, default=16,
+                   help='generated images per ACDC condition (4 conditions)')
+    p.add_argument('--workers', type=int, nargs='+', default=[2, 8],
+                   help='loader worker counts to compare')
+    p.add_argument('--loop-images', type=int, default=48,
+                   help='images of the whole-loop run per method')
+    p.add_argument('--loop-warmup', type=int, default=8,
+                   help='loop images before its timing starts')
+    p.add_argument('--profile-steps', type=int, default=3,
+                   help='TENT+STAG steps profiled')
+    p.add_argument('--profile-iters', type=int, default=3,
+                   help='loop iterations profiled')
+    p.add_argument('--profile-warmup', type=int, default=3,
+                   help='steps / loop iterations before profiling')
+    p.add_argument('--trace', action='store_true',
+                   help='also write the profiles as Chrome traces')
+    p.add_argument('--budget-min', type=float, default=BUDGET_MIN,
+                   help='minutes the whole check should take (a warning '
+                   'when over)')
+    # development only: the pipeline on the CPU with tiny sizes
+    p.add_argument('--allow-cpu', action='store_true',
+                   help=argparse.SUPPRESS)
+    p.add_argument('--quick', action='store_true', help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name in ('pairs', 'term_repeats', 'images_per_condition',
+                 'loop_images', 'profile_steps', 'profile_iters'):
+        if getattr(args, name) < 1:
+            p.error(f'--{name.replace("_", "-")} must be >= 1')
+    if not 0 <= args.loop_warmup < args.loop_images:
+        p.error('need 0 <= --loop-warmup < --loop-images')
+    if args.quick:
+        make_quick(args)
+    return args
+
+
+def make_quick(args):
+    """Tiny sizes and counts (``--quick``): the pipeline in seconds."""
+    args.test_paths = ['tests/cuda']
+    args.seg_size, args.cls_batch, args.cls_size = (64, 32), 2, 32
+    args.image_size, args.images_per_condition = (96, 48), 2
+    # bf16 convolutions are ~25x slower than fp32 on a CPU without bf16
+    # units, TF32 is a GPU flag: fp32 only (tests/tools cover the others)
+    args.precisions = ['fp32']
+    args.pairs, args.warmup, args.memory_warmup, args.term_repeats = \
+        1, 0, 0, 1
+    args.workers = [1, 2]
+    args.loop_images, args.loop_warmup = 3, 1
+    args.profile_steps = args.profile_iters = args.profile_warmup = 1
+
+
+# ------------------------------------------------------------ environment
+def driver_version():
+    """The NVIDIA driver (nvidia-smi), else the CUDA driver API version."""
+    try:
+        out = subprocess.run(
+            ['nvidia-smi', '--query-gpu=driver_version',
+             '--format=csv,noheader'], capture_output=True, text=True,
+            timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    import torch
+    try:
+        v = torch._C._cuda_getDriverVersion()
+        return f'CUDA driver API {v // 1000}.{v % 1000 // 10}'
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def package_version(name):
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device):
+    """The machine and software the figures come from."""
+    import torch
+    env = dict(
+        date=datetime.now(timezone.utc).isoformat(timespec='seconds'),
+        device=device, platform=platform.platform(),
+        python=platform.python_version(), cpus=os.cpu_count(),
+        torch=torch.__version__, cuda_runtime=torch.version.cuda,
+        cudnn=torch.backends.cudnn.version()
+        if torch.backends.cudnn.is_available() else None,
+        mmengine=package_version('mmengine'), mmcv=package_version('mmcv'),
+        mmsegmentation=package_version('mmsegmentation'),
+        torchvision=package_version('torchvision'))
+    if device == 'cuda':
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=torch.cuda.get_device_name(0),
+                   capability='{}.{}'.format(
+                       *torch.cuda.get_device_capability(0)),
+                   gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                   gpu_count=torch.cuda.device_count(),
+                   driver=driver_version())
+    return env
+
+
+def no_gpu_message():
+    import torch
+    return (f'gpu_check: no GPU: torch.cuda.is_available() is False (torch '
+            f'{torch.__version__}, built for CUDA {torch.version.cuda}). '
+            'Nothing was run: this check needs a CUDA device (the CPU '
+            'suite is `make test`).')
+
+
+# ------------------------------------------------------------------ steps
+class Context:
+    """What the steps share: the options, the device, a temporary folder
+    with the generated stream and the random B5 checkpoint (made once)."""
+
+    def __init__(self, args, device):
+        self.args, self.device = args, device
+        self.tmp = tempfile.mkdtemp(prefix='gpu_check_')
+        self._data_root = self._checkpoint = None
+
+    @property
+    def cuda(self):
+        return self.device == 'cuda'
+
+    def seg_options(self):
+        """``--cfg-options`` of the NVlabs configs (tiny under --quick)."""
+        if not self.args.quick:
+            return {}
+        w, h = self.args.seg_size
+        opts = {'model.decode_head.in_channels': QUICK_SEG_CHANNELS,
+                'model.decode_head.channels': 16,
+                'model.decode_head.embedding_dim': 16,
+                'test_dataloader.dataset.pipeline.1.scale': (w, h)}
+        opts.update({f'model.backbone.{k}': v for k, v in QUICK_SEG.items()})
+        return opts
+
+    def data_root(self):
+        """The generated ACDC-layout stream (``--image-size`` PNGs), one
+        process per condition."""
+        if self._data_root is None:
+            root = osp.join(self.tmp, 'acdc')
+            t0 = time.perf_counter()
+            conditions = ('fog', 'night', 'rain', 'snow')
+            context = multiprocessing.get_context('spawn')
+            with ProcessPoolExecutor(min(4, os.cpu_count() or 1),
+                                     mp_context=context) as pool:
+                list(pool.map(generate_condition, [
+                    (root, c, self.args.images_per_condition,
+                     tuple(self.args.image_size), k)
+                    for k, c in enumerate(conditions)]))
+            print(f'[gpu_check] generated {4 * self.args.images_per_condition}'
+                  f' {self.args.image_size[0]}x{self.args.image_size[1]} '
+                  f'images in {time.perf_counter() - t0:.1f} s', flush=True)
+            self._data_root = root
+        return self._data_root
+
+    def checkpoint(self):
+        """Random weights of the NVlabs B5 config, as a plain checkpoint."""
+        if self._checkpoint is None:
+            import torch
+            from mmengine.config import Config
+            from mmengine.registry import init_default_scope
+            from mmseg.registry import MODELS
+            cfg = Config.fromfile(osp.join(REPO, NVLABS_CFG.format('tent')))
+            cfg.merge_from_dict(self.seg_options())
+            init_default_scope('mmseg')
+            torch.manual_seed(0)
+            model = MODELS.build(cfg.model)
+            path = osp.join(self.tmp, 'random_b5_nvlabs.pth')
+            torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
+            self._checkpoint = path
+        return self._checkpoint
+
+    def close(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def generate_condition(job):
+    """One condition of the generated stream (a worker process's job)."""
+    from demo_data import make_acdc_like_tree
+    root, condition, count, size, seed = job
+    make_acdc_like_tree(root, conditions=(condition, ),
+                        images_per_condition=count, size=size, seed=seed)
+
+
+def image_bytes(root):
+    """Mean size of the stream's image files (bytes)."""
+    sizes = [osp.getsize(osp.join(d, f)) for d, _, files in os.walk(
+        osp.join(root, 'rgb_anon')) for f in files if f.endswith('.png')]
+    return statistics.mean(sizes) if sizes else None
+
+
+def free_memory():
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def run_step(name, fn, ctx, report):
+    """Run one step, time it, keep its result or its error."""
+    print(f'\n[gpu_check] === {name} ===', flush=True)
+    t0 = time.perf_counter()
+    entry = dict(name=name)
+    try:
+        entry['result'] = fn(ctx)
+        entry['status'] = 'ok'
+    except Exception as err:  # reported; the next step still runs
+        entry['status'] = 'failed'
+        entry['error'] = f'{type(err).__name__}: {err}'
+        entry['traceback'] = traceback.format_exc()[-6000:]
+        print(entry['traceback'], file=sys.stderr, flush=True)
+    finally:
+        try:
+            free_memory()
+        except Exception as err:  # e.g. a CUDA error of the step
+            entry.setdefault('error', f'{type(err).__name__}: {err}')
+            entry['status'] = 'failed'
+    entry['seconds'] = round(time.perf_counter() - t0, 1)
+    report['steps'].append(entry)
+    print(f'[gpu_check] {name}: {entry["status"]} in {entry["seconds"]} s '
+          f'(total {time.perf_counter() - report["_t0"]:.0f} s)', flush=True)
+    return entry
+
+
+# ------------------------------------------------------------- 1. tests
+def junit_summary(path):
+    """Counts, failures, skip reasons and recorded properties of a JUnit
+    XML file written by pytest."""
+    root = ET.parse(path).getroot()
+    out = dict(passed=0, failed=0, errors=0, skipped=0, failures=[],
+               skip_reasons={}, properties=[])
+    for case in root.iter('testcase'):
+        name = f'{case.get("classname")}::{case.get("name")}'
+        kinds = {child.tag: child for child in case}
+        if 'failure' in kinds or 'error' in kinds:
+            tag = 'failure' if 'failure' in kinds else 'error'
+            out['failed' if tag == 'failure' else 'errors'] += 1
+            out['failures'].append(dict(
+                test=name, kind=tag,
+                message=(kinds[tag].get('message') or '')[:500]))
+        elif 'skipped' in kinds:
+            out['skipped'] += 1
+            reason = kinds['skipped'].get('message') or ''
+            out['skip_reasons'][reason] = out['skip_reasons'].get(
+                reason, 0) + 1
+        else:
+            out['passed'] += 1
+        for prop in case.iter('property'):
+            out['properties'].append(dict(test=name, name=prop.get('name'),
+                                          value=prop.get('value')))
+    return out
+
+
+def run_tests(ctx):
+    """``pytest -m cuda`` in a process of its own."""
+    args = ctx.args
+    os.makedirs(args.out_dir, exist_ok=True)
+    xml = osp.join(args.out_dir, 'cuda_tests.xml')
+    log = osp.join(args.out_dir, 'cuda_tests.log')
+    cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
+           'no:cacheprovider', '-rfEs', f'--junitxml={xml}',
+           *args.test_paths]
+    if osp.exists(xml):
+        os.remove(xml)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                              timeout=args.tests_timeout)
+        output, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as err:
+        output = f'{err.stdout or ""}{err.stderr or ""}\nTIMEOUT after ' \
+            f'{args.tests_timeout} s'
+        code = None
+    with open(log, 'w') as f:
+        f.write(output if isinstance(output, str) else output.decode())
+    result = dict(command=' '.join(['python'] + cmd[1:]), returncode=code,
+                  log=log, junit=xml)
+    if osp.exists(xml):
+        result.update(junit_summary(xml))
+    # pytest: 0 all passed, 5 none collected (no test marked cuda)
+    result['passed_all'] = code in (0, 5) and not result.get('failed') \
+        and not result.get('errors')
+    print(f"[gpu_check] tests: {result.get('passed', 0)} passed, "
+          f"{result.get('failed', 0)} failed, {result.get('errors', 0)} "
+          f"errors, {result.get('skipped', 0)} skipped (log: {log})")
+    return result
+
+
+# --------------------------------------------------------- 2. step cost
+@contextlib.contextmanager
+def precision(task, name):
+    """fp32 with TF32 off, TF32 on for matmuls and cuDNN, or bf16 autocast
+    of the forward passes (TF32 off for what stays float32)."""
+    import torch
+    from tools import benchmark
+    flags = (torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = name == 'tf32'
+    torch.backends.cudnn.allow_tf32 = name == 'tf32'
+    dtype = torch.bfloat16 if name == 'bf16' else None
+    probe = task.forward
+    # the loop's way: autocast around the forward passes only
+    scoped = hasattr(probe, 'autocast_dtype')
+    before = probe.autocast_dtype if scoped else None
+    step = contextlib.nullcontext()
+    if scoped:
+        probe.autocast_dtype = dtype
+    elif dtype is not None:  # an older probe: autocast around the step
+        step = benchmark.mixed_precision('bf16')
+    try:
+        with step:
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, \
+            torch.backends.cudnn.allow_tf32 = flags
+        if scoped:
+            probe.autocast_dtype = before
+
+
+def task_args(ctx):
+    """The options ``tools/benchmark.py``'s ``Task`` reads."""
+    return argparse.Namespace(size=tuple(ctx.args.seg_size),
+                              cls_size=ctx.args.cls_size,
+                              batch_size=ctx.args.cls_batch)
+
+
+def seg_task(ctx):
+    """``(label, benchmark.Task, settings, batch)``: SegFormer-B5 with the
+    NVlabs head (a tiny MiT under ``--quick``)."""
+    from tools import benchmark
+    name, label = 'b5-nvlabs', 'SegFormer-B5 NVlabs head'
+    if ctx.args.quick:  # a tiny stand-in, in the benchmark's own table
+        name, label = 'quick-nvlabs', 'tiny SegFormer NVlabs head (--quick)'
+        benchmark.SEG_MODELS[name] = (
+            NVLABS_CFG.format('tent'), dict(QUICK_SEG), QUICK_SEG_CHANNELS)
+    w, h = ctx.args.seg_size
+    return (label, benchmark.Task(name, task_args(ctx), ctx.device),
+            f'batch 1, {w}x{h}, random weights', 1)
+
+
+def cls_task(ctx):
+    """``(label, benchmark.Task, settings, batch)``: the paper's ImageNet-C
+    ResNet-50, torchvision's when it imports (``.venv-real``), else the
+    same architecture from MMSeg's ``ResNet`` (a ResNet-18 under
+    ``--quick``)."""
+    import torch
+    from tools import benchmark
+    args = ctx.args
+    name, label = 'resnet50', 'ResNet-50 (ImageNet-C)'
+    if args.quick:
+        name, label = 'quick-resnet', 'ResNet-18 (--quick)'
+        benchmark.CLS_MODELS[name] = (dict(QUICK_CLS), 512)
+        benchmark.STAG_SETTING[name] = benchmark.STAG_SETTING['resnet50']
+    task = benchmark.Task(name, task_args(ctx), ctx.device)
+    note = (f'batch {args.cls_batch}, {args.cls_size}x{args.cls_size}, '
+            'random weights, ')
+    if args.quick:
+        return label, task, note + "MMSeg's ResNet-18", args.cls_batch
+    try:
+        import torchvision
+        torch.manual_seed(0)
+        task.base = torchvision.models.resnet50(weights=None).eval().to(
+            ctx.device)
+        note += f'torchvision {torchvision.__version__} resnet50'
+    except Exception as err:  # torchvision lives in .venv-real
+        note += ("MMSeg's ResNet-50 (torchvision's architecture; "
+                 'torchvision does not import here: '
+                 f'{type(err).__name__}: {str(err)[:120]})')
+    return label, task, note, args.cls_batch
+
+
+def time_arms(task, ctx, stag):
+    """Whole-step seconds of TENT and TENT+STAG, interleaved (A B, B A,
+    ...), CUDA events around each step and nothing inside it."""
+    from tools import benchmark
+    arms = {'tent': task.make_method('tent', None)[0],
+            'tent+stag': task.make_method('tent', stag)[0]}
+    times = {label: [] for label in arms}
+    for i in range(ctx.args.warmup + ctx.args.pairs):
+        order = list(arms) if i % 2 == 0 else list(reversed(arms))
+        for label in order:
+            with benchmark.StepTimer(cuda=ctx.cuda) as timer:
+                task.ours_step(arms[label])
+            if i >= ctx.args.warmup:
+                times[label].append(timer.seconds)
+    del arms
+    free_memory()
+    return times
+
+
+def arm_memory(task, ctx, stag):
+    """Peak memory of one step of one arm, alone on the device (the
+    benchmark's source copy of the model moved off for the step)."""
+    from tools import benchmark
+    task.base.to(ctx.device)
+    method, _ = task.make_method('tent', stag)
+    task.base.to('cpu')
+    free_memory()
+    try:
+        for _ in range(ctx.args.memory_warmup):
+            task.ours_step(method)
+        free_memory()
+        with benchmark.PeakMemory() as mem:
+            task.ours_step(method)
+    finally:
+        del method
+        free_memory()
+        task.base.to(ctx.device)
+    mb = 2**20
+    if ctx.cuda:
+        return dict(peak_allocated_mb=mem.peak / mb,
+                    peak_reserved_mb=mem.peak_reserved / mb,
+                    allocated_at_start_mb=mem.start / mb,
+                    step_increase_mb=mem.delta_mb)
+    return dict(peak_rss_mb=mem.peak / mb, step_increase_mb=mem.delta_mb)
+
+
+def ratio(a, b):
+    return b / a if a else None
+
+
+def cost_row(model, note, batch, name, times, memory, term):
+    """One model x precision: both arms' figures and STAG's share."""
+    tent, stag = (statistics.median(times[k]) for k in ('tent', 'tent+stag'))
+    pairs = [s / t for t, s in zip(times['tent'], times['tent+stag'])]
+    key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory['tent'] \
+        else 'peak_rss_mb'
+    return dict(
+        model=model, settings=note, precision=name, batch=batch,
+        pairs=len(pairs),
+        arms={label: dict(step_ms=1e3 * statistics.median(times[label]),
+                          fastest_ms=1e3 * min(times[label]),
+                          images_per_s=batch / statistics.median(
+                              times[label]), **memory[label])
+              for label in times},
+        stag_time_share_pct=100 * (stag - tent) / tent,
+        stag_pair_ratio=dict(median=statistics.median(pairs),
+                             min=min(pairs), max=max(pairs)),
+        stag_term_ms=1e3 * term, stag_term_share_pct=100 * term / tent,
+        stag_memory_share_pct=100 * (ratio(memory['tent'][key],
+                                           memory['tent+stag'][key]) - 1),
+        memory_key=key)
+
+
+def measure_step_cost(ctx):
+    from tools import benchmark
+    rows = []
+    for build in (seg_task, cls_task):
+        model, task, note, batch = build(ctx)
+        stag = task.stag['tent']
+        for name in ctx.args.precisions:
+            with precision(task, name):
+                times = time_arms(task, ctx, stag)
+                memory = {'tent': arm_memory(task, ctx, None),
+                          'tent+stag': arm_memory(task, ctx, stag)}
+                term = benchmark.time_stag_term(
+                    task, 'tent', stag, repeats=ctx.args.term_repeats)
+            row = cost_row(model, note, batch, name, times, memory, term)
+            rows.append(row)
+            print(f"[gpu_check] {model} {name}: TENT "
+                  f"{row['arms']['tent']['step_ms']:.1f} ms, TENT+STAG "
+                  f"{row['arms']['tent+stag']['step_ms']:.1f} ms "
+                  f"({row['stag_time_share_pct']:+.2f} %), memory "
+                  f"{row['stag_memory_share_pct']:+.3f} %", flush=True)
+        del task
+        free_memory()
+    return dict(rows=rows)
+
+
+# ------------------------------------------------------------ 3. loader
+def stream_loader_cfg(ctx, workers):
+    """The NVlabs TENT config's test loader on the generated stream."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(REPO, NVLABS_CFG.format('tent')))
+    cfg.merge_from_dict(ctx.seg_options())
+    loader = copy.deepcopy(cfg.test_dataloader)
+    loader.dataset.data_root = ctx.data_root()
+    loader.dataset.rounds = 1
+    loader.num_workers = workers
+    loader.persistent_workers = False
+    return loader
+
+
+def measure_loader(ctx):
+    """Images/s of the stream's loader alone, per worker count (from the
+    first batch on; the workers' start-up separately)."""
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import Runner
+
+    import mmseg_stag  # noqa: F401  (the ACDC dataset)
+    init_default_scope('mmseg')
+    rows = []
+    for workers in ctx.args.workers:
+        t0 = time.perf_counter()
+        loader = Runner.build_dataloader(stream_loader_cfg(ctx, workers),
+                                         seed=0)
+        batches = iter(loader)
+        next(batches)
+        first = time.perf_counter()
+        n = 1 + sum(1 for _ in batches)
+        end = time.perf_counter()
+        rows.append(dict(workers=workers, images=n,
+                         startup_s=first - t0,
+                         images_per_s=(n - 1) / (end - first)
+                         if n > 1 else None))
+        print(f'[gpu_check] loader, {workers} workers: '
+              f"{rows[-1]['images_per_s'] or 0:.1f} images/s", flush=True)
+        del loader, batches
+    return dict(rows=rows, images=dict(
+        size=list(ctx.args.image_size), count=4 *
+        ctx.args.images_per_condition, mean_mb=image_bytes(
+            ctx.data_root()) / 2**20,
+        format='PNG of per-class colours and noise (demo_data generator)'),
+        pipeline='configs/_base_/datasets/acdc_continual.py: load, resize '
+        'to {}x{} (keep ratio), load the label, pack; batch 1'.format(
+            *stream_loader_cfg(ctx, 0).dataset.pipeline[1].scale))
+
+
+# -------------------------------------------------------------- 4. loop
+def loop_args(ctx, methods, images, warmup):
+    from tools import benchmark_loop
+    opts = ctx.seg_options()
+    argv = [ctx.checkpoint(), '--data-root', ctx.data_root(),
+            '--config-pattern', NVLABS_CFG, '--methods', *methods,
+            '--images', str(images), '--warmup', str(warmup)]
+    if opts:
+        from tools.select_beta import as_cli
+        argv += ['--cfg-options', *as_cli(opts)]
+    return benchmark_loop.parse_args(argv)
+
+
+def measure_loop(ctx):
+    """Images/s of the whole online loop (tools/benchmark_loop.py)."""
+    from tools import benchmark_loop
+    args = loop_args(ctx, ['tent', 'tent-stag'], ctx.args.loop_images,
+                     ctx.args.loop_warmup)
+    rows = {}
+    for method in args.methods:
+        rows[method] = benchmark_loop.run_method(
+            method, args, osp.join(ctx.tmp, 'loop'))
+        print(f"[gpu_check] loop {method}: "
+              f"{rows[method]['images_per_second'] or 0:.2f} images/s",
+              flush=True)
+        free_memory()
+    return dict(methods=rows, images=args.images, warmup=args.warmup,
+                settings='configs/stag_acdc/segformer_mit-b5-nvlabs_'
+                'acdc-continual_{tent,tent-stag}.py as they are (float32, '
+                "the config's loader), random weights, the generated stream")
+
+
+# ----------------------------------------------------------- 5. profile
+def device_us(event):
+    """Self device (kernel) microseconds of a profiler entry."""
+    for name in ('self_device_time_total', 'self_cuda_time_total'):
+        if hasattr(event, name):
+            return getattr(event, name)
+    return 0
+
+
+def summarize_profile(prof, count, wall_s, cuda, extra=None):
+    """Per step/iteration: kernel time, host syncs, scalar reads, loader
+    wait, and the operators with the most kernel time (the kernel and
+    busy figures are None on the CPU)."""
+    averages = prof.key_averages()
+    kernel_ms = sum(device_us(e) for e in averages) / 1e3 if cuda else None
+    syncs = {e.key: dict(calls=e.count / count,
+                         host_ms=e.cpu_time_total / 1e3 / count)
+             for e in averages if e.key in SYNC_EVENTS}
+    scalar = sum(e.count for e in averages if e.key == SCALAR_READ)
+    loader = sum(e.cpu_time_total for e in averages
+                 if e.key.startswith('enumerate(DataLoader)'))
+    top = sorted(averages, key=device_us, reverse=True)[:10]
+    out = dict(
+        count=count, wall_ms=1e3 * wall_s / count,
+        cuda_kernel_ms=kernel_ms / count if cuda else None,
+        gpu_busy_pct=100 * kernel_ms / (1e3 * wall_s) if cuda and wall_s
+        else None,
+        host_syncs=syncs,
+        host_sync_ms=sum(s['host_ms'] for s in syncs.values()),
+        scalar_reads=scalar / count,
+        loader_wait_ms=loader / 1e3 / count,
+        top_kernel_ops=[dict(op=e.key[:90], kernel_ms=device_us(e) / 1e3 /
+                             count, calls=e.count / count) for e in top
+                        if device_us(e) > 0])
+    out.update(extra or {})
+    return out
+
+
+def profiler(ctx):
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if ctx.cuda else [])
+    return profile(activities=activities)
+
+
+def sync(ctx):
+    import torch
+    if ctx.cuda:
+        torch.cuda.synchronize()
+
+
+def profile_steps(ctx, task):
+    """TENT+STAG steps alone (no loader, no metric)."""
+    method, _ = task.make_method('tent', task.stag['tent'])
+    for _ in range(ctx.args.profile_warmup):
+        task.ours_step(method)
+    sync(ctx)
+    prof = profiler(ctx)
+    t0 = time.perf_counter()
+    with prof:
+        for _ in range(ctx.args.profile_steps):
+            task.ours_step(method)
+        sync(ctx)  # ours: the kernels must end inside the profile
+    wall = time.perf_counter() - t0
+    if ctx.args.trace:
+        prof.export_chrome_trace(osp.join(ctx.args.out_dir,
+                                          'profile_step.json'))
+    own = 'one device synchronisation per profile is the tool\'s own'
+    return summarize_profile(prof, ctx.args.profile_steps, wall, ctx.cuda,
+                             dict(note=own))
+
+
+def iteration_profiler(ctx, start, count):
+    """An observing hook: profiles loop iterations ``start ..
+    start + count - 1`` from the end of the one before (so the loader's
+    fetch is inside), and times each loader wait (end of an iteration to
+    the start of the next)."""
+    from mmengine.hooks import Hook
+
+    class IterationProfiler(Hook):
+        priority = 'LOWEST'
+
+        def __init__(self):
+            self.prof, self.waits, self._end = None, [], None
+
+        def before_test_iter(self, runner, batch_idx, data_batch=None):
+            if self.prof is not None and self._end is not None:
+                self.waits.append(time.perf_counter() - self._end)
+
+        def after_test_iter(self, runner, batch_idx, data_batch=None,
+                            outputs=None):
+            if batch_idx == start - 1:
+                sync(ctx)
+                self.prof = profiler(ctx)
+                self.prof.__enter__()
+                self.t0 = time.perf_counter()
+            elif batch_idx == start + count - 1 and self.prof is not None:
+                sync(ctx)
+                self.wall = time.perf_counter() - self.t0
+                self.prof.__exit__(None, None, None)
+                self._end = None
+                return
+            self._end = time.perf_counter()
+
+    return IterationProfiler()
+
+
+def profile_loop(ctx):
+    """TENT+STAG loop iterations: load, step, post-processing, metric."""
+    from tools import benchmark_loop
+    start, count = ctx.args.profile_warmup + 1, ctx.args.profile_iters
+    args = loop_args(ctx, ['tent-stag'], start + count, 0)
+    runner = benchmark_loop.build_runner(
+        osp.join(REPO, NVLABS_CFG.format('tent-stag')), args,
+        osp.join(ctx.tmp, 'profile'), 'tent-stag')
+    hook = iteration_profiler(ctx, start, count)
+    runner.register_hook(hook)
+    runner.test()
+    if ctx.args.trace:
+        hook.prof.export_chrome_trace(osp.join(ctx.args.out_dir,
+                                               'profile_loop.json'))
+    waits = hook.waits[:count]
+    return summarize_profile(hook.prof, count, hook.wall, ctx.cuda, dict(
+        loader_wait_wall_ms=1e3 * statistics.mean(waits) if waits else None))
+
+
+def measure_profile(ctx):
+    model, task, note, _ = seg_task(ctx)
+    with precision(task, 'fp32'):
+        steps = profile_steps(ctx, task)
+    del task
+    free_memory()
+    return dict(model=model, settings=note, step=steps,
+                loop=profile_loop(ctx))
+
+
+# ------------------------------------------------------------- report
+MEASURES = dict(step_cost=measure_step_cost, loader=measure_loader,
+                loop=measure_loop, profile=measure_profile)
+
+
+def fmt(value, digits=1, unit=''):
+    if value is None:
+        return '–'
+    return f'{value:,.{digits}f}{unit}'
+
+
+def markdown(report):
+    """The report as Markdown: machine, steps, tests, each figure with its
+    unit and settings."""
+    env = report['environment']
+    lines = ['# GPU check', '',
+             f"{env['date']}; device: **{env.get('gpu') or 'CPU'}**"
+             + (f" (compute capability {env['capability']}, "
+                f"{env['gpu_memory_gib']} GiB, driver {env['driver']})"
+                if env.get('gpu') else '')
+             + f"; torch {env['torch']}, CUDA {env['cuda_runtime']}, cuDNN "
+             f"{env['cudnn']}, mmengine {env['mmengine']}, mmcv "
+             f"{env['mmcv']}, mmsegmentation {env['mmsegmentation']}; "
+             f"{env['cpus']} CPU cores; `{report['command']}`.", '']
+    if report['quick']:
+        lines += ['**--allow-cpu --quick: a development run of the tool with '
+                  'tiny sizes, not a measurement.**', '']
+    lines += ['## Steps', '', '| step | status | time (s) |', '|---|---|---|']
+    for s in report['steps']:
+        status = s['status'] + (f": {s['error']}" if 'error' in s else '')
+        lines.append(f"| {s['name']} | {status} | {s['seconds']} |")
+    lines += ['', f"Total {report['total_minutes']:.1f} min (budget "
+              f"{report['budget_minutes']:.0f} min on one GPU)"
+              + (' — **over budget**' if report['over_budget'] else '') + '.',
+              '']
+    steps = {s['name']: s for s in report['steps'] if s['status'] == 'ok'}
+    for name, writer in (('tests', md_tests), ('step_cost', md_step_cost),
+                         ('loader', md_loader), ('loop', md_loop),
+                         ('profile', md_profile)):
+        if name in steps:
+            lines += writer(steps[name]['result']) + ['']
+    return '\n'.join(lines)
+
+
+def md_tests(r):
+    out = ['## CUDA tests', '', f"`{r['command']}`: **{r.get('passed', 0)} "
+           f"passed, {r.get('failed', 0)} failed, {r.get('errors', 0)} "
+           f"errors, {r.get('skipped', 0)} skipped** (exit status "
+           f"{r['returncode']}; log `{r['log']}`)."]
+    for reason, n in r.get('skip_reasons', {}).items():
+        out.append(f'- skipped ({n}): {reason}')
+    for f in r.get('failures', []):
+        out.append(f"- {f['kind']}: `{f['test']}`: {f['message']}")
+    for p in r.get('properties', []):
+        out.append(f"- `{p['test']}`: {p['name']} = {p['value']}")
+    return out
+
+
+def md_step_cost(r):
+    out = ['## Step cost: TENT vs TENT+STAG', '',
+           'Median whole-step time over interleaved pairs (CUDA events, '
+           'nothing timed inside a step); memory: one step of each arm '
+           'alone on the device (its model, optimizer state and input '
+           'included), `max_memory_allocated` / `max_memory_reserved`.', '',
+           '| model | precision | arm | step (ms) | fastest (ms) | images/s '
+           '| peak allocated (MB) | peak reserved (MB) | step increase (MB) |',
+           '|---|---|---|---|---|---|---|---|---|']
+    for row in r['rows']:
+        for label, a in row['arms'].items():
+            out.append(
+                f"| {row['model']} | {row['precision']} | {label} | "
+                f"{fmt(a['step_ms'], 2)} | {fmt(a['fastest_ms'], 2)} | "
+                f"{fmt(a['images_per_s'], 1)} | "
+                f"{fmt(a.get('peak_allocated_mb', a.get('peak_rss_mb')))} |"
+                f" {fmt(a.get('peak_reserved_mb'))} | "
+                f"{fmt(a['step_increase_mb'])} |")
+    out += ['', '| model | precision | pairs | STAG time share (%) | per-pair '
+            'ratio (median, min–max) | STAG term alone (ms, % of TENT step) '
+            '| STAG memory share (%) |', '|---|---|---|---|---|---|---|']
+    for row in r['rows']:
+        pr = row['stag_pair_ratio']
+        out.append(
+            f"| {row['model']} | {row['precision']} | {row['pairs']} | "
+            f"{row['stag_time_share_pct']:+.2f} | {pr['median']:.4f} "
+            f"({pr['min']:.4f}–{pr['max']:.4f}) | {row['stag_term_ms']:.2f} "
+            f"({row['stag_term_share_pct']:.2f} %) | "
+            f"{row['stag_memory_share_pct']:+.3f} |")
+    out.append('')
+    for model, settings in {row['model']: row['settings']
+                            for row in r['rows']}.items():
+        out.append(f'- {model}: {settings}.')
+    out.append('- fp32: TF32 off for matmuls and cuDNN; tf32: on for both; '
+               'bf16: `torch.autocast(bfloat16)` around the forward passes, '
+               'TF32 off. Paper (Table efficiency, ImageNet, 50,000 images): '
+               'TENT+STAG +0.2 % time, +0.13 % memory.')
+    return out
+
+
+def md_loader(r):
+    out = ['## Loader', '', f"{r['images']['count']} generated "
+           f"{r['images']['size'][0]}x{r['images']['size'][1]} "
+           f"{r['images']['format']}, {r['images']['mean_mb']:.2f} MB per "
+           f"image on average; {r['pipeline']}.", '',
+           '| workers | images | start-up (s) | images/s |',
+           '|---|---|---|---|']
+    for row in r['rows']:
+        out.append(f"| {row['workers']} | {row['images']} | "
+                   f"{row['startup_s']:.2f} | {fmt(row['images_per_s'])} |")
+    return out
+
+
+def md_loop(r):
+    out = ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
+           f"per method, timed after the first {r['warmup']}.", '',
+           '| method | images/s | classifier calls / image |',
+           '|---|---|---|']
+    for method, row in r['methods'].items():
+        out.append(f"| {method} | {fmt(row['images_per_second'], 2)} | "
+                   f"{fmt(row['classifier_calls_per_image'], 1)} |")
+    return out
+
+
+def md_profile(r):
+    out = ['## Profile (torch.profiler)', '', f"{r['model']}, "
+           f"{r['settings']}, TENT+STAG; the step alone in fp32 with TF32 "
+           'off, the loop with the config as it is (float32, PyTorch\'s '
+           'TF32 defaults).', '',
+           '| what | per | wall (ms) | CUDA kernels (ms) | GPU busy (%) | '
+           'host sync calls | host sync (ms) | scalar reads | loader wait '
+           '(ms) |', '|---|---|---|---|---|---|---|---|---|']
+    for name, p in (('step alone', r['step']), ('loop', r['loop'])):
+        calls = sum(s['calls'] for s in p['host_syncs'].values())
+        out.append(
+            f"| {name} | {'step' if name == 'step alone' else 'iteration'} "
+            f"| {fmt(p['wall_ms'], 2)} | {fmt(p['cuda_kernel_ms'], 2)} | "
+            f"{fmt(p['gpu_busy_pct'])} | {calls:.1f} | "
+            f"{fmt(p['host_sync_ms'], 2)} | {p['scalar_reads']:.1f} | "
+            f"{fmt(p.get('loader_wait_wall_ms', p['loader_wait_ms']), 2)} |")
+    out += ['', 'Host sync calls: ' + ', '.join(SYNC_EVENTS) + '; scalar '
+            f'reads: `{SCALAR_READ}` (`.item()`, `float(t)`: each waits '
+            'for the GPU). Loader wait: from the end of an iteration to the '
+            'start of the next. Operators with the most kernel time, per '
+            'step alone:', '']
+    for op in r['step']['top_kernel_ops']:
+        out.append(f"- `{op['op']}`: {op['kernel_ms']:.2f} ms "
+                   f"({op['calls']:.0f} calls)")
+    return out
+
+
+def write_report(report, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    base = osp.join(out_dir, 'gpu_check')
+    public = {k: v for k, v in report.items() if not k.startswith('_')}
+    with open(base + '.json', 'w') as f:
+        json.dump(public, f, indent=1)
+    with open(base + '.md', 'w') as f:
+        f.write(markdown(public) + '\n')
+    return base
+
+
+# ------------------------------------------------------------------ main
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if device == 'cpu' and not args.allow_cpu:
+        print(no_gpu_message(), file=sys.stderr)
+        return 2
+    os.makedirs(args.out_dir, exist_ok=True)
+    report = dict(_t0=time.perf_counter(), command=' '.join(
+        ['python', 'tools/gpu_check.py'] + list(argv if argv is not None
+                                                else sys.argv[1:])),
+        quick=bool(args.quick), environment=environment(device),
+        budget_minutes=args.budget_min, steps=[])
+    print(f"[gpu_check] {report['environment']}", flush=True)
+    ctx = Context(args, device)
+    try:
+        if 'tests' in args.only:
+            run_step('tests', run_tests, ctx, report)
+        for name in STEPS[1:]:
+            if name in args.only:
+                run_step(name, MEASURES[name], ctx, report)
+    finally:
+        ctx.close()
+    total = (time.perf_counter() - report['_t0']) / 60
+    report.update(total_minutes=total, over_budget=total > args.budget_min)
+    base = write_report(report, args.out_dir)
+    failed = [s['name'] for s in report['steps'] if s['status'] != 'ok']
+    tests = next((s for s in report['steps'] if s['name'] == 'tests'), None)
+    if tests and tests['status'] == 'ok' and \
+            not tests['result']['passed_all']:
+        failed.append('tests (failures)')
+    print(f'\n[gpu_check] wrote {base}.md and {base}.json in {total:.1f} min'
+          + (f' (over the {args.budget_min:.0f} min budget)'
+             if report['over_budget'] else '')
+          + (f"; FAILED: {', '.join(failed)}" if failed else '; all ok'))
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
