@@ -9,5 +9,6 @@ test_pipeline = [
 ]
 test_dataloader = dict(
     num_workers=0,
+    pin_memory=False,  # the demos run on the CPU
     dataset=dict(data_root='work_dirs/demo/data/acdc',
                  pipeline=test_pipeline))

@@ -4,6 +4,7 @@
 _base_ = ['../../../_base_/datasets/corruption_stream.py']
 test_dataloader = dict(
     num_workers=0,
+    pin_memory=False,  # the demos run on the CPU
     dataset=dict(
         corruption_set=dict(
             type='CIFARC',
