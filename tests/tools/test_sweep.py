@@ -188,16 +188,16 @@ def planned(*argv, cluster_gpus=0, node_cpus=64):
 
 
 def test_a_run_holds_a_cpu_per_process_it_starts():
-    """The main process plus its data workers (the ACDC configs: 2), from
+    """The main process plus its data workers (the ACDC configs: 4), from
     the config, --cfg-options or the grid; --cpus-per-run overrides."""
-    assert planned() == [(3, 0)]
+    assert planned() == [(5, 0)]
     assert planned('--cfg-options', 'test_dataloader.num_workers=0') == \
         [(1, 0)]
     assert planned('--grid', 'test_dataloader.num_workers=0,4') == \
         [(1, 0), (5, 0)]
     assert planned('--cpus-per-run', '2') == [(2, 0)]
-    assert planned(cluster_gpus=8) == [(3, 1)]
-    assert planned('--gpus-per-run', '0.5', cluster_gpus=8) == [(3, 0.5)]
+    assert planned(cluster_gpus=8) == [(5, 1)]
+    assert planned('--gpus-per-run', '0.5', cluster_gpus=8) == [(5, 0.5)]
 
 
 def test_cpus_are_capped_to_a_node_or_refused_when_asked():
