@@ -25,11 +25,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread_for_segmentation(request):
-    """Tests under ``tests/segmentation`` run tiny models: one intra-op
-    thread avoids OpenMP oversubscription on a shared machine (an order of
-    magnitude faster there); the thread count is restored afterwards."""
-    if f'{os.sep}segmentation{os.sep}' not in str(request.path):
+def one_torch_thread_for_tiny_models(request):
+    """Tests under ``tests/segmentation`` and ``tests/cuda`` run tiny
+    models: one intra-op thread avoids OpenMP oversubscription on a shared
+    machine (an order of magnitude faster there); the thread count is
+    restored afterwards."""
+    if not any(f'{os.sep}{folder}{os.sep}' in str(request.path)
+               for folder in ('segmentation', 'cuda')):
         yield
         return
     threads = torch.get_num_threads()

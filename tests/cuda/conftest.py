@@ -11,18 +11,6 @@ import torch.nn as nn
 from cuda_runs import CIFAR_NAMES
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models: one intra-op CPU thread avoids OpenMP oversubscription
-    on a shared machine; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope='session')
 def cifar_stream(tmp_path_factory):
     """The root of three corruptions of 16 32x32 images in the CIFAR-C
