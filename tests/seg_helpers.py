@@ -146,3 +146,17 @@ def run_script(cmd, cwd, timeout=300, **env):
                **env)
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)
+
+
+def mmseg_test_py():
+    """MMSeg's own packaged ``tools/test.py``."""
+    import mmseg
+    return osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools', 'test.py')
+
+
+def free_port():
+    """A free local TCP port (torchrun's rendezvous)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]

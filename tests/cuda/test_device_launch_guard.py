@@ -8,26 +8,18 @@ cannot be split; on CPU ranks that is test_online_loop_scripts.py's
 test). Runs only where ``mmseg_stag.engine.launch_guard`` exists."""
 import glob
 import os.path as osp
-import socket
 import sys
 
-import mmseg
 import pytest
 import torch
 
 from cuda_runs import run_command
-from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
+from seg_helpers import (REPO, SEG_CFG, as_cli, free_port, mmseg_test_py,
+                         tiny_options)
 
 pytest.importorskip('mmseg_stag.engine.launch_guard')
 
-MMSEG_TEST_PY = osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools',
-                         'test.py')
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+MMSEG_TEST_PY = mmseg_test_py()
 
 
 #: the refusals: MMEngine's world size is 2 (or tools/test.py read

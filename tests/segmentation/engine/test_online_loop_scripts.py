@@ -7,15 +7,14 @@ import glob
 import json
 import os.path as osp
 import re
-import socket
 import sys
 
-import mmseg
 import pytest
 import torch
 
 from mmseg_stag.engine.online_loop import DISTRIBUTED_ERROR
-from seg_helpers import REPO, SEG_CFG, as_cli, run_script, tiny_options
+from seg_helpers import (REPO, SEG_CFG, as_cli, free_port, mmseg_test_py,
+                         run_script, tiny_options)
 
 TENT_STAG = osp.join(REPO, SEG_CFG.format('tent-stag'))
 STAGES = ['fog', 'night', 'rain', 'snow'] * 2
@@ -44,14 +43,7 @@ parallel.DistributedDataParallel.__init__ = _cpu_ddp_init
 
 
 #: MMSeg's own packaged test script
-MMSEG_TEST_PY = osp.join(osp.dirname(mmseg.__file__), '.mim', 'tools',
-                         'test.py')
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+MMSEG_TEST_PY = mmseg_test_py()
 
 
 def stage_results(work_dir):
