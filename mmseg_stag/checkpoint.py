@@ -65,6 +65,42 @@ def extract_state_dict(checkpoint: Dict[str, Any],
     return state
 
 
+def check_state_dict(own: Dict[str, torch.Tensor],
+                     state: Dict[str, torch.Tensor], path: str,
+                     target: str) -> None:
+    """Check that a file's weights fill a model key for key, shape for shape.
+
+    Args:
+        own (dict): The model's state dict (or the part the file must fill).
+        state (dict): The file's state dict.
+        path (str): The file, named in the message.
+        target (str): What the file must match, named in the message.
+
+    Raises:
+        ValueError: Naming the file, the missing and unexpected keys and the
+            mismatched shapes (at most 8 of each).
+    """
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    wrong_shape = [f'{k}: file {tuple(state[k].shape)} vs model '
+                   f'{tuple(own[k].shape)}' for k in own
+                   if k in state and state[k].shape != own[k].shape]
+    if not (missing or unexpected or wrong_shape):
+        return
+
+    def show(keys):
+        return ', '.join(keys[:8]) + (' ...' if len(keys) > 8 else '')
+
+    raise ValueError(
+        f'{path} does not match {target}:'
+        + (f'\n  missing keys ({len(missing)}): {show(missing)}'
+           if missing else '')
+        + (f'\n  unexpected keys ({len(unexpected)}): {show(unexpected)}'
+           if unexpected else '')
+        + (f'\n  shape mismatches: {show(wrong_shape)}'
+           if wrong_shape else ''))
+
+
 def load_segmentor_checkpoint(model: nn.Module,
                               path: str,
                               allow_unsafe_pickle: bool = False,
@@ -102,22 +138,7 @@ def load_segmentor_checkpoint(model: nn.Module,
                 f'{path}: {cls_key!r} has shape {tuple(state[cls_key].shape)}'
                 f' but the config builds {tuple(own[cls_key].shape)} '
                 f'({ckpt_c} vs {cfg_c} classes, or a different head width)')
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    wrong_shape = [f'{k}: checkpoint {tuple(state[k].shape)} vs model '
-                   f'{tuple(own[k].shape)}'
-                   for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or wrong_shape:
-        def show(keys):
-            return ', '.join(keys[:8]) + (' ...' if len(keys) > 8 else '')
-        raise ValueError(
-            f'{path} does not match the model built by the config:'
-            + (f'\n  missing keys ({len(missing)}): {show(missing)}'
-               if missing else '')
-            + (f'\n  unexpected keys ({len(unexpected)}): {show(unexpected)}'
-               if unexpected else '')
-            + (f'\n  shape mismatches: {show(wrong_shape)}'
-               if wrong_shape else ''))
+    check_state_dict(own, state, path, 'the model built by the config')
     model.load_state_dict(state, strict=True)
     meta = checkpoint.get('meta', {}) if 'state_dict' in checkpoint else {}
     return meta if isinstance(meta, dict) else {}

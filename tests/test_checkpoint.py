@@ -88,6 +88,14 @@ def test_missing_file_and_mismatches_name_the_problem(tmp_path):
         load_segmentor_checkpoint(TinyHeadModel(), str(tmp_path / 'keys.pth'))
     assert 'missing keys (1): backbone.bias' in str(err.value)
     assert 'unexpected keys (1): decode_head.extra.weight' in str(err.value)
+    assert 'keys.pth does not match the model built by the config' in \
+        str(err.value)
+    state = TinyHeadModel().state_dict()
+    state['backbone.weight'] = torch.zeros(8, 3, 1, 1)
+    torch.save({'state_dict': state}, tmp_path / 'shape.pth')
+    with pytest.raises(ValueError, match=r'shape mismatches: backbone\.weight:'
+                       r' file \(8, 3, 1, 1\) vs model \(8, 3, 3, 3\)'):
+        load_segmentor_checkpoint(TinyHeadModel(), str(tmp_path / 'shape.pth'))
 
     head_less = {k: v for k, v in TinyHeadModel().state_dict().items()
                  if 'conv_seg' not in k}

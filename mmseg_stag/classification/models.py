@@ -5,7 +5,8 @@ from typing import Optional, Tuple
 
 import torch.nn as nn
 
-from mmseg_stag.checkpoint import extract_state_dict, load_checkpoint_file
+from mmseg_stag.checkpoint import (check_state_dict, extract_state_dict,
+                                   load_checkpoint_file)
 from mmseg_stag.core import HeadProbe
 from .registry import CLS_MODELS
 
@@ -98,23 +99,7 @@ def load_weights(model: nn.Module, path: str,
         k.startswith('ecotta.') for k in state)
     if cold_start:
         own = source_keys_of_ecotta(model, path, own)
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    wrong = [f'{k}: file {tuple(state[k].shape)} vs model '
-             f'{tuple(own[k].shape)}'
-             for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or wrong:
-
-        def show(keys):
-            return ', '.join(keys[:8]) + (' ...' if len(keys) > 8 else '')
-
-        raise ValueError(
-            f'{path} does not match {type(model).__name__}:' +
-            (f'\n  missing keys ({len(missing)}): {show(missing)}'
-             if missing else '') +
-            (f'\n  unexpected keys ({len(unexpected)}): {show(unexpected)}'
-             if unexpected else '') +
-            (f'\n  shape mismatches: {show(wrong)}' if wrong else ''))
+    check_state_dict(own, state, path, type(model).__name__)
     # a cold start leaves the meta networks as initialised (checked above)
     model.load_state_dict(state, strict=not cold_start)
 
