@@ -1,6 +1,8 @@
 """Shared fixtures: a tiny ACDC-layout dataset and a tiny SegFormer
 checkpoint matching the real configs shrunk by ``--cfg-options`` (the
-helpers live in ``seg_helpers.py`` and are re-exported here)."""
+helpers live in ``seg_helpers.py`` and are re-exported here), and
+``load_tool``: a script of ``tools/`` loaded by its path."""
+import importlib.util
 import os
 
 import pytest
@@ -40,6 +42,23 @@ def one_torch_thread_for_tiny_models(request):
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def load_tool():
+    """``load_tool('sweep')``, ``load_tool('analysis/tsne')``: the script
+    ``tools/<name>.py`` as a fresh module, for the tests of its own command
+    line (``tools`` is no package: what scripts share lives in
+    ``mmseg_stag``)."""
+    def load(name):
+        path = os.path.join(REPO, 'tools', f'{name}.py')
+        spec = importlib.util.spec_from_file_location(
+            'tool_' + name.replace('/', '_'), path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
 
 
 @pytest.fixture(scope='session')

@@ -12,6 +12,9 @@ import os.path as osp
 
 import torch
 
+#: ``--cfg-options`` words for a dict of options
+from mmseg_stag.paper_protocol import as_cli  # noqa: F401
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: the real STAG configs (``.format(method)``): MMSeg and NVlabs SegFormer head
 SEG_CFG = 'configs/stag_acdc/segformer_mit-b5_acdc-continual_{}.py'
@@ -47,12 +50,6 @@ def eata_source_options(cityscapes_root):
     return {prefix + 'dataset.data_root': cityscapes_root,
             prefix + 'num_workers': 0,
             prefix + 'dataset.pipeline.1.scale': (64, 32)}
-
-
-def as_cli(opts):
-    """``--cfg-options`` words for ``opts`` (tools/select_beta.py's)."""
-    from tools.select_beta import as_cli as to_cli
-    return to_cli(opts)
 
 
 def build_from_config(config, opts, seed=0):

@@ -13,9 +13,8 @@ from mmengine.config import Config
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper_hparams import (PAPER_STAG, config_stag, markdown_table,
                                      paper_stag)
+from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
 from tools import benchmark
-from tools.make_cls_configs import (BENCHMARK_DIRS, ECOTTA_ROWS,
-                                    leaf_configs, write_configs)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 ACDC = ('acdc', 'continual', 'segformer-b5')
@@ -38,19 +37,20 @@ def test_table_rows_and_lookup():
         '| 25 |'
 
 
-def test_generated_cls_configs_are_the_generators_output():
+def test_generated_cls_configs_are_the_generators_output(load_tool):
+    generator = load_tool('make_cls_configs')
     root = osp.join(REPO, 'configs', 'cls')
-    assert write_configs(root, check=True) == []
+    assert generator.write_configs(root, check=True) == []
     # and no stale file of a row that left the table
     on_disk = {osp.relpath(p, root) for folder in set(BENCHMARK_DIRS.values())
                for p in glob.glob(osp.join(root, folder, '*.py'))}
-    assert on_disk == set(leaf_configs())
+    assert on_disk == set(generator.leaf_configs())
 
 
-def test_cls_configs_use_the_table():
+def test_cls_configs_use_the_table(load_tool):
+    leaves = load_tool('make_cls_configs').leaf_configs()
     rows = [r for r in PAPER_STAG if r[0] in BENCHMARK_DIRS]
-    assert len(rows) == len([r for r in leaf_configs()
-                             if r.endswith('-stag.py')])
+    assert len(rows) == len([r for r in leaves if r.endswith('-stag.py')])
     for b, s, m, method, beta0, gamma in rows:
         rel = (f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method.replace("_", "-")}'
                '-stag.py')

@@ -644,7 +644,7 @@ def loop_args(ctx, methods, images, warmup):
             '--config-pattern', NVLABS_CFG, '--methods', *methods,
             '--images', str(images), '--warmup', str(warmup)]
     if opts:
-        from tools.select_beta import as_cli
+        from mmseg_stag.paper_protocol import as_cli
         argv += ['--cfg-options', *as_cli(opts)]
     return benchmark_loop.parse_args(argv)
 

@@ -11,22 +11,27 @@ from mmengine.config import Config
 from mmseg_stag.classification import CLS_MODELS, CORRUPTIONS
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper_hparams import PAPER_STAG, paper_stag
-from tools.make_cls_configs import (BENCHMARK_DIRS, ECOTTA_ROWS, HEADER,
-                                    leaf_configs, main, write_configs)
+from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
-def test_one_config_per_implemented_row_and_a_source_per_setting():
-    files = leaf_configs()
+@pytest.fixture
+def tool(load_tool):
+    """The generator script (its files, ``main``, ``write_configs``)."""
+    return load_tool('make_cls_configs')
+
+
+def test_one_config_per_implemented_row_and_a_source_per_setting(tool):
+    files = tool.leaf_configs()
     rows = [r for r in PAPER_STAG if r[0] in BENCHMARK_DIRS]
     settings = {r[:3] for r in rows}
     assert len(files) == 2 * len(rows) + len(settings)
     for b, s, m, method, beta0, gamma in rows:
         stem = f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method.replace("_", "-")}'
-        assert files[stem + '.py'].startswith(HEADER)
+        assert files[stem + '.py'].startswith(tool.HEADER)
         text = files[stem + '-stag.py']  # the baseline + the row's STAG
-        assert text.startswith(HEADER)
+        assert text.startswith(tool.HEADER)
         assert f"_base_ = ['./{osp.basename(stem)}.py']\n" in text
         assert (f'test_cfg = dict(method=dict(stag=dict(beta0={beta0}, '
                 f'gamma={gamma})))\n') in text
@@ -40,43 +45,44 @@ def test_one_config_per_implemented_row_and_a_source_per_setting():
             assert 'test_dataloader = dict(batch_size=64)' in text
 
 
-def test_main_writes_and_checks(tmp_path, capsys):
+def test_main_writes_and_checks(tmp_path, capsys, tool):
     out = str(tmp_path / 'cls')
-    assert main([out, '--check']) == 1  # nothing there yet
+    assert tool.main([out, '--check']) == 1  # nothing there yet
     assert not osp.exists(out)  # --check writes nothing
-    assert main([out]) == 0
+    assert tool.main([out]) == 0
     written = sorted(osp.relpath(osp.join(d, n), out)
                      for d, _, names in os.walk(out) for n in names)
-    assert written == sorted(leaf_configs())
-    assert main([out, '--check']) == 0
+    assert written == sorted(tool.leaf_configs())
+    assert tool.main([out, '--check']) == 0
     assert '0 config(s) differ' in capsys.readouterr().out
     # an edited file is reported, then rewritten
-    path = osp.join(out, sorted(leaf_configs())[0])
+    path = osp.join(out, sorted(tool.leaf_configs())[0])
     with open(path, 'a', encoding='utf-8') as f:
         f.write('# edited\n')
-    assert write_configs(out, check=True) == [path]
-    assert main([out, '--check']) == 1
+    assert tool.write_configs(out, check=True) == [path]
+    assert tool.main([out, '--check']) == 1
     assert path in capsys.readouterr().out
-    assert main([out]) == 0
-    assert write_configs(out, check=True) == []
+    assert tool.main([out]) == 0
+    assert tool.write_configs(out, check=True) == []
 
 
-def test_a_generated_file_whose_row_left_the_table_is_stale(tmp_path):
+def test_a_generated_file_whose_row_left_the_table_is_stale(tmp_path,
+                                                           tool):
     out = str(tmp_path / 'cls')
-    assert main([out]) == 0
+    assert tool.main([out]) == 0
     stale = osp.join(out, 'cifar-c', 'cifar10-c_continual_wrn-28-10_old.py')
     hand_written = osp.join(out, 'cifar-c', 'my_own.py')
     with open(stale, 'w', encoding='utf-8') as f:
-        f.write(HEADER + "test_cfg = dict(method=dict(type='tent'))\n")
+        f.write(tool.HEADER + "test_cfg = dict(method=dict(type='tent'))\n")
     with open(hand_written, 'w', encoding='utf-8') as f:
         f.write("method = dict(type='tent')\n")
-    assert write_configs(out, check=True) == [osp.normpath(stale)]
+    assert tool.write_configs(out, check=True) == [osp.normpath(stale)]
     assert osp.isfile(stale)  # --check removes nothing
-    assert write_configs(out) == [osp.normpath(stale)]
+    assert tool.write_configs(out) == [osp.normpath(stale)]
     assert not osp.exists(stale) and osp.isfile(hand_written)
 
 
-def test_paper_hyper_parameters_in_configs():
+def test_paper_hyper_parameters_in_configs(tool):
     cases = {
         'imagenet-c/imagenet-c_mild_resnet50-bn_tent.py': (100, 100, 2.5e-4),
         'imagenet-c/imagenet-c_mild_resnet50-gn_eata.py': (250, 100, 2.5e-4),
@@ -97,11 +103,11 @@ def test_paper_hyper_parameters_in_configs():
             list(CORRUPTIONS)
     assert paper_stag('cifar100-c', 'continual', 'wrn-40-2',
                       'cotta') == dict(beta0=10, gamma=400)
-    assert len(leaf_configs()) >= 40
+    assert len(tool.leaf_configs()) >= 40
 
 
-def test_every_cls_config_loads():
-    for rel in leaf_configs():
+def test_every_cls_config_loads(tool):
+    for rel in tool.leaf_configs():
         cfg = Config.fromfile(osp.join(REPO, 'configs', 'cls', rel))
         assert cfg.default_scope == 'mmseg_stag'
         assert cfg.model.type == 'OnlineClassifier'

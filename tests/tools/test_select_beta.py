@@ -5,14 +5,14 @@ import os.path as osp
 
 import pytest
 
-from seg_helpers import REPO, SEG_CFG, tiny_options
-from tools import select_beta
+from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 
 
 def test_chooses_the_best_round_one_fog_miou(tiny_acdc, tiny_checkpoint,
-                                             tmp_path, capsys):
+                                             tmp_path, capsys, load_tool):
+    select_beta = load_tool('select_beta')
     opts = tiny_options(tiny_acdc)
-    cli = ['--cfg-options'] + select_beta.as_cli(opts)
+    cli = ['--cfg-options'] + as_cli(opts)
     result = select_beta.main(
         [osp.join(REPO, SEG_CFG.format('tent-stag')), tiny_checkpoint,
          '--beta-grid', '1', '5000', '--work-dir', str(tmp_path)] + cli)
@@ -32,7 +32,9 @@ def test_chooses_the_best_round_one_fog_miou(tiny_acdc, tiny_checkpoint,
     assert f"test_cfg.method.stag.beta0={result['beta0']:g}" in out
 
 
-def test_bad_input_stops_before_any_run(tiny_checkpoint, tmp_path):
+def test_bad_input_stops_before_any_run(tiny_checkpoint, tmp_path,
+                                        load_tool):
+    select_beta = load_tool('select_beta')
     with pytest.raises(SystemExit, match='has no test_cfg.method.stag'):
         select_beta.main([osp.join(REPO, SEG_CFG.format('tent')),
                           tiny_checkpoint, '--work-dir', str(tmp_path)])

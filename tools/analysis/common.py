@@ -42,7 +42,7 @@ def stage_config(config: str, cfg_options: dict, condition=None,
     ``condition``'s) alone, limited to ``images`` images."""
     from mmengine.config import Config
 
-    from tools.select_beta import first_stage_options
+    from mmseg_stag.paper_protocol import first_stage_options
     cfg = Config.fromfile(config)
     cfg.merge_from_dict(cfg_options)
     if not whole_stream:

@@ -66,7 +66,7 @@ def stream_options(args):
     it to its first stage (none with ``--whole-stream``)."""
     from mmengine.config import Config
 
-    from tools.select_beta import first_stage_options
+    from mmseg_stag.paper_protocol import first_stage_options
     cfg = Config.fromfile(args.config)
     cfg.merge_from_dict(args.cfg_options)
     stag = cfg.get('test_cfg', {}).get('method', {}).get('stag')
@@ -82,7 +82,7 @@ def run_grid(args, first):
     """The beta0 x gamma grid through tools/sweep.py; returns
     ``{(beta0, gamma): score}``."""
     from tools import sweep
-    from tools.select_beta import as_cli
+    from mmseg_stag.paper_protocol import as_cli
     work = osp.join(args.work_dir, 'sweep')
     argv = ['--work-dir', work, '--run', args.config, args.checkpoint,
             '--grid', f'{BETA}=' + ','.join(f'{b:g}' for b in args.beta_grid),

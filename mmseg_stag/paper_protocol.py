@@ -1,0 +1,156 @@
+"""The paper's protocol beside its numbers (:mod:`mmseg_stag.paper_hparams`).
+
+Two parts, each read by the tools and the configs:
+
+* STAG's beta0/gamma chosen on the stream's first stage only (ACDC: round-1
+  fog; classification: the first corruption): :func:`first_stage_options`
+  and :func:`select` (``tools/select_beta.py``, both demos, the analyses).
+* The baselines' reference settings per classification benchmark: their
+  optimizer (:func:`optimizer_for`, :func:`batch_scaled_lr`), their options
+  beyond the defaults (:data:`METHOD_OPTIONS`), batch sizes and the EcoTTA
+  rows (``tools/make_cls_configs.py`` writes ``configs/cls`` from them).
+
+Learning rates follow the baselines' reference code: ImageNet-C (SAR/DeYO
+``main.py``), SGD momentum 0.9, lr ``0.00025 * B/64`` (doubled for B < 32)
+for the ResNets and ``0.001 * B/64`` for ViT-B; CIFAR-C (CoTTA's configs),
+Adam lr 1e-3, betas (0.9, 0.999), batch 200.
+"""
+import json
+import os
+import os.path as osp
+
+from mmengine.config import Config
+
+# ------------------------------------------------- the first-stage choice
+
+
+def load_config(config, checkpoint: str, cfg_options: dict) -> Config:
+    """The config with its options; errors before any run: no such file,
+    no STAG in the config."""
+    for name, path in (('config', config), ('checkpoint', checkpoint)):
+        if isinstance(path, str) and not osp.isfile(path):
+            raise SystemExit(f'error: {name} file not found: {path}')
+    cfg = config.copy() if isinstance(config, Config) \
+        else Config.fromfile(config)
+    cfg.merge_from_dict(cfg_options)
+    if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
+        raise SystemExit(f'error: {config} has no test_cfg.method.stag '
+                         '(choose beta0 on a STAG config)')
+    return cfg
+
+
+def first_stage_options(cfg: Config, condition=None) -> dict:
+    """``--cfg-options`` that keep the stream's first stage alone: ACDC's
+    first round of one condition, or a classification stream's first
+    corruption (the same images in the same order as in the whole
+    stream)."""
+    dataset = cfg.test_dataloader.dataset
+    if 'rounds' in dataset:
+        first = condition or list(dataset.get('conditions', ['fog']))[0]
+        return {'test_dataloader.dataset.rounds': 1,
+                'test_dataloader.dataset.conditions': [first]}
+    first = condition or list(dataset.corruptions)[0]
+    return {'test_dataloader.dataset.corruptions': [first]}
+
+
+def as_cli(options: dict) -> list:
+    """``key=value`` words for ``--cfg-options`` (lists ``[a,b]``, tuples
+    ``(a,b)``)."""
+    def fmt(v):
+        if isinstance(v, (list, tuple)):
+            inner = ','.join(str(x) for x in v)
+            return f'[{inner}]' if isinstance(v, list) else f'({inner})'
+        return str(v)
+    return [f'{k}={fmt(v)}' for k, v in options.items()]
+
+
+def first_stage_score(cfg: Config, checkpoint: str, work_dir: str) -> float:
+    """The first stage's score (mIoU or accuracy) of one run."""
+    from mmseg_stag.engine.runs import prepare_config, run_test
+    run_test(prepare_config(cfg.copy(), work_dir), checkpoint)
+    with open(osp.join(work_dir, 'continual_results.json')) as f:
+        results = json.load(f)
+    return results['stages'][0][results.get('score', 'mIoU')]
+
+
+def select(config, checkpoint: str, beta_grid, work_dir: str,
+           gamma_grid=None, cfg_options=None, condition=None,
+           log=print) -> dict:
+    """Run the grid on the first stage; returns ``dict(beta0, gamma,
+    trials=[dict(beta0, gamma, score)])`` and writes it to
+    ``<work_dir>/beta_selection.json``.
+
+    Every (beta0, gamma) of the grid runs the config on that first stage
+    alone (``tools/test.py``'s run, in this process); the best score wins
+    (ties: the smaller beta0, then the smaller gamma). ``gamma_grid``
+    defaults to the config's gamma."""
+    cfg = load_config(config, checkpoint, dict(cfg_options or {}))
+    cfg.merge_from_dict(first_stage_options(cfg, condition))
+    os.makedirs(work_dir, exist_ok=True)
+    gammas = gamma_grid or [cfg.test_cfg.method.stag.gamma]
+    trials = []
+    for beta0 in beta_grid:
+        for gamma in gammas:
+            trial = cfg.copy()
+            trial.merge_from_dict({'test_cfg.method.stag.beta0': beta0,
+                                   'test_cfg.method.stag.gamma': gamma})
+            score = first_stage_score(
+                trial, checkpoint,
+                osp.join(work_dir, f'beta0_{beta0:g}_gamma_{gamma:g}'))
+            trials.append(dict(beta0=beta0, gamma=gamma, score=score))
+            if log:
+                log(f'beta0={beta0:g}, gamma={gamma:g}: first-stage score '
+                    f'{score:.2f}')
+    best = max(trials, key=lambda t: (t['score'], -t['beta0'], -t['gamma']))
+    result = dict(config=config if isinstance(config, str) else None,
+                  checkpoint=checkpoint, beta0=best['beta0'],
+                  gamma=best['gamma'], trials=trials)
+    with open(osp.join(work_dir, 'beta_selection.json'), 'w') as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+# ------------------------------------ the baselines' reference settings
+
+#: EcoTTA rows of the table: the method ``ecotta`` on the network with K
+#: meta networks (``_base_/models/<model>_ecotta-k<K>.py``), EATA's CIFAR
+#: settings (SGD lr 5e-3, momentum 0.9, batch 64: EcoTTA's notebook points
+#: to EATA's code).
+ECOTTA_ROWS = {'ecotta-k4': 4, 'ecotta-k5': 5}
+ECOTTA_BATCH = 64
+
+#: the classification benchmarks and their folder under ``configs/cls``
+BENCHMARK_DIRS = {'imagenet-c': 'imagenet-c', 'cifar10-c': 'cifar-c',
+                  'cifar100-c': 'cifar-c'}
+SCENARIO_BATCH = {'mild': 64, 'label-shift': 64, 'mixed': 64, 'bs1': 1,
+                  'continual': 200}
+
+#: Per-benchmark options of a baseline beyond its defaults (authors' code:
+#: CoTTA's confidence threshold is 0.92 for CIFAR-10-C, 0.72 for
+#: CIFAR-100-C).
+METHOD_OPTIONS = {
+    ('cifar10-c', 'cotta'): dict(ap=0.92),
+    ('cifar100-c', 'cotta'): dict(ap=0.72),
+}
+
+
+def batch_scaled_lr(lr: float, batch_size: int, vit: bool) -> float:
+    """``lr`` (batch 64) at ``batch_size`` by SAR's and DeYO's ``main.py``:
+    ``B / 64`` for the ViT; for the ResNets ``2B / 64`` below 32, else
+    ``lr`` unchanged."""
+    if not vit and batch_size >= 32:
+        return lr
+    return lr / 64 * batch_size * (1 if vit else 2)
+
+
+def optimizer_for(benchmark: str, scenario: str, model: str,
+                  method: str = '') -> dict:
+    """The baselines' reference optimizer for a setting."""
+    if method in ECOTTA_ROWS:
+        return dict(type='SGD', lr=5e-3, momentum=0.9)
+    if benchmark != 'imagenet-c':
+        return dict(type='Adam', lr=1e-3, betas=(0.9, 0.999))
+    vit = model == 'vit-b16'
+    lr = batch_scaled_lr(0.001 if vit else 0.00025, SCENARIO_BATCH[scenario],
+                         vit)
+    return dict(type='SGD', lr=lr, momentum=0.9)
