@@ -92,6 +92,22 @@ def settings_differences(saved: Dict[str, str], current: Dict[str, str],
     return lines
 
 
+def run_identity(settings: dict, model: nn.Module) -> dict:
+    """A run's identity: its flattened settings, its starting weights."""
+    return dict(config=flatten_settings(settings),
+                weights=weights_fingerprint(model))
+
+
+def identity_differences(saved: dict, current: dict,
+                         ignore: Iterable[str] = ()) -> List[str]:
+    """What differs between two :func:`run_identity`, one line each."""
+    diffs = settings_differences(saved['config'], current['config'], ignore)
+    if saved['weights'] != current['weights']:
+        diffs.append('the starting weights (checkpoint): '
+                     f"{saved['weights'][:12]} -> {current['weights'][:12]}")
+    return diffs
+
+
 def save_run_state(path: str, state: dict) -> None:
     """Write ``state`` and its ``version`` to ``path`` atomically."""
     # temporary file, fsync, rename: a crash leaves the old file or the new
@@ -105,8 +121,15 @@ def save_run_state(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def load_run_state(path: str, map_location: Optional[str] = 'cpu') -> dict:
+def load_run_state(path: str, map_location: Optional[str] = 'cpu',
+                   mmap: bool = False) -> dict:
     """Read a file of :func:`save_run_state` with ``weights_only=True``.
+
+    Args:
+        path (str): The file.
+        map_location (str, optional): Where its tensors go. Default: 'cpu'.
+        mmap (bool): Map the tensors rather than read them (to read the
+            identity alone). Default: False.
 
     Raises:
         FileNotFoundError: If there is no such file.
@@ -115,7 +138,8 @@ def load_run_state(path: str, map_location: Optional[str] = 'cpu') -> dict:
     if not osp.isfile(path):
         raise FileNotFoundError(f'no run state to resume from: {path}')
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location,
+                           weights_only=True, mmap=mmap)
     except Exception as err:  # zip errors, EOF, unpickling: all "corrupt"
         first = str(err).strip().splitlines()[0] if str(err).strip() else ''
         raise RuntimeError(

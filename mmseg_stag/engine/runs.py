@@ -11,9 +11,13 @@ from typing import Optional
 from mmengine.config import Config
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmengine.runner import Runner
+from mmengine.registry import MODELS, DefaultScope
+from mmengine.runner import Runner, set_random_seed
 
-from .online_loop import DISTRIBUTED_ERROR, STATE_FILE
+from mmseg_stag.core.run_state import (identity_differences, load_run_state,
+                                       rng_state, run_identity,
+                                       set_rng_state)
+from .online_loop import DISTRIBUTED_ERROR, RESUME_IGNORES, STATE_FILE
 
 
 def is_online(cfg: Config) -> bool:
@@ -131,22 +135,71 @@ def run_config(config, checkpoint: str, work_dir: Optional[str] = None,
     return run_test(cfg, checkpoint)[0]
 
 
+def starting_identity(cfg: Config, checkpoint: str,
+                      allow_unsafe_pickle: bool = False) -> dict:
+    """The identity the online loop gives a run of ``cfg``, without the run.
+
+    The config's settings and the fingerprint of its model as
+    :func:`run_test` starts it: built as MMEngine's ``Runner`` builds it (in
+    the config's default scope, after seeding with ``randomness.seed``), the
+    checkpoint loaded by the strict loader.
+    """
+    from mmseg_stag.checkpoint import load_model_checkpoint
+    model_cfg = dict(cfg.model)
+    if cfg.get('data_preprocessor') is not None:
+        model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)
+    outer = rng_state()
+    try:
+        set_random_seed((cfg.get('randomness') or {}).get('seed'))
+        with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
+            model = MODELS.build(model_cfg)
+    finally:
+        set_rng_state(outer)
+    load_model_checkpoint(model, checkpoint, allow_unsafe_pickle,
+                          cfg.get('test_cfg', {}).get('classifier'))
+    return run_identity(cfg.to_dict(), model)
+
+
+def finished_identity(work_dir: str, needs=()) -> Optional[dict]:
+    """The identity the online loop saved with a finished run in
+    ``work_dir``; None if none finished there or ``needs`` are missing."""
+    if not all(osp.isfile(osp.join(work_dir, f))
+               for f in (*needs, STATE_FILE)):
+        return None
+    try:
+        state = load_run_state(osp.join(work_dir, STATE_FILE), mmap=True)
+    except RuntimeError:
+        return None
+    if state.get('batches_done') != state.get('num_batches'):
+        return None
+    return state.get('identity')
+
+
 def run_cached(cfg: Config, checkpoint: str, work_dir: str,
                needs=('continual_results.json', ),
                config_name: str = 'run_config.py') -> dict:
     """Run ``cfg`` in ``work_dir`` unless a finished run of it is there.
 
+    A finished run is this one when the identity the online loop saved in
+    its run state is this run's (as ``--resume`` checks it): the config's
+    settings but :data:`RESUME_IGNORES`, and the starting weights, so a
+    changed config or checkpoint runs again. A run that saves no run state
+    (``test_cfg.save_state=False``) always runs. ``config_name`` records the
+    config of the last run.
+
     Returns:
         dict: The run's ``continual_results.json``.
     """
-    text = cfg.pretty_text
-    saved = osp.join(work_dir, config_name)
-    done = all(osp.isfile(osp.join(work_dir, f)) for f in needs) and \
-        osp.isfile(saved) and open(saved).read() == text
-    if not done:
+    prepared = prepare_config(cfg.copy(), work_dir)
+    saved = finished_identity(work_dir, needs)
+    if saved is not None and not identity_differences(
+            saved, starting_identity(prepared, checkpoint), RESUME_IGNORES):
+        print_log(f'{work_dir}: the finished run of this config and '
+                  'checkpoint is reused', logger='current')
+    else:
         os.makedirs(work_dir, exist_ok=True)
-        run_test(prepare_config(cfg.copy(), work_dir), checkpoint)
-        with open(saved, 'w') as f:
-            f.write(text)
+        run_test(prepared, checkpoint)
+        with open(osp.join(work_dir, config_name), 'w') as f:
+            f.write(cfg.pretty_text)
     with open(osp.join(work_dir, 'continual_results.json')) as f:
         return json.load(f)

@@ -8,6 +8,7 @@ import os
 import os.path as osp
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -217,6 +218,37 @@ def test_table_of_several_runs(tmp_path, stream, names, checkpoint):
     assert len(csv_rows) == 4
     assert json.load(open(paths['json']))['rows'][2]['name'] == 'TENT+STAG'
     assert open(paths['png'], 'rb').read()[:4] == b'\x89PNG'
+
+
+def test_run_cached_reuses_a_row_of_the_same_identity(
+        tmp_path, stream, names, checkpoint, tiny_model, monkeypatch):
+    """``run_cached`` reuses a finished row only for the online loop's
+    resume identity: the same settings (but ``RESUME_IGNORES``) and the
+    same starting weights; another setting or checkpoint runs it again."""
+    from mmengine.config import Config
+
+    from mmseg_stag.engine import runs
+    _, root = stream
+    cfg = Config.fromfile(CIFAR.format('tent'))
+    cfg.merge_from_dict(options(root, names))
+    monkeypatch.setattr(runs, 'run_test', mock.Mock(wraps=runs.run_test))
+    work = str(tmp_path / 'row')
+    first = runs.run_cached(cfg, checkpoint, work)
+    assert runs.run_test.call_count == 1
+    same = cfg.copy()  # what a resumed run may change too
+    same.merge_from_dict({'default_hooks.logger.interval': 5,
+                          'log_level': 'WARNING'})
+    assert runs.run_cached(same, checkpoint, work) == first
+    assert runs.run_test.call_count == 1
+    other = cfg.copy()
+    other.merge_from_dict({'test_cfg.method.optimizer.lr': 1e-3})
+    runs.run_cached(other, checkpoint, work)
+    assert runs.run_test.call_count == 2
+    torch.save({'state_dict': tiny_model(seed=1).state_dict()}, checkpoint)
+    runs.run_cached(other, checkpoint, work)
+    assert runs.run_test.call_count == 3
+    runs.run_cached(other, checkpoint, work)
+    assert runs.run_test.call_count == 3
 
 
 def test_demo_config_runs_on_the_demo_layout(tmp_path, names):
