@@ -9,10 +9,14 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 
-from tools.analysis import design_ablation
-
 from test_cls_online import (CIFAR, IMAGENET, checkpoint,  # noqa: F401
                              killable_config, options)
+
+
+@pytest.fixture
+def design_ablation(load_tool):
+    """The command, loaded from tools/analysis/design_ablation.py."""
+    return load_tool('analysis/design_ablation')
 
 
 def tiny_config(tmp_path, root, names, method):
@@ -24,7 +28,8 @@ def tiny_config(tmp_path, root, names, method):
                            kill=False)
 
 
-def test_table_of_variants(tmp_path, stream, names, checkpoint):
+def test_table_of_variants(tmp_path, stream, names, checkpoint,
+                           design_ablation):
     _, root = stream
     rows = ['--row', 'TENT', tiny_config(tmp_path, root, names, 'tent'),
             '--row', 'SAR', tiny_config(tmp_path, root, names, 'sar')]
@@ -62,7 +67,7 @@ def test_table_of_variants(tmp_path, stream, names, checkpoint):
     assert float(data[1][1]) == table['TENT']['Baseline (No STAG)']
 
 
-def test_bad_input(tmp_path, stream, names, checkpoint):
+def test_bad_input(tmp_path, stream, names, checkpoint, design_ablation):
     _, root = stream
     base = tiny_config(tmp_path, root, names, 'tent')
     with pytest.raises(SystemExit):

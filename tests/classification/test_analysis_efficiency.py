@@ -8,17 +8,23 @@ import functools
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 from mmengine.runner import LogProcessor
 
-from tools import benchmark
-from tools.analysis import efficiency
+from mmseg_stag.analysis import meters
 
 from test_cls_online import (CIFAR, checkpoint, killable_config,  # noqa
                              options)
 
 
-def test_passes_time_memory(tmp_path, stream, names, checkpoint):
+@pytest.fixture
+def efficiency(load_tool):
+    """The command, loaded from tools/analysis/efficiency.py."""
+    return load_tool('analysis/efficiency')
+
+
+def test_passes_time_memory(tmp_path, stream, names, checkpoint, efficiency):
     _, root = stream
     rows = []
     for name, leaf in (('Source', 'source'), ('TENT', 'tent'),
@@ -77,14 +83,14 @@ class FakeCudaCounter:
         self.peak = self.allocated
 
 
-def test_gpu_memory_is_the_whole_runs_peak(monkeypatch):
+def test_gpu_memory_is_the_whole_runs_peak(monkeypatch, efficiency):
     """A 900 MB batch early in the run, then MMEngine's log line (its
     ``LogProcessor`` reads the peak and resets it), then 100 MB batches:
     the run's peak is 900 MB, not the last window's 100 MB."""
     counter = FakeCudaCounter(monkeypatch)
     # CUDA events cannot be simulated: the wall-clock timer
-    monkeypatch.setattr(benchmark, 'StepTimer',
-                        functools.partial(benchmark.StepTimer, cuda=False))
+    monkeypatch.setattr(meters, 'StepTimer',
+                        functools.partial(meters.StepTimer, cuda=False))
     log_processor = LogProcessor()
     runner = SimpleNamespace(model=torch.nn.Module())
     meter = efficiency.Meter()

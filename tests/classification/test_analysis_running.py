@@ -7,9 +7,14 @@ import json
 import pytest
 
 from mmseg_stag.analysis import read_per_image, running_accuracy
-from tools.analysis import running_curves
 
 from test_cls_online import CIFAR, checkpoint, options, run  # noqa: F401
+
+
+@pytest.fixture
+def running_curves(load_tool):
+    """The command, loaded from tools/analysis/running_curves.py."""
+    return load_tool('analysis/running_curves')
 
 
 def test_per_image_file_and_running_accuracy(tmp_path, stream, names,
@@ -37,7 +42,8 @@ def test_per_image_file_and_running_accuracy(tmp_path, stream, names,
         running_accuracy(rows, 'fog')
 
 
-def test_command_writes_panels(tmp_path, stream, names, checkpoint):
+def test_command_writes_panels(tmp_path, stream, names, checkpoint,
+                               running_curves):
     _, root = stream
     opts = options(root, names, batch_size=16)
     for method in ('tent', 'tent-stag'):
@@ -55,7 +61,7 @@ def test_command_writes_panels(tmp_path, stream, names, checkpoint):
     assert (out / 'running_curves.png').stat().st_size > 10000
 
 
-def test_command_errors(tmp_path):
+def test_command_errors(tmp_path, running_curves):
     (tmp_path / 'empty').mkdir()
     with pytest.raises(FileNotFoundError, match='per_image.csv'):
         running_curves.main(['--panel', 'A', f'X={tmp_path / "empty"}',

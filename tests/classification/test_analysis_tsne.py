@@ -9,10 +9,15 @@ import pytest
 import torch
 
 from mmseg_stag.classification import CIFARC
-from tools.analysis import tsne
 
 from test_cls_online import (CIFAR, checkpoint, killable_config,  # noqa
                              options)
+
+
+@pytest.fixture
+def tsne(load_tool):
+    """The command, loaded from tools/analysis/tsne.py."""
+    return load_tool('analysis/tsne')
 
 
 def config_of(tmp_path, root, names, leaf):
@@ -25,7 +30,7 @@ def config_of(tmp_path, root, names, leaf):
 
 
 def test_features_labels_and_map(tmp_path, stream, names, checkpoint,
-                                 tiny_model):
+                                 tiny_model, tsne):
     _, root = stream
     rows = []
     for name, leaf in (('Source', 'source'), ('TENT', 'tent'),
@@ -60,7 +65,7 @@ def test_features_labels_and_map(tmp_path, stream, names, checkpoint,
     assert (work / 'tsne.png').stat().st_size > 10000
 
 
-def test_bad_input(tmp_path, checkpoint):
+def test_bad_input(tmp_path, checkpoint, tsne):
     with pytest.raises(SystemExit):
         tsne.main([checkpoint, '--row', 'X', str(tmp_path / 'none.py')])
     with pytest.raises(SystemExit):

@@ -11,9 +11,14 @@ import torch
 
 from mmseg_stag.analysis import (anchor_validation, assignment_matrix,
                                  heatmap_classes)
-from tools.analysis import anchor_validation as tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+@pytest.fixture
+def tool(load_tool):
+    """The command, loaded from tools/analysis/anchor_validation.py."""
+    return load_tool('analysis/anchor_validation')
 
 
 def test_three_classes_by_hand():
@@ -80,7 +85,7 @@ def cnn(tmp_path):
 
 
 def test_command_writes_the_figure_and_numbers(tmp_path, cnn,
-                                               tiny_checkpoint):
+                                               tiny_checkpoint, tool):
     from seg_helpers import SEG_CFG, TINY_IN_CHANNELS, TINY_MIT
     seg_cfg = tmp_path / 'seg.py'  # the tiny checkpoint's config
     seg_cfg.write_text(
@@ -106,7 +111,7 @@ def test_command_writes_the_figure_and_numbers(tmp_path, cnn,
     assert (out / 'structural_anchor.png').stat().st_size > 10000
 
 
-def test_command_errors(tmp_path, cnn):
+def test_command_errors(tmp_path, cnn, tool):
     with pytest.raises(ValueError, match='--heatmap-classes 4'):
         tool.main(['--model', 'CNN', *cnn, '--out', str(tmp_path)])
     with pytest.raises(SystemExit):

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from mmseg_stag.analysis import meters
 from tools import benchmark
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -82,7 +83,7 @@ def test_saved_for_backward_keeps_the_largest_graph():
     """Two updates in one step (EcoTTA): the first graph is freed at its
     backward, so the block's figure is the larger graph, not the sum."""
     x = torch.ones(1000, requires_grad=True)
-    with benchmark.SavedForBackward() as saved:
+    with meters.SavedForBackward() as saved:
         (x * x).sum().backward()        # saves x: 4,000 bytes
         (x.exp() * x.sin()).sum().backward()  # exp, sin, x: 12,000 bytes
     assert saved.mb * 2**20 == 12000
@@ -91,7 +92,7 @@ def test_saved_for_backward_keeps_the_largest_graph():
 def test_saved_for_backward_counts_distinct_storages():
     x = torch.ones(1000, requires_grad=True)
     w = torch.full((1000, ), 2.0)
-    with benchmark.SavedForBackward() as saved:
+    with meters.SavedForBackward() as saved:
         y = x * w           # saves x and w: 2 x 4,000 bytes
         z = (y * x).sum()   # saves y, and x again (counted once)
     assert saved.mb * 2**20 == 3 * 4000
@@ -115,7 +116,7 @@ def test_benchmark_under_bf16_autocast(tmp_path):
 
 
 def test_step_timer_on_the_cpu():
-    with benchmark.StepTimer(cuda=False) as timer:
+    with meters.StepTimer(cuda=False) as timer:
         torch.ones(100).sum()
     assert timer.seconds > 0
 
@@ -126,11 +127,11 @@ def test_peak_memory_across_resets_on_cuda():
     log processor makes one per log interval) does not lose the earlier
     peak, and a nested block folds into the outer one."""
     from mmengine.device import get_max_cuda_memory
-    with benchmark.PeakMemory() as outer:
+    with meters.PeakMemory() as outer:
         big = torch.empty(256 * 2**20, dtype=torch.uint8, device='cuda')
         del big
         get_max_cuda_memory()  # the log line: reads, then resets
-        with benchmark.PeakMemory() as inner:
+        with meters.PeakMemory() as inner:
             small = torch.empty(16 * 2**20, dtype=torch.uint8,
                                 device='cuda')
             del small
@@ -143,7 +144,7 @@ def test_peak_memory_across_resets_on_cuda():
 def test_benchmark_on_cuda(tmp_path):
     """The same tool on a GPU: CUDA events, max_memory_allocated, the same
     pass counts."""
-    with benchmark.StepTimer() as timer:
+    with meters.StepTimer() as timer:
         torch.ones(1000, device='cuda').sum()
     assert timer.cuda and timer.seconds > 0
     out = tmp_path / 'bench.json'

@@ -35,7 +35,7 @@ VARIANTS = (('Baseline (No STAG)', None),
 
 
 def parse_args(argv=None):
-    from tools.analysis.common import check_rows, row_parser
+    from mmseg_stag.analysis.rows import check_rows, row_parser
     p = row_parser('STAG design ablation (Table ablation_design)',
                    'work_dirs/analysis/ablation_design')
     p.add_argument('--whole-stream', action='store_true',
@@ -47,7 +47,7 @@ def parse_args(argv=None):
 
 def row_configs(config, cfg_options, condition, whole_stream):
     """The five configs of one baseline, in :data:`VARIANTS` order."""
-    from tools.analysis.common import stage_config
+    from mmseg_stag.analysis.rows import stage_config
     cfg = stage_config(config, cfg_options, condition,
                        whole_stream=whole_stream)
     if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
@@ -91,8 +91,8 @@ def plot(path, table, names):
 def main(argv=None):
     args = parse_args(argv)
     import mmseg_stag  # noqa: F401  (registries)
+    from mmseg_stag.analysis.rows import mean_score
     from mmseg_stag.engine.runs import run_cached
-    from tools.analysis.common import mean_score
     table, names = {}, [n for n, _ in args.row]
     for name, config in args.row:
         table[name] = {}

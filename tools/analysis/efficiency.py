@@ -11,14 +11,15 @@ over a fixed number of images, in the paper's layout.
 
 Each row is a tools/test.py run on the first ``--images`` images of one
 stage (the first corruption / ACDC condition, or ``--condition``). Its
-step is timed by tools/benchmark.py's timer (CUDA events on a GPU, wall
-time on the CPU, after ``--warmup`` untimed runs of the row) and memory by
-its peak sampler (``max_memory_allocated`` on a GPU, the whole run's peak:
-MMEngine's log processor resets that counter at every log interval, and the
-sampler folds it into a running maximum before each reset; on the CPU the
-peak RSS above the run's start). Forward counts every image
-through the adapted network; Backward the images of every batch a backward
-pass ran on (the paper's DeYO row counts the samples its filter kept).
+step is timed by ``mmseg_stag.analysis.meters``' timer (CUDA events on a
+GPU, wall time on the CPU, after ``--warmup`` untimed runs of the row) and
+memory by its peak sampler (``max_memory_allocated`` on a GPU, the whole
+run's peak: MMEngine's log processor resets that counter at every log
+interval, and the sampler folds it into a running maximum before each
+reset; on the CPU the peak RSS above the run's start). Forward counts every
+image through the adapted network; Backward the images of every batch a
+backward pass ran on (the paper's DeYO row counts the samples its filter
+kept).
 Writes ``efficiency.{txt,csv,json,png}`` with the device it ran on.
 """
 import csv
@@ -36,7 +37,7 @@ NAME = 'efficiency'
 
 
 def parse_args(argv=None):
-    from tools.analysis.common import check_rows, row_parser
+    from mmseg_stag.analysis.rows import check_rows, row_parser
     p = row_parser('passes, time and memory per method (Table efficiency)',
                    'work_dirs/analysis/efficiency')
     p.add_argument('--images', type=int, default=None,
@@ -54,8 +55,9 @@ def parse_args(argv=None):
 class Meter:
     """Counts, time and memory of one run: a forward pre-hook on the
     adapted network (images in), ``torch.autograd.backward`` wrapped
-    (images of the batch whose graph it runs), tools/benchmark.py's timer
-    and peak-memory sampler around the test loop."""
+    (images of the batch whose graph it runs), the step timer and the
+    peak-memory sampler (``mmseg_stag.analysis.meters``) around the test
+    loop."""
 
     def __init__(self):
         self.forward_images = self.backward_images = self.backwards = 0
@@ -75,7 +77,7 @@ class Meter:
     def __enter__(self):
         import torch
 
-        from tools.benchmark import PeakMemory, StepTimer
+        from mmseg_stag.analysis.meters import PeakMemory, StepTimer
         self._backward = torch.autograd.backward
 
         def backward(*args, **kwargs):
@@ -126,8 +128,8 @@ def meter_hook(meter):
 
 
 def run_row(config, args, work_dir):
+    from mmseg_stag.analysis.rows import stage_config
     from mmseg_stag.engine.runs import prepare_config, run_test
-    from tools.analysis.common import stage_config
     cfg = stage_config(config, args.cfg_options, args.condition, args.images)
     cfg.test_cfg.save_state = False
     meter = Meter()
@@ -180,7 +182,7 @@ def main(argv=None):
     import torch
 
     import mmseg_stag  # noqa: F401  (registries)
-    from tools.analysis.common import slug
+    from mmseg_stag.analysis.rows import slug
     device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
               else f'CPU ({platform.machine()}, {os.cpu_count()} cores, '
               f'{torch.get_num_threads()} threads)')

@@ -21,6 +21,7 @@ import csv
 import json
 import os
 import os.path as osp
+import subprocess
 import sys
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -28,6 +29,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 NAME = 'hp_sensitivity'
+SWEEP = osp.join(REPO, 'tools', 'sweep.py')
 BETA, GAMMA = 'test_cfg.method.stag.beta0', 'test_cfg.method.stag.gamma'
 
 
@@ -79,9 +81,8 @@ def stream_options(args):
 
 
 def run_grid(args, first):
-    """The beta0 x gamma grid through tools/sweep.py; returns
-    ``{(beta0, gamma): score}``."""
-    from tools import sweep
+    """The beta0 x gamma grid through tools/sweep.py (its command, in a
+    process of its own); returns ``{(beta0, gamma): score}``."""
     from mmseg_stag.paper_protocol import as_cli
     work = osp.join(args.work_dir, 'sweep')
     argv = ['--work-dir', work, '--run', args.config, args.checkpoint,
@@ -94,7 +95,9 @@ def run_grid(args, first):
         argv += ['--num-cpus', str(args.num_cpus)]
     if args.address:
         argv += ['--address', args.address]
-    sweep.main(argv)
+    done = subprocess.run([sys.executable, SWEEP, *argv])
+    if done.returncode:  # the sweep has said why
+        raise SystemExit(done.returncode)
     with open(osp.join(work, 'sweep_results.json')) as f:
         rows = json.load(f)['runs']
     scores = {}
@@ -109,8 +112,8 @@ def run_grid(args, first):
 
 
 def run_baseline(args, cfg, first):
+    from mmseg_stag.analysis.rows import mean_score
     from mmseg_stag.engine.runs import run_cached
-    from tools.analysis.common import mean_score
     base = copy.deepcopy(cfg)
     base.merge_from_dict(first)
     base.test_cfg.method.pop('stag')

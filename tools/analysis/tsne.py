@@ -33,7 +33,7 @@ NAME = 'tsne'
 
 
 def parse_args(argv=None):
-    from tools.analysis.common import check_rows, row_parser
+    from mmseg_stag.analysis.rows import check_rows, row_parser
     p = row_parser('t-SNE of the classifier-input features (Figure t-SNE)',
                    'work_dirs/analysis/tsne')
     p.add_argument('--last-batches', type=int, default=8)
@@ -98,8 +98,8 @@ def run_row(config, args, work_dir):
     """``(features [n, D], labels [n], weight, bias)`` of one run."""
     import torch
 
+    from mmseg_stag.analysis.rows import stage_config
     from mmseg_stag.engine.runs import prepare_config, run_test
-    from tools.analysis.common import stage_config
     cfg = stage_config(config, args.cfg_options, args.condition, args.images)
     cfg.test_cfg.save_state = False
     store = dict(batches=[])
@@ -151,7 +151,7 @@ def main(argv=None):
     from sklearn.manifold import TSNE
 
     import mmseg_stag  # noqa: F401  (registries)
-    from tools.analysis.common import slug
+    from mmseg_stag.analysis.rows import slug
     rows = {}
     for name, config in args.row:
         rows[name] = run_row(config, args, osp.join(args.work_dir,

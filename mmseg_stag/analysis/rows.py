@@ -1,5 +1,6 @@
-"""What the analysis commands share: the ``CHECKPOINT --row NAME CONFIG``
-arguments and a config restricted to one stage of its stream."""
+"""What the analysis commands share (``tools/analysis/``): the
+``CHECKPOINT --row NAME CONFIG`` arguments, a config restricted to one
+stage of its stream, a run's mean score."""
 import argparse
 import os.path as osp
 
