@@ -118,23 +118,6 @@ def run_test(cfg: Config, checkpoint: str,
     return metrics, model
 
 
-def run_config(config, checkpoint: str, work_dir: Optional[str] = None,
-                cfg_options: Optional[dict] = None, **kwargs) -> dict:
-    """Run ``tools/test.py CONFIG CHECKPOINT`` in this process.
-
-    Returns:
-        dict: The evaluator's metrics.
-    """
-    cfg = config.copy() if isinstance(config, Config) \
-        else Config.fromfile(config)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    cfg = prepare_config(cfg, work_dir,
-                         None if isinstance(config, Config) else config,
-                         **kwargs)
-    return run_test(cfg, checkpoint)[0]
-
-
 def starting_identity(cfg: Config, checkpoint: str,
                       allow_unsafe_pickle: bool = False) -> dict:
     """The identity the online loop gives a run of ``cfg``, without the run.

@@ -18,7 +18,7 @@ from mmseg_stag.classification import (format_corruption_table, read_run,
                                        write_corruption_table)
 from mmseg_stag.core import EATA
 from mmseg_stag.engine import OnlineAdaptationLoop
-from mmseg_stag.engine.runs import run_config
+from run_helpers import run_config as run
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CIFAR = osp.join(REPO, 'configs/cls/cifar-c/cifar10-c_continual_wrn-28-10_'
@@ -53,12 +53,6 @@ def options(root, names, batch_size=16, scenario=None, **extra):
         opts['test_dataloader.dataset.scenario'] = dict(type=scenario)
     opts.update(extra)
     return opts
-
-
-def run(config, checkpoint, work_dir, opts, **kwargs):
-    run_config(config, checkpoint, str(work_dir), opts, **kwargs)
-    with open(osp.join(str(work_dir), 'continual_results.json')) as f:
-        return json.load(f)
 
 
 def test_tent_stag_runs_and_logs(tmp_path, stream, names, checkpoint):

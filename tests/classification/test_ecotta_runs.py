@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmseg_stag.engine.runs import run_config
-from tools import ecotta_warmup
-
+from run_helpers import run_config
 from test_cls_online import (REPO, assert_same_run,  # noqa: F401
                              checkpoint, killable_config, options, run_tool)
 
@@ -44,15 +42,23 @@ def source_set(tmp_path):
     return str(tmp_path / 'train_x.npy'), str(tmp_path / 'train_y.npy')
 
 
-def warm(config, checkpoint, source_set, out, *extra):
-    return ecotta_warmup.main([
-        config, checkpoint, '--train-data', source_set[0], '--train-labels',
-        source_set[1], '--out', str(out), '--batch-size', '16', *extra])
+@pytest.fixture
+def warm(load_tool):
+    """``tools/ecotta_warmup.py``'s command on the source set."""
+    tool = load_tool('ecotta_warmup')
+
+    def run(config, checkpoint, source_set, out, *extra):
+        return tool.main([
+            config, checkpoint, '--train-data', source_set[0],
+            '--train-labels', source_set[1], '--out', str(out),
+            '--batch-size', '16', *extra])
+
+    return run
 
 
 def test_warmup_lowers_the_loss_and_resumes_per_epoch(tmp_path, stream,
                                                       names, checkpoint,
-                                                      source_set):
+                                                      source_set, warm):
     _, root = stream
     config = killable_config(CONFIG.format(''),
                              ecotta_options(root, names), tmp_path, kill=False)
@@ -83,7 +89,7 @@ def test_warmup_lowers_the_loss_and_resumes_per_epoch(tmp_path, stream,
 
 def test_stream_from_the_warmed_up_file_resumes_exactly(tmp_path, stream,
                                                         names, checkpoint,
-                                                        source_set):
+                                                        source_set, warm):
     """EcoTTA+STAG killed in its third stage and resumed = uninterrupted
     (results and every tensor of the adapted network); the log has EcoTTA's
     and STAG's losses."""

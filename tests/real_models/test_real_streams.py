@@ -16,6 +16,7 @@ from conftest import need
 need('torchvision')
 need('timm')
 
+from run_helpers import run_config as run  # noqa: E402
 from test_real_classifiers import save, source  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -63,13 +64,6 @@ def weights(tmp_path_factory):
         files[base] = str(folder / name)
         save(source(base), files[base])
     return files
-
-
-def run(config, checkpoint, work_dir, options):
-    from mmseg_stag.engine.runs import run_config
-    run_config(config, checkpoint, str(work_dir), options)
-    with open(osp.join(str(work_dir), 'continual_results.json')) as f:
-        return json.load(f)
 
 
 #: the paper's ImageNet-C rows (no TENT row for ResNet-50-GN)
