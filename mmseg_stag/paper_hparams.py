@@ -58,18 +58,6 @@ OUR_STAG: List[Tuple[str, str, str, str, float, float, str]] = [
 ]
 
 
-def config_stag(benchmark: str, scenario: str, model: str,
-                method: str) -> Dict[str, float]:
-    """``dict(beta0, gamma)`` of the paper's row, else of :data:`OUR_STAG`."""
-    try:
-        return paper_stag(benchmark, scenario, model, method)
-    except KeyError:
-        for b, s, m, base, beta0, gamma, _ in OUR_STAG:
-            if (b, s, m, base) == (benchmark, scenario, model, method):
-                return dict(beta0=beta0, gamma=gamma)
-        raise
-
-
 def paper_stag(benchmark: str, scenario: str, model: str,
                method: str) -> Dict[str, float]:
     """``dict(beta0, gamma)`` of the paper for one setting.
