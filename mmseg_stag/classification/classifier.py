@@ -2,7 +2,6 @@
 from typing import List, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from mmengine.model import BaseDataPreprocessor, BaseModel
 
 from mmseg_stag.core import HeadProbe
@@ -75,16 +74,13 @@ class OnlineClassifier(BaseModel):
 
     def forward(self, inputs: torch.Tensor,
                 data_samples: Optional[List] = None, mode: str = 'tensor'):
-        logits = self.network(inputs)
-        if mode == 'tensor':
-            return logits
-        if mode == 'predict':
-            for sample, label in zip(data_samples, logits.argmax(1).tolist()):
-                sample.set_metainfo(dict(pred_label=label))
-            return data_samples
-        if mode == 'loss':
-            labels = torch.tensor([s.gt_label for s in data_samples],
-                                  device=logits.device)
-            return dict(loss=F.cross_entropy(logits, labels))
-        raise ValueError(f"mode must be 'tensor', 'predict' or 'loss', got "
-                         f'{mode!r}')
+        """Return the logits; the online loop's task adapts and scores.
+
+        Raises:
+            ValueError: For MMEngine's ``'predict'``/``'loss'`` modes.
+        """
+        if mode != 'tensor':
+            raise ValueError(f"OnlineClassifier has mode 'tensor' only (it "
+                             'runs in OnlineAdaptationLoop), got '
+                             f'{mode!r}')
+        return self.network(inputs)
