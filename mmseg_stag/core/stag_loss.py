@@ -8,17 +8,13 @@ from . import stag
 
 
 class STAGLoss(nn.Module):
-    """STAG loss ``loss_weight * L_STAG(B)`` (eq:stag_batch_loss).
+    """STAG loss ``L_STAG(B)`` (eq:stag_batch_loss).
 
     Args:
         eps (float): The ``epsilon`` of eq:stag_loss. Default: 1e-8.
         anchor (str): ``'diagonal'`` (paper) or ``'full'``.
             Default: ``'diagonal'``.
         label (str): ``'hard'`` (paper) or ``'soft'``. Default: ``'hard'``.
-        loss_weight (float): Multiplier of the loss. Default: 1.0.
-        loss_name (str): Name of the loss in logs. Default: ``'loss_stag'``.
-        ignore_index (int): Invalid value of a label map given as
-            ``valid_mask``. Default: 255.
         check_finite (bool): Raise at once on nan/inf in the classifier or
             the loss. Each check waits for the device; the online methods
             turn it off and the loop checks ``loss_stag`` when it reads it.
@@ -32,9 +28,6 @@ class STAGLoss(nn.Module):
                  eps: float = 1e-8,
                  anchor: str = 'diagonal',
                  label: str = 'hard',
-                 loss_weight: float = 1.0,
-                 loss_name: str = 'loss_stag',
-                 ignore_index: int = 255,
                  check_finite: bool = True):
         super().__init__()
         if anchor not in stag.ANCHOR_MODES:
@@ -50,10 +43,7 @@ class STAGLoss(nn.Module):
         self.eps = float(eps)
         self.anchor = anchor
         self.label = label
-        self.loss_weight = float(loss_weight)
-        self.ignore_index = ignore_index
         self.check_finite = bool(check_finite)
-        self._loss_name = loss_name
         self._anchor_key: Optional[Tuple] = None
         self._anchors: Optional[torch.Tensor] = None
         self._coefficients: Optional[torch.Tensor] = None
@@ -94,41 +84,26 @@ class STAGLoss(nn.Module):
             self._anchor_key = key
             self.anchor_computations += 1
 
-    def _to_bool_mask(self, valid_mask: Optional[torch.Tensor]
-                      ) -> Optional[torch.Tensor]:
-        """A bool mask, or ``label != ignore_index`` for a label map."""
-        if valid_mask is None or valid_mask.dtype == torch.bool:
-            return valid_mask
-        if valid_mask.is_floating_point():
-            raise ValueError(
-                'STAGLoss: valid_mask must be a bool mask or an integer '
-                f'label map (ignore_index={self.ignore_index}), got dtype '
-                f'{valid_mask.dtype}')
-        return valid_mask != self.ignore_index
-
     def forward(self,
                 features: torch.Tensor,
                 logits: torch.Tensor,
                 cls_weight: torch.Tensor,
-                cls_bias: Optional[torch.Tensor] = None,
-                valid_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Compute ``loss_weight * L_STAG(B)``.
+                cls_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Compute ``L_STAG(B)``: the mean over samples (pixels).
 
         Args:
             features (Tensor): Classifier inputs ``[N, D(, H, W)]``.
             logits (Tensor): Its outputs ``[N, C(, H, W)]``, same pass.
             cls_weight (Tensor): ``[C, D]`` or ``[C, D, 1, 1]``.
             cls_bias (Tensor, optional): ``[C]``.
-            valid_mask (Tensor, optional): Bool or label map ``[N(, H, W)]``.
 
         Returns:
             Tensor: The scalar loss.
         """
         weight = stag.check_classifier(cls_weight, cls_bias,
                                        check_finite=self.check_finite)
-        mask = self._to_bool_mask(valid_mask)
         stag.check_inputs(features, logits, num_classes=weight.shape[0],
-                          feature_dim=weight.shape[1], valid_mask=mask)
+                          feature_dim=weight.shape[1])
         # float32 for the C-sized tensors; D-sized features are not copied
         dtype = torch.float32 if features.dtype in (
             torch.float16, torch.bfloat16) else features.dtype
@@ -145,16 +120,11 @@ class STAGLoss(nn.Module):
             per_sample = stag.stag_alignment(features, logits, anchors,
                                              eps=self.eps, label=self.label,
                                              projections=projections)
-            loss = stag.reduce_batch_loss(per_sample, mask)
+            loss = stag.reduce_batch_loss(per_sample)
             if self.check_finite:
                 stag.check_finite_loss(loss, features=features, logits=logits)
-        return self.loss_weight * loss
-
-    @property
-    def loss_name(self) -> str:
-        """Name of the loss in logs (MMSeg's loss convention)."""
-        return self._loss_name
+        return loss
 
     def extra_repr(self) -> str:
         return (f'eps={self.eps}, anchor={self.anchor!r}, '
-                f'label={self.label!r}, loss_weight={self.loss_weight}')
+                f'label={self.label!r}')
