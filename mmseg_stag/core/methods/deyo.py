@@ -8,9 +8,7 @@ import torch.nn.functional as F
 from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from .base import BatchContext, SampleFilteringMethod
-
-#: Modules DeYO's collect_params never adapts (SAR's rule).
-DEYO_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
+from .sar import SAR_AUTHORS_EXCLUDE  # DeYO's collect_params is SAR's
 
 
 def patch_shuffle(x: torch.Tensor,
@@ -79,7 +77,7 @@ class DeYO(SampleFilteringMethod):
         reweight_ent (bool | float): Entropy weight factor. Default: 1.0.
         reweight_plpd (bool | float): PLPD weight factor. Default: 1.0.
         exclude_regex (str, optional): Modules left frozen.
-            Default: :data:`DEYO_AUTHORS_EXCLUDE`.
+            Default: :data:`~.sar.SAR_AUTHORS_EXCLUDE`.
         optimizer (dict, optional): Default: SGD, lr 0.00025, momentum 0.9.
         **kwargs: See :class:`BaseMethod`.
 
@@ -96,7 +94,7 @@ class DeYO(SampleFilteringMethod):
                  patch_len: int = 4,
                  reweight_ent: Union[bool, float] = 1.0,
                  reweight_plpd: Union[bool, float] = 1.0,
-                 exclude_regex: Optional[str] = DEYO_AUTHORS_EXCLUDE,
+                 exclude_regex: Optional[str] = SAR_AUTHORS_EXCLUDE,
                  optimizer: Optional[dict] = None,
                  **kwargs):
         if not deyo_margin > 0:

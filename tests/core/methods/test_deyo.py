@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmseg_stag.core import BatchContext, STAGLoss, build_method
-from mmseg_stag.core.methods.deyo import (DEYO_AUTHORS_EXCLUDE, DeYO,
-                                          patch_shuffle)
+from mmseg_stag.core.methods.deyo import DeYO, patch_shuffle
+from mmseg_stag.core.methods.sar import SAR_AUTHORS_EXCLUDE
 
 from reference.deyo_reference import (ref_forward_and_adapt_deyo,
                                       ref_shuffle_patches)
@@ -44,7 +44,7 @@ def test_registry_and_defaults():
     assert (m.deyo_margin, m.entropy_margin, m.plpd_threshold,
             m.patch_len) == (0.5, 0.4, 0.2, 4)
     assert (m.reweight_ent, m.reweight_plpd) == (1.0, 1.0)
-    assert m.exclude_regex == DEYO_AUTHORS_EXCLUDE
+    assert m.exclude_regex == SAR_AUTHORS_EXCLUDE
     model = make_model()
     m.configure(model, model[5])
     assert m.ent_margin == pytest.approx(0.5 * math.log(C))
