@@ -319,7 +319,8 @@ def make_ecotta_warmup(args, data_root, source_files, ckpt, log):
     """The CNN-BN with EcoTTA's meta networks warmed up on the clean
     training digits (``tools/ecotta_warmup.py``; cached)."""
     import torch
-    from tools import ecotta_warmup
+
+    from mmseg_stag.classification.ecotta_warmup import warm_up_checkpoint
     out = osp.join(args.work_dir, 'models', 'bn_ecotta-k4.pth')
     want = dict(epochs=args.warmup_epochs, seed=args.seed)
     if osp.isfile(out) and osp.getmtime(out) > osp.getmtime(ckpt):
@@ -332,11 +333,11 @@ def make_ecotta_warmup(args, data_root, source_files, ckpt, log):
     config = osp.join(args.work_dir, 'models', 'ecotta_warmup_config.py')
     row_config(args, 'continual', 'bn', 'ecotta', data_root,
                source_files).dump(config)
-    ecotta_warmup.main([
-        config, ckpt, '--train-data', source_files['images'],
-        '--train-labels', source_files['labels'], '--out', out,
-        '--epochs', str(args.warmup_epochs), '--seed', str(args.seed),
-        '--work-dir', osp.join(args.work_dir, 'models', 'ecotta_warmup')])
+    warm_up_checkpoint(
+        config, ckpt, out, source_files['images'],
+        osp.join(args.work_dir, 'models', 'ecotta_warmup'),
+        train_labels=source_files['labels'], epochs=args.warmup_epochs,
+        seed=args.seed)
     return out
 
 

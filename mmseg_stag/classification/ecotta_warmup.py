@@ -1,9 +1,12 @@
 """EcoTTA's warm-up of the meta networks on the source training set.
 
-Follows ``warmup_train`` of ``main.py`` in ``Lily-Le/EcoTTA``.
+Follows ``warmup_train`` of ``main.py`` in ``Lily-Le/EcoTTA``;
+:func:`warm_up_checkpoint` is the whole of ``tools/ecotta_warmup.py``: an
+EcoTTA config and the source weights in, the warmed-up checkpoint out.
 """
 import bisect
 import copy
+import hashlib
 import os
 import os.path as osp
 import pickle
@@ -232,3 +235,109 @@ def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
         logits = network(x['inputs'])
         total += F.cross_entropy(logits, y_all[idx], reduction='sum').item()
     return total / len(x_all)
+
+
+def build_ecotta_classifier(config: str, cfg_options: dict) -> nn.Module:
+    """Return the config's ``OnlineClassifier`` (built in the mmseg_stag
+    scope).
+
+    Raises:
+        ValueError: If its network is no ``EcoTTANetwork``.
+    """
+    from mmengine.config import Config
+
+    import mmseg_stag  # noqa: F401  (registers the classification parts)
+    from mmseg_stag.registry import MODELS
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict(cfg_options)
+    model_cfg = cfg.get('model')
+    if not model_cfg or model_cfg.get('type') != 'OnlineClassifier' or \
+            model_cfg['network'].get('type') != 'EcoTTANetwork':
+        raise ValueError(f'{config}: the warm-up needs model=dict(type='
+                         "'OnlineClassifier', network=dict(type="
+                         "'EcoTTANetwork', ...))")
+    return MODELS.build(dict(model_cfg, _scope_='mmseg_stag'))
+
+
+def file_digest(path: str) -> str:
+    """Return the SHA-1 of a file's bytes."""
+    h = hashlib.sha1()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def warm_up_checkpoint(config: str, checkpoint: str, out: str,
+                       train_data: str, work_dir: str,
+                       train_labels: Optional[str] = None, epochs: int = 10,
+                       lr: float = 0.05, batch_size: int = 64, seed: int = 0,
+                       limit: Optional[int] = None, resume: bool = False,
+                       trust_pickle: bool = False,
+                       cfg_options: Optional[dict] = None,
+                       log: Callable[[str], None] = print) -> dict:
+    """Warm up the meta networks of an EcoTTA config and save them.
+
+    Args:
+        config (str): The EcoTTA test config (an ``OnlineClassifier`` over
+            an ``EcoTTANetwork``).
+        checkpoint (str): The source network's weights (the frozen part).
+        out (str): The warmed-up checkpoint: ``state_dict`` (the network
+            with its meta networks) and plain ``meta``, loadable with
+            ``weights_only=True``.
+        train_data (str): See :func:`read_training_set`.
+        work_dir (str): The per-epoch state (see :func:`warm_up`).
+        train_labels (str, optional): The labels of an images ``.npy``.
+        epochs, lr, batch_size, seed, resume: See :func:`warm_up`.
+        limit (int, optional): Use the first ``limit`` images only.
+        trust_pickle (bool): Load a checkpoint that needs unsafe
+            unpickling. Default: False.
+        cfg_options (dict, optional): Settings of the config.
+        log (callable): Where the progress lines go. Default: print.
+
+    Returns:
+        dict: ``history`` (loss and accuracy per epoch), and the source
+        cross-entropy ``before`` and ``after`` the warm-up.
+    """
+    from mmengine.utils import ProgressBar
+    cfg_options = dict(cfg_options or {})
+    torch.manual_seed(seed)  # the meta networks' initialisation
+    model = build_ecotta_classifier(config, cfg_options)
+    meta = model.network.ecotta
+    cold, meta.allow_cold_start = meta.allow_cold_start, True
+    model.load_weights(checkpoint, trust_pickle)  # frozen part
+    meta.allow_cold_start = cold
+    images, labels = read_training_set(train_data, train_labels)
+    if limit:
+        images, labels = images[:limit], labels[:limit]
+    log(f'EcoTTA warm-up: {len(images)} images, {epochs} epochs, '
+        f'batch {batch_size}, lr {lr}, meta networks '
+        f'{list(meta.blocks_per_part)} -> {out}')
+    settings = dict(config=osp.abspath(config),
+                    cfg_options=repr(sorted(cfg_options.items())),
+                    source=file_digest(checkpoint),
+                    data=hashlib.sha1(np.ascontiguousarray(images)).hexdigest()
+                    + hashlib.sha1(np.asarray(labels)).hexdigest())
+    before = source_loss(model, images, labels)
+
+    def progress(n):
+        bar = ProgressBar(n)  # elapsed and ETA per epoch
+        return lambda _: bar.update()
+
+    history = warm_up(model, images, labels, work_dir, epochs, lr,
+                      batch_size, seed, resume, settings, progress)
+    after = source_loss(model, images, labels)
+    for epoch, (loss, acc) in enumerate(zip(history['loss'],
+                                            history['acc']), 1):
+        log(f'epoch {epoch}: train loss {loss:.4f}, acc {acc:.4f}')
+    log(f'source cross-entropy (no augmentation): {before:.4f} before, '
+        f'{after:.4f} after the warm-up')
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    _save_atomic(dict(state_dict=model.network.state_dict(),
+                      meta=dict(ecotta_warmup=dict(
+                          epochs=epochs, lr=lr, batch_size=batch_size,
+                          seed=seed, images=len(images),
+                          source_loss_before=before,
+                          source_loss_after=after, history=history))), out)
+    log(f'wrote {out}; run: python tools/test.py {config} {out}')
+    return dict(history=history, before=before, after=after)
