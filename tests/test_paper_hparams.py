@@ -13,8 +13,11 @@ from mmengine.config import Config
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper_hparams import (OUR_STAG, PAPER_STAG, markdown_table,
                                      paper_stag)
+from mmseg_stag.analysis import step_benchmark as benchmark
+from mmseg_stag.classification import OnlineClassifier
 from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
-from tools import benchmark
+
+from seg_helpers import SEG_CFG, build_from_config, tiny_options
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 ACDC = ('acdc', 'continual', 'segformer-b5')
@@ -81,6 +84,7 @@ def test_acdc_configs_use_the_table():
 
 
 # --------------------------------------------- tools/benchmark.py's +STAG
+# (its arms: mmseg_stag.analysis.step_benchmark)
 class TinyClassifier(nn.Module):
     """Stands in for ResNet-50 / ViT-B/16: BN body and a linear ``fc``."""
 
@@ -95,15 +99,12 @@ class TinyClassifier(nn.Module):
         return self.fc(self.body(x))
 
 
-class TinySegmentor(nn.Module):
-    """Stands in for the SegFormers: a BN backbone and the decode head's
-    1x1 classifier ``decode_head.conv_seg``."""
-
-    def __init__(self):
-        super().__init__()
-        self.backbone = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
-        self.decode_head = nn.Module()
-        self.decode_head.conv_seg = nn.Conv2d(4, 3, 1)
+def tiny_segformer():
+    """Stands in for the SegFormers: the ACDC config's SegFormer shrunk to
+    the tests' tiny MiT, its decode head's 1x1 classifier
+    ``decode_head.conv_seg``."""
+    return build_from_config(SEG_CFG.format('source'),
+                             tiny_options('unused'))[0]
 
 
 class ArmsBuilt(Exception):
@@ -114,12 +115,13 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
     settings = {'b0': ACDC, 'b5': ACDC, 'b5-nvlabs': ACDC,
                 'resnet50': ('imagenet-c', 'mild', 'resnet50-bn'),
                 'vit-b16': ('imagenet-c', 'mild', 'vit-b16')}
-    assert set(benchmark.SEG_MODELS) | set(benchmark.CLS_MODELS) == \
+    assert set(benchmark.SEG_MODELS) | set(benchmark.IMAGENET_MODELS) == \
         set(settings)
     monkeypatch.setattr(
         benchmark, 'build_model',
-        lambda name, seed=0: (TinyClassifier() if name in benchmark.CLS_MODELS
-                              else TinySegmentor()).eval())
+        lambda name, seed=0, root='.': (
+            OnlineClassifier(dict(type=TinyClassifier))
+            if name in benchmark.IMAGENET_MODELS else tiny_segformer()).eval())
     built = {}
 
     def capture(arms, steps, warmup, dtype=None):
@@ -128,7 +130,7 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
 
     monkeypatch.setattr(benchmark, 'interleave', capture)
     for name, setting in settings.items():
-        kinds = ('tent', 'eata') if name in benchmark.CLS_MODELS else \
+        kinds = ('tent', 'eata') if name in benchmark.IMAGENET_MODELS else \
             ('tent', 'bn_adapt')
         for kind in kinds:
             built.clear()

@@ -17,7 +17,7 @@ is what ``single_gpu_tent`` does per image; its predictions equal TENT's
 (the model is the same at prediction time). It prints images/s, the
 classifier calls per image and the ratios to ``two-forward``, and writes
 JSON. The floor of any adapting loop is one forward and one backward per
-image.
+image. The runs and their timer are :mod:`mmseg_stag.analysis.loop_benchmark`.
 """
 import argparse
 import json
@@ -26,36 +26,18 @@ import os.path as osp
 import platform
 import sys
 import tempfile
-import time
-import uuid
 
 import torch
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from mmseg_stag.analysis.loop_benchmark import (  # noqa: E402
+    method_config, register_reference, run_method)
+
 PATTERN = ('configs/stag_acdc/'
            'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
-
-
-def register_reference():
-    """``tent_two_forward``: TENT as CoTTA's ``single_gpu_tent`` runs it
-    (registered here only: a speed reference, not a method to use)."""
-    from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
-                                         SegmentationTENT)
-
-    if 'tent_two_forward' in SEGMENTATION_METHODS.module_dict:
-        return
-
-    @SEGMENTATION_METHODS.register_module(name='tent_two_forward')
-    class TwoForwardTENT(SegmentationTENT):
-
-        def adapt(self, ctx):
-            with torch.no_grad():  # the prediction, as model(return_loss=False)
-                prediction, _ = ctx.forward(self.model, ctx.inputs)
-            with torch.enable_grad():  # then the loss's own forward
-                _, ctx.head_outputs = ctx.forward(self.model, ctx.inputs)
-            ctx.prediction = prediction  # its labels: the prediction's
-            self.update(self.loss(ctx))
-            return prediction, ctx.stats
 
 
 def parse_args(argv=None):
@@ -83,88 +65,17 @@ def parse_args(argv=None):
         parser.error(f'checkpoint file not found: {args.checkpoint}')
     if not osp.isdir(args.data_root):
         parser.error(f'--data-root is not a folder: {args.data_root}')
+    # the configs relative to the repository
+    args.config_pattern = osp.join(REPO, args.config_pattern)
     for method in args.methods:
-        config = osp.join(REPO, args.config_pattern.format(
-            'tent' if method == 'two-forward' else method))
+        config = method_config(args.config_pattern, method)
         if not osp.isfile(config):
             parser.error(f'no config for {method!r}: {config}')
     return args
 
 
-def build_runner(config, args, work_dir, method):
-    from mmengine.config import Config
-    from mmengine.runner import Runner
-
-    from mmseg_stag.checkpoint import load_segmentor_checkpoint
-    cfg = Config.fromfile(config)
-    cfg.merge_from_dict(dict(args.cfg_options, **{
-        'test_dataloader.dataset.data_root': args.data_root,
-        'test_dataloader.dataset.indices': args.images,
-        'test_cfg.save_state': False}))
-    if method == 'two-forward':
-        cfg.test_cfg.method.type = 'tent_two_forward'
-    cfg.work_dir = work_dir
-    cfg.experiment_name = f'loop_{method}_{uuid.uuid4().hex[:6]}'
-    cfg.load_from = None
-    runner = Runner.from_cfg(cfg)
-    load_segmentor_checkpoint(runner.model, args.checkpoint,
-                              classifier_name=cfg.test_cfg.get('classifier'))
-    return runner
-
-
-def loop_timer():
-    """An observing hook: the time at the end of every batch (CUDA
-    synchronised) and the classifier's calls (``count``, a forward hook)."""
-    from mmengine.hooks import Hook
-
-    class LoopTimer(Hook):
-        priority = 'LOWEST'
-
-        def __init__(self):
-            self.times, self.calls = [], 0
-
-        def count(self, *_):
-            self.calls += 1
-
-        def after_test_iter(self, runner, batch_idx, data_batch=None,
-                            outputs=None):
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self.times.append(time.perf_counter())
-
-    return LoopTimer()
-
-
-def images_per_second(times, warmup):
-    """Images per second over the batches after the first ``warmup`` (from
-    the end of the last warm-up batch; from the end of the first batch
-    without warm-up)."""
-    first = max(warmup, 1) - 1
-    seconds = times[-1] - times[first]
-    return (len(times) - 1 - first) / seconds if seconds > 0 else None
-
-
-def run_method(method, args, work_root):
-    config = osp.join(REPO, args.config_pattern.format(
-        'tent' if method == 'two-forward' else method))
-    runner = build_runner(config, args, osp.join(work_root, method), method)
-    classifier = runner.model.get_submodule(
-        runner.cfg.test_cfg.get('classifier', 'decode_head.conv_seg'))
-    timer = loop_timer()
-    classifier.register_forward_hook(timer.count)
-    runner.register_hook(timer)
-    metrics = runner.test()
-    return dict(images=len(timer.times),
-                images_per_second=images_per_second(timer.times,
-                                                    args.warmup),
-                classifier_calls_per_image=timer.calls / len(timer.times),
-                mIoU=metrics.get('continual/mIoU'))
-
-
 def main(argv=None):
     args = parse_args(argv)
-    sys.path.insert(0, REPO)
-    import mmseg_stag  # noqa: F401  (registries)
     register_reference()
     results = {}
     with tempfile.TemporaryDirectory() as work_root:

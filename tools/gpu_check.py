@@ -412,13 +412,14 @@ def precision(task, name):
     """fp32 with TF32 off, TF32 on for matmuls and cuDNN, or bf16 autocast
     of the forward passes (TF32 off for what stays float32)."""
     import torch
-    from tools import benchmark
+
+    from mmseg_stag.analysis.step_benchmark import mixed_precision
     flags = (torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = name == 'tf32'
     torch.backends.cudnn.allow_tf32 = name == 'tf32'
     dtype = torch.bfloat16 if name == 'bf16' else None
-    probe = task.forward
+    probe = task.probe
     # the loop's way: autocast around the forward passes only
     scoped = hasattr(probe, 'autocast_dtype')
     before = probe.autocast_dtype if scoped else None
@@ -426,7 +427,7 @@ def precision(task, name):
     if scoped:
         probe.autocast_dtype = dtype
     elif dtype is not None:  # an older probe: autocast around the step
-        step = benchmark.mixed_precision('bf16')
+        step = mixed_precision('bf16')
     try:
         with step:
             yield
@@ -438,40 +439,42 @@ def precision(task, name):
 
 
 def task_args(ctx):
-    """The options ``tools/benchmark.py``'s ``Task`` reads."""
+    """The options the step benchmark's ``BenchTask`` reads."""
     return argparse.Namespace(size=tuple(ctx.args.seg_size),
                               cls_size=ctx.args.cls_size,
                               batch_size=ctx.args.cls_batch)
 
 
 def seg_task(ctx):
-    """``(label, benchmark.Task, settings, batch)``: SegFormer-B5 with the
+    """``(label, BenchTask, settings, batch)``: SegFormer-B5 with the
     NVlabs head (a tiny MiT under ``--quick``)."""
-    from tools import benchmark
+    from mmseg_stag.analysis import step_benchmark as benchmark
     name, label = 'b5-nvlabs', 'SegFormer-B5 NVlabs head'
     if ctx.args.quick:  # a tiny stand-in, in the benchmark's own table
         name, label = 'quick-nvlabs', 'tiny SegFormer NVlabs head (--quick)'
         benchmark.SEG_MODELS[name] = (
             NVLABS_CFG.format('tent'), dict(QUICK_SEG), QUICK_SEG_CHANNELS)
     w, h = ctx.args.seg_size
-    return (label, benchmark.Task(name, task_args(ctx), ctx.device),
+    return (label, benchmark.BenchTask(name, task_args(ctx), ctx.device,
+                                       REPO),
             f'batch 1, {w}x{h}, random weights', 1)
 
 
 def cls_task(ctx):
-    """``(label, benchmark.Task, settings, batch)``: the paper's ImageNet-C
+    """``(label, BenchTask, settings, batch)``: the paper's ImageNet-C
     ResNet-50, torchvision's when it imports (``.venv-real``), else the
     same architecture from MMSeg's ``ResNet`` (a ResNet-18 under
     ``--quick``)."""
     import torch
-    from tools import benchmark
+
+    from mmseg_stag.analysis import step_benchmark as benchmark
     args = ctx.args
     name, label = 'resnet50', 'ResNet-50 (ImageNet-C)'
     if args.quick:
         name, label = 'quick-resnet', 'ResNet-18 (--quick)'
-        benchmark.CLS_MODELS[name] = (dict(QUICK_CLS), 512)
+        benchmark.IMAGENET_MODELS[name] = (dict(QUICK_CLS), 512)
         benchmark.STAG_SETTING[name] = benchmark.STAG_SETTING['resnet50']
-    task = benchmark.Task(name, task_args(ctx), ctx.device)
+    task = benchmark.BenchTask(name, task_args(ctx), ctx.device, REPO)
     note = (f'batch {args.cls_batch}, {args.cls_size}x{args.cls_size}, '
             'random weights, ')
     if args.quick:
@@ -492,14 +495,14 @@ def cls_task(ctx):
 def time_arms(task, ctx, stag):
     """Whole-step seconds of TENT and TENT+STAG, interleaved (A B, B A,
     ...), CUDA events around each step and nothing inside it."""
-    from tools import benchmark
+    from mmseg_stag.analysis.meters import StepTimer
     arms = {'tent': task.make_method('tent', None)[0],
             'tent+stag': task.make_method('tent', stag)[0]}
     times = {label: [] for label in arms}
     for i in range(ctx.args.warmup + ctx.args.pairs):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
         for label in order:
-            with benchmark.StepTimer(cuda=ctx.cuda) as timer:
+            with StepTimer(cuda=ctx.cuda) as timer:
                 task.ours_step(arms[label])
             if i >= ctx.args.warmup:
                 times[label].append(timer.seconds)
@@ -511,7 +514,7 @@ def time_arms(task, ctx, stag):
 def arm_memory(task, ctx, stag):
     """Peak memory of one step of one arm, alone on the device (the
     benchmark's source copy of the model moved off for the step)."""
-    from tools import benchmark
+    from mmseg_stag.analysis.meters import PeakMemory
     task.base.to(ctx.device)
     method, _ = task.make_method('tent', stag)
     task.base.to('cpu')
@@ -520,7 +523,7 @@ def arm_memory(task, ctx, stag):
         for _ in range(ctx.args.memory_warmup):
             task.ours_step(method)
         free_memory()
-        with benchmark.PeakMemory() as mem:
+        with PeakMemory() as mem:
             task.ours_step(method)
     finally:
         del method
@@ -563,7 +566,7 @@ def cost_row(model, note, batch, name, times, memory, term):
 
 
 def measure_step_cost(ctx):
-    from tools import benchmark
+    from mmseg_stag.analysis.step_benchmark import time_stag_term
     rows = []
     for build in (seg_task, cls_task):
         model, task, note, batch = build(ctx)
@@ -573,7 +576,7 @@ def measure_step_cost(ctx):
                 times = time_arms(task, ctx, stag)
                 memory = {'tent': arm_memory(task, ctx, None),
                           'tent+stag': arm_memory(task, ctx, stag)}
-                term = benchmark.time_stag_term(
+                term = time_stag_term(
                     task, 'tent', stag, repeats=ctx.args.term_repeats)
             row = cost_row(model, note, batch, name, times, memory, term)
             rows.append(row)
@@ -638,25 +641,22 @@ def measure_loader(ctx):
 
 # -------------------------------------------------------------- 4. loop
 def loop_args(ctx, methods, images, warmup):
-    from tools import benchmark_loop
-    opts = ctx.seg_options()
-    argv = [ctx.checkpoint(), '--data-root', ctx.data_root(),
-            '--config-pattern', NVLABS_CFG, '--methods', *methods,
-            '--images', str(images), '--warmup', str(warmup)]
-    if opts:
-        from mmseg_stag.paper_protocol import as_cli
-        argv += ['--cfg-options', *as_cli(opts)]
-    return benchmark_loop.parse_args(argv)
+    """The settings of the loop benchmark's runs (those of
+    ``tools/benchmark_loop.py``'s command line)."""
+    return argparse.Namespace(
+        checkpoint=ctx.checkpoint(), data_root=ctx.data_root(),
+        config_pattern=osp.join(REPO, NVLABS_CFG), methods=list(methods),
+        images=images, warmup=warmup, cfg_options=ctx.seg_options())
 
 
 def measure_loop(ctx):
     """Images/s of the whole online loop (tools/benchmark_loop.py)."""
-    from tools import benchmark_loop
+    from mmseg_stag.analysis.loop_benchmark import run_method
     args = loop_args(ctx, ['tent', 'tent-stag'], ctx.args.loop_images,
                      ctx.args.loop_warmup)
     rows = {}
     for method in args.methods:
-        rows[method] = benchmark_loop.run_method(
+        rows[method] = run_method(
             method, args, osp.join(ctx.tmp, 'loop'))
         print(f"[gpu_check] loop {method}: "
               f"{rows[method]['images_per_second'] or 0:.2f} images/s",
@@ -777,10 +777,10 @@ def iteration_profiler(ctx, start, count):
 
 def profile_loop(ctx):
     """TENT+STAG loop iterations: load, step, post-processing, metric."""
-    from tools import benchmark_loop
+    from mmseg_stag.analysis.loop_benchmark import build_runner
     start, count = ctx.args.profile_warmup + 1, ctx.args.profile_iters
     args = loop_args(ctx, ['tent-stag'], start + count, 0)
-    runner = benchmark_loop.build_runner(
+    runner = build_runner(
         osp.join(REPO, NVLABS_CFG.format('tent-stag')), args,
         osp.join(ctx.tmp, 'profile'), 'tent-stag')
     hook = iteration_profiler(ctx, start, count)

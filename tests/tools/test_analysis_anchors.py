@@ -17,7 +17,7 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 @pytest.fixture
 def tool(load_tool):
-    """The command, loaded from tools/analysis/anchor_validation.py."""
+    """The command tools/analysis/anchor_validation.py, loaded by its path."""
     return load_tool('analysis/anchor_validation')
 
 

@@ -1,4 +1,7 @@
-"""tools/benchmark.py runs and counts passes (no timing is asserted)."""
+"""tools/benchmark.py runs and counts passes (no timing is asserted); its
+steps and arms (mmseg_stag.analysis.step_benchmark) and meters
+(mmseg_stag.analysis.meters)."""
+import argparse
 import json
 import os.path as osp
 import subprocess
@@ -7,8 +10,7 @@ import sys
 import pytest
 import torch
 
-from mmseg_stag.analysis import meters
-from tools import benchmark
+from mmseg_stag.analysis import meters, step_benchmark
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -61,14 +63,14 @@ def test_ecotta_memory_against_tent_and_cotta(monkeypatch, capsys):
     """The CIFAR arms on a thin WRN-28-1 (EcoTTA's K=4 preset of 12
     blocks): two passes each way for EcoTTA, the activations of every
     method compared to EcoTTA's."""
-    monkeypatch.setitem(benchmark.CIFAR_MODELS, 'wrn-28-10', dict(
+    monkeypatch.setitem(step_benchmark.CIFAR_MODELS, 'wrn-28-10', dict(
         type='WideResNet', depth=28, widen_factor=1, num_classes=10))
-    args = benchmark.argparse.Namespace(
+    args = argparse.Namespace(
         methods=['tent', 'cotta', 'ecotta'], batch_size=4, steps=1,
         warmup=0, mixed_precision=None, skip_reference=True, cls_size=32)
-    monkeypatch.setitem(benchmark.METHODS['cifar'], 'cotta', dict(
+    monkeypatch.setitem(step_benchmark.BASELINES['cifar'], 'cotta', dict(
         type='cotta', num_augs=1))
-    res = benchmark.run_model('wrn-28-10', args, 'cpu')
+    res = step_benchmark.run_model('wrn-28-10', args, 'cpu')
     passes = {arm: (r['forwards'], r['backwards'])
               for kind in ('tent', 'cotta', 'ecotta')
               for arm, r in res[kind].items() if 'forwards' in r}

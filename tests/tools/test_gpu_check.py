@@ -13,8 +13,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tools import gpu_check
-
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
@@ -27,6 +25,12 @@ def run_gpu_check(*args):
         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
 
 
+@pytest.fixture
+def gpu_check(load_tool):
+    """The command tools/gpu_check.py, loaded by its path."""
+    return load_tool('gpu_check')
+
+
 def test_without_cuda_it_says_so_and_runs_nothing(tmp_path):
     out = tmp_path / 'report'
     proc = run_gpu_check('--out-dir', str(out))
@@ -35,7 +39,7 @@ def test_without_cuda_it_says_so_and_runs_nothing(tmp_path):
     assert not out.exists()
 
 
-def test_quick_cpu_run_writes_the_report(tmp_path):
+def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     out = tmp_path / 'report'
     proc = run_gpu_check('--allow-cpu', '--quick', '--out-dir', str(out))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -95,7 +99,7 @@ def test_quick_cpu_run_writes_the_report(tmp_path):
     assert 'images/s' in text and 'peak allocated (MB)' in text
 
 
-def test_junit_summary(tmp_path):
+def test_junit_summary(tmp_path, gpu_check):
     xml = tmp_path / 'junit.xml'
     xml.write_text(
         '<testsuites><testsuite>'
@@ -119,22 +123,22 @@ def test_junit_summary(tmp_path):
 @pytest.mark.parametrize('name,tf32,dtype', [
     ('fp32', False, None), ('tf32', True, None),
     ('bf16', False, torch.bfloat16)])
-def test_precision_switches_and_restores(name, tf32, dtype):
+def test_precision_switches_and_restores(name, tf32, dtype, gpu_check):
     """TF32 flags and the probe's forward-only autocast inside the block,
     the previous settings after it."""
-    task = SimpleNamespace(forward=SimpleNamespace(autocast_dtype=None))
+    task = SimpleNamespace(probe=SimpleNamespace(autocast_dtype=None))
     flags = (torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32)
     with gpu_check.precision(task, name):
         assert torch.backends.cuda.matmul.allow_tf32 is tf32
         assert torch.backends.cudnn.allow_tf32 is tf32
-        assert task.forward.autocast_dtype is dtype
+        assert task.probe.autocast_dtype is dtype
     assert (torch.backends.cuda.matmul.allow_tf32,
             torch.backends.cudnn.allow_tf32) == flags
-    assert task.forward.autocast_dtype is None
+    assert task.probe.autocast_dtype is None
 
 
-def test_bad_counts_are_refused(capsys):
+def test_bad_counts_are_refused(capsys, gpu_check):
     with pytest.raises(SystemExit):
         gpu_check.parse_args(['--pairs', '0'])
     assert '--pairs must be >= 1' in capsys.readouterr().err

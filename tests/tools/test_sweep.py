@@ -83,7 +83,8 @@ def run_quick(cmd):
                           text=True, timeout=300)
 
 
-def test_unknown_grid_key_is_refused_before_ray(tiny_checkpoint, tmp_path):
+def test_unknown_grid_key_is_refused_before_ray(tiny_checkpoint, tmp_path,
+                                                load_tool):
     proc = run_quick(sweep_cmd(tmp_path, tiny_checkpoint, '--grid',
                                'test_cfg.method.stag.beta_0=1,2'))
     assert proc.returncode != 0
@@ -92,8 +93,8 @@ def test_unknown_grid_key_is_refused_before_ray(tiny_checkpoint, tmp_path):
     assert "test_cfg.method.stag has no 'beta_0'" in proc.stderr
     assert 'Started a local Ray instance' not in proc.stdout + proc.stderr
     # an argument the method takes at its default is a setting
-    from tools.sweep import check_key
     from mmengine.config import Config
+    check_key = load_tool('sweep').check_key
     cfg = Config.fromfile(TENT).to_dict()
     assert check_key(cfg, 'test_cfg.method.optimizer.lr') is None
     assert check_key(cfg, 'test_cfg.method.reset_optimizer_per_stage') is None
@@ -179,15 +180,22 @@ def test_sweep_runs_classification_configs(tmp_path):
 
 
 # -- what a run asks Ray for, and the environment its process gets -------
-def planned(*argv, cluster_gpus=0, node_cpus=64):
-    from tools.sweep import expand_runs, parse_args, plan_resources
-    args = parse_args(['--work-dir', 'w', '--run', TENT, 'x.pth', *argv])
-    runs = expand_runs(args)
-    plan_resources(runs, args, cluster_gpus, node_cpus)
-    return [(r['cpus'], r['gpus']) for r in runs]
+@pytest.fixture
+def planned(load_tool):
+    """``planned(*argv)``: what each run of the sweep asks Ray for."""
+    sweep = load_tool('sweep')
+
+    def plan(*argv, cluster_gpus=0, node_cpus=64):
+        args = sweep.parse_args(['--work-dir', 'w', '--run', TENT, 'x.pth',
+                                 *argv])
+        runs = sweep.expand_runs(args)
+        sweep.plan_resources(runs, args, cluster_gpus, node_cpus)
+        return [(r['cpus'], r['gpus']) for r in runs]
+
+    return plan
 
 
-def test_a_run_holds_a_cpu_per_process_it_starts():
+def test_a_run_holds_a_cpu_per_process_it_starts(planned):
     """The main process plus its data workers (the ACDC configs: 4), from
     the config, --cfg-options or the grid; --cpus-per-run overrides."""
     assert planned() == [(5, 0)]
@@ -200,15 +208,15 @@ def test_a_run_holds_a_cpu_per_process_it_starts():
     assert planned('--gpus-per-run', '0.5', cluster_gpus=8) == [(5, 0.5)]
 
 
-def test_cpus_are_capped_to_a_node_or_refused_when_asked():
+def test_cpus_are_capped_to_a_node_or_refused_when_asked(planned):
     assert planned(node_cpus=2) == [(2, 0)]  # else Ray waits forever
     with pytest.raises(SystemExit, match='--cpus-per-run 4 exceeds the '
                        'CPUs of every Ray node'):
         planned('--cpus-per-run', '4', node_cpus=2)
 
 
-def test_the_trial_asks_tune_for_its_run_resources():
-    from tools.sweep import trial_resources
+def test_the_trial_asks_tune_for_its_run_resources(load_tool):
+    trial_resources = load_tool('sweep').trial_resources
     request = trial_resources(dict(run=dict(cpus=3, gpus=1)))
     assert request.bundles == [{'CPU': 3, 'GPU': 1}]
     assert trial_resources(dict(run=dict(cpus=2, gpus=0))).bundles == \
@@ -216,11 +224,11 @@ def test_the_trial_asks_tune_for_its_run_resources():
 
 
 def test_the_run_gets_its_cpus_as_omp_threads_and_is_one_process(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, load_tool):
     """Ray's worker has OMP_NUM_THREADS=1 (Ray's default, or the shell's)
     and, on a SLURM node started by ``srun -N 4 ray start``, the step's task
     count: the run gets its own CPUs and none of the launchers' counts."""
-    import tools.sweep as sweep
+    sweep = load_tool('sweep')
     seen = {}
 
     class Done:

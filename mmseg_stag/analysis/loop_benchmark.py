@@ -1,0 +1,113 @@
+"""The loop benchmark (``tools/benchmark_loop.py``, ``tools/gpu_check.py``'s
+loop and profile): one method's config through MMEngine's ``Runner`` and
+``OnlineAdaptationLoop`` on the first images of a stream, timed per batch
+by an observing hook, its classifier's calls counted.
+"""
+import os.path as osp
+import time
+import uuid
+
+import torch
+
+
+def register_reference():
+    """``tent_two_forward``: TENT as CoTTA's ``single_gpu_tent`` runs it
+    (registered here only: a speed reference, not a method to use)."""
+    from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
+                                         SegmentationTENT)
+
+    if 'tent_two_forward' in SEGMENTATION_METHODS.module_dict:
+        return
+
+    @SEGMENTATION_METHODS.register_module(name='tent_two_forward')
+    class TwoForwardTENT(SegmentationTENT):
+
+        def adapt(self, ctx):
+            with torch.no_grad():  # the prediction, as model(return_loss=False)
+                prediction, _ = ctx.forward(self.model, ctx.inputs)
+            with torch.enable_grad():  # then the loss's own forward
+                _, ctx.head_outputs = ctx.forward(self.model, ctx.inputs)
+            ctx.prediction = prediction  # its labels: the prediction's
+            self.update(self.loss(ctx))
+            return prediction, ctx.stats
+
+
+def build_runner(config, args, work_dir, method):
+    """MMEngine's runner of ``config`` on the first ``args.images`` images
+    of the stream at ``args.data_root`` (``args.cfg_options`` merged), the
+    checkpoint ``args.checkpoint`` loaded; ``two-forward``: the reference
+    method."""
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from mmseg_stag.checkpoint import load_segmentor_checkpoint
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict(dict(args.cfg_options, **{
+        'test_dataloader.dataset.data_root': args.data_root,
+        'test_dataloader.dataset.indices': args.images,
+        'test_cfg.save_state': False}))
+    if method == 'two-forward':
+        cfg.test_cfg.method.type = 'tent_two_forward'
+    cfg.work_dir = work_dir
+    cfg.experiment_name = f'loop_{method}_{uuid.uuid4().hex[:6]}'
+    cfg.load_from = None
+    runner = Runner.from_cfg(cfg)
+    load_segmentor_checkpoint(runner.model, args.checkpoint,
+                              classifier_name=cfg.test_cfg.get('classifier'))
+    return runner
+
+
+def loop_timer():
+    """An observing hook: the time at the end of every batch (CUDA
+    synchronised) and the classifier's calls (``count``, a forward hook)."""
+    from mmengine.hooks import Hook
+
+    class LoopTimer(Hook):
+        priority = 'LOWEST'
+
+        def __init__(self):
+            self.times, self.calls = [], 0
+
+        def count(self, *_):
+            self.calls += 1
+
+        def after_test_iter(self, runner, batch_idx, data_batch=None,
+                            outputs=None):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+
+    return LoopTimer()
+
+
+def images_per_second(times, warmup):
+    """Images per second over the batches after the first ``warmup`` (from
+    the end of the last warm-up batch; from the end of the first batch
+    without warm-up)."""
+    first = max(warmup, 1) - 1
+    seconds = times[-1] - times[first]
+    return (len(times) - 1 - first) / seconds if seconds > 0 else None
+
+
+def method_config(pattern, method):
+    """The config of ``method`` (``two-forward``: TENT's) by ``pattern``
+    (a path with ``{}`` for the method)."""
+    return pattern.format('tent' if method == 'two-forward' else method)
+
+
+def run_method(method, args, work_root):
+    """One method's run (its config by ``args.config_pattern``): images/s
+    after ``args.warmup``, classifier calls per image, mIoU."""
+    config = method_config(args.config_pattern, method)
+    runner = build_runner(config, args, osp.join(work_root, method), method)
+    classifier = runner.model.get_submodule(
+        runner.cfg.test_cfg.get('classifier', 'decode_head.conv_seg'))
+    timer = loop_timer()
+    classifier.register_forward_hook(timer.count)
+    runner.register_hook(timer)
+    metrics = runner.test()
+    return dict(images=len(timer.times),
+                images_per_second=images_per_second(timer.times,
+                                                    args.warmup),
+                classifier_calls_per_image=timer.calls / len(timer.times),
+                mIoU=metrics.get('continual/mIoU'))

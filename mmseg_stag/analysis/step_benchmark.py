@@ -1,0 +1,391 @@
+"""The step benchmark: what STAG adds to one adaptation step.
+
+``tools/benchmark.py`` (and ``tools/gpu_check.py``'s step cost) run, for a
+model and a baseline, one adaptation step of the baseline and one of the
+baseline + STAG, interleaved, each on its own copy of the model and the
+same input, measured by :mod:`mmseg_stag.analysis.meters`. The model is
+driven as the online loop drives it: its task (:func:`build_task`) makes
+the method's context from one preprocessed batch of random images
+(``batch()``), and the method is built by :func:`build_method` and
+configured on the task's adapted module and classifier.
+"""
+import contextlib
+import copy
+import dataclasses
+import os.path as osp
+import statistics
+
+import torch
+import torch.nn as nn
+
+from .meters import PassCounter, PeakMemory, SavedForBackward, StepTimer
+
+#: SegFormers: (config, relative to the repository; backbone overrides;
+#: the head's input channels, None: the config's)
+SEG_MODELS = {
+    'b0': ('configs/stag_acdc/segformer_mit-b5_acdc-continual_tent.py',
+           dict(embed_dims=32, num_layers=[2, 2, 2, 2]), [32, 64, 160, 256]),
+    'b5': ('configs/stag_acdc/segformer_mit-b5_acdc-continual_tent.py', {},
+           None),
+    'b5-nvlabs': (
+        'configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_tent.py',
+        {}, None),
+}
+#: ImageNet classifiers: (MMSeg backbone config, feature dimension)
+IMAGENET_MODELS = {
+    'resnet50': (dict(type='ResNet', depth=50, out_indices=(3, ),
+                      style='pytorch', norm_cfg=dict(type='BN')), 2048),
+    'vit-b16': (dict(type='VisionTransformer', img_size=224, patch_size=16,
+                     embed_dims=768, num_layers=12, num_heads=12,
+                     mlp_ratio=4, out_indices=(11, ), with_cls_token=True,
+                     output_cls_token=True, final_norm=True,
+                     norm_cfg=dict(type='LN', eps=1e-6)), 768),
+}
+#: the paper's setting (Table appendix_hp, mmseg_stag/paper_hparams.py)
+#: whose beta0/gamma the +STAG arm uses (timing does not depend on them)
+STAG_SETTING = {
+    'seg': ('acdc', 'continual', 'segformer-b5'),
+    'resnet50': ('imagenet-c', 'mild', 'resnet50-bn'),
+    'vit-b16': ('imagenet-c', 'mild', 'vit-b16'),
+}
+#: continual CIFAR-C's WideResNets (mmseg_stag.classification), 32x32:
+#: EcoTTA's memory against TENT and CoTTA (the paper's efficiency claim)
+CIFAR_MODELS = {'wrn-40-2': dict(type='WRN40_2_AugMix'),
+                'wrn-28-10': dict(type='WRN28_10_Standard')}
+STAG_SETTING.update({
+    'wrn-40-2': ('cifar100-c', 'continual', 'wrn-40-2'),
+    'wrn-28-10': ('cifar10-c', 'continual', 'wrn-28-10')})
+#: the paper's row of a method whose name there differs
+PAPER_ROW = {'ecotta': 'ecotta-k4'}
+#: the baselines' own settings (their authors' reference defaults), per
+#: kind of model
+BASELINES = {
+    'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt')},
+    'cls': {'tent': dict(type='tent', optimizer=dict(
+        type='SGD', lr=0.00025, momentum=0.9)),
+        # random weights give near-uniform predictions, which EATA's
+        # filters would all reject (no update at all): the filters are
+        # opened so that the step timed is EATA's update on kept samples
+        'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
+    'cifar': {'tent': dict(type='tent', optimizer=dict(
+        type='Adam', lr=1e-3, betas=(0.9, 0.999))),
+        'cotta': dict(type='cotta', ap=0.72, optimizer=dict(
+            type='Adam', lr=1e-3, betas=(0.9, 0.999))),
+        # K=4 meta networks (random: memory and time do not depend on them)
+        'ecotta': dict(type='ecotta')},
+}
+
+
+class BackboneClassifier(nn.Module):
+    """An MMSeg backbone, global pooling (or the class token) and a linear
+    classifier ``fc``: the ResNet-50 / ViT-B/16 ImageNet architectures."""
+
+    def __init__(self, backbone: dict, feature_dim: int,
+                 num_classes: int = 1000):
+        super().__init__()
+        from mmseg.registry import MODELS
+        self.backbone = MODELS.build(dict(backbone, _scope_='mmseg'))
+        self.fc = nn.Linear(feature_dim, num_classes)
+
+    def forward(self, x):
+        out = self.backbone(x)[-1]
+        if isinstance(out, (list, tuple)):  # ViT: [patch map, class token]
+            features = out[1]
+        else:
+            features = out.mean((2, 3))
+        return self.fc(features)
+
+
+def build_model(name, seed=0, root='.'):
+    """The model ``name`` (random weights of a seeded build), in eval mode,
+    as its task takes it: an MMSeg segmentor (its config found under
+    ``root``, the repository), or an ``OnlineClassifier`` over the
+    network."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from mmseg_stag.classification import OnlineClassifier
+    init_default_scope('mmseg')
+    torch.manual_seed(seed)
+    if name in IMAGENET_MODELS or name in CIFAR_MODELS:
+        network = dict(CIFAR_MODELS[name]) if name in CIFAR_MODELS else \
+            dict(type=BackboneClassifier, backbone=IMAGENET_MODELS[name][0],
+                 feature_dim=IMAGENET_MODELS[name][1])
+        return OnlineClassifier(dict(network, _scope_='mmseg_stag')).eval()
+    config, backbone, in_channels = SEG_MODELS[name]
+    cfg = Config.fromfile(osp.join(root, config))
+    cfg.model.backbone.update(backbone)
+    if in_channels:
+        cfg.model.decode_head.in_channels = in_channels
+    return MODELS.build(cfg.model).eval()
+
+
+def random_batch(kind, args):
+    """A loader's batch of random uint8 images: one ``--size`` image with
+    its metainfo for a segmentor, ``--batch-size`` images of
+    ``--cls-size`` (CIFAR: 32) for a classifier."""
+    if kind == 'seg':
+        from mmseg.structures import SegDataSample
+        width, height = args.size
+        meta = dict(ori_shape=(height, width), img_shape=(height, width),
+                    pad_shape=(height, width), padding_size=[0, 0, 0, 0])
+        return dict(inputs=[torch.randint(0, 256, (3, height, width),
+                                          dtype=torch.uint8)],
+                    data_samples=[SegDataSample(metainfo=meta)])
+    from mmengine.structures import BaseDataElement
+    size = args.cls_size if kind == 'cls' else 32
+    return dict(inputs=torch.randint(0, 256, (args.batch_size, 3, size, size),
+                                     dtype=torch.uint8),
+                data_samples=[BaseDataElement()
+                              for _ in range(args.batch_size)])
+
+
+class BenchTask:
+    """How one model is driven: the package's online task on one
+    preprocessed batch (its context: the inputs and the one-pass forward),
+    the baselines on fresh copies of the adapted module, the module whose
+    calls are counted.
+
+    Args:
+        name (str): A model of :data:`SEG_MODELS`, :data:`IMAGENET_MODELS`
+            or :data:`CIFAR_MODELS`.
+        args: ``size`` (segmentation ``(W, H)``), ``cls_size`` and
+            ``batch_size`` (classification).
+        device (str): Where the model and the batch go.
+        root (str): The repository (the SegFormers' configs).
+    """
+
+    def __init__(self, name, args, device, root='.'):
+        from mmseg_stag.engine.online_task import build_task
+        from mmseg_stag.paper_hparams import paper_stag
+        self.name = name
+        self.kind = 'cls' if name in IMAGENET_MODELS else \
+            'cifar' if name in CIFAR_MODELS else 'seg'
+        model = build_model(name, root=root).to(device)
+        self.online = build_task(model, None, None)
+        self.online.setup(None)
+        self.context = self.online.batch(
+            model, random_batch(self.kind, args)).context
+        self.inputs, self.forward = self.context.inputs, self.context.forward
+        #: the classifier's probe (``autocast_dtype``: the forward passes'
+        #: mixed precision)
+        self.probe = self.online.probe
+        #: what the methods adapt, copied for each
+        self.base = self.online.adapted_module(model)
+        setting = STAG_SETTING[name if self.kind != 'seg' else 'seg']
+        self.stag = {m: {k: float(v) for k, v in paper_stag(
+            *setting, PAPER_ROW.get(m, m)).items()}
+                     for m in BASELINES[self.kind]}
+        self.methods = BASELINES[self.kind]
+
+    def counted(self, model):
+        """The module whose calls are forward passes: the decode head's
+        1x1 classifier (MMSeg calls the head's forward directly, without
+        hooks), or the classifier network."""
+        return self.probe.classifier(model) if self.kind == 'seg' else model
+
+    def fresh_context(self):
+        """The batch's context as the method first sees it."""
+        return dataclasses.replace(self.context, stats={})
+
+    def make_method(self, kind, stag):
+        """A configured method on a fresh copy of the model."""
+        from mmseg_stag.core import build_method, use_batch_statistics
+        model = copy.deepcopy(self.base)
+        if kind == 'ecotta':  # EcoTTA's network: K=4 meta networks
+            from mmseg_stag.classification.ecotta_network import (
+                ECOTTA_PRESETS, preset_partition)
+            from mmseg_stag.core.methods.ecotta_networks import (
+                attach_meta_networks, find_blocks)
+            blocks = ECOTTA_PRESETS['WideResNet'][0]
+            attach_meta_networks(model, blocks, preset_partition(
+                'WideResNet', len(find_blocks(model, blocks)), 4))
+            model.to(self.inputs.device)
+        elif self.kind != 'seg':
+            # the classification baselines normalise with batch statistics
+            use_batch_statistics(model)
+        method = build_method(dict(self.methods[kind], stag=stag))
+        method.configure(model, self.probe.classifier(model),
+                         self.online.output)
+        if method.needs_source_data:  # EATA's Fisher, not timed
+            method.fit_source(self.forward, [self.inputs])
+        return method, PassCounter(self.counted(model))
+
+    def ours_step(self, method):
+        with torch.set_grad_enabled(method.updates):
+            return method.adapt(self.fresh_context())[0]
+
+    def two_forward_step(self, method):
+        """CoTTA-style: predict under no_grad, then forward again for the
+        loss."""
+        model = method.model
+        with torch.no_grad():
+            prediction, _ = self.forward(model, self.inputs)
+        with torch.enable_grad():
+            ctx = method.forward_pass(self.fresh_context())
+            loss = method.loss(ctx)
+            method.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            method.optimizer.step()
+        return prediction
+
+
+def mixed_precision(dtype):
+    """``torch.autocast`` with ``dtype`` (``'bf16'``/``'fp16'``) on the
+    device in use, as ``OnlineAdaptationLoop(mixed_precision=...)`` runs a
+    batch; a null context for ``None``."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(
+        device_type='cuda' if torch.cuda.is_available() else 'cpu',
+        dtype=dict(bf16=torch.bfloat16, fp16=torch.float16)[dtype])
+
+
+def measure(step, method, counter, dtype=None):
+    f0, b0 = counter.forwards, counter.backwards
+    with PeakMemory() as mem, SavedForBackward(method.model) as saved:
+        with StepTimer() as timer, mixed_precision(dtype):
+            step(method)
+        seconds = timer.seconds
+    return dict(seconds=seconds, peak_mb=mem.delta_mb, saved_mb=saved.mb,
+                activations_mb=saved.activations_mb,
+                forwards=counter.forwards - f0,
+                backwards=counter.backwards - b0)
+
+
+def interleave(arms, steps, warmup, dtype=None):
+    """``arms``: name -> (step function, method, counter). Runs warm-up
+    steps, then ``steps`` rounds of every arm in turn."""
+    records = {name: [] for name in arms}
+    for i in range(warmup + steps):
+        order = list(arms) if i % 2 == 0 else list(reversed(arms))
+        for name in order:
+            step, method, counter = arms[name]
+            with counter:
+                rec = measure(step, method, counter, dtype)
+            if i >= warmup:
+                records[name].append(rec)
+    return records
+
+
+def summary(records):
+    medians = {k: statistics.median(r[k] for r in records)
+               for k in ('seconds', 'peak_mb', 'saved_mb', 'activations_mb',
+                         'forwards', 'backwards')}
+    # the fastest step: the estimate least affected by other load on the
+    # machine (what ``timeit`` reports)
+    medians['seconds_min'] = min(r['seconds'] for r in records)
+    return medians
+
+
+def ratio_stats(a, b, key):
+    ratios = [y[key] / x[key] for x, y in zip(a, b) if x[key] > 0]
+    if not ratios:
+        return None
+    return dict(median=statistics.median(ratios), min=min(ratios),
+                max=max(ratios))
+
+
+def time_stag_term(task, kind, stag, repeats=10):
+    """Median seconds of the STAG term alone, forward and backward, on the
+    classifier inputs/outputs of one real forward of the model as ``kind``
+    configures it (TENT/BN Adapt freeze the classifier, so the term takes
+    its projections from the logits): what +STAG adds to a step, measured
+    without the noise of the whole step."""
+    from mmseg_stag.core import STAGLoss, mean_over_outputs
+    method, _ = task.make_method(kind, stag)
+    model = method.model
+    with torch.no_grad():
+        _, head_outputs = task.forward(model, task.inputs)
+    classifier = task.probe.classifier(model)
+    loss_fn = STAGLoss()
+    beta = stag['beta0']
+    times = []
+    for i in range(repeats + 1):
+        leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
+                  for f, z in head_outputs]
+        with StepTimer() as timer:
+            loss = mean_over_outputs(
+                lambda f, z: loss_fn(f, z, classifier.weight,
+                                     classifier.bias), leaves)
+            (beta * loss).backward()
+        if i:  # the first call computes the (cached) anchors
+            times.append(timer.seconds)
+    return statistics.median(times)
+
+
+def run_model(name, args, device, root='.'):
+    """Every baseline of ``args.methods`` the model has, against its
+    +STAG arm (and TENT against the two-forward reference unless
+    ``args.skip_reference``): ``args.steps`` interleaved steps per arm
+    after ``args.warmup``, printed and returned per baseline."""
+    task = BenchTask(name, args, device, root)
+    results = {}
+    for kind in args.methods:
+        if kind not in task.methods:
+            continue
+        arms = {}
+        for label, stag in ((kind, None), (f'{kind}+stag', task.stag[kind])):
+            method, counter = task.make_method(kind, stag)
+            arms[label] = (task.ours_step, method, counter)
+        if kind == 'tent' and not args.skip_reference:
+            method, counter = task.make_method('tent', None)
+            arms['tent two-forward reference'] = (task.two_forward_step,
+                                                  method, counter)
+        records = interleave(arms, args.steps, args.warmup,
+                             args.mixed_precision)
+        res = {label: dict(summary(recs), steps=recs)
+               for label, recs in records.items()}
+        plus = f'{kind}+stag'
+        res['stag_time_ratio'] = ratio_stats(records[kind], records[plus],
+                                             'seconds')
+        res['stag_memory_ratio'] = ratio_stats(records[kind], records[plus],
+                                               'peak_mb')
+        res['stag_saved_ratio'] = ratio_stats(records[kind], records[plus],
+                                              'saved_mb')
+        term = time_stag_term(task, kind, task.stag[kind])
+        res['stag_term'] = dict(seconds=term,
+                                fraction_of_step=term / res[kind]['seconds'])
+        if 'tent two-forward reference' in records:
+            res['speedup_vs_two_forward'] = ratio_stats(
+                records['tent'], records['tent two-forward reference'],
+                'seconds')
+        results[kind] = res
+        print_table(name, kind, res)
+    if 'ecotta' in results:
+        results['activations_mb'] = compare_activations(name, results)
+    return results
+
+
+def compare_activations(name, results):
+    """EcoTTA's claim: the activations kept for backward per update, of
+    every method run on the model, and their ratio to EcoTTA's."""
+    acts = {kind: res[kind]['activations_mb'] for kind, res in
+            results.items() if isinstance(res, dict) and kind in res}
+    print(f'\n{name}: activations kept for backward (largest graph of a '
+          'step): ' + ', '.join(
+              f'{k} {v:.1f} MB ({v / acts["ecotta"]:.1f}x EcoTTA)'
+              for k, v in acts.items()))
+    return acts
+
+
+def print_table(name, kind, res):
+    print(f'\n{name} {kind}')
+    print(f"{'arm':32s} {'time s':>9s} {'min s':>9s} {'peak MB':>9s} "
+          f"{'saved MB':>9s} {'act MB':>9s} {'fwd':>4s} {'bwd':>4s}")
+    for label, r in res.items():
+        if isinstance(r, dict) and 'peak_mb' in r:
+            print(f"{label:32s} {r['seconds']:9.3f} {r['seconds_min']:9.3f} "
+                  f"{r['peak_mb']:9.1f} {r['saved_mb']:9.1f} "
+                  f"{r['activations_mb']:9.1f} "
+                  f"{r['forwards']:4.0f} {r['backwards']:4.0f}")
+    for key in ('stag_time_ratio', 'stag_memory_ratio', 'stag_saved_ratio',
+                'speedup_vs_two_forward'):
+        r = res.get(key)
+        if r:
+            print(f'{key:32s} {r["median"]:.4f} (min {r["min"]:.4f}, '
+                  f'max {r["max"]:.4f})')
+    term = res['stag_term']
+    print(f"{'STAG term alone (fwd+bwd)':32s} {term['seconds']:.4f} s = "
+          f"{100 * term['fraction_of_step']:.2f} % of the baseline step")
