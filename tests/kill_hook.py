@@ -7,17 +7,6 @@ import signal
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from mmseg_stag.engine import batch_stage
-
-
-def batch_metas(data_batch: dict) -> list:
-    """The metainfo of a batch's samples (first view of a multi-view
-    segmentation batch)."""
-    samples = data_batch['data_samples']
-    if samples and isinstance(samples[0], (list, tuple)):
-        samples = samples[0]
-    return [s.metainfo for s in samples]
-
 
 @HOOKS.register_module()
 class KillAtStage(Hook):
@@ -31,7 +20,8 @@ class KillAtStage(Hook):
         if not at:
             return
         stage, nth = map(int, at.split(','))
-        current = batch_stage(batch_metas(data_batch))
+        # the loop's schedule says where the batch is in the stream
+        current = runner.test_loop.schedule[batch_idx].stage.index
         self.seen[current] = self.seen.get(current, 0) + 1
         if current == stage and self.seen[current] == nth:
             os.kill(os.getpid(), signal.SIGKILL)

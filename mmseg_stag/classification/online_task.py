@@ -36,7 +36,7 @@ class ClassificationTask(OnlineTask):
             return samples
 
         return OnlineBatch(BatchContext(data['inputs'], self.probe),
-                           [s.metainfo for s in samples], to_outputs)
+                           to_outputs)
 
     def source_batches(self, model, dataloader):
         def inputs():

@@ -7,6 +7,7 @@ from mmengine.dataset import DefaultSampler
 from mmengine.structures import BaseDataElement
 from torch.utils.data import Dataset, Sampler
 
+from mmseg_stag.engine.stream import StreamStage, dataset_stages, stage_of
 from mmseg_stag.registry import DATA_SAMPLERS, DATASETS
 from .data import CORRUPTIONS, StreamData, build_corruption_sets
 from .registry import CLS_DATASETS
@@ -48,25 +49,24 @@ class CorruptionStream(Dataset):
         self.stages = build_stream(dict(scenario or dict(type='mild')),
                                    self.data, shuffle_seed)
         self.order = np.concatenate([s.indices for s in self.stages])
-        self.stage_index = np.repeat(
-            np.arange(len(self.stages)), [len(s.indices) for s in self.stages])
+        bounds = np.cumsum([0] + [len(s.indices) for s in self.stages])
+        self._stream_stages = [
+            StreamStage(k, 1, s.name, int(bounds[k]), int(bounds[k + 1]),
+                        s.reset) for k, s in enumerate(self.stages)]
         self.metainfo = dict(corruptions=list(self.data.names),
                              task=self.task)
 
     def __len__(self) -> int:
         return len(self.order)
 
-    def stage_of(self, index: int):
-        """Return ``(stage, reset)`` of item ``index``."""
-        k = int(self.stage_index[index])
-        return k, self.stages[k].reset
+    def stream_stages(self) -> List[StreamStage]:
+        """Return the scenario's stages, one round."""
+        return self._stream_stages
 
     def __getitem__(self, index: int) -> dict:
-        k = int(self.stage_index[index])
         image, label, domain = self.data.item(int(self.order[index]))
-        return classification_sample(
-            image, label, stage=k, round=1, condition=self.stages[k].name,
-            corruption=self.data.names[domain], reset=self.stages[k].reset)
+        return classification_sample(image, label,
+                                     corruption=self.data.names[domain])
 
 
 @DATASETS.register_module()
@@ -104,13 +104,13 @@ class StageBatchSampler(Sampler):
                              'sampler=dict(type=\'DefaultSampler\', '
                              'shuffle=False)')
         self.sampler, self.batch_size = sampler, int(batch_size)
-        self.dataset = sampler.dataset
+        self.stages = dataset_stages(sampler.dataset)
         self._len = None  # counted once: the loader asks for it every log
 
     def __iter__(self) -> Iterator[List[int]]:
         batch, stage = [], None
         for index in self.sampler:
-            this = self.dataset.stage_of(index)[0]
+            this = stage_of(self.stages, index).index
             if batch and (this != stage or len(batch) == self.batch_size):
                 yield batch
                 batch = []

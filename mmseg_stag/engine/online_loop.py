@@ -12,15 +12,15 @@ from mmengine.runner import TestLoop
 from torch.utils.data import DataLoader
 
 from mmseg_stag.core import use_batch_statistics
-from mmseg_stag.core.run_state import (flatten_settings, load_run_state,
-                                       rng_state, save_run_state,
-                                       set_rng_state, settings_differences,
-                                       weights_fingerprint)
+from mmseg_stag.core.run_state import (identity_differences, load_run_state,
+                                       rng_state, run_identity,
+                                       save_run_state, set_rng_state)
 from .launch_guard import DISTRIBUTED_ERROR  # noqa: F401 (its old home)
 from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
 from .step_stats import StepStats
+from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
 MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
@@ -40,8 +40,8 @@ class OnlineAdaptationLoop(TestLoop):
 
     Args:
         runner (Runner): The runner.
-        dataloader (DataLoader | dict): The stream, in order; samples carry
-            ``stage``/``round``/``condition`` tags and optionally ``reset``.
+        dataloader (DataLoader | dict): The stream, in order; its dataset
+            declares the stages (``stream_stages()``, else one stage).
         evaluator (Evaluator | dict | list): E.g. ``ContinualIoUMetric``.
         method (dict): Config of a ``mmseg_stag.core.METHODS`` method, e.g.
             ``dict(type='tent', stag=dict(beta0=500, gamma=35))``.
@@ -138,7 +138,9 @@ class OnlineAdaptationLoop(TestLoop):
         if self.method.needs_source_data:  # a missing folder fails here
             self.source_dataloader = runner.build_dataloader(
                 source_dataloader, seed=runner.seed)
-        self.batch_stages = stream_batches(self.dataloader)
+        self.schedule = StreamSchedule(
+            dataset_stages(self.dataloader.dataset),
+            self.dataloader.batch_sampler)
 
     @staticmethod
     def _model(runner):
@@ -166,7 +168,7 @@ class OnlineAdaptationLoop(TestLoop):
         if self.bn_batch_stats:
             use_batch_statistics(adapted)
         self.source_state = None
-        if any(b.restarts for b in self.batch_stages):
+        if self.schedule.restarts:
             self.source_state = {k: v.detach().clone()
                                  for k, v in adapted.state_dict().items()}
         self.configure_method()
@@ -178,7 +180,7 @@ class OnlineAdaptationLoop(TestLoop):
         if self.resume:
             start, rng = self.load_state(identity)
         elif self.source_dataloader is not None and not (
-                self.batch_stages and self.batch_stages[0].restarts):
+                self.schedule[0].stage.reset):
             self.fit_source()
         num = sum(p.numel() for _, p in self.method.params)
         print_log(f'online adaptation ({self.task.name}): {self.method!r}; '
@@ -187,16 +189,15 @@ class OnlineAdaptationLoop(TestLoop):
         batches = iter(self.batches_from(start))
         if rng is not None:  # after the loader drew its seed, as at start
             set_rng_state(rng)
-        num_updates = 0
+        self.num_updates = 0
         for idx, data_batch in enumerate(batches, start):
-            info = self.batch_stages[idx]
-            if info.restarts:
-                num_updates += self.method.num_updates
-                self.restart(info.stage)
+            position = self.schedule[idx]
+            if position.starts:
+                self.start_stage(position.stage)
             self.run_iter(idx, data_batch)
-            if stateful and info.ends_stage:
-                self.end_stage(idx + 1, identity)
-        num_updates += self.method.num_updates
+            if position.ends:
+                self.end_stage(idx + 1, identity, stateful)
+        num_updates = self.num_updates + self.method.num_updates
         print_log(f'online adaptation: {num_updates} update steps',
                   logger='current')
         for metric in self.evaluator.metrics:
@@ -213,7 +214,17 @@ class OnlineAdaptationLoop(TestLoop):
         self.method.configure(adapted, self.task.probe.classifier(adapted),
                               self.task.output)
 
-    def restart(self, stage) -> None:
+    def start_stage(self, stage: StreamStage) -> None:
+        """Open ``stage``: restart if it resets, tell the method and metrics."""
+        if stage.reset:
+            self.num_updates += self.method.num_updates
+            self.restart(stage.index)
+        self.method.start_stage(stage.index)
+        for metric in self.evaluator.metrics:
+            if hasattr(metric, 'start_stage'):
+                metric.start_stage(stage)
+
+    def restart(self, stage: int) -> None:
         """Restart from the source weights and a fresh method at ``stage``."""
         torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(stage))
         adapted = self.task.adapted_module(self._model(self.runner))
@@ -226,8 +237,7 @@ class OnlineAdaptationLoop(TestLoop):
 
     def run_identity(self, model) -> dict:
         """Return the config settings and weights fingerprint of the run."""
-        settings = flatten_settings(self.runner.cfg.to_dict())
-        return dict(config=settings, weights=weights_fingerprint(model))
+        return run_identity(self.runner.cfg.to_dict(), model)
 
     def check_stateful(self) -> bool:
         """Return whether the run state can be saved.
@@ -248,12 +258,13 @@ class OnlineAdaptationLoop(TestLoop):
                       logger='current', level=30)
         return not lacking
 
-    def end_stage(self, batches_done: int, identity: dict) -> None:
+    def end_stage(self, batches_done: int, identity: dict,
+                  stateful: bool) -> None:
         """Close the stage in the metrics and save the run state."""
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'end_stage'):
                 metric.end_stage()
-        if not self.save_state:
+        if not (stateful and self.save_state):
             return
         save_run_state(self.state_path, dict(
             identity=identity, batches_done=int(batches_done),
@@ -273,12 +284,8 @@ class OnlineAdaptationLoop(TestLoop):
         """
         path = self.state_path
         state = load_run_state(path)
-        diffs = settings_differences(state['identity']['config'],
-                                     identity['config'], RESUME_IGNORES)
-        if state['identity']['weights'] != identity['weights']:
-            diffs.append('the starting weights (checkpoint): '
-                         f"{state['identity']['weights'][:12]} -> "
-                         f"{identity['weights'][:12]}")
+        diffs = identity_differences(state['identity'], identity,
+                                     RESUME_IGNORES)
         if diffs:
             raise ValueError(
                 f'cannot resume from {path}: it was written by another run '
@@ -348,7 +355,6 @@ class OnlineAdaptationLoop(TestLoop):
         self.runner.call_hook(
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
         batch = self.task.batch(self._model(self.runner), data_batch)
-        self.method.on_stage(batch_stage(batch.metas))
         # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
         with torch.set_grad_enabled(self.method.updates):
             prediction, stats = self.method.adapt(batch.context)
@@ -367,9 +373,8 @@ class OnlineAdaptationLoop(TestLoop):
         At the logger's interval, a stage end and the last batch: reading a
         statistic waits for the device, so it is not done every step.
         """
-        info = self.batch_stages[idx]
-        return (idx + 1) % self.log_interval == 0 or info.ends_stage or \
-            idx + 1 == len(self.batch_stages)
+        return (idx + 1) % self.log_interval == 0 or \
+            self.schedule[idx].ends or idx + 1 == len(self.schedule)
 
     @property
     def log_interval(self) -> int:
@@ -388,64 +393,3 @@ class OnlineAdaptationLoop(TestLoop):
         if self.mixed_precision == 'fp16' and self.method.updates:
             # fp16 gradients underflow (TENT's full-size CE: ~1/2M a pixel)
             self.method.use_grad_scaler(self.device_type)
-
-
-class BatchStage:
-    """Position of a batch in the stream.
-
-    Args:
-        stage (int, optional): The batch's stage tag.
-        restarts (bool): Whether it starts a stage tagged ``reset``.
-        ends_stage (bool): Whether it is its stage's last batch.
-    """
-
-    def __init__(self, stage, restarts: bool, ends_stage: bool):
-        self.stage, self.restarts, self.ends_stage = \
-            stage, restarts, ends_stage
-
-
-def sample_stage(dataset, index: int):
-    """Return ``(stage, reset)`` of one sample; ``(None, False)`` untagged."""
-    if hasattr(dataset, 'stage_of'):
-        return dataset.stage_of(index)
-    if hasattr(dataset, 'get_data_info'):
-        info = dataset.get_data_info(index)
-        return info.get('stage'), bool(info.get('reset', False))
-    return None, False
-
-
-def stream_batches(loader) -> List[BatchStage]:
-    """Return the :class:`BatchStage` of each batch of ``loader``.
-
-    Raises:
-        ValueError: If a batch spans two stages.
-    """
-    dataset = loader.dataset
-    stages = []
-    for indices in loader.batch_sampler:
-        tags = {sample_stage(dataset, int(i)) for i in indices}
-        if len(tags) > 1:
-            raise ValueError(
-                f'a batch spans several stages {sorted(tags, key=str)}; use '
-                'batch size 1 or a stage-aligned batch sampler '
-                '(StageBatchSampler)')
-        stages.append(tags.pop())
-    out = []
-    for k, (stage, reset) in enumerate(stages):
-        first = k == 0 or stages[k - 1][0] != stage
-        last = k + 1 == len(stages) or stages[k + 1][0] != stage
-        out.append(BatchStage(stage, bool(reset) and first, last))
-    return out
-
-
-def batch_stage(metas) -> Optional[int]:
-    """Return the stage tag shared by a batch's images (None untagged).
-
-    Raises:
-        ValueError: If the images have different stages.
-    """
-    stages = {meta.get('stage') for meta in metas}
-    if len(stages) > 1:
-        raise ValueError(f'a batch spans several stages {sorted(stages)}; '
-                         'use batch size 1 or stage-aligned batches')
-    return stages.pop() if stages else None

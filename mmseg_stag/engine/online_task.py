@@ -1,6 +1,6 @@
 """The task interface of the online loop: batches in, data samples out."""
 from abc import ABC, abstractmethod
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -82,14 +82,12 @@ class OnlineBatch:
 
     Args:
         context (BatchContext): What the method sees.
-        metas (list[dict]): Each sample's metainfo, with the stage tags.
         to_outputs (callable): Maps the prediction to the data samples.
     """
 
-    def __init__(self, context: BatchContext, metas: List[dict],
+    def __init__(self, context: BatchContext,
                  to_outputs: Callable[[torch.Tensor], list]):
-        self.context, self.metas, self.to_outputs = context, metas, \
-            to_outputs
+        self.context, self.to_outputs = context, to_outputs
 
 
 def build_task(model: nn.Module, task: Optional[str],

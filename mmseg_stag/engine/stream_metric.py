@@ -9,15 +9,17 @@ from mmengine.evaluator import BaseMetric
 from mmengine.logging import print_log
 from mmengine.structures import BaseDataElement
 
+from .stream import StreamStage
 from .report import (append_partial, format_table, mean_ignoring_nan,
                      write_results)
-
-#: the tags every sample of a stream carries (dataset metainfo)
-STREAM_TAGS = ('stage', 'round', 'condition')
 
 
 class StreamMetric(BaseMetric):
     """Base metric that scores an online stream per stage.
+
+    ``OnlineAdaptationLoop`` opens each stage (:meth:`start_stage`) before
+    its first batch and closes it (:meth:`end_stage`) after its last: each
+    image's record carries the open stage's tags.
 
     Args:
         output_dir (str, optional): Where results are written. Default: None
@@ -37,7 +39,7 @@ class StreamMetric(BaseMetric):
         self.output_dir = output_dir
         #: facts of the run the loop adds to the results (update steps)
         self.run_info: dict = {}
-        self._current: Optional[int] = None  # stage of the last image
+        self._current: Optional[StreamStage] = None  # the open stage
         self._partial_started = False
         self._batches = 0  # batches processed (an image's ``batch``)
 
@@ -62,30 +64,28 @@ class StreamMetric(BaseMetric):
     def write_records(self, results: List[dict]) -> None:
         """Write per-image files of the run (none by default)."""
 
+    def start_stage(self, stage: StreamStage) -> None:
+        """Open ``stage``: the next images are its."""
+        self.end_stage()
+        self._current = stage
+
     def process(self, data_batch, data_samples: Sequence) -> None:
-        """Append each image's stream tags and numbers to ``results``.
+        """Append each image's numbers and its stage's tags to ``results``.
 
         Raises:
-            KeyError: If a sample lacks a stream tag.
+            RuntimeError: If no stage is open (not run by the online loop).
         """
+        if self._current is None:
+            raise RuntimeError(
+                f'{type(self).__name__} scores an online stream: '
+                'OnlineAdaptationLoop opens its stages (start_stage); set '
+                "test_cfg=dict(type='OnlineAdaptationLoop', ...)")
+        tags = self._current.tags()
         for sample in data_samples:
             if isinstance(sample, BaseDataElement):
                 sample = sample.to_dict()
-            missing = [k for k in STREAM_TAGS if k not in sample]
-            if missing:
-                raise KeyError(
-                    f'{type(self).__name__}: sample {sample.get("img_path")} '
-                    f'has no {missing}: the stream dataset must tag every '
-                    f'sample with {STREAM_TAGS} (for segmentation, add them '
-                    'to PackSegInputs meta_keys: CONTINUAL_META_KEYS)')
-            stage = int(sample['stage'])
-            if self._current is not None and stage != self._current:
-                self._finish_stage(self._current)
-            self._current = stage
-            self.results.append(dict(
-                self.image_record(sample), stage=stage,
-                round=int(sample['round']),
-                condition=str(sample['condition']), batch=self._batches))
+            self.results.append(dict(self.image_record(sample), **tags,
+                                     batch=self._batches))
         self._batches += 1
 
     def stage_results(self, results: List[dict]) -> List[dict]:
@@ -96,9 +96,9 @@ class StreamMetric(BaseMetric):
         return [self.stage_result(records) for records in stages.values()]
 
     def end_stage(self) -> None:
-        """Close the current stage: log it, append it to the partial file."""
+        """Close the open stage: log it, append it to the partial file."""
         if self._current is not None:
-            self._finish_stage(self._current)
+            self._finish_stage(self._current.index)
         self._current = None
 
     def state_dict(self) -> dict:

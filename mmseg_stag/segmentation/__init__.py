@@ -2,8 +2,7 @@
 from mmseg.registry import MODELS
 
 from mmseg_stag.core import STAGLoss
-from .datasets import (CONTINUAL_META_KEYS, STREAM_TAGS, ACDCContinualDataset,
-                       ScaleFlipViews)
+from .datasets import ACDCContinualDataset, ScaleFlipViews
 from .evaluation import ContinualIoUMetric
 from .methods import (SEGMENTATION_METHODS, SegmentationBatchContext,
                       SegmentationCoTTA, SegmentationTENT, View)
@@ -18,8 +17,7 @@ MODELS.register_module(module=STAGLoss)
 __all__ = [
     'SegmentationTask', 'SEGMENTATION_METHODS', 'SegmentationBatchContext',
     'SegmentationTENT', 'SegmentationCoTTA', 'View',
-    'ACDCContinualDataset', 'CONTINUAL_META_KEYS', 'STREAM_TAGS',
-    'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
+    'ACDCContinualDataset', 'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
     'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',
     'convert_nvlabs_checkpoint'
 ]

@@ -1,6 +1,6 @@
 """Segmentation task of ``OnlineAdaptationLoop`` for MMSeg segmentors."""
 import functools
-from typing import List, Optional
+from typing import Optional
 
 import torch
 from mmengine.structures import PixelData
@@ -101,7 +101,7 @@ class SegmentationTask(OnlineTask):
             # CoTTA predicts labels at the original size
             return set_labels(data_samples, prediction)
 
-        return OnlineBatch(ctx, metas, to_outputs)
+        return OnlineBatch(ctx, to_outputs)
 
     def source_batches(self, model, dataloader):
         def inputs():
@@ -188,9 +188,3 @@ def set_labels(data_samples: list, labels: torch.Tensor) -> list:
                              f' for an image of original size {shape}')
         sample.set_data(dict(pred_sem_seg=PixelData(data=label[None])))
     return data_samples
-
-
-def batch_metas(data_batch: dict) -> List[dict]:
-    """Return the metainfo of a batch's images (first view)."""
-    return [sample.metainfo
-            for sample in split_views(data_batch)[0]['data_samples']]

@@ -57,21 +57,24 @@ def test_continual_and_bs1_streams(stream, names):
     assert all(s.reset for s in bs1)
 
 
-def test_stream_dataset_tags_and_stage_aligned_batches(stream, names):
+def test_stream_dataset_stages_and_stage_aligned_batches(stream, names):
     from mmengine.dataset import DefaultSampler
 
     from mmseg_stag.classification import (CorruptionStream,
                                            StageBatchSampler)
+    from mmseg_stag.engine.stream import StreamStage
     _, root = stream
     ds = CorruptionStream(dict(type='CIFARC', data_root=root),
                           corruptions=names, scenario=dict(type='mild'),
                           shuffle_seed=1)
     stages = build_stream(dict(type='mild'), ds.data, 1)
     assert len(ds) == 120
+    assert ds.stream_stages() == [
+        StreamStage(k, 1, name, 40 * k, 40 * (k + 1), reset=True)
+        for k, name in enumerate(names)]
     item = ds[41]  # the second image of the second stage
     meta = item['data_samples'].metainfo
-    assert meta['stage'] == 1 and meta['condition'] == names[1]
-    assert meta['corruption'] == names[1] and meta['reset'] is True
+    assert meta['corruption'] == names[1]
     image, label, _ = ds.data.item(int(stages[1].indices[1]))
     assert meta['gt_label'] == label and torch.equal(item['inputs'], image)
     batches = list(StageBatchSampler(DefaultSampler(ds, shuffle=False), 16))

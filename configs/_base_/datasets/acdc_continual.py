@@ -4,15 +4,11 @@
 # resized back to the original 1920x1080 for the metric.
 dataset_type = 'ACDCContinualDataset'
 data_root = 'data/acdc'
-# MMSeg's PackSegInputs keys + the stream tags the per-stage metric needs
-continual_meta_keys = ('img_path', 'seg_map_path', 'ori_shape', 'img_shape',
-                       'pad_shape', 'scale_factor', 'flip', 'flip_direction',
-                       'reduce_zero_label', 'stage', 'round', 'condition')
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(960, 540), keep_ratio=True),
     dict(type='LoadAnnotations'),
-    dict(type='PackSegInputs', meta_keys=continual_meta_keys),
+    dict(type='PackSegInputs'),
     dict(type='LabelsAsUint8'),  # 1 byte a pixel to the GPU, not int64's 8
 ]
 # loader for a GPU: pinned batches copy asynchronously; 4 workers decode

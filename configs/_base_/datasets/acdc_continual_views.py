@@ -15,8 +15,7 @@ test_pipeline = [
         flip=True,
         load_label=True,
         transforms=[
-            dict(type='PackSegInputs',
-                 meta_keys={{_base_.continual_meta_keys}}),
+            dict(type='PackSegInputs'),
         ]),
 ]
 test_dataloader = dict(dataset=dict(pipeline=test_pipeline))

@@ -5,7 +5,7 @@ test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(256, 128), keep_ratio=True),
     dict(type='LoadAnnotations'),
-    dict(type='PackSegInputs', meta_keys={{_base_.continual_meta_keys}}),
+    dict(type='PackSegInputs'),
 ]
 test_dataloader = dict(
     num_workers=0,

@@ -199,9 +199,12 @@ class BaseMethod:
     def load_source_statistics(self, statistics: Any) -> None:
         """Use :meth:`source_statistics` of an earlier fit instead."""
 
-    def on_stage(self, stage) -> None:
-        """Restart ``t`` and/or the optimizer on a new stage, if set."""
-        if stage != self.stage and self.stage is not None:
+    def start_stage(self, stage: int) -> None:
+        """Restart ``t`` and/or the optimizer at a new stage, if set.
+
+        The online loop calls it at the first batch of each stage.
+        """
+        if self.stage is not None and stage != self.stage:
             if self.reset_beta_per_stage:
                 self.step = 0
             if self.reset_optimizer_per_stage and self.optimizer is not None:

@@ -1,28 +1,12 @@
 """The continual ACDC stream as one MMSeg dataset."""
-import inspect
 import os
 import os.path as osp
 from typing import List, Sequence
 
 from mmseg.datasets import BaseSegDataset, CityscapesDataset
-from mmseg.datasets.transforms import PackSegInputs
 from mmseg.registry import DATASETS
 
-#: the tags every sample of the stream carries
-STREAM_TAGS = ('stage', 'round', 'condition')
-
-
-def _default_pack_meta_keys() -> tuple:
-    """Return ``PackSegInputs``' default ``meta_keys`` in this MMSeg."""
-    default = inspect.signature(
-        PackSegInputs.__init__).parameters['meta_keys'].default
-    return tuple(default)
-
-
-#: MMSeg's default ``PackSegInputs`` meta keys plus the stream tags
-CONTINUAL_META_KEYS = _default_pack_meta_keys() + tuple(
-    k for k in STREAM_TAGS if k not in _default_pack_meta_keys())
-
+from mmseg_stag.engine.stream import StreamStage, stages_from_tags
 
 @DATASETS.register_module()
 class ACDCContinualDataset(BaseSegDataset):
@@ -128,6 +112,7 @@ class ACDCContinualDataset(BaseSegDataset):
         """
         per_condition = [self._condition_files(c) for c in self.conditions]
         data_list = []
+        self._stream_stages = None
         for round_idx in range(self.rounds):
             for cond_idx, (condition, files) in enumerate(
                     zip(self.conditions, per_condition)):
@@ -142,3 +127,10 @@ class ACDCContinualDataset(BaseSegDataset):
                              round=round_idx + 1,
                              condition=condition))
         return data_list
+
+    def stream_stages(self) -> List[StreamStage]:
+        """Return the stages: one per round and condition, never reset."""
+        if getattr(self, '_stream_stages', None) is None:
+            self._stream_stages = stages_from_tags(
+                [self.get_data_info(i) for i in range(len(self))])
+        return self._stream_stages

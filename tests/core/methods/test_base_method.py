@@ -200,7 +200,7 @@ def test_beta_decays_per_update_and_optional_stage_reset():
         model)
     seen = []
     for stage in (0, 0, 1, 1):
-        method.on_stage(stage)
+        method.start_stage(stage)
         _, stats = adapt(method, FORWARD, x)
         seen.append(stats['beta'])
     assert seen == pytest.approx([10.0, 10.0 * math.exp(-0.5)] * 2)
@@ -235,10 +235,10 @@ def test_optimizer_reset_per_stage():
                             make_model())
         first = method.optimizer
         for stage in (0, 0):
-            method.on_stage(stage)
+            method.start_stage(stage)
             adapt(method, FORWARD, x)
         assert method.optimizer is first and first.state
-        method.on_stage(1)
+        method.start_stage(1)
         assert (method.optimizer is not first) == reset
         assert (len(method.optimizer.state) == 0) == reset
         assert [p for g in method.optimizer.param_groups

@@ -51,7 +51,7 @@ def stream(method, batches, first=0):
     """Predict-then-adapt on ``batches`` (two batches per stage)."""
     predictions = []
     for i, x in enumerate(batches, first):
-        method.on_stage(i // 2)
+        method.start_stage(i // 2)
         predictions.append(adapt(method, CNN_PROBE, x)[0])
     return predictions
 

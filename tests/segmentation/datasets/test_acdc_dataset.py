@@ -14,20 +14,16 @@ from mmengine.config import Config
 from PIL import Image
 
 from demo_data import make_acdc_like_tree
-from mmseg_stag.segmentation.datasets import (CONTINUAL_META_KEYS,
-                                              STREAM_TAGS,
-                                              ACDCContinualDataset)
+from mmseg_stag.engine.stream import StreamStage, dataset_stages, stage_of
+from mmseg_stag.segmentation.datasets import ACDCContinualDataset
 from seg_helpers import REPO
 
 CONDS = ('fog', 'night', 'rain', 'snow')
-MMSEG_PACK_KEYS = ('img_path', 'seg_map_path', 'ori_shape', 'img_shape',
-                   'pad_shape', 'scale_factor', 'flip', 'flip_direction',
-                   'reduce_zero_label')
 PIPELINE = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(64, 32), keep_ratio=True),
     dict(type='LoadAnnotations'),
-    dict(type='PackSegInputs', meta_keys=CONTINUAL_META_KEYS),
+    dict(type='PackSegInputs'),
 ]
 
 
@@ -88,17 +84,31 @@ def test_default_is_the_paper_protocol(acdc):
     assert len(ds.metainfo['classes']) == 19
 
 
-def test_meta_keys_constant():
-    assert STREAM_TAGS == ('stage', 'round', 'condition')
-    assert CONTINUAL_META_KEYS == MMSEG_PACK_KEYS + STREAM_TAGS
+def test_the_dataset_declares_its_stages(acdc):
+    """One stage per round and condition, never reset, tiling the stream;
+    a subset (``indices``) keeps the stages of what is left."""
+    ds = ACDCContinualDataset(data_root=acdc, rounds=2)
+    stages = dataset_stages(ds)
+    assert stages == [StreamStage(r * 4 + c, r + 1, cond, 3 * (r * 4 + c),
+                                  3 * (r * 4 + c + 1))
+                      for r in range(2) for c, cond in enumerate(CONDS)]
+    for i in range(len(ds)):  # the same as each sample's tags
+        info = ds.get_data_info(i)
+        assert stage_of(stages, i).tags() == dict(
+            stage=info['stage'], round=info['round'],
+            condition=info['condition'])
+    part = ACDCContinualDataset(data_root=acdc, rounds=1, indices=4)
+    assert dataset_stages(part) == [StreamStage(0, 1, 'fog', 0, 3),
+                                    StreamStage(1, 1, 'night', 3, 4)]
 
 
-def test_config_meta_keys_match_the_constant():
+def test_config_packs_mmseg_default_keys():
+    """The stages come from the dataset, not the packed samples: the
+    configs keep PackSegInputs' defaults."""
     cfg = Config.fromfile(osp.join(
         REPO, 'configs/_base_/datasets/acdc_continual.py'))
-    assert tuple(cfg.continual_meta_keys) == CONTINUAL_META_KEYS
     pack = [t for t in cfg.test_pipeline if t['type'] == 'PackSegInputs']
-    assert tuple(pack[0]['meta_keys']) == CONTINUAL_META_KEYS
+    assert pack == [dict(type='PackSegInputs')]
 
 
 def test_stream_of_the_shared_tiny_data_through_the_pipeline(tiny_acdc):
@@ -121,8 +131,8 @@ def test_stream_of_the_shared_tiny_data_through_the_pipeline(tiny_acdc):
         osp.join('gt', 'fog', 'train', 'GOPR0400',
                  'GOPR0400_frame_000000_gt_labelTrainIds.png'))
     sample = ds[5]
-    meta = sample['data_samples'].metainfo
-    assert (meta['stage'], meta['round'], meta['condition']) == (2, 1, 'rain')
+    assert stage_of(dataset_stages(ds), 5).tags() == dict(
+        stage=2, round=1, condition='rain')
     labels = set(np.unique(sample['data_samples'].gt_sem_seg.data.numpy()))
     assert labels <= set(range(19)) | {255} and 255 in labels
     assert ds.metainfo['classes'][0] == 'road' and \
@@ -172,8 +182,7 @@ def test_pipeline_carries_tags_and_labels(acdc):
         out = ds[idx]
         sample = out['data_samples']
         meta = sample.metainfo
-        for key in ('stage', 'round', 'condition', 'img_path',
-                    'seg_map_path'):
+        for key in ('img_path', 'seg_map_path'):
             assert meta[key] == info[key], key
         assert out['inputs'].shape == (3, 32, 64)  # resized, ratio kept
         assert meta['ori_shape'] == (48, 96)
@@ -184,9 +193,8 @@ def test_pipeline_carries_tags_and_labels(acdc):
         np.testing.assert_array_equal(gt[0], on_disk)
         assert set(np.unique(gt)) <= set(range(19)) | {255}
         assert 255 in gt and (gt < 19).any()
-    assert ds[13]['data_samples'].metainfo['stage'] == 4
-    assert ds[13]['data_samples'].metainfo['round'] == 2
-    assert ds[13]['data_samples'].metainfo['condition'] == 'fog'
+    assert stage_of(dataset_stages(ds), 13).tags() == dict(
+        stage=4, round=2, condition='fog')
 
 
 def test_lazy_init(acdc):

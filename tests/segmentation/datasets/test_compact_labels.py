@@ -10,13 +10,12 @@ from mmseg.datasets.transforms import LoadAnnotations
 from PIL import Image
 
 from demo_data import make_acdc_like_tree
-from mmseg_stag.segmentation.datasets import (CONTINUAL_META_KEYS,
-                                              ACDCContinualDataset)
+from mmseg_stag.segmentation.datasets import ACDCContinualDataset
 from seg_helpers import REPO
 
 VIEWS = dict(type='ScaleFlipViews', scale=(64, 32), ratios=(0.5, 1.0, 1.5),
              flip=True)
-PACK = dict(type='PackSegInputs', meta_keys=CONTINUAL_META_KEYS)
+PACK = dict(type='PackSegInputs')
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from reference.cotta_acdc_reference import (label_miou, single_gpu_cotta,
 from seg_helpers import SEG_CFG, fresh_model, make_runner
 
 
-def stage_of(batch):
-    """The stage tag of a data batch (one view or several)."""
-    return split_views(batch)[0]['data_samples'][0].metainfo['stage']
+def stage_of(runner, batch_idx):
+    """The stage of a batch, as the loop's schedule has it."""
+    return runner.test_loop.schedule[batch_idx].stage.index
 
 
 class StageEnds(Hook):
@@ -31,7 +31,7 @@ class StageEnds(Hook):
 
     def after_test_iter(self, runner, batch_idx, data_batch=None,
                         outputs=None):
-        self.params[stage_of(data_batch)] = {n: p.detach().clone()
+        self.params[stage_of(runner, batch_idx)] = {n: p.detach().clone()
                               for n, p in self.model.named_parameters()
                               if p.requires_grad}
 
@@ -53,8 +53,9 @@ def run_ours(method, tiny_acdc, checkpoint, work_dir, extra=None):
 def stream_by_stage(runner):
     """The runner's test batches, grouped by stage (CoTTA: one data loader
     per condition and round)."""
-    return [(s, list(b)) for s, b in
-            itertools.groupby(runner.test_dataloader, key=stage_of)]
+    batches = enumerate(runner.test_dataloader)
+    return [(s, [b for _, b in group]) for s, group in itertools.groupby(
+        batches, key=lambda ib: stage_of(runner, ib[0]))]
 
 
 def test_tent_config_is_cottas_single_gpu_tent(tiny_acdc, tiny_checkpoint,

@@ -11,7 +11,7 @@ from seg_helpers import make_runner
 def syncs_per_batch(runner, monkeypatch):
     per_batch = count_loop_syncs(runner.test_loop, monkeypatch)
     runner.test()
-    return per_batch, runner.test_loop.batch_stages
+    return per_batch, runner.test_loop.schedule
 
 
 @pytest.mark.parametrize('method', ['tent-stag', 'bn-adapt-stag'])
@@ -22,7 +22,7 @@ def test_segmentation_step_never_waits_between_reads(
     per_batch, stages = syncs_per_batch(runner, monkeypatch)
     assert len(per_batch) == len(stages) == 8
     for idx, calls in per_batch.items():
-        if stages[idx].ends_stage:  # the statistics are read: once
+        if stages[idx].ends:  # the statistics are read: once
             assert calls == ['tolist'], (idx, calls)
         else:
             assert calls == [], (idx, calls)

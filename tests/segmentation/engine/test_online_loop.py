@@ -16,7 +16,7 @@ from mmengine.hooks import Hook
 
 from mmseg_stag import stag
 from mmseg_stag.core import select_parameters
-from mmseg_stag.engine import batch_stage, online_loop
+from mmseg_stag.engine import online_loop
 from mmseg_stag.engine.online_loop import DISTRIBUTED_ERROR
 from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG, build_from_config,
                          fresh_model, make_runner, tiny_options)
@@ -215,13 +215,6 @@ def test_stage_tags_reach_the_method(reset, tiny_acdc, tiny_checkpoint,
     assert len(lines) == 8
     for line, beta in zip(lines, betas):
         assert f'beta: {beta:.4f}' in line
-
-
-def test_batch_stage():
-    assert batch_stage([dict(stage=3), dict(stage=3)]) == 3
-    assert batch_stage([dict(img_path='x.png')]) is None  # untagged
-    with pytest.raises(ValueError, match=r'several stages \[1, 2\]'):
-        batch_stage([dict(stage=2), dict(stage=1)])
 
 
 def test_bn_adapt_stag_changes_only_affine_params(tiny_acdc, tiny_checkpoint,

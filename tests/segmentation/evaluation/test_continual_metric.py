@@ -3,6 +3,7 @@
 numpy confusion matrix, the mean over stages, results gathered from several
 ranks, files, partial results, table, errors."""
 import csv
+import itertools
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from mmseg.registry import METRICS
 from mmseg.structures import SegDataSample
 
 import mmseg_stag.engine.stream_metric as cm
+from mmseg_stag.engine.stream import StreamStage
 from mmseg_stag.segmentation.evaluation import ContinualIoUMetric
 
 CLASSES = CityscapesDataset.METAINFO['classes']
@@ -31,6 +33,24 @@ def make_sample(pred, label, stage, round_, condition, as_dict=True):
     s.pred_sem_seg = PixelData(data=torch.as_tensor(pred)[None])
     s.gt_sem_seg = PixelData(data=torch.as_tensor(label)[None])
     return s.to_dict() if as_dict else s
+
+
+def open_stage(metric, sample):
+    """Open the sample's stage unless it is open: the loop's stage event."""
+    tags = sample if isinstance(sample, dict) else sample.metainfo
+    stage = StreamStage(tags['stage'], tags['round'], tags['condition'], 0, 1)
+    if getattr(metric, 'fed_stage', None) != stage:
+        metric.start_stage(stage)
+        metric.fed_stage = stage
+
+
+def feed(metric, samples):
+    """Feed samples as the online loop does: one batch per run of samples
+    of one stage, each stage opened before its first batch."""
+    for _, group in itertools.groupby(samples, key=lambda s: s['stage']):
+        group = list(group)
+        open_stage(metric, group[0])
+        metric.process({}, group)
 
 
 def confusion(pairs, num_classes=19, ignore=255):
@@ -82,7 +102,7 @@ def test_hand_computed_stage_accumulates_areas():
     a = make_sample(np.array([[0, 0], [1, 1]]), np.array([[0, 1], [1, 255]]),
                     0, 1, 'fog')
     b = make_sample(np.array([[2, 2]]), np.array([[2, 2]]), 0, 1, 'fog')
-    metric.process({}, [a, b])
+    feed(metric, [a, b])
     res = metric.compute_metrics(metric.results)
     # class 0: 1/2, class 1: 1/2, class 2: 2/2 -> 66.67 (per image: 75)
     assert res['mIoU'] == pytest.approx(200 / 3)
@@ -93,9 +113,9 @@ def test_per_stage_miou_matches_numpy(tmp_path):
     stream, pairs = make_stream()
     metric = ContinualIoUMetric(output_dir=str(tmp_path))
     metric.dataset_meta = CityscapesDataset.METAINFO
-    for i in range(0, len(stream), 2):
-        metric.process({}, stream[i:i + 2])
-    # three stages finished before the end (a batch may span two stages)
+    for i in range(0, len(stream), 3):
+        feed(metric, stream[i:i + 3])
+    # three stages finished before the end
     assert (tmp_path / 'continual_results.partial.jsonl').read_text().count(
         '\n') == 3
     results = metric.compute_metrics(metric.results)
@@ -148,11 +168,12 @@ def test_process_appends_one_record_per_image():
     reads nothing else."""
     stream, pairs = make_stream(seed=5)
     metric = ContinualIoUMetric()
-    metric.process({}, stream[:5])
-    metric.process({}, stream[5:])
+    feed(metric, stream[:5])  # a batch of stage 0, one of stage 1
+    feed(metric, stream[5:])
     assert len(metric.results) == len(stream) == 12
     images = [p for stage in sorted(pairs) for p in pairs[stage]]
-    assert [r['batch'] for r in metric.results] == [0] * 5 + [1] * 7
+    assert [r['batch'] for r in metric.results] == \
+        [0] * 3 + [1] * 2 + [2] + [3] * 3 + [4] * 3
     for record, (stage, round_, cond), (pred, label) in zip(
             metric.results, [(s, r, c) for s, (r, c) in enumerate(STAGES)
                              for _ in range(3)], images):
@@ -184,11 +205,11 @@ def test_results_gathered_from_two_ranks_give_the_same_stages(order,
     that saw the whole stream."""
     stream, _ = make_stream(seed=4)
     single = ContinualIoUMetric(output_dir=str(tmp_path / 'one'))
-    single.process({}, stream)
+    feed(single, stream)
     expected = single.compute_metrics(single.results)
     ranks = [ContinualIoUMetric(), ContinualIoUMetric()]
     for i, sample in enumerate(stream):
-        ranks[i % 2].process({}, [sample])
+        feed(ranks[i % 2], [sample])
     if order == 'concatenated':
         gathered = ranks[0].results + ranks[1].results
     else:
@@ -206,7 +227,7 @@ def test_results_gathered_from_two_ranks_give_the_same_stages(order,
 def test_files_one_entry_per_stage(tmp_path):
     stream, pairs = make_stream(seed=1)
     metric = ContinualIoUMetric(output_dir=str(tmp_path / 'out'))
-    metric.process({}, stream)
+    feed(metric, stream)
     metric.compute_metrics(metric.results)
     out = tmp_path / 'out'
     data = json.loads((out / 'continual_results.json').read_text())
@@ -236,9 +257,9 @@ def test_partial_results_written_as_stages_finish(tmp_path):
     partial = tmp_path / 'continual_results.partial.jsonl'
     partial.write_text('{"stale": "from an older run"}\n')
     metric = ContinualIoUMetric(output_dir=str(tmp_path))
-    metric.process({}, stream[:3])  # stage 0 only: nothing finished yet
+    feed(metric, stream[:3])  # stage 0 only: nothing finished yet
     assert 'stale' in partial.read_text()
-    metric.process({}, stream[3:4])  # stage 1 starts -> stage 0 finished
+    feed(metric, stream[3:4])  # stage 1 starts -> stage 0 finished
     lines = partial.read_text().splitlines()
     assert len(lines) == 1  # the stale file was restarted
     first = json.loads(lines[0])
@@ -247,7 +268,7 @@ def test_partial_results_written_as_stages_finish(tmp_path):
     expected0 = np.nanmean(iou_from_confusion(confusion(pairs[0]))) * 100
     assert first['mIoU'] == pytest.approx(expected0)
     assert first['num_images'] == 3
-    metric.process({}, stream[4:7])  # stage 2 starts
+    feed(metric, stream[4:7])  # stage 2 starts
     assert len(partial.read_text().splitlines()) == 2
     # a crash here leaves stages 0 and 1 on disk; no final files yet
     assert not (tmp_path / 'continual_results.json').exists()
@@ -259,7 +280,7 @@ def test_table_layout_and_log(monkeypatch):
                         lambda msg, *a, **k: logged.append(str(msg)))
     stream, pairs = make_stream(seed=3)
     metric = ContinualIoUMetric()
-    metric.process({}, stream)
+    feed(metric, stream)
     res = metric.compute_metrics(metric.results)
     table = [m for m in logged if 'Round |' in m]
     assert len(table) == 1
@@ -298,6 +319,7 @@ def test_through_mmengine_evaluator(tmp_path):
                     as_dict=False),
     ]
     for s in samples:
+        open_stage(metric, s)
         evaluator.process([s])
     res = evaluator.evaluate(2)
     # stage 0: a 1/1, b 1/2, c 1/2 -> 66.67; stage 1: a 1/1 -> 100
@@ -308,21 +330,20 @@ def test_through_mmengine_evaluator(tmp_path):
     assert data['stages'][1]['per_class_IoU'] == {'a': 100.0, 'b': None,
                                                   'c': None}
     # state is reset: a second evaluation starts from scratch
+    metric.start_stage(StreamStage(0, 1, 'snow', 0, 1))
     evaluator.process([samples[1]])
     assert evaluator.evaluate(1)['continual/mIoU'] == pytest.approx(100.0)
 
 
-def test_missing_tags_and_bad_sizes():
+def test_no_open_stage_and_bad_sizes():
     metric = ContinualIoUMetric()
     sample = make_sample(np.zeros((2, 2), int), np.zeros((2, 2), int), 0, 1,
                          'fog')
-    del sample['stage']
-    with pytest.raises(KeyError, match='meta_keys') as err:
-        metric.process({}, [sample])
-    assert 'stage' in str(err.value) and 'condition' in str(err.value)
+    with pytest.raises(RuntimeError, match='OnlineAdaptationLoop'):
+        metric.process({}, [sample])  # outside the loop: no stage open
     bad = make_sample(np.zeros((2, 2), int), np.zeros((2, 3), int), 0, 1,
                       'fog')
     with pytest.raises(ValueError, match='original image size'):
-        metric.process({}, [bad])
+        feed(metric, [bad])
     with pytest.raises(ValueError, match='no sample'):
         ContinualIoUMetric().compute_metrics([])
