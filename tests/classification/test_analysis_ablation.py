@@ -15,7 +15,7 @@ from test_cls_online import (CIFAR, IMAGENET, checkpoint,  # noqa: F401
 
 @pytest.fixture
 def design_ablation(load_tool):
-    """The command, loaded from tools/analysis/design_ablation.py."""
+    """The command tools/analysis/design_ablation.py, loaded by its path."""
     return load_tool('analysis/design_ablation')
 
 

@@ -20,7 +20,7 @@ from test_cls_online import (CIFAR, checkpoint, killable_config,  # noqa
 
 @pytest.fixture
 def efficiency(load_tool):
-    """The command, loaded from tools/analysis/efficiency.py."""
+    """The command tools/analysis/efficiency.py, loaded by its path."""
     return load_tool('analysis/efficiency')
 
 

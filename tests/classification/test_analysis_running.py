@@ -13,7 +13,7 @@ from test_cls_online import CIFAR, checkpoint, options, run  # noqa: F401
 
 @pytest.fixture
 def running_curves(load_tool):
-    """The command, loaded from tools/analysis/running_curves.py."""
+    """The command tools/analysis/running_curves.py, loaded by its path."""
     return load_tool('analysis/running_curves')
 
 

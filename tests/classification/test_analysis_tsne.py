@@ -16,7 +16,7 @@ from test_cls_online import (CIFAR, checkpoint, killable_config,  # noqa
 
 @pytest.fixture
 def tsne(load_tool):
-    """The command, loaded from tools/analysis/tsne.py."""
+    """The command tools/analysis/tsne.py, loaded by its path."""
     return load_tool('analysis/tsne')
 
 
