@@ -14,9 +14,9 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import MODELS, DefaultScope
 from mmengine.runner import Runner, set_random_seed
 
-from mmseg_stag.core.run_state import (identity_differences, load_run_state,
-                                       rng_state, run_identity,
-                                       set_rng_state)
+from .run_state import (identity_differences, load_run_state,
+                        rng_state, run_identity,
+                        set_rng_state)
 from .online_loop import DISTRIBUTED_ERROR, RESUME_IGNORES, STATE_FILE
 
 

@@ -13,7 +13,7 @@ from reference.adaptation_testbed import (CNN_PROBE, adapt, block_images,
                                           make_cnn)
 
 from mmseg_stag.core import build_method
-from mmseg_stag.core.run_state import rng_state, set_rng_state
+from mmseg_stag.engine.run_state import rng_state, set_rng_state
 
 STAG = dict(beta0=50.0, gamma=5.0)
 SGD = dict(type='SGD', lr=0.05, momentum=0.9)
