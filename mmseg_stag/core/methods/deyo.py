@@ -71,7 +71,9 @@ class DeYO(SampleFilteringMethod):
 
     Args:
         deyo_margin (float): Entropy filter / ``ln C``. Default: 0.5.
-        entropy_margin (float): ``Ent_0`` / ``ln C``. Default: 0.4.
+        reweight_margin (float): ``Ent_0`` / ``ln C``, the entropy of the
+            sample weights (the authors' ``deyo_margin_e0``); no filter.
+            Default: 0.4.
         plpd_threshold (float): PLPD filter. Default: 0.2.
         patch_len (int): Patches per row and column. Default: 4.
         reweight_ent (bool | float): Entropy weight factor. Default: 1.0.
@@ -89,7 +91,7 @@ class DeYO(SampleFilteringMethod):
 
     def __init__(self,
                  deyo_margin: float = 0.5,
-                 entropy_margin: float = 0.4,
+                 reweight_margin: float = 0.4,
                  plpd_threshold: float = 0.2,
                  patch_len: int = 4,
                  reweight_ent: Union[bool, float] = 1.0,
@@ -99,9 +101,9 @@ class DeYO(SampleFilteringMethod):
                  **kwargs):
         if not deyo_margin > 0:
             raise ValueError(f'deyo_margin must be > 0, got {deyo_margin}')
-        if not entropy_margin > 0:
+        if not reweight_margin > 0:
             raise ValueError(
-                f'entropy_margin must be > 0, got {entropy_margin}')
+                f'reweight_margin must be > 0, got {reweight_margin}')
         if int(patch_len) != patch_len or patch_len < 1:
             raise ValueError(f'patch_len must be a positive integer, got '
                              f'{patch_len}')
@@ -110,7 +112,7 @@ class DeYO(SampleFilteringMethod):
                                         momentum=0.9),
             **kwargs)
         self.deyo_margin = float(deyo_margin)
-        self.entropy_margin = float(entropy_margin)
+        self.reweight_margin = float(reweight_margin)
         self.plpd_threshold = float(plpd_threshold)
         self.patch_len = int(patch_len)
         self.reweight_ent = float(reweight_ent)
@@ -127,7 +129,7 @@ class DeYO(SampleFilteringMethod):
         self.exclude_modules(self.exclude_regex)
         self.num_classes = int(classifier.weight.shape[0])
         self.ent_margin = self.deyo_margin * math.log(self.num_classes)
-        self.margin_e0 = self.entropy_margin * math.log(self.num_classes)
+        self.margin_e0 = self.reweight_margin * math.log(self.num_classes)
 
     def select(self, head_outputs, inputs: torch.Tensor, forward):
         """Apply both filters to one batch.
@@ -233,7 +235,7 @@ class DeYO(SampleFilteringMethod):
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +
                 f', deyo_margin={self.deyo_margin}, '
-                f'entropy_margin={self.entropy_margin}, '
+                f'reweight_margin={self.reweight_margin}, '
                 f'plpd_threshold={self.plpd_threshold}, '
                 f'patch_len={self.patch_len}, '
                 f'reweight_ent={self.reweight_ent}, '

@@ -41,7 +41,7 @@ def test_registry_and_defaults():
     m = DeYO()
     assert m.optimizer_cfg == dict(type='SGD', lr=0.00025, momentum=0.9)
     assert m.trainable_cfg == dict(kind='norm_affine')
-    assert (m.deyo_margin, m.entropy_margin, m.plpd_threshold,
+    assert (m.deyo_margin, m.reweight_margin, m.plpd_threshold,
             m.patch_len) == (0.5, 0.4, 0.2, 4)
     assert (m.reweight_ent, m.reweight_plpd) == (1.0, 1.0)
     assert m.exclude_regex == SAR_AUTHORS_EXCLUDE

@@ -27,7 +27,7 @@ METHODS = {
     'sar+stag': dict(type='sar', optimizer=SGD, stag=STAG,
                      entropy_margin=0.9, reset_constant=2.0),
     'deyo+stag': dict(type='deyo', optimizer=SGD, stag=STAG,
-                      entropy_margin=0.9, plpd_threshold=0.0),
+                      reweight_margin=0.9, plpd_threshold=0.0),
     'cotta+stag': dict(type='cotta', optimizer=SGD, stag=STAG,
                        restore_prob=0.3, ap=0.5, num_augs=2),
 }
