@@ -103,7 +103,11 @@ def per_corruption(data: StreamData,
 
 @CLS_SCENARIOS.register_module(name='mild')
 def mild(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
-    """One corruption at a time, shuffled, reset between them."""
+    """One corruption at a time, shuffled, reset between them.
+
+    The paper's batch-size-1 setting (``bs1``) is this stream with the
+    dataloader's ``batch_size=1``.
+    """
     return per_corruption(data, seed, order='shuffle', reset=True, **kwargs)
 
 
@@ -113,12 +117,6 @@ def label_shift(data: StreamData, seed: int = 0,
     """Imbalance ratio inf: each corruption's stream sorted by class."""
     return per_corruption(data, seed, order='class', reset=True,
                           shuffle_class_order=shuffle_class_order, **kwargs)
-
-
-@CLS_SCENARIOS.register_module(name='batch_size_1')
-def batch_size_1(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
-    """Shuffled, reset between corruptions; the dataloader's batch is 1."""
-    return per_corruption(data, seed, order='shuffle', reset=True, **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='continual')

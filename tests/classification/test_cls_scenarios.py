@@ -47,14 +47,14 @@ def test_mild_and_mixed_streams_are_seeded_shuffles(stream, names):
     np.testing.assert_array_equal(idx, again[0].indices)
 
 
-def test_continual_and_bs1_streams(stream, names):
+def test_continual_and_mild_streams(stream, names):
     data, _ = stream
     cont = build_stream(dict(type='continual'), data, 0)
     assert [s.name for s in cont] == list(names)
     assert [s.reset for s in cont] == [True, False, False]
     np.testing.assert_array_equal(cont[1].indices, data.indices_of(names[1]))
-    bs1 = build_stream(dict(type='batch_size_1'), data, 0)
-    assert all(s.reset for s in bs1)
+    mild = build_stream(dict(type='mild'), data, 0)
+    assert all(s.reset for s in mild)
 
 
 def test_stream_dataset_stages_and_stage_aligned_batches(stream, names):

@@ -1,5 +1,5 @@
-# Batch size 1: one image per step (shuffled), reset between corruptions.
+# Batch size 1: the mild stream (shuffled, reset between corruptions), one
+# image per step.
 _base_ = ['./imagenet-c.py']
-test_dataloader = dict(
-    batch_size=1, dataset=dict(scenario=dict(type='batch_size_1')))
+test_dataloader = dict(batch_size=1, dataset=dict(scenario=dict(type='mild')))
 title = 'Batch Size 1'
