@@ -17,12 +17,13 @@ class Stage:
     Args:
         name (str): The corruption, or ``'mixed'``.
         indices (np.ndarray): Global indices, in stream order.
-        reset (bool): Whether to restart from the source model.
+        from_source (bool): Whether the stage starts from the source
+            model (``StreamStage.from_source``).
     """
     name: str
     indices: np.ndarray = field(
         default_factory=lambda: np.zeros(0, dtype=np.int64))
-    reset: bool = False
+    from_source: bool = False
 
 
 def stage_rng(seed: int, stage: int) -> np.random.Generator:
@@ -71,7 +72,7 @@ def order_indices(indices: np.ndarray, labels: np.ndarray, order: str,
 def per_corruption(data: StreamData,
                    seed: int = 0,
                    order: str = 'shuffle',
-                   reset: bool = True,
+                   from_source: bool = True,
                    shuffle_class_order: bool = False,
                    n_per_corruption: Optional[int] = None) -> List[Stage]:
     """One stage per corruption, in the data's corruption order.
@@ -80,8 +81,8 @@ def per_corruption(data: StreamData,
         data (StreamData): The corruption sets.
         seed (int): Seed of the shuffles. Default: 0.
         order (str): See :func:`order_indices`. Default: 'shuffle'.
-        reset (bool): Whether to reset before every stage, not only the
-            first. Default: True.
+        from_source (bool): Whether every stage starts from the source
+            model, not only the first. Default: True.
         shuffle_class_order (bool): See :func:`order_indices`.
             Default: False.
         n_per_corruption (int, optional): Samples kept per stage after
@@ -97,33 +98,36 @@ def per_corruption(data: StreamData,
                             shuffle_class_order)
         if n_per_corruption is not None:
             idx = idx[:n_per_corruption]
-        stages.append(Stage(name, idx, reset=reset or k == 0))
+        stages.append(Stage(name, idx, from_source=from_source or k == 0))
     return stages
 
 
 @CLS_SCENARIOS.register_module(name='mild')
 def mild(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
-    """One corruption at a time, shuffled, reset between them.
+    """One corruption at a time, shuffled, each from the source.
 
     The paper's batch-size-1 setting (``bs1``) is this stream with the
     dataloader's ``batch_size=1``.
     """
-    return per_corruption(data, seed, order='shuffle', reset=True, **kwargs)
+    return per_corruption(data, seed, order='shuffle', from_source=True,
+                          **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='label_shift')
 def label_shift(data: StreamData, seed: int = 0,
                 shuffle_class_order: bool = True, **kwargs) -> List[Stage]:
     """Imbalance ratio inf: each corruption's stream sorted by class."""
-    return per_corruption(data, seed, order='class', reset=True,
+    return per_corruption(data, seed, order='class', from_source=True,
                           shuffle_class_order=shuffle_class_order, **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='continual')
 def continual(data: StreamData, seed: int = 0, order: str = 'file',
               **kwargs) -> List[Stage]:
-    """Corruptions in sequence, never reset (CoTTA's CIFAR-C protocol)."""
-    return per_corruption(data, seed, order=order, reset=False, **kwargs)
+    """Corruptions in sequence, from the source only at the first (CoTTA's
+    CIFAR-C protocol)."""
+    return per_corruption(data, seed, order=order, from_source=False,
+                          **kwargs)
 
 
 @CLS_SCENARIOS.register_module(name='mixed')
@@ -137,7 +141,7 @@ def mixed(data: StreamData, seed: int = 0,
                      else idx[:n_per_corruption])
     idx = np.concatenate(parts)
     idx = idx[stage_rng(seed, 0).permutation(len(idx))]
-    return [Stage('mixed', idx, reset=True)]
+    return [Stage('mixed', idx, from_source=True)]
 
 
 def build_stream(cfg: dict, data: StreamData, seed: int) -> List[Stage]:

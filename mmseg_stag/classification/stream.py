@@ -52,7 +52,7 @@ class CorruptionStream(Dataset):
         bounds = np.cumsum([0] + [len(s.indices) for s in self.stages])
         self._stream_stages = [
             StreamStage(k, 1, s.name, int(bounds[k]), int(bounds[k + 1]),
-                        s.reset) for k, s in enumerate(self.stages)]
+                        s.from_source) for k, s in enumerate(self.stages)]
         self.metainfo = dict(corruptions=list(self.data.names),
                              task=self.task)
 

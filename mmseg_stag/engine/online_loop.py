@@ -168,7 +168,7 @@ class OnlineAdaptationLoop(TestLoop):
         if self.bn_batch_stats:
             use_batch_statistics(adapted)
         self.source_state = None
-        if self.schedule.restarts:
+        if self.schedule.restarts_from_source:
             self.source_state = {k: v.detach().clone()
                                  for k, v in adapted.state_dict().items()}
         self.configure_method()
@@ -180,7 +180,7 @@ class OnlineAdaptationLoop(TestLoop):
         if self.resume:
             start, rng = self.load_state(identity)
         elif self.source_dataloader is not None and not (
-                self.schedule[0].stage.reset):
+                self.schedule[0].stage.from_source):
             self.fit_source()
         num = sum(p.numel() for _, p in self.method.params)
         print_log(f'online adaptation ({self.task.name}): {self.method!r}; '
@@ -215,16 +215,17 @@ class OnlineAdaptationLoop(TestLoop):
                               self.task.output)
 
     def start_stage(self, stage: StreamStage) -> None:
-        """Open ``stage``: restart if it resets, tell the method and metrics."""
-        if stage.reset:
+        """Open ``stage``: restart from the source if it starts there, tell
+        the method and metrics."""
+        if stage.from_source:
             self.num_updates += self.method.num_updates
-            self.restart(stage.index)
+            self.restart_from_source(stage.index)
         self.method.start_stage(stage.index)
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'start_stage'):
                 metric.start_stage(stage)
 
-    def restart(self, stage: int) -> None:
+    def restart_from_source(self, stage: int) -> None:
         """Restart from the source weights and a fresh method at ``stage``."""
         torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(stage))
         adapted = self.task.adapted_module(self._model(self.runner))
@@ -328,7 +329,7 @@ class OnlineAdaptationLoop(TestLoop):
     def fit_source(self) -> None:
         """Fit the method's statistics on the clean source images."""
         if self.source_statistics is not None:
-            # a restart is back at the source weights: the same statistics
+            # a restart from the source: the same weights, statistics
             self.method.load_source_statistics(self.source_statistics)
             return
         print_log(f'{self.method.name}: statistics of '

@@ -21,15 +21,16 @@ class StreamStage:
             stage of all corruptions).
         start (int): Its first sample index.
         stop (int): One past its last sample index.
-        reset (bool): Whether the model restarts from the source weights
-            at its start. Default: False.
+        from_source (bool): Whether the stage starts from the source
+            weights (the model reloaded, the method rebuilt; the loop's
+            ``restart_from_source``). Default: False.
     """
     index: int
     round: int
     condition: str
     start: int
     stop: int
-    reset: bool = False
+    from_source: bool = False
 
     def tags(self) -> dict:
         """Return ``stage``, ``round``, ``condition``: a record's tags."""
@@ -70,7 +71,8 @@ def dataset_stages(dataset) -> List[StreamStage]:
 
 
 def stages_from_tags(infos: Sequence[dict]) -> List[StreamStage]:
-    """Return the stages of data infos tagged ``stage``/``round``/``condition``.
+    """Return the stages of data infos tagged ``stage``/``round``/``condition``
+    (and optionally ``from_source``).
 
     Raises:
         KeyError: If an info lacks a tag.
@@ -84,7 +86,7 @@ def stages_from_tags(infos: Sequence[dict]) -> List[StreamStage]:
             stages[-1] = replace(stages[-1], stop=i)
         stages.append(StreamStage(index, int(info['round']),
                                   str(info['condition']), i, i + 1,
-                                  bool(info.get('reset', False))))
+                                  bool(info.get('from_source', False))))
     if stages:
         stages[-1] = replace(stages[-1], stop=len(infos))
     return stages
@@ -153,6 +155,7 @@ class StreamSchedule:
         return self.positions[idx]
 
     @property
-    def restarts(self) -> bool:
-        """Whether a stage restarts from the source weights."""
-        return any(p.stage.reset and p.starts for p in self.positions)
+    def restarts_from_source(self) -> bool:
+        """Whether a stage starts from the source weights."""
+        return any(p.stage.from_source and p.starts
+                   for p in self.positions)

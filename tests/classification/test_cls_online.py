@@ -82,8 +82,8 @@ def test_restarts_per_scenario(tmp_path, stream, names, checkpoint,
                                monkeypatch, scenario, restarts):
     _, root = stream
     calls = []
-    real = OnlineAdaptationLoop.restart
-    monkeypatch.setattr(OnlineAdaptationLoop, 'restart',
+    real = OnlineAdaptationLoop.restart_from_source
+    monkeypatch.setattr(OnlineAdaptationLoop, 'restart_from_source',
                         lambda self, stage: calls.append(stage) or
                         real(self, stage))
     res = run(CIFAR.format('tent-stag'), checkpoint, tmp_path, options(

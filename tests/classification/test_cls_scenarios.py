@@ -1,5 +1,5 @@
-"""Test-stream scenarios: label shift, mild (per corruption), mixed,
-continual and batch size 1, all seeded; the stream dataset and its
+"""Test-stream scenarios: label shift, mild (per corruption), mixed and
+continual, all seeded; the stream dataset and its
 stage-aligned batches."""
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ def test_label_shift_stream_is_sorted_by_class(stream, names):
     data, _ = stream
     stages = build_stream(dict(type='label_shift'), data, 3)
     assert [s.name for s in stages] == list(names)
-    assert all(s.reset for s in stages)
+    assert all(s.from_source for s in stages)
     for s in stages:
         idx = s.indices
         np.testing.assert_array_equal(np.sort(idx), data.indices_of(s.name))
@@ -51,10 +51,10 @@ def test_continual_and_mild_streams(stream, names):
     data, _ = stream
     cont = build_stream(dict(type='continual'), data, 0)
     assert [s.name for s in cont] == list(names)
-    assert [s.reset for s in cont] == [True, False, False]
+    assert [s.from_source for s in cont] == [True, False, False]
     np.testing.assert_array_equal(cont[1].indices, data.indices_of(names[1]))
     mild = build_stream(dict(type='mild'), data, 0)
-    assert all(s.reset for s in mild)
+    assert all(s.from_source for s in mild)
 
 
 def test_stream_dataset_stages_and_stage_aligned_batches(stream, names):
@@ -70,7 +70,7 @@ def test_stream_dataset_stages_and_stage_aligned_batches(stream, names):
     stages = build_stream(dict(type='mild'), ds.data, 1)
     assert len(ds) == 120
     assert ds.stream_stages() == [
-        StreamStage(k, 1, name, 40 * k, 40 * (k + 1), reset=True)
+        StreamStage(k, 1, name, 40 * k, 40 * (k + 1), from_source=True)
         for k, name in enumerate(names)]
     item = ds[41]  # the second image of the second stage
     meta = item['data_samples'].metainfo

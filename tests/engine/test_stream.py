@@ -6,9 +6,9 @@ from mmseg_stag.engine.stream import (StreamSchedule, StreamStage,
                                       dataset_stages, stage_of,
                                       stages_from_tags)
 
-STAGES = [StreamStage(0, 1, 'fog', 0, 3, reset=True),
+STAGES = [StreamStage(0, 1, 'fog', 0, 3, from_source=True),
           StreamStage(1, 1, 'night', 3, 5),
-          StreamStage(2, 2, 'fog', 5, 6, reset=True)]
+          StreamStage(2, 2, 'fog', 5, 6, from_source=True)]
 
 
 class Tiled:
@@ -26,7 +26,7 @@ class Tiled:
 
 def test_stages_from_tags_groups_consecutive_samples():
     infos = [dict(stage=s.index, round=s.round, condition=s.condition,
-                  reset=s.reset) for s in STAGES
+                  from_source=s.from_source) for s in STAGES
              for _ in range(s.start, s.stop)]
     assert stages_from_tags(infos) == STAGES
     assert stages_from_tags([]) == []
@@ -57,9 +57,9 @@ def test_schedule_marks_stage_starts_and_ends():
     assert [(p.stage.index, p.starts, p.ends) for p in schedule.positions] \
         == [(0, True, False), (0, False, True), (1, True, True),
             (2, True, True)]
-    assert schedule.restarts and len(schedule) == 4
+    assert schedule.restarts_from_source and len(schedule) == 4
     calm = [StreamStage(0, 1, 'all', 0, 2)]
-    assert not StreamSchedule(calm, [[0], [1]]).restarts
+    assert not StreamSchedule(calm, [[0], [1]]).restarts_from_source
 
 
 def test_schedule_refuses_batches_across_stages_and_shuffles():

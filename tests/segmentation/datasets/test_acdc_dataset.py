@@ -85,7 +85,8 @@ def test_default_is_the_paper_protocol(acdc):
 
 
 def test_the_dataset_declares_its_stages(acdc):
-    """One stage per round and condition, never reset, tiling the stream;
+    """One stage per round and condition, none restarting from the source,
+    tiling the stream;
     a subset (``indices``) keeps the stages of what is left."""
     ds = ACDCContinualDataset(data_root=acdc, rounds=2)
     stages = dataset_stages(ds)
