@@ -2,4 +2,4 @@
 # at beta0 on every stage (docs/acdc-protocol.md)
 _base_ = ['./segformer_mit-b5-nvlabs_acdc-continual_bn-adapt.py']
 test_cfg = dict(method=dict(stag=dict(beta0=250.0, gamma=25.0, eps=1e-8,
-                                       reset_per_stage=True)))
+                                       restart_beta_per_stage=True)))

@@ -3,4 +3,4 @@
 # OUR_STAG); beta_t restarts at beta0 on every stage.
 _base_ = ['./segformer_mit-b5_acdc-continual_cotta.py']
 test_cfg = dict(method=dict(stag=dict(beta0=500.0, gamma=35.0, eps=1e-8,
-                                       reset_per_stage=True)))
+                                       restart_beta_per_stage=True)))

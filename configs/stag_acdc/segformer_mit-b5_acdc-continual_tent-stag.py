@@ -2,4 +2,4 @@
 # at beta0 on every stage (docs/acdc-protocol.md)
 _base_ = ['./segformer_mit-b5_acdc-continual_tent.py']
 test_cfg = dict(method=dict(stag=dict(beta0=500.0, gamma=35.0, eps=1e-8,
-                                       reset_per_stage=True)))
+                                       restart_beta_per_stage=True)))

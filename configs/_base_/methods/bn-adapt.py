@@ -7,5 +7,5 @@ test_cfg = dict(
     method=dict(
         type='bn_adapt',
         optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
-        reset_optimizer_per_stage=True,
+        fresh_optimizer_per_stage=True,
         trainable=dict(kind='norm_affine')))

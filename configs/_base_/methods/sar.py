@@ -12,5 +12,5 @@ test_cfg = dict(
         reset_constant=0.2,
         exclude_regex=None,
         optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
-        reset_optimizer_per_stage=True,
+        fresh_optimizer_per_stage=True,
         trainable=dict(kind='norm_affine')))

@@ -43,13 +43,15 @@ class BaseMethod:
     """Base class of the online-adaptation methods.
 
     Args:
-        stag (dict, optional): ``dict(beta0, gamma, reset_per_stage=False,
-            **STAGLoss args)`` adds ``beta_t L_STAG``. Default: None.
+        stag (dict, optional): ``dict(beta0, gamma,
+            restart_beta_per_stage=False, **STAGLoss args)`` adds
+            ``beta_t L_STAG``; ``restart_beta_per_stage``: ``t`` back to 0
+            when the stage changes. Default: None.
         optimizer (dict, optional): An MMEngine ``OPTIMIZERS`` config
             without params. Default: Adam, lr 7.5e-6, betas (0.9, 0.999).
         trainable (dict, optional): For :func:`select_parameters`.
             Default: ``dict(kind='norm_affine')``.
-        reset_optimizer_per_stage (bool): Build a fresh optimizer when the
+        fresh_optimizer_per_stage (bool): Build a fresh optimizer when the
             stage changes. Default: False.
 
     Raises:
@@ -69,7 +71,7 @@ class BaseMethod:
                  stag: Optional[dict] = None,
                  optimizer: Optional[dict] = None,
                  trainable: Optional[dict] = None,
-                 reset_optimizer_per_stage: bool = False):
+                 fresh_optimizer_per_stage: bool = False):
         self.stag_cfg = None if stag is None else dict(stag)
         self.stag_loss = None
         if self.stag_cfg is not None:
@@ -80,14 +82,15 @@ class BaseMethod:
             # the loop checks loss_stag when it reads it: no sync a step
             self.stag_loss = STAGLoss(**{'check_finite': False, **{
                 k: v for k, v in self.stag_cfg.items()
-                if k not in ('beta0', 'gamma', 'type', 'reset_per_stage')}})
+                if k not in ('beta0', 'gamma', 'type',
+                             'restart_beta_per_stage')}})
             stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'], 0)
         self.optimizer_cfg = dict(optimizer or dict(
             type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
         self.trainable_cfg = dict(trainable or dict(kind='norm_affine'))
-        self.reset_beta_per_stage = bool(
-            (self.stag_cfg or {}).get('reset_per_stage', False))
-        self.reset_optimizer_per_stage = bool(reset_optimizer_per_stage)
+        self.restart_beta_per_stage = bool(
+            (self.stag_cfg or {}).get('restart_beta_per_stage', False))
+        self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
 
         self.model: Optional[nn.Module] = None
         self.classifier: Optional[nn.Module] = None
@@ -205,9 +208,9 @@ class BaseMethod:
         The online loop calls it at the first batch of each stage.
         """
         if self.stage is not None and stage != self.stage:
-            if self.reset_beta_per_stage:
+            if self.restart_beta_per_stage:
                 self.step = 0
-            if self.reset_optimizer_per_stage and self.optimizer is not None:
+            if self.fresh_optimizer_per_stage and self.optimizer is not None:
                 self.optimizer = self.build_optimizer()
         self.stage = stage
 
@@ -358,10 +361,10 @@ class BaseMethod:
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg
-        reset = (', reset_optimizer_per_stage=True'
-                 if self.reset_optimizer_per_stage else '')
+        fresh = (', fresh_optimizer_per_stage=True'
+                 if self.fresh_optimizer_per_stage else '')
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
-                f'trainable={self.trainable_cfg}{reset})')
+                f'trainable={self.trainable_cfg}{fresh})')
 
 
 @torch.no_grad()

@@ -183,7 +183,7 @@ def test_stag_adds_exactly_beta_times_stag_loss_gradient():
     assert not all(torch.equal(plain[n], with_stag[n]) for n in plain)
 
 
-def test_beta_decays_per_update_and_optional_stage_reset():
+def test_beta_decays_per_update_and_optional_restart_per_stage():
     model = make_model()
     method = configured(TENT(stag=dict(beta0=10.0, gamma=2.0)), model)
     x = images()
@@ -196,7 +196,7 @@ def test_beta_decays_per_update_and_optional_stage_reset():
 
     model = make_model()
     method = configured(
-        TENT(stag=dict(beta0=10.0, gamma=2.0, reset_per_stage=True)),
+        TENT(stag=dict(beta0=10.0, gamma=2.0, restart_beta_per_stage=True)),
         model)
     seen = []
     for stage in (0, 0, 1, 1):
@@ -226,12 +226,12 @@ def test_core_tent_has_no_full_resolution_loss():
         TENT(loss='pseudo_ce_fullres')
 
 
-def test_optimizer_reset_per_stage():
-    """``reset_optimizer_per_stage``: a fresh optimizer (no moments) when
+def test_fresh_optimizer_per_stage():
+    """``fresh_optimizer_per_stage``: a fresh optimizer (no moments) when
     the stage changes, as CoTTA's ACDC code builds its Adam per stage."""
     x = images()
-    for reset in (False, True):
-        method = configured(TENT(reset_optimizer_per_stage=reset),
+    for fresh in (False, True):
+        method = configured(TENT(fresh_optimizer_per_stage=fresh),
                             make_model())
         first = method.optimizer
         for stage in (0, 0):
@@ -239,8 +239,8 @@ def test_optimizer_reset_per_stage():
             adapt(method, FORWARD, x)
         assert method.optimizer is first and first.state
         method.start_stage(1)
-        assert (method.optimizer is not first) == reset
-        assert (len(method.optimizer.state) == 0) == reset
+        assert (method.optimizer is not first) == fresh
+        assert (len(method.optimizer.state) == 0) == fresh
         assert [p for g in method.optimizer.param_groups
                 for p in g['params']] == [p for _, p in method.params]
 

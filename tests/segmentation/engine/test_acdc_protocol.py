@@ -89,12 +89,12 @@ def test_one_adam_for_the_whole_stream_is_not_cottas(tiny_acdc,
     (the reference above would catch a loop that ignores the option)."""
     _, ours, _ = run_ours(
         'tent', tiny_acdc, tiny_checkpoint, tmp_path,
-        extra={'test_cfg.method.reset_optimizer_per_stage': False})
-    _, reset, _ = run_ours('tent', tiny_acdc, tiny_checkpoint,
-                           tmp_path / 'reset')
+        extra={'test_cfg.method.fresh_optimizer_per_stage': False})
+    _, fresh, _ = run_ours('tent', tiny_acdc, tiny_checkpoint,
+                           tmp_path / 'fresh')
     name = 'backbone.layers.0.2.weight'
-    assert torch.equal(ours[0][name], reset[0][name])
-    assert not torch.allclose(ours[1][name], reset[1][name], rtol=0,
+    assert torch.equal(ours[0][name], fresh[0][name])
+    assert not torch.allclose(ours[1][name], fresh[1][name], rtol=0,
                               atol=1e-12)
 
 

@@ -199,18 +199,18 @@ def test_loop_logs_the_method_scalars(method, tiny_acdc, tiny_checkpoint,
         assert 'test/beta' not in scalars
 
 
-@pytest.mark.parametrize('reset', [True, False])
-def test_stage_tags_reach_the_method(reset, tiny_acdc, tiny_checkpoint,
+@pytest.mark.parametrize('restart', [True, False])
+def test_stage_tags_reach_the_method(restart, tiny_acdc, tiny_checkpoint,
                                      tmp_path, monkeypatch):
     """The loop hands each batch's stage to the method: with
-    ``stag.reset_per_stage`` (the ACDC configs) beta_t restarts at beta0 on
-    every stage (two images a stage here), without it t runs on."""
+    ``stag.restart_beta_per_stage`` (the ACDC configs) beta_t restarts at
+    beta0 on every stage (two images a stage here), without it t runs on."""
     run = Run('tent-stag', tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch,
-              extra={'test_cfg.method.stag.reset_per_stage': reset})
+              extra={'test_cfg.method.stag.restart_beta_per_stage': restart})
     assert run.method.stage == 3 and run.method.num_updates == 8
     lines = [line for line in run.log_lines()
              if 'continual/mIoU' not in line]
-    steps = (0, 1) * 4 if reset else range(8)
+    steps = (0, 1) * 4 if restart else range(8)
     betas = [stag.stag_beta(500.0, 35.0, t) for t in steps]
     assert len(lines) == 8
     for line, beta in zip(lines, betas):
