@@ -11,7 +11,9 @@ import torch
 import torch.nn as nn
 
 #: version of the state-file layout (a file of another version is refused)
-STATE_VERSION = 2  # 2: the model part holds adapted parameters and buffers
+#: 2: the model part holds adapted parameters and buffers; 3: SAR's count
+#: of recoveries is num_recoveries (was num_resets)
+STATE_VERSION = 3
 
 
 def rng_state() -> dict:

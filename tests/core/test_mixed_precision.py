@@ -89,7 +89,7 @@ def all_params(model):
 def run_sar(model, steps, probe=None, whole_step_autocast=False):
     method = build_method(dict(
         type='sar', trainable=dict(kind='all'), exclude_regex=None,
-        reset_constant=0.0, entropy_margin=1.0,
+        recovery_threshold=0.0, entropy_margin=1.0,
         optimizer=dict(type='SGD', lr=0.05, momentum=0.9)))
     method.configure(model, model[5])
     probe = probe or HeadProbe('5', autocast_dtype=BF16)

@@ -9,7 +9,7 @@ test_cfg = dict(
         type='sar',
         entropy_margin=0.4,
         rho=0.05,
-        reset_constant=0.2,
+        recovery_threshold=0.2,
         exclude_regex=None,
         optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
         fresh_optimizer_per_stage=True,

@@ -23,13 +23,18 @@ class SAR(BaseMethod):
     Args:
         entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
         rho (float): SAM neighbourhood size. Default: 0.05.
-        reset_constant (float): Recovery threshold (EMA). Default: 0.2.
+        recovery_threshold (float): The recovery fires when the loss EMA
+            is below it (the authors' literal 0.2; their
+            ``reset_constant_em`` is unused). Default: 0.2.
         exclude_regex (str, optional): Modules left frozen.
             Default: :data:`SAR_AUTHORS_EXCLUDE`.
         momentum_step_on_empty (bool): Step by momentum alone when nothing
             is kept. Default: True.
-        reset_optimizer (bool): Recovery clears momentum. Default: False.
-        reset_clears_ema (bool): Restart the EMA on recovery. Default: False.
+        recovery_restores_optimizer (bool): The recovery also restores the
+            base optimizer's state of ``configure`` (clears the momentum).
+            Default: False.
+        recovery_clears_ema (bool): The EMA starts afresh after a recovery.
+            Default: False.
         optimizer (dict, optional): SAM's base optimizer. Default: SGD,
             lr 0.00025, momentum 0.9.
         **kwargs: See :class:`BaseMethod`.
@@ -45,11 +50,11 @@ class SAR(BaseMethod):
     def __init__(self,
                  entropy_margin: float = 0.4,
                  rho: float = 0.05,
-                 reset_constant: float = 0.2,
+                 recovery_threshold: float = 0.2,
                  exclude_regex: Optional[str] = SAR_AUTHORS_EXCLUDE,
                  momentum_step_on_empty: bool = True,
-                 reset_optimizer: bool = False,
-                 reset_clears_ema: bool = False,
+                 recovery_restores_optimizer: bool = False,
+                 recovery_clears_ema: bool = False,
                  optimizer: Optional[dict] = None,
                  **kwargs):
         if not entropy_margin > 0:
@@ -63,15 +68,15 @@ class SAR(BaseMethod):
             **kwargs)
         self.entropy_margin = float(entropy_margin)
         self.rho = float(rho)
-        self.reset_constant = float(reset_constant)
+        self.recovery_threshold = float(recovery_threshold)
         self.exclude_regex = exclude_regex
         self.momentum_step_on_empty = bool(momentum_step_on_empty)
-        self.reset_optimizer = bool(reset_optimizer)
-        self.reset_clears_ema = bool(reset_clears_ema)
+        self.recovery_restores_optimizer = bool(recovery_restores_optimizer)
+        self.recovery_clears_ema = bool(recovery_clears_ema)
         self.e_margin: Optional[float] = None
         self.output: Optional[str] = None  # set by configure
         self.ema: Optional[float] = None
-        self.num_resets = 0
+        self.num_recoveries = 0
         self._initial_params = {}
         self._initial_optimizer = None
 
@@ -93,11 +98,12 @@ class SAR(BaseMethod):
     def state_dict(self) -> dict:
         # the recovery targets come from configure
         return dict(super().state_dict(), ema=self.ema,
-                    num_resets=self.num_resets)
+                    num_recoveries=self.num_recoveries)
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.ema, self.num_resets = state['ema'], state['num_resets']
+        self.ema = state['ema']
+        self.num_recoveries = state['num_recoveries']
 
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
         """Return the mean entropy of the kept samples; set ``ctx.kept``."""
@@ -113,31 +119,33 @@ class SAR(BaseMethod):
             return None
         return entropies[keep].mean(0)
 
-    def reset(self) -> None:
-        """Restore the parameters of ``configure``; follows SAR.reset."""
+    def restore_initial(self) -> None:
+        """Restore the parameters of ``configure`` (what a recovery does);
+        follows the authors' SAR.reset."""
         with torch.no_grad():
             for name, p in self.params:
                 p.copy_(self._initial_params[name])
-        if self.reset_optimizer:
+        if self.recovery_restores_optimizer:
             # deviation: SAR.reset keeps the momentum buffers
             self.optimizer.load_base_state_dict(
                 copy.deepcopy(self._initial_optimizer))
         self.ema = None
-        self.num_resets += 1
+        self.num_recoveries += 1
 
     def recover(self) -> bool:
-        """Reset when ``ema < reset_constant``, as SAR.forward.
+        """Recover when ``ema < recovery_threshold``, as SAR.forward.
 
         Returns:
             bool: Whether the recovery fired.
         """
         ema = self.ema
-        if ema is None or not ema < self.reset_constant:
+        if ema is None or not ema < self.recovery_threshold:
             return False
-        self.reset()
-        if self.reset_clears_ema:
+        self.restore_initial()
+        if self.recovery_clears_ema:
             return True  # deviation: the EMA stays None
-        self.ema = ema  # sar.py SAR.forward: `self.ema = ema` after reset
+        # sar.py SAR.forward: `self.ema = ema` after its reset()
+        self.ema = ema
         return True
 
     def adapt(self, ctx: BatchContext):
@@ -184,7 +192,7 @@ class SAR(BaseMethod):
         ctx.stats['updated'] = float(updated)
         ctx.stats['momentum_only_step'] = float(
             not updated and self.momentum_step_on_empty)
-        ctx.stats['reset'] = float(self.recover())
+        ctx.stats['recovered'] = float(self.recover())
         if self.ema is not None:
             ctx.stats['ema'] = self.ema
         return ctx.prediction.detach(), ctx.stats
@@ -192,7 +200,8 @@ class SAR(BaseMethod):
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +
                 f', entropy_margin={self.entropy_margin}, rho={self.rho}, '
-                f'reset_constant={self.reset_constant}, '
-                f'reset_optimizer={self.reset_optimizer}, '
-                f'reset_clears_ema={self.reset_clears_ema}, '
+                f'recovery_threshold={self.recovery_threshold}, '
+                f'recovery_restores_optimizer='
+                f'{self.recovery_restores_optimizer}, '
+                f'recovery_clears_ema={self.recovery_clears_ema}, '
                 f'exclude_regex={self.exclude_regex!r})')

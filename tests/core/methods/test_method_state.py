@@ -25,7 +25,7 @@ METHODS = {
     'eata+stag': dict(type='eata', optimizer=SGD, stag=STAG,
                       fisher_alpha=50.0, entropy_margin=0.9, d_margin=0.5),
     'sar+stag': dict(type='sar', optimizer=SGD, stag=STAG,
-                     entropy_margin=0.9, reset_constant=2.0),
+                     entropy_margin=0.9, recovery_threshold=2.0),
     'deyo+stag': dict(type='deyo', optimizer=SGD, stag=STAG,
                       reweight_margin=0.9, plpd_threshold=0.0),
     'cotta+stag': dict(type='cotta', optimizer=SGD, stag=STAG,
@@ -185,8 +185,8 @@ def test_state_dict_needs_configure():
         method.state_dict()
 
 
-def test_sar_resets_fire_in_this_stream():
+def test_sar_recoveries_fire_in_this_stream():
     """The SAR case above exercises recovery (its EMA and counters)."""
     method = start(METHODS['sar+stag'])
     stream(method, BATCHES)
-    assert method.num_resets > 0 and method.ema is not None
+    assert method.num_recoveries > 0 and method.ema is not None

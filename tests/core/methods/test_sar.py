@@ -33,7 +33,7 @@ from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
 
 def build(model, **kwargs):
     kwargs.setdefault('optimizer', OPT)
-    kwargs.setdefault('reset_constant', 0.0)  # entropies >= 0: never
+    kwargs.setdefault('recovery_threshold', 0.0)  # entropies >= 0: never
     method = SAR(**kwargs)
     method.configure(model, model[3])
     return method
@@ -78,10 +78,10 @@ def test_registry_and_defaults():
     m = SAR()
     assert m.optimizer_cfg == dict(type='SGD', lr=0.00025, momentum=0.9)
     assert m.trainable_cfg == dict(kind='norm_affine')
-    assert (m.entropy_margin, m.rho, m.reset_constant) == (0.4, 0.05, 0.2)
+    assert (m.entropy_margin, m.rho, m.recovery_threshold) == (0.4, 0.05, 0.2)
     assert m.exclude_regex == SAR_AUTHORS_EXCLUDE
     # the authors' recovery keeps the EMA and the momentum
-    assert not m.reset_optimizer and not m.reset_clears_ema
+    assert not m.recovery_restores_optimizer and not m.recovery_clears_ema
     model = make_model()
     m.configure(model, model[3])
     assert m.e_margin == pytest.approx(0.4 * math.log(C))
@@ -126,7 +126,7 @@ def test_sam_step_matches_authors_code_over_batches():
         assert stats['loss1'] == pytest.approx(rec['loss1'], rel=1e-12)
         assert stats['loss2'] == pytest.approx(rec['loss2'], rel=1e-12)
         assert method.ema == pytest.approx(ref.ema, rel=1e-12)
-        assert stats['updated'] == 1.0 and stats['reset'] == 0.0
+        assert stats['updated'] == 1.0 and stats['recovered'] == 0.0
         assert_params_equal(model, ref.model)
     assert saw_filter2  # filter 2 dropped a filter-1 sample at least once
     assert method.num_updates == method.step == 4
@@ -265,27 +265,27 @@ def test_fresh_empty_filter_changes_nothing():
 #: batches pull it below 0.2 again for a second run
 RECOVERY_TEMPERATURES = (4.0, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 30.0, 30.0, 30.0,
                          1.0, 0.6, 0.6)
-RECOVERY_RESETS = [True] * 5 + [False] * 4 + [True] * 2 + [False] * 2
+RECOVERY_FLAGS = [True] * 5 + [False] * 4 + [True] * 2 + [False] * 2
 
 
 def test_recovery_matches_authors_code_over_batches():
     """Step for step with the authors' code at their threshold 0.2:
     recovery fires on consecutive batches (the EMA is kept through the
-    reset), stops, fires again; parameters, EMA and SGD momentum equal
+    recovery), stops, fires again; parameters, EMA and SGD momentum equal
     theirs after every batch."""
     model = make_model()
     initial = [p.detach().clone() for p in norm_params(model)]
     ref = reference(model, reset_constant=0.2)
-    method = build(model, reset_constant=0.2)
-    resets = []
+    method = build(model, recovery_threshold=0.2)
+    recovered = []
     for k, temperature in enumerate(RECOVERY_TEMPERATURES):
         x = batch(50 + k)
         ref.forward = tempered(temperature)
         pred, stats = adapt(method, tempered(temperature), x)
         out_ref, rec = ref.step(x, E0)
         torch.testing.assert_close(pred, out_ref, rtol=1e-12, atol=1e-12)
-        assert stats['reset'] == float(rec['reset'])
-        resets.append(rec['reset'])
+        assert stats['recovered'] == float(rec['reset'])
+        recovered.append(rec['reset'])
         assert method.ema == pytest.approx(ref.ema, rel=1e-12)
         assert method.ema == pytest.approx(rec['ema'], rel=1e-12)  # kept
         assert stats['ema'] == method.ema
@@ -298,8 +298,8 @@ def test_recovery_matches_authors_code_over_batches():
             assert all(b.abs().sum() > 0 for b in momentum_buffers(
                 method.optimizer, norm_params(model)))
     # two runs of recoveries, each followed by batches without one
-    assert resets == RECOVERY_RESETS
-    assert method.num_resets == 7
+    assert recovered == RECOVERY_FLAGS
+    assert method.num_recoveries == 7
     # batch 1 kept no sample: a momentum-only step, then a recovery
     assert method.num_updates == len(RECOVERY_TEMPERATURES) - 1
 
@@ -308,10 +308,10 @@ def test_recovery_options_are_visible_against_the_authors_code():
     """Each deviation changes the run of the test above (so that test
     would catch it): cleared momentum moves the first update after a
     recovery elsewhere; a cleared EMA stops the run of recoveries."""
-    for option in ('reset_optimizer', 'reset_clears_ema'):
+    for option in ('recovery_restores_optimizer', 'recovery_clears_ema'):
         model = make_model()
         ref = reference(model, reset_constant=0.2)
-        method = build(model, reset_constant=0.2, **{option: True})
+        method = build(model, recovery_threshold=0.2, **{option: True})
         differs = False
         for k, temperature in enumerate(RECOVERY_TEMPERATURES[:6]):
             x = batch(50 + k)
@@ -320,7 +320,7 @@ def test_recovery_options_are_visible_against_the_authors_code():
             _, rec = ref.step(x, E0)
             differs |= not torch.allclose(model[1].weight,
                                           ref.model[1].weight)
-            differs |= stats['reset'] != float(rec['reset'])
+            differs |= stats['recovered'] != float(rec['reset'])
         assert differs, option
 
 
@@ -331,12 +331,12 @@ def recovery_pair(**kwargs):
     model = make_model()
     initial = [p.detach().clone() for p in norm_params(model)]
     other_model = copy.deepcopy(model)
-    method = build(model, reset_constant=1e9, **kwargs)
-    other = build(other_model, reset_constant=0.0)
+    method = build(model, recovery_threshold=1e9, **kwargs)
+    other = build(other_model, recovery_threshold=0.0)
     _, stats = adapt(method, FORWARD, batch(10))
     _, other_stats = adapt(other, FORWARD, batch(10))
-    assert stats['reset'] == 1.0 and other_stats['reset'] == 0.0
-    assert method.num_resets == 1 and method.num_updates == 1
+    assert stats['recovered'] == 1.0 and other_stats['recovered'] == 0.0
+    assert method.num_recoveries == 1 and method.num_updates == 1
     return method, model, other, other_model, initial
 
 
@@ -344,19 +344,19 @@ def test_recovery_keeps_ema_and_momentum_and_fires_again():
     method, model, other, other_model, initial = recovery_pair()
     assert_lists_close(norm_params(model), initial, tol=0)
     assert not torch.allclose(other_model[1].weight, initial[0])
-    # the EMA and the momentum of the step before the reset are kept
+    # the EMA and the momentum of the step before the recovery are kept
     assert method.ema is not None and method.ema == other.ema
     assert_lists_close(momentum_buffers(method.optimizer, norm_params(model)),
                        momentum_buffers(other.optimizer,
                                         norm_params(other_model)), tol=0)
-    # ema < reset_constant still: the next batch recovers again
+    # ema < recovery_threshold still: the next batch recovers again
     ema = method.ema
     _, stats = adapt(method, FORWARD, batch(11))
-    assert stats['reset'] == 1.0 and method.num_resets == 2
+    assert stats['recovered'] == 1.0 and method.num_recoveries == 2
     assert method.ema == pytest.approx(0.9 * ema + 0.1 * stats['loss_base2'],
                                        rel=1e-12)
     # the update after a recovery starts from theta_0 with the momentum
-    method.reset_constant = 0.0
+    method.recovery_threshold = 0.0
     buffers = [b.clone() for b in momentum_buffers(method.optimizer,
                                                    norm_params(model))]
     adapt(method, FORWARD, batch(12))
@@ -370,57 +370,58 @@ def test_recovery_keeps_ema_and_momentum_and_fires_again():
                                    atol=1e-12)
 
 
-def test_reset_on_its_own_is_the_authors_reset():
-    """``reset()``: parameters back, ``ema = None`` (the authors'
-    ``SAR.reset``), momentum kept."""
+def test_restore_initial_is_the_authors_reset():
+    """``restore_initial()``: parameters back, ``ema = None`` (the
+    authors' ``SAR.reset``), momentum kept."""
     model = make_model()
     initial = [p.detach().clone() for p in norm_params(model)]
     method = build(model)
     adapt(method, FORWARD, batch(10))
     buffers = [b.clone() for b in momentum_buffers(method.optimizer,
                                                    norm_params(model))]
-    method.reset()
-    assert method.ema is None and method.num_resets == 1
+    method.restore_initial()
+    assert method.ema is None and method.num_recoveries == 1
     assert_lists_close(norm_params(model), initial, tol=0)
     assert_lists_close(momentum_buffers(method.optimizer,
                                         norm_params(model)), buffers, tol=0)
 
 
-def test_reset_optimizer_option_clears_the_momentum():
-    method, model, other, _, initial = recovery_pair(reset_optimizer=True)
+def test_recovery_restores_optimizer_option_clears_the_momentum():
+    method, model, other, _, initial = recovery_pair(recovery_restores_optimizer=True)
     sgd = method.optimizer.base_optimizer
     assert sgd.state_dict()['state'] == {}
     assert other.optimizer.base_optimizer.state_dict()['state'] != {}
     assert_lists_close(norm_params(model), initial, tol=0)
     assert method.ema == other.ema  # the EMA is still kept
     # the next update is a fresh method's first update
-    method.reset_constant = 0.0
+    method.recovery_threshold = 0.0
     adapt(method, FORWARD, batch(13))
     fresh_model = make_model()
     adapt(build(fresh_model), FORWARD, batch(13))
     assert_params_equal(model, fresh_model)
 
 
-def test_reset_clears_ema_option():
+def test_recovery_clears_ema_option():
     method, model, other, other_model, initial = recovery_pair(
-        reset_clears_ema=True)
+        recovery_clears_ema=True)
     assert method.ema is None and other.ema is not None
     assert_lists_close(norm_params(model), initial, tol=0)
     assert_lists_close(momentum_buffers(method.optimizer, norm_params(model)),
                        momentum_buffers(other.optimizer,
                                         norm_params(other_model)), tol=0)
     # the EMA restarts from the next batch's loss
-    method.reset_constant = 0.0
+    method.recovery_threshold = 0.0
     _, stats = adapt(method, FORWARD, batch(11))
     assert method.ema == stats['loss_base2']
 
 
 def test_both_options_restart_the_method_from_scratch():
-    """``reset_optimizer`` and ``reset_clears_ema`` together: after a
-    recovery the method behaves as a freshly configured one."""
-    method, model, _, _, _ = recovery_pair(reset_optimizer=True,
-                                           reset_clears_ema=True)
-    method.reset_constant = 0.0
+    """``recovery_restores_optimizer`` and ``recovery_clears_ema``
+    together: after a recovery the method behaves as a freshly configured
+    one."""
+    method, model, _, _, _ = recovery_pair(recovery_restores_optimizer=True,
+                                           recovery_clears_ema=True)
+    method.recovery_threshold = 0.0
     fresh_model = make_model()
     fresh = build(fresh_model)
     for k in range(2):
@@ -430,15 +431,16 @@ def test_both_options_restart_the_method_from_scratch():
         assert_params_equal(model, fresh_model)
 
 
-@pytest.mark.parametrize('reset_optimizer', [False, True])
-def test_reset_keeps_sam_and_base_param_groups_shared(reset_optimizer):
+@pytest.mark.parametrize('restores_optimizer', [False, True])
+def test_recovery_keeps_sam_and_base_param_groups_shared(
+        restores_optimizer):
     model = make_model()
-    method = build(model, reset_constant=1e9,
-                   reset_optimizer=reset_optimizer)
+    method = build(model, recovery_threshold=1e9,
+                   recovery_restores_optimizer=restores_optimizer)
     sam = method.optimizer
     assert sam.param_groups is sam.base_optimizer.param_groups
     _, stats = adapt(method, FORWARD, batch(10))
-    assert stats['reset'] == 1.0
+    assert stats['recovered'] == 1.0
     # e.g. a learning-rate change made through SAM must reach the SGD step
     assert sam.param_groups is sam.base_optimizer.param_groups
 
@@ -557,7 +559,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
 def test_same_seed_same_result():
     def run():
         model = make_model(seed=3)
-        method = build(model, reset_constant=0.2)
+        method = build(model, recovery_threshold=0.2)
         for k in range(3):
             adapt(method, FORWARD, batch(40 + k))
         return model.state_dict(), method.ema
@@ -583,7 +585,7 @@ def scaled(forward, temperature):
 #: confident batch, uncertain ones (a run of recoveries until the EMA climbs
 #: above 0.2), confident ones (a second recovery)
 PIXEL_TEMPERATURES = (30.0, ) + (0.6, ) * 6 + (30.0, 30.0, 1.0)
-PIXEL_RESETS = [True] * 5 + [False] * 3 + [True, False]
+PIXEL_RECOVERY_FLAGS = [True] * 5 + [False] * 3 + [True, False]
 
 
 @pytest.mark.parametrize('case', ['plain', 'stag', 'recovery'])
@@ -593,17 +595,17 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(case):
     after every batch equal the authors' code run on the same network seen
     as a per-sample model of its pixels (PixelsAsSamples)."""
     net = make_seg_net()
-    reset_constant = 0.2 if case == 'recovery' else 0.0
+    threshold = 0.2 if case == 'recovery' else 0.0
     stag = dict(beta0=2.0, gamma=3.0) if case == 'stag' else None
     ref = RefSAR(PixelsAsSamples(net), pixel_forward,
                  lambda m: norm_params(m.net), lambda m: m.net[3], LR,
                  stag=STAGLoss() if stag else None,
-                 reset_constant=reset_constant)
-    method = SAR(optimizer=OPT, reset_constant=reset_constant, stag=stag)
+                 reset_constant=threshold)
+    method = SAR(optimizer=OPT, recovery_threshold=threshold, stag=stag)
     method.check_output('per_pixel')
     method.configure(net, net[3], 'per_pixel')
     temperatures = PIXEL_TEMPERATURES if case == 'recovery' else (1.0, ) * 4
-    resets, filtered = [], False
+    recovered, filtered = [], False
     for k, temperature in enumerate(temperatures):
         x = seg_images(10 + k)
         beta = method.beta
@@ -619,13 +621,13 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(case):
             assert stats['loss1'] == pytest.approx(rec['loss1'], rel=1e-10)
         if rec['n2'] or stag:
             assert stats['loss2'] == pytest.approx(rec['loss2'], rel=1e-10)
-        assert stats['reset'] == float(rec['reset'])
-        resets.append(rec['reset'])
+        assert stats['recovered'] == float(rec['reset'])
+        recovered.append(rec['reset'])
         assert method.ema == pytest.approx(ref.ema, rel=1e-12)
         assert_params_equal(net, ref.model.net)
         assert_lists_close(
             momentum_buffers(method.optimizer, norm_params(net)),
             momentum_buffers(ref.optimizer, ref.params))
     assert filtered  # filter 2 dropped some pixels of filter 1
-    assert resets == (PIXEL_RESETS if case == 'recovery' else
+    assert recovered == (PIXEL_RECOVERY_FLAGS if case == 'recovery' else
                       [False] * len(temperatures))

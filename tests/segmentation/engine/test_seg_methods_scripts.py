@@ -18,7 +18,7 @@ METHODS = ('cotta', 'eata', 'sar', 'deyo')
 #: the counts each method logs per batch (pixels for the filters)
 COUNTS = dict(cotta=('confident_pixels', 'num_views'),
               eata=('num_reliable', 'num_selected', 'loss_ewc'),
-              sar=('num_kept1', 'num_kept2', 'reset', 'ema'),
+              sar=('num_kept1', 'num_kept2', 'recovered', 'ema'),
               deyo=('num_reliable', 'num_selected'))
 #: CoTTA's views on the tiny stream: 6 views (3 ratios x flip)
 VIEWS = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),
