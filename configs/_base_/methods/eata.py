@@ -2,7 +2,7 @@
 # redundancy filters and weights per pixel (the authors' defaults: E0 = 0.4
 # ln C, d_margin 0.05), the EWC term with the Fisher information of clean
 # Cityscapes val images (alpha 2000); the optimizer, parameters and
-# per-stage reset of CoTTA's ACDC TENT.
+# per-stage fresh optimizer of CoTTA's ACDC TENT.
 _base_ = ['../datasets/cityscapes_source.py']
 test_cfg = dict(
     type='OnlineAdaptationLoop',

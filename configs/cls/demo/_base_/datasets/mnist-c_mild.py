@@ -1,5 +1,5 @@
-# Mild (the ImageNet-C protocol): one corruption at a time, shuffled, reset
-# between them; accuracy %.
+# Mild (the ImageNet-C protocol): one corruption at a time, shuffled, each
+# from the source; accuracy %.
 _base_ = ['./mnist-c.py']
 test_dataloader = dict(dataset=dict(scenario=dict(type='mild')))
 title = 'Mild'
