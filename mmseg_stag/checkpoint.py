@@ -104,7 +104,7 @@ def check_state_dict(own: Dict[str, torch.Tensor],
 def load_segmentor_checkpoint(model: nn.Module,
                               path: str,
                               allow_unsafe_pickle: bool = False,
-                              classifier_name: Optional[str] = None
+                              head_layer: Optional[str] = None
                               ) -> Dict[str, Any]:
     """Strictly load a checkpoint into a segmentor.
 
@@ -112,8 +112,9 @@ def load_segmentor_checkpoint(model: nn.Module,
         model (nn.Module): The segmentor.
         path (str): The checkpoint file.
         allow_unsafe_pickle (bool): See :func:`load_checkpoint_file`.
-        classifier_name (str, optional): Checked first, so a class-count
-            mismatch is named. Default: ``'decode_head.conv_seg'``.
+        head_layer (str, optional): Module name of the classifier, checked
+            first, so a class-count mismatch is named.
+            Default: ``'decode_head.conv_seg'``.
 
     Returns:
         dict: The checkpoint's ``meta`` (empty if none).
@@ -124,8 +125,8 @@ def load_segmentor_checkpoint(model: nn.Module,
     checkpoint = load_checkpoint_file(path, allow_unsafe_pickle)
     state = extract_state_dict(checkpoint, path)
     own = model.state_dict()
-    classifier_name = classifier_name or 'decode_head.conv_seg'
-    cls_key = f'{classifier_name}.weight'
+    head_layer = head_layer or 'decode_head.conv_seg'
+    cls_key = f'{head_layer}.weight'
     if cls_key in own:
         if cls_key not in state:
             raise ValueError(
@@ -180,11 +181,11 @@ def publish_checkpoint(src: str,
 
 def load_model_checkpoint(model: nn.Module, path: str,
                           allow_unsafe_pickle: bool = False,
-                          classifier_name: Optional[str] = None) -> None:
+                          head_layer: Optional[str] = None) -> None:
     """Strictly load the source weights of a classifier or a segmentor."""
     if hasattr(model, 'load_weights'):
         model.load_weights(path, allow_unsafe_pickle)
     else:
         load_segmentor_checkpoint(model, path,
                                   allow_unsafe_pickle=allow_unsafe_pickle,
-                                  classifier_name=classifier_name)
+                                  head_layer=head_layer)

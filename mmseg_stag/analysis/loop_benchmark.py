@@ -9,6 +9,8 @@ import uuid
 
 import torch
 
+from mmseg_stag.engine.online_task import head_layer_of
+
 
 def register_reference():
     """``tent_two_forward``: TENT as CoTTA's ``single_gpu_tent`` runs it
@@ -53,7 +55,7 @@ def build_runner(config, args, work_dir, method):
     cfg.load_from = None
     runner = Runner.from_cfg(cfg)
     load_segmentor_checkpoint(runner.model, args.checkpoint,
-                              classifier_name=cfg.test_cfg.get('classifier'))
+                              head_layer=head_layer_of(cfg))
     return runner
 
 
@@ -101,7 +103,7 @@ def run_method(method, args, work_root):
     config = method_config(args.config_pattern, method)
     runner = build_runner(config, args, osp.join(work_root, method), method)
     classifier = runner.model.get_submodule(
-        runner.cfg.test_cfg.get('classifier', 'decode_head.conv_seg'))
+        head_layer_of(runner.cfg) or 'decode_head.conv_seg')
     timer = loop_timer()
     classifier.register_forward_hook(timer.count)
     runner.register_hook(timer)

@@ -4,7 +4,6 @@ from typing import List, Optional, Sequence
 import torch
 from mmengine.model import BaseDataPreprocessor, BaseModel
 
-from mmseg_stag.core import HeadProbe
 from mmseg_stag.registry import MODELS
 from .models import load_weights
 from .registry import CLS_MODELS
@@ -46,16 +45,18 @@ class ClassifierPreprocessor(BaseDataPreprocessor):
 class OnlineClassifier(BaseModel):
     """A ``CLS_MODELS`` network with its data preprocessor.
 
+    The online loop adapts its ``network``; the classifier it probes is the
+    network's last ``nn.Linear`` unless ``test_cfg.head_layer`` names
+    another module.
+
     Args:
         network (dict): A ``CLS_MODELS`` config.
-        classifier (str, optional): The classifier module, e.g. ``'fc'``.
-            Default: the last ``nn.Linear``.
         data_preprocessor (dict, optional): A ``ClassifierPreprocessor``
             config. Default: None (no normalisation).
         init_cfg (dict, optional): See ``BaseModel``. Default: None.
     """
 
-    def __init__(self, network: dict, classifier: Optional[str] = None,
+    def __init__(self, network: dict,
                  data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None):
         preprocessor = dict(data_preprocessor or {})
@@ -66,7 +67,6 @@ class OnlineClassifier(BaseModel):
                 dict(preprocessor, _scope_='mmseg_stag')),
             init_cfg=init_cfg)
         self.network = CLS_MODELS.build(dict(network))
-        self.classifier, _ = HeadProbe(classifier).find(self.network)
 
     def load_weights(self, path: str, allow_unsafe_pickle: bool = False):
         """Strictly load a weight file into the network."""

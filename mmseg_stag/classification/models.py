@@ -199,8 +199,9 @@ def build_cls_model(cfg: dict,
     """Build a source model, load its weights, find its classifier.
 
     Args:
-        cfg (dict): ``type``, optional ``checkpoint`` and ``classifier``
-            (default: the last ``nn.Linear``) and the model's arguments.
+        cfg (dict): ``type``, optional ``checkpoint`` and ``head_layer``
+            (the classifier's module name; default: the last
+            ``nn.Linear``) and the model's arguments.
         checkpoint (str, optional): Overrides ``cfg['checkpoint']``.
         allow_unsafe_pickle (bool): Whether to trust the file.
             Default: False.
@@ -212,9 +213,9 @@ def build_cls_model(cfg: dict,
     cfg = dict(cfg)
     path = checkpoint or cfg.pop('checkpoint', None)
     cfg.pop('checkpoint', None)
-    classifier = cfg.pop('classifier', None)
+    head_layer = cfg.pop('head_layer', None)
     model = CLS_MODELS.build(cfg)
     if path:
         load_weights(model, path, allow_unsafe_pickle)
-    name, _ = HeadProbe(classifier).find(model)
+    name, _ = HeadProbe(head_layer).find(model)
     return model.eval(), name

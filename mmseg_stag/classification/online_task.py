@@ -19,9 +19,6 @@ class ClassificationTask(OnlineTask):
     def matches(cls, model) -> bool:
         return isinstance(model, OnlineClassifier)
 
-    def default_classifier(self, model) -> str:
-        return model.classifier
-
     def adapted_module(self, model):
         return model.network
 

@@ -25,9 +25,9 @@ class HeadProbe:
     """Record the ``(input, output)`` of a model's classifier in one call.
 
     Args:
-        classifier (str, optional): Dotted module name of the classifier,
-            e.g. ``'decode_head.conv_seg'``. ``None``: the model's last
-            ``nn.Linear`` (per sample only).
+        head_layer (str, optional): Dotted module name of the classifier
+            (the head layer), e.g. ``'decode_head.conv_seg'``. ``None``: the
+            model's last ``nn.Linear`` (per sample only).
         output (str): ``'per_sample'`` or ``'per_pixel'``.
         run (callable, optional): ``run(model, inputs) -> prediction``.
             Default: ``model(inputs)``.
@@ -36,24 +36,25 @@ class HeadProbe:
             Default: None (no autocast).
 
     Raises:
-        ValueError: If ``output`` or ``classifier`` is invalid.
+        ValueError: If ``output`` or ``head_layer`` is invalid.
     """
 
     def __init__(self,
-                 classifier: Optional[str] = None,
+                 head_layer: Optional[str] = None,
                  output: str = 'per_sample',
                  run: Optional[Callable[[nn.Module, Any], Any]] = None,
                  autocast_dtype: Optional[torch.dtype] = None):
         self.output = check_output_kind(output)
         self.autocast_dtype = autocast_dtype
-        if classifier is None and output == 'per_pixel':
-            raise ValueError('a per-pixel probe needs the classifier module '
-                             "name (e.g. 'decode_head.conv_seg')")
-        if classifier is not None and (not isinstance(classifier, str)
-                                       or not classifier):
-            raise ValueError('classifier must be a dotted module name, got '
-                             f'{classifier!r}')
-        self.classifier_name = classifier
+        if head_layer is None and output == 'per_pixel':
+            raise ValueError('a per-pixel probe needs head_layer, the '
+                             "classifier's module name (e.g. "
+                             "'decode_head.conv_seg')")
+        if head_layer is not None and (not isinstance(head_layer, str)
+                                       or not head_layer):
+            raise ValueError('head_layer must be a dotted module name, got '
+                             f'{head_layer!r}')
+        self.head_layer = head_layer
         self.run = run or (lambda model, inputs: model(inputs))
 
     def find(self, model: nn.Module) -> Tuple[str, nn.Module]:
@@ -62,14 +63,14 @@ class HeadProbe:
         Raises:
             ValueError: If there is no such module or it is no classifier.
         """
-        name = self.classifier_name
+        name = self.head_layer
         if name is None:
             linears = [(n, m) for n, m in model.named_modules()
                        if isinstance(m, nn.Linear)]
             if not linears:
                 raise ValueError(
                     f'{type(model).__name__} has no nn.Linear layer: name '
-                    'the classifier in the config (model.classifier=...)')
+                    'the classifier in the config (test_cfg.head_layer=...)')
             name, module = linears[-1]
         else:
             try:

@@ -45,8 +45,10 @@ class OnlineAdaptationLoop(TestLoop):
         evaluator (Evaluator | dict | list): E.g. ``ContinualIoUMetric``.
         method (dict): Config of a ``mmseg_stag.core.METHODS`` method, e.g.
             ``dict(type='tent', stag=dict(beta0=500, gamma=35))``.
-        classifier (str, optional): Module name of the classifier in the
-            adapted module. Default: the task's.
+        head_layer (str, optional): Module name of the classifier in the
+            adapted module (the one config key of it). Default: the task's
+            (segmentation: ``decode_head.conv_seg``; classification: the
+            last ``nn.Linear``).
         task (str, optional): ``'segmentation'`` or ``'classification'``.
             Default: the model's.
         bn_batch_stats (bool): Whether BatchNorm uses test-batch statistics
@@ -78,7 +80,7 @@ class OnlineAdaptationLoop(TestLoop):
                  dataloader,
                  evaluator: Union[dict, list],
                  method: dict,
-                 classifier: Optional[str] = None,
+                 head_layer: Optional[str] = None,
                  task: Optional[str] = None,
                  bn_batch_stats: bool = False,
                  fp16: bool = False,
@@ -91,7 +93,7 @@ class OnlineAdaptationLoop(TestLoop):
         check_single_process(get_world_size())
         self.method_cfg = dict(method)
         options = {} if main_view is None else dict(main_view=main_view)
-        self.task = build_task(self._model(runner), task, classifier,
+        self.task = build_task(self._model(runner), task, head_layer,
                                **options)
         # bad options fail here
         self.method = self.task.build_method(self.method_cfg)

@@ -17,8 +17,9 @@ class OnlineTask(ABC):
 
     Args:
         model (nn.Module): The runner's model.
-        classifier (str, optional): Module name of the classifier in the
-            adapted module.
+        head_layer (str, optional): Module name of the classifier in the
+            adapted module (``test_cfg.head_layer``); None: the task's
+            default.
     """
 
     #: ``'per_sample'`` or ``'per_pixel'`` classifier outputs
@@ -26,13 +27,14 @@ class OnlineTask(ABC):
     #: the ``task`` a stream dataset declares
     name = ''
 
-    def __init__(self, model: nn.Module, classifier: Optional[str]):
-        self.probe = HeadProbe(classifier or self.default_classifier(model),
+    def __init__(self, model: nn.Module, head_layer: Optional[str]):
+        self.probe = HeadProbe(head_layer or self.default_head_layer(model),
                                output=self.output)
         self.probe.find(self.adapted_module(model))  # fail before the stream
 
-    def default_classifier(self, model: nn.Module) -> Optional[str]:
-        """Return the classifier's name when the config gives none."""
+    def default_head_layer(self, model: nn.Module) -> Optional[str]:
+        """Return the classifier's module name when the config gives none
+        (None: the last ``nn.Linear``)."""
         return None
 
     def setup(self, dataset) -> None:
@@ -90,8 +92,18 @@ class OnlineBatch:
         self.context, self.to_outputs = context, to_outputs
 
 
+def head_layer_of(cfg) -> Optional[str]:
+    """Return the classifier's module name a config sets.
+
+    The one config key of it is ``test_cfg.head_layer`` (the online loop's
+    ``head_layer``); None: the task's default (segmentation:
+    ``decode_head.conv_seg``, classification: the last ``nn.Linear``).
+    """
+    return (cfg.get('test_cfg') or {}).get('head_layer')
+
+
 def build_task(model: nn.Module, task: Optional[str],
-               classifier: Optional[str], **options) -> OnlineTask:
+               head_layer: Optional[str], **options) -> OnlineTask:
     """Build the task named ``task``, or the one matching ``model``.
 
     Raises:
@@ -115,4 +127,4 @@ def build_task(model: nn.Module, task: Optional[str],
         if not cls.matches(model):
             raise ValueError(f'test_cfg.task={task!r} but the model is a '
                              f'{type(model).__name__}')
-    return cls(model, classifier, **options)
+    return cls(model, head_layer, **options)

@@ -18,6 +18,7 @@ from .run_state import (identity_differences, load_run_state,
                         rng_state, run_identity,
                         set_rng_state)
 from .online_loop import DISTRIBUTED_ERROR, RESUME_IGNORES, STATE_FILE
+from .online_task import head_layer_of
 
 
 def is_online(cfg: Config) -> bool:
@@ -107,7 +108,7 @@ def run_test(cfg: Config, checkpoint: str,
         else runner.model
     try:
         load_model_checkpoint(model, checkpoint, allow_unsafe_pickle,
-                              cfg.get('test_cfg', {}).get('classifier'))
+                              head_layer_of(cfg))
         print_log(f'Loaded checkpoint {checkpoint}', logger='current')
         metrics = runner.test()
     finally:
@@ -139,7 +140,7 @@ def starting_identity(cfg: Config, checkpoint: str,
     finally:
         set_rng_state(outer)
     load_model_checkpoint(model, checkpoint, allow_unsafe_pickle,
-                          cfg.get('test_cfg', {}).get('classifier'))
+                          head_layer_of(cfg))
     return run_identity(cfg.to_dict(), model)
 
 

@@ -18,8 +18,8 @@ class SegmentationTask(OnlineTask):
 
     Args:
         model (BaseSegmentor): The segmentor.
-        classifier (str, optional): The decode head's 1x1 classifier.
-            Default: None (``'decode_head.conv_seg'``).
+        head_layer (str, optional): Module name of the decode head's 1x1
+            classifier. Default: None (``'decode_head.conv_seg'``).
         main_view (int, optional): The unflipped view of a multi-view
             pipeline that the model adapts on. Default: None (the
             pipeline's ``main_view``, else 0).
@@ -32,9 +32,9 @@ class SegmentationTask(OnlineTask):
     output = 'per_pixel'
     model_kind = 'an MMSeg segmentor'
 
-    def __init__(self, model, classifier: Optional[str] = None,
+    def __init__(self, model, head_layer: Optional[str] = None,
                  main_view: Optional[int] = None):
-        super().__init__(model, classifier)
+        super().__init__(model, head_layer)
         if main_view is not None and (int(main_view) != main_view
                                       or main_view < 0):
             raise ValueError(f'main_view must be an index >= 0, got '
@@ -45,7 +45,7 @@ class SegmentationTask(OnlineTask):
     def matches(cls, model) -> bool:
         return isinstance(model, BaseSegmentor)
 
-    def default_classifier(self, model) -> str:
+    def default_head_layer(self, model) -> str:
         return 'decode_head.conv_seg'
 
     def setup(self, dataset) -> None:

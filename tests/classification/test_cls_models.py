@@ -19,10 +19,10 @@ def test_probe_finds_the_classifier_of_the_cls_models():
     assert HeadProbe().find(wrn40_2_augmix())[0] == 'fc'
     assert HeadProbe().find(SmallCNN(width=4))[0] == 'fc'
     model, cls = build_cls_model(dict(type='SmallCNN', width=4,
-                                      classifier='fc'))
+                                      head_layer='fc'))
     assert cls == 'fc' and not model.training
     with pytest.raises(ValueError, match="no module 'head'"):
-        build_cls_model(dict(type='SmallCNN', width=4, classifier='head'))
+        build_cls_model(dict(type='SmallCNN', width=4, head_layer='head'))
 
 
 # ------------------------------------------------------------ WideResNets

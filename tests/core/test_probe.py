@@ -52,7 +52,7 @@ def images(n=5, size=8, seed=0):
 def test_default_is_the_last_linear_and_named_modules_are_found():
     model = TwoHeads()
     probe = HeadProbe()
-    assert probe.classifier_name is None and probe.output == 'per_sample'
+    assert probe.head_layer is None and probe.output == 'per_sample'
     # registration order: 'unused' is the last nn.Linear
     name, module = probe.find(model)
     assert name == 'unused' and module is model.unused

@@ -113,7 +113,7 @@ class Run:
         from mmengine.runner import Runner
 
         from mmseg_stag.checkpoint import load_model_checkpoint
-        from mmseg_stag.engine.online_task import build_task
+        from mmseg_stag.engine.online_task import build_task, head_layer_of
         from mmseg_stag.engine.runs import prepare_config
         cfg = Config.fromfile(config)
         cfg.merge_from_dict(opts)
@@ -123,10 +123,9 @@ class Run:
         runner = self.runner
         self.model = runner.model.module if is_model_wrapper(
             runner.model) else runner.model
-        classifier_name = cfg.test_cfg.get('classifier')
-        load_model_checkpoint(self.model, checkpoint,
-                              classifier_name=classifier_name)
-        task = build_task(self.model, None, classifier_name)
+        head_layer = head_layer_of(cfg)
+        load_model_checkpoint(self.model, checkpoint, head_layer=head_layer)
+        task = build_task(self.model, None, head_layer)
         classifier = task.probe.classifier(task.adapted_module(self.model))
         self.dtypes = set()
         classifier.register_forward_hook(

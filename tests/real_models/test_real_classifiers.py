@@ -106,15 +106,17 @@ CASES = [('resnet50-bn', 'resnet50-19c8e357.pth', 'fc', 224),
          ('wrn-40-2', 'Hendrycks2020AugMix_WRN.pt', 'fc', 32)]
 
 
-@pytest.mark.parametrize('base,name,classifier,size', CASES)
-def test_real_model_loads_its_file(tmp_path, base, name, classifier, size):
+@pytest.mark.parametrize('base,name,head_layer,size', CASES)
+def test_real_model_loads_its_file(tmp_path, base, name, head_layer, size):
     net = source(base).eval()
     path = str(tmp_path / name)
     save(net, path)
     model = build(base)
     model.load_weights(path)
-    assert model.classifier == classifier
-    assert isinstance(dict(model.network.named_modules())[classifier],
+    # the classifier the loop probes by default: the last nn.Linear
+    from mmseg_stag.core import HeadProbe
+    assert HeadProbe().find(model.network)[0] == head_layer
+    assert isinstance(dict(model.network.named_modules())[head_layer],
                       torch.nn.Linear)
     x = torch.rand(2, 3, size, size)
     with torch.no_grad():

@@ -89,9 +89,9 @@ def data_samples(n=1):
     return samples
 
 
-def inference_probe(batch_img_metas, classifier=CLASSIFIER):
+def inference_probe(batch_img_metas, head_layer=CLASSIFIER):
     """The loop's forward: the probe around ``model.inference``."""
-    return HeadProbe(classifier, 'per_pixel',
+    return HeadProbe(head_layer, 'per_pixel',
                      run=lambda m, x: m.inference(x, batch_img_metas))
 
 
@@ -228,7 +228,7 @@ def test_default_and_custom_classifier_name():
     custom = build_segmentor(dict(HEADS['mmseg'],
                                   type='TestHeadNamedClassifier'))
     inputs = torch.randn(1, 3, *INPUT_HW)
-    probe = inference_probe(metas(), classifier='decode_head.linear_pred')
+    probe = inference_probe(metas(), head_layer='decode_head.linear_pred')
     with torch.no_grad():
         seg_logits, ((feats, logits), ) = probe(custom, inputs)
         torch.testing.assert_close(seg_logits,
@@ -284,7 +284,7 @@ def test_classifier_off_the_inference_path():
     aux = dict(type='FCNHead', in_channels=16, in_index=1, channels=8,
                num_convs=1, num_classes=NUM_CLASSES, norm_cfg=BN)
     model = build('mmseg', auxiliary_head=aux)
-    probe = inference_probe(metas(), classifier='auxiliary_head.conv_seg')
+    probe = inference_probe(metas(), head_layer='auxiliary_head.conv_seg')
     assert probe.classifier(model) is model.auxiliary_head.conv_seg
     with pytest.raises(RuntimeError, match='auxiliary_head.conv_seg.*did '
                        'not run'):

@@ -67,5 +67,5 @@ def test_stag_configs_use_the_online_loop(path):
     assert cfg.model['backbone']['type'] == (
         'NVMixVisionTransformer' if nvlabs else 'MixVisionTransformer')
     # the default classifier is the head's 1x1 conv_seg
-    assert cfg.test_cfg.get('classifier',
+    assert cfg.test_cfg.get('head_layer',
                             'decode_head.conv_seg') == 'decode_head.conv_seg'

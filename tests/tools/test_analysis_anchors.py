@@ -119,7 +119,8 @@ def test_command_errors(tmp_path, cnn, tool):
     no_linear = tmp_path / 'nolinear.py'
     no_linear.write_text(
         "model = dict(type='OnlineClassifier', network=dict(type="
-        "'SmallCNN', num_classes=4, width=4), classifier='features.0')\n"
+        "'SmallCNN', num_classes=4, width=4))\n"
+        "test_cfg = dict(head_layer='features.0')\n"
         "default_scope = 'mmseg_stag'\n")
     with pytest.raises(ValueError, match='--model X'):
         tool.main(['--model', 'X', str(no_linear), cnn[1],
