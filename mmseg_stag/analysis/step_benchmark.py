@@ -207,7 +207,7 @@ class BenchTask:
             use_batch_statistics(model)
         method = build_method(dict(self.methods[kind], stag=stag))
         method.configure(model, self.probe.classifier(model),
-                         self.online.output)
+                         self.online.prediction_kind)
         if method.needs_source_data:  # EATA's Fisher, not timed
             method.fit_source(self.forward, [self.inputs])
         return method, PassCounter(self.counted(model))

@@ -12,7 +12,7 @@ class ClassificationTask(OnlineTask):
     """An ``OnlineClassifier`` on a ``CorruptionStream``."""
 
     name = 'classification'
-    output = 'per_sample'
+    prediction_kind = 'per_sample'
     model_kind = 'an OnlineClassifier'
 
     @classmethod

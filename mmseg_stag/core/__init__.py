@@ -8,13 +8,13 @@ from .methods import (BaseMethod, BatchContext, BNAdapt, CoTTA, DeYO, EATA,
                       EcoTTA, SAR, Source, TENT)
 from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
                      use_batch_statistics)
-from .probe import OUTPUT_KINDS, HeadProbe
+from .probe import PREDICTION_KINDS, HeadProbe
 from .registry import METHODS, build_method
 from .sam import SAM
 from .stag_loss import STAGLoss
 
 __all__ = [
-    'stag', 'STAGLoss', 'HeadProbe', 'OUTPUT_KINDS', 'METHODS',
+    'stag', 'STAGLoss', 'HeadProbe', 'PREDICTION_KINDS', 'METHODS',
     'build_method', 'BaseMethod', 'BatchContext', 'Source', 'BNAdapt', 'TENT',
     'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA', 'SAM', 'NORM_LAYER_TYPES',
     'norm_layers',

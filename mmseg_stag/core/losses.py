@@ -46,8 +46,8 @@ def mean_over_outputs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                for (feats, logits), size in zip(head_outputs, sizes))
 
 
-#: the output kind of logits by their number of dimensions
-OUTPUT_KIND_OF_DIM = {2: 'per_sample', 4: 'per_pixel'}
+#: the prediction kind of logits by their number of dimensions
+PREDICTION_KIND_OF_DIM = {2: 'per_sample', 4: 'per_pixel'}
 
 
 def flatten_outputs(head_outputs: HeadOutputs, method: str,
@@ -59,16 +59,17 @@ def flatten_outputs(head_outputs: HeadOutputs, method: str,
     Args:
         head_outputs (Sequence[tuple]): ``(features, logits)`` pairs.
         method (str): The method's name, for the error messages.
-        supported (str | Sequence[str]): Output kinds the caller accepts.
+        supported (str | Sequence[str]): Prediction kinds the caller
+            accepts.
 
     Returns:
         tuple[Tensor, Tensor]: ``features [M, D]`` and ``logits [M, C]``.
 
     Raises:
-        ValueError: On an unsupported or mixed output kind, or no pair.
+        ValueError: On an unsupported or mixed prediction kind, or no pair.
     """
-    check_kinds(head_outputs, method, supported)
-    if OUTPUT_KIND_OF_DIM[head_outputs[0][1].dim()] == 'per_sample' and \
+    check_prediction_kinds(head_outputs, method, supported)
+    if PREDICTION_KIND_OF_DIM[head_outputs[0][1].dim()] == 'per_sample' and \
             len(head_outputs) == 1:
         return head_outputs[0]
     feats, logits = zip(*[(_pixels_as_rows(f), _pixels_as_rows(z))
@@ -85,20 +86,20 @@ def flatten_logits(head_outputs: HeadOutputs, method: str,
     Raises:
         ValueError: As :func:`flatten_outputs`.
     """
-    check_kinds(head_outputs, method, supported)
+    check_prediction_kinds(head_outputs, method, supported)
     return torch.cat([_pixels_as_rows(z) for _, z in head_outputs]) \
         if len(head_outputs) > 1 or head_outputs[0][1].dim() == 4 \
         else head_outputs[0][1]
 
 
-def check_kinds(head_outputs: HeadOutputs, method: str,
-                supported: Union[str, Sequence[str]]) -> None:
+def check_prediction_kinds(head_outputs: HeadOutputs, method: str,
+                           supported: Union[str, Sequence[str]]) -> None:
     """Raise ``ValueError`` unless the pairs are of one supported kind."""
     supported = (supported, ) if isinstance(supported, str) else \
         tuple(supported)
     kinds = set()
     for _, logits in head_outputs:
-        kind = OUTPUT_KIND_OF_DIM.get(logits.dim())
+        kind = PREDICTION_KIND_OF_DIM.get(logits.dim())
         if kind not in supported:
             raise ValueError(_unsupported(method, supported, logits))
         kinds.add(kind)

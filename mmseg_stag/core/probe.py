@@ -5,20 +5,21 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-#: What a classifier's outputs are: ``[N, C]`` or ``[N, C, H, W]``.
-OUTPUT_KINDS = ('per_sample', 'per_pixel')
+#: Prediction kinds: where a classifier predicts, per sample (logits
+#: ``[N, C]``) or per pixel (``[N, C, H, W]``).
+PREDICTION_KINDS = ('per_sample', 'per_pixel')
 
 HeadOutputs = List[Tuple[torch.Tensor, torch.Tensor]]
 #: ``forward(model, inputs) -> (prediction, head_outputs)``
 Forward = Callable[[nn.Module, Any], Tuple[torch.Tensor, HeadOutputs]]
 
 
-def check_output_kind(output: str) -> str:
-    """Return ``output``; raise ``ValueError`` if not an output kind."""
-    if output not in OUTPUT_KINDS:
-        raise ValueError(f'output must be one of {OUTPUT_KINDS}, got '
-                         f'{output!r}')
-    return output
+def check_prediction_kind(kind: str) -> str:
+    """Return ``kind``; raise ``ValueError`` if not a prediction kind."""
+    if kind not in PREDICTION_KINDS:
+        raise ValueError(f'prediction_kind must be one of {PREDICTION_KINDS},'
+                         f' got {kind!r}')
+    return kind
 
 
 class HeadProbe:
@@ -28,7 +29,7 @@ class HeadProbe:
         head_layer (str, optional): Dotted module name of the classifier
             (the head layer), e.g. ``'decode_head.conv_seg'``. ``None``: the
             model's last ``nn.Linear`` (per sample only).
-        output (str): ``'per_sample'`` or ``'per_pixel'``.
+        prediction_kind (str): ``'per_sample'`` or ``'per_pixel'``.
         run (callable, optional): ``run(model, inputs) -> prediction``.
             Default: ``model(inputs)``.
         autocast_dtype (torch.dtype, optional): Runs each forward pass, and
@@ -36,17 +37,17 @@ class HeadProbe:
             Default: None (no autocast).
 
     Raises:
-        ValueError: If ``output`` or ``head_layer`` is invalid.
+        ValueError: If ``prediction_kind`` or ``head_layer`` is invalid.
     """
 
     def __init__(self,
                  head_layer: Optional[str] = None,
-                 output: str = 'per_sample',
+                 prediction_kind: str = 'per_sample',
                  run: Optional[Callable[[nn.Module, Any], Any]] = None,
                  autocast_dtype: Optional[torch.dtype] = None):
-        self.output = check_output_kind(output)
+        self.prediction_kind = check_prediction_kind(prediction_kind)
         self.autocast_dtype = autocast_dtype
-        if head_layer is None and output == 'per_pixel':
+        if head_layer is None and prediction_kind == 'per_pixel':
             raise ValueError('a per-pixel probe needs head_layer, the '
                              "classifier's module name (e.g. "
                              "'decode_head.conv_seg')")
@@ -83,7 +84,7 @@ class HeadProbe:
                     'classifier); name its final 1x1 conv / linear layer '
                     f'(its linear and conv layers: {candidates[-8:]})'
                 ) from err
-        if self.output == 'per_pixel':
+        if self.prediction_kind == 'per_pixel':
             check_pixel_classifier(module, name)
         else:
             check_sample_classifier(module, name)
@@ -129,12 +130,13 @@ class HeadProbe:
             raise RuntimeError(f'the classifier {name!r} did not run during '
                                "the model's forward pass; name the module "
                                'that computes the logits')
-        want = 2 if self.output == 'per_sample' else 4
+        want = 2 if self.prediction_kind == 'per_sample' else 4
         for features, _ in records:
             if features.dim() != want:
                 raise ValueError(
                     f'classifier {name!r} got an input of shape '
-                    f'{tuple(features.shape)}; {self.output} outputs need '
+                    f'{tuple(features.shape)}; {self.prediction_kind} outputs '
+                    f'need '
                     f'{want}-d features')
         if self.autocast_dtype is not None:
             prediction = to_float32(prediction)

@@ -97,7 +97,7 @@ class OnlineAdaptationLoop(TestLoop):
                                **options)
         # bad options fail here
         self.method = self.task.build_method(self.method_cfg)
-        self.method.check_output(self.task.output)
+        self.method.check_supports(self.task.prediction_kind)
         if self.method.needs_source_data and source_dataloader is None:
             raise ValueError(
                 f'{self.method.name} needs clean source images before the '
@@ -214,7 +214,7 @@ class OnlineAdaptationLoop(TestLoop):
         """Configure the method on the adapted module and its classifier."""
         adapted = self.task.adapted_module(self._model(self.runner))
         self.method.configure(adapted, self.task.probe.classifier(adapted),
-                              self.task.output)
+                              self.task.prediction_kind)
 
     def start_stage(self, stage: StreamStage) -> None:
         """Open ``stage``: restart from the source if it starts there, tell

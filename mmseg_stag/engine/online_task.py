@@ -22,14 +22,14 @@ class OnlineTask(ABC):
             default.
     """
 
-    #: ``'per_sample'`` or ``'per_pixel'`` classifier outputs
-    output = 'per_sample'
+    #: ``'per_sample'`` or ``'per_pixel'``: where the classifier predicts
+    prediction_kind = 'per_sample'
     #: the ``task`` a stream dataset declares
     name = ''
 
     def __init__(self, model: nn.Module, head_layer: Optional[str]):
         self.probe = HeadProbe(head_layer or self.default_head_layer(model),
-                               output=self.output)
+                               prediction_kind=self.prediction_kind)
         self.probe.find(self.adapted_module(model))  # fail before the stream
 
     def default_head_layer(self, model: nn.Module) -> Optional[str]:

@@ -29,7 +29,7 @@ class SegmentationTask(OnlineTask):
     """
 
     name = 'segmentation'
-    output = 'per_pixel'
+    prediction_kind = 'per_pixel'
     model_kind = 'an MMSeg segmentor'
 
     def __init__(self, model, head_layer: Optional[str] = None,

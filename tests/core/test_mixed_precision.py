@@ -258,7 +258,7 @@ def tent_update(scaler: bool, dtype):
     model = Wide().eval()
     method = SmallLossTENT(trainable=dict(kind='all'),
                            optimizer=dict(type='SGD', lr=1e3))
-    method.configure(model, model.head, output='per_pixel')
+    method.configure(model, model.head, prediction_kind='per_pixel')
     if scaler:
         method.use_grad_scaler('cpu')
     before = model.conv.weight.detach().clone()
@@ -266,7 +266,7 @@ def tent_update(scaler: bool, dtype):
                     generator=torch.Generator().manual_seed(1))
     with torch.enable_grad():
         method.adapt(BatchContext(x, HeadProbe(
-            'head', output='per_pixel', autocast_dtype=dtype)))
+            'head', prediction_kind='per_pixel', autocast_dtype=dtype)))
     return model.conv.weight.detach() - before
 
 

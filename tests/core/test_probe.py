@@ -52,7 +52,7 @@ def images(n=5, size=8, seed=0):
 def test_default_is_the_last_linear_and_named_modules_are_found():
     model = TwoHeads()
     probe = HeadProbe()
-    assert probe.head_layer is None and probe.output == 'per_sample'
+    assert probe.head_layer is None and probe.prediction_kind == 'per_sample'
     # registration order: 'unused' is the last nn.Linear
     name, module = probe.find(model)
     assert name == 'unused' and module is model.unused
@@ -106,8 +106,8 @@ def test_bad_names_and_non_classifiers_raise():
     for bad in ('', 3, ['cls']):
         with pytest.raises(ValueError, match='dotted module name'):
             HeadProbe(bad)
-    with pytest.raises(ValueError, match='output must be one of'):
-        HeadProbe('cls', output='per_token')
+    with pytest.raises(ValueError, match='prediction_kind must be one of'):
+        HeadProbe('cls', prediction_kind='per_token')
 
 
 def test_classifier_not_called_raises_and_removes_the_hook():
@@ -164,7 +164,7 @@ def test_run_replaces_model_call_and_each_call_is_recorded():
 # ------------------------------------------------------------- per pixel
 def test_per_pixel_probe_on_a_1x1_conv():
     model = TinySeg().eval()
-    probe = HeadProbe('decode.conv_seg', output='per_pixel')
+    probe = HeadProbe('decode.conv_seg', prediction_kind='per_pixel')
     assert probe.classifier(model) is model.decode.conv_seg
     x = images(n=2, size=6)
     prediction, [(features, logits)] = probe(model, x)
@@ -175,7 +175,7 @@ def test_per_pixel_probe_on_a_1x1_conv():
     features.sum().backward()
     assert model.body[1].weight.grad is not None
     with pytest.raises(ValueError, match='per-pixel probe needs'):
-        HeadProbe(output='per_pixel')
+        HeadProbe(prediction_kind='per_pixel')
 
 
 @pytest.mark.parametrize('classifier, match', [
@@ -187,14 +187,14 @@ def test_per_pixel_probe_on_a_1x1_conv():
 def test_per_pixel_classifier_must_be_a_plain_1x1_conv(classifier, match):
     model = TinySeg(classifier)
     with pytest.raises(ValueError, match='head without a 1x1 classifier'):
-        HeadProbe('decode.conv_seg', output='per_pixel').find(model)
+        HeadProbe('decode.conv_seg', prediction_kind='per_pixel').find(model)
     with pytest.raises(ValueError, match=match):
-        HeadProbe('decode.conv_seg', output='per_pixel').find(model)
+        HeadProbe('decode.conv_seg', prediction_kind='per_pixel').find(model)
 
 
 def test_per_pixel_probe_rejects_linear_and_non_4d_features():
     with pytest.raises(ValueError, match='not an nn.Conv2d'):
-        HeadProbe('cls', output='per_pixel').find(TwoHeads())
+        HeadProbe('cls', prediction_kind='per_pixel').find(TwoHeads())
 
     class Unbatched(nn.Module):
         def __init__(self):
@@ -205,5 +205,5 @@ def test_per_pixel_probe_rejects_linear_and_non_4d_features():
             return self.head(x)
 
     with pytest.raises(ValueError, match='per_pixel outputs need 4-d'):
-        HeadProbe('head', output='per_pixel')(Unbatched(),
+        HeadProbe('head', prediction_kind='per_pixel')(Unbatched(),
                                               torch.randn(4, 2, 2))

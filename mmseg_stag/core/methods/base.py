@@ -12,7 +12,7 @@ from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
 from ..losses import HeadOutputs, mean_over_outputs
 from ..params import exclude_by_module, select_parameters
-from ..probe import OUTPUT_KINDS, Forward, check_output_kind
+from ..probe import PREDICTION_KINDS, Forward, check_prediction_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
 
@@ -60,8 +60,8 @@ class BaseMethod:
 
     #: whether the method has a loss of its own (``L_base``)
     has_base_loss = True
-    #: the classifier outputs the method is defined on
-    supported_outputs: Tuple[str, ...] = OUTPUT_KINDS
+    #: the prediction kinds the method is defined on
+    supported_prediction_kinds: Tuple[str, ...] = PREDICTION_KINDS
     #: whether :meth:`fit_source` must be given clean source batches
     needs_source_data = False
     #: whether the updates can go through a ``GradScaler`` (fp16)
@@ -118,26 +118,28 @@ class BaseMethod:
         return stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'],
                          self.step)
 
-    def check_output(self, output: str) -> None:
-        """Check that the method is defined on ``output`` outputs.
+    def check_supports(self, prediction_kind: str) -> None:
+        """Check that the method is defined on ``prediction_kind``.
 
         Raises:
-            ValueError: If ``output`` is not in :attr:`supported_outputs`.
+            ValueError: If ``prediction_kind`` is not in
+                :attr:`supported_prediction_kinds`.
         """
-        if check_output_kind(output) not in self.supported_outputs:
+        supported = self.supported_prediction_kinds
+        if check_prediction_kind(prediction_kind) not in supported:
             raise ValueError(
-                f'{self.name} supports {" and ".join(self.supported_outputs)}'
-                f' outputs only, but this task gives {output} outputs '
+                f'{self.name} supports {" and ".join(supported)} outputs '
+                f'only, but this task gives {prediction_kind} outputs '
                 f'(choose another method)')
 
     def configure(self, model: nn.Module, classifier: nn.Module,
-                  output: str = 'per_sample') -> None:
+                  prediction_kind: str = 'per_sample') -> None:
         """Set the modes, unfreeze the adapted parameters, build the optimizer.
 
         Raises:
             ValueError: If no parameter matches ``trainable``.
         """
-        self.check_output(output)
+        self.check_supports(prediction_kind)
         self.model, self.classifier = model, classifier
         for p in model.parameters():
             p.requires_grad_(False)

@@ -38,7 +38,7 @@ class CoTTA(BaseMethod):
         ValueError: If an argument is out of range.
     """
 
-    supported_outputs = ('per_sample', )
+    supported_prediction_kinds = ('per_sample', )
 
     #: the per-sample losses of option ``loss`` (CIFAR, ImageNet code)
     LOSSES = dict(ce=cross_entropy_to_teacher,
@@ -93,8 +93,8 @@ class CoTTA(BaseMethod):
         self.source_params: Dict[str, torch.Tensor] = {}
         self.restore_params: List[Tuple[str, nn.Parameter]] = []
 
-    def configure(self, model, classifier, output='per_sample'):
-        super().configure(model, classifier, output)
+    def configure(self, model, classifier, prediction_kind='per_sample'):
+        super().configure(model, classifier, prediction_kind)
         # CoTTA's copy_model_and_optimizer, after configure_model
         self.teacher = copy.deepcopy(model)
         self.source_model = copy.deepcopy(model)

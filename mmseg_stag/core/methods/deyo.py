@@ -87,7 +87,7 @@ class DeYO(SampleFilteringMethod):
         ValueError: If a margin or ``patch_len`` is not positive.
     """
 
-    supported_outputs = ('per_sample', 'per_pixel')
+    supported_prediction_kinds = ('per_sample', 'per_pixel')
 
     def __init__(self,
                  deyo_margin: float = 0.5,
@@ -118,14 +118,14 @@ class DeYO(SampleFilteringMethod):
         self.reweight_ent = float(reweight_ent)
         self.reweight_plpd = float(reweight_plpd)
         self.exclude_regex = exclude_regex
-        self.output: Optional[str] = None  # set by configure
+        self.prediction_kind: Optional[str] = None  # set by configure
         self.num_classes: Optional[int] = None
         self.ent_margin: Optional[float] = None  # tau_Ent (absolute)
         self.margin_e0: Optional[float] = None  # Ent_0 (absolute)
 
-    def configure(self, model, classifier, output='per_sample'):
-        super().configure(model, classifier, output)
-        self.output = output
+    def configure(self, model, classifier, prediction_kind='per_sample'):
+        super().configure(model, classifier, prediction_kind)
+        self.prediction_kind = prediction_kind
         self.exclude_modules(self.exclude_regex)
         self.num_classes = int(classifier.weight.shape[0])
         self.ent_margin = self.deyo_margin * math.log(self.num_classes)
@@ -146,8 +146,9 @@ class DeYO(SampleFilteringMethod):
         Raises:
             ValueError: If ``inputs`` are not the batch's images.
         """
-        logits = flatten_logits(head_outputs, 'DeYO',
-                                    self.output or self.supported_outputs)
+        logits = flatten_logits(
+            head_outputs, 'DeYO',
+            self.prediction_kind or self.supported_prediction_kinds)
         per_pixel = head_outputs[0][1].dim() == 4
         entropies = softmax_entropy(logits)
         reliable = entropies < self.ent_margin

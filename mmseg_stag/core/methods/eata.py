@@ -43,7 +43,7 @@ class EATA(SampleFilteringMethod):
         ValueError: If a margin is not positive or ``fisher_alpha < 0``.
     """
 
-    supported_outputs = ('per_sample', 'per_pixel')
+    supported_prediction_kinds = ('per_sample', 'per_pixel')
 
     def __init__(self,
                  entropy_margin: float = 0.4,
@@ -66,7 +66,7 @@ class EATA(SampleFilteringMethod):
         self.d_margin = float(d_margin)
         self.fisher_alpha = float(fisher_alpha)
         self.e_margin: Optional[float] = None  # E0, set by configure
-        self.output: Optional[str] = None  # set by configure
+        self.prediction_kind: Optional[str] = None  # set by configure
         self.num_classes: Optional[int] = None
         self.model_probs: Optional[torch.Tensor] = None  # p_bar
         #: ``{param name: (fisher, theta_0)}``, set by :meth:`fit_source`
@@ -78,9 +78,9 @@ class EATA(SampleFilteringMethod):
         """Whether clean batches are needed (``fisher_alpha > 0``)."""
         return self.fisher_alpha > 0
 
-    def configure(self, model, classifier, output='per_sample'):
-        super().configure(model, classifier, output)
-        self.output = output
+    def configure(self, model, classifier, prediction_kind='per_sample'):
+        super().configure(model, classifier, prediction_kind)
+        self.prediction_kind = prediction_kind
         self.num_classes = int(classifier.weight.shape[0])
         self.e_margin = self.entropy_margin * math.log(self.num_classes)
         self.model_probs = None
@@ -139,7 +139,7 @@ class EATA(SampleFilteringMethod):
                 _, head_outputs = forward(self.model, x)
                 logits = flatten_logits(
                     head_outputs, 'EATA',
-                    self.output or self.supported_outputs)
+                    self.prediction_kind or self.supported_prediction_kinds)
                 targets = logits.detach().max(1)[1]
                 F.cross_entropy(logits, targets).backward()
             for name, p in self.params:
@@ -200,8 +200,9 @@ class EATA(SampleFilteringMethod):
 
     def base_loss(self, ctx) -> Optional[torch.Tensor]:
         """Return the weighted entropy of the selected samples (+ EWC)."""
-        logits = flatten_logits(ctx.head_outputs, 'EATA',
-                                    self.output or self.supported_outputs)
+        logits = flatten_logits(
+            ctx.head_outputs, 'EATA',
+            self.prediction_kind or self.supported_prediction_kinds)
         entropies, reliable, selected = self.select(logits)
         if self.record_selection(ctx, reliable, selected) == 0:
             return None

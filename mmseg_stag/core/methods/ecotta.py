@@ -26,7 +26,7 @@ class EcoTTA(BaseMethod):
         **kwargs: See :class:`BaseMethod`.
     """
 
-    supported_outputs = ('per_sample', )
+    supported_prediction_kinds = ('per_sample', )
 
     def __init__(self, reg_weight: float = 0.5, entropy_margin: float = 0.4,
                  optimizer: Optional[dict] = None,
@@ -39,7 +39,7 @@ class EcoTTA(BaseMethod):
         self.entropy_margin = float(entropy_margin)
         self.meta = None
 
-    def configure(self, model, classifier, output='per_sample'):
+    def configure(self, model, classifier, prediction_kind='per_sample'):
         meta = getattr(model, 'ecotta', None)
         if meta is None:
             raise ValueError(
@@ -47,7 +47,7 @@ class EcoTTA(BaseMethod):
                 "it as network=dict(type='EcoTTANetwork', network=..., K=4) "
                 '(configs/cls/_base_/models/*_ecotta-k*.py)')
         self.meta = meta
-        super().configure(model, classifier, output)
+        super().configure(model, classifier, prediction_kind)
 
     def set_modes(self, model):
         model.train()  # community main.py: net.train() before adapt()

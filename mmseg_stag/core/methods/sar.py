@@ -43,7 +43,7 @@ class SAR(BaseMethod):
         ValueError: If ``entropy_margin <= 0`` or ``rho < 0``.
     """
 
-    supported_outputs = ('per_sample', 'per_pixel')
+    supported_prediction_kinds = ('per_sample', 'per_pixel')
     #: SAM's ascent step needs unscaled gradients between two backwards
     supports_grad_scaler = False
 
@@ -74,7 +74,7 @@ class SAR(BaseMethod):
         self.recovery_restores_optimizer = bool(recovery_restores_optimizer)
         self.recovery_clears_ema = bool(recovery_clears_ema)
         self.e_margin: Optional[float] = None
-        self.output: Optional[str] = None  # set by configure
+        self.prediction_kind: Optional[str] = None  # set by configure
         self.ema: Optional[float] = None
         self.num_recoveries = 0
         self._initial_params = {}
@@ -83,9 +83,9 @@ class SAR(BaseMethod):
     def build_optimizer(self):
         return SAM(super().build_optimizer(), rho=self.rho)
 
-    def configure(self, model, classifier, output='per_sample'):
-        super().configure(model, classifier, output)
-        self.output = output
+    def configure(self, model, classifier, prediction_kind='per_sample'):
+        super().configure(model, classifier, prediction_kind)
+        self.prediction_kind = prediction_kind
         self.exclude_modules(self.exclude_regex)
         self.e_margin = self.entropy_margin * math.log(
             int(classifier.weight.shape[0]))
@@ -107,8 +107,9 @@ class SAR(BaseMethod):
 
     def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
         """Return the mean entropy of the kept samples; set ``ctx.kept``."""
-        logits = flatten_logits(ctx.head_outputs, 'SAR',
-                                    self.output or self.supported_outputs)
+        logits = flatten_logits(
+            ctx.head_outputs, 'SAR',
+            self.prediction_kind or self.supported_prediction_kinds)
         entropies = softmax_entropy(logits)
         keep = entropies < self.e_margin
         if ctx.among is not None:

@@ -16,7 +16,7 @@ class SegmentationCoTTA(CoTTA):
     Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta).
     """
 
-    supported_outputs = ('per_sample', 'per_pixel')
+    supported_prediction_kinds = ('per_sample', 'per_pixel')
 
     def base_loss(self, ctx):
         if not (ctx.head_outputs and ctx.head_outputs[0][1].dim() == 4):

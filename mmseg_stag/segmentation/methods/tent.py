@@ -22,7 +22,7 @@ class SegmentationTENT(TENT):
         super().__init__(loss=loss, **kwargs)
         self.align_corners = bool(align_corners)
         if loss == 'pseudo_ce_fullres':
-            self.supported_outputs = ('per_pixel', )
+            self.supported_prediction_kinds = ('per_pixel', )
 
     def base_loss(self, ctx):
         if self.loss_type != 'pseudo_ce_fullres':

@@ -32,7 +32,7 @@ class TinySegNet(nn.Module):
         return self.classifier(self.body(x))
 
 
-FORWARD = HeadProbe('classifier', output='per_pixel')
+FORWARD = HeadProbe('classifier', prediction_kind='per_pixel')
 
 
 def make_model(seed=0):
@@ -349,5 +349,5 @@ def test_bad_configs_raise():
         configured(TENT(trainable=dict(name_regex='nothing')), make_model())
     with pytest.raises(RuntimeError, match='configure'):
         TENT().adapt(BatchContext(None, FORWARD))
-    with pytest.raises(ValueError, match='output must be one of'):
+    with pytest.raises(ValueError, match='prediction_kind must be one of'):
         TENT().configure(make_model(), make_model().classifier, 'per_token')

@@ -420,7 +420,7 @@ def test_core_cotta_is_per_sample():
     """CoTTA per pixel (the authors' ACDC code) is the segmentation
     package's ``SegmentationCoTTA`` (tests/segmentation/methods)."""
     with pytest.raises(ValueError, match='per_sample outputs only'):
-        CoTTA().check_output('per_pixel')
+        CoTTA().check_supports('per_pixel')
 
 
 def test_teacher_update_is_bit_equal_to_the_per_tensor_loop():

@@ -219,4 +219,4 @@ def test_registry_and_a_network_without_meta_networks():
     with pytest.raises(ValueError, match='EcoTTANetwork'):
         EcoTTA().configure(make_wrn(), make_wrn().fc)
     with pytest.raises(ValueError, match='per_sample outputs only'):
-        EcoTTA().check_output('per_pixel')
+        EcoTTA().check_supports('per_pixel')

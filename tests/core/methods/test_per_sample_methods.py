@@ -28,14 +28,14 @@ def build(name):
 
 class PerSampleOnly(TENT):
     """A method defined on per-sample outputs only."""
-    supported_outputs = ('per_sample', )
+    supported_prediction_kinds = ('per_sample', )
 
 
 def test_per_pixel_task_refused_at_configure():
     method = PerSampleOnly()
-    method.check_output('per_sample')
+    method.check_supports('per_sample')
     with pytest.raises(ValueError, match='supports per_sample outputs only'):
-        method.check_output('per_pixel')
+        method.check_supports('per_pixel')
     model = make_model()
     flags = [p.requires_grad for p in model.parameters()]
     with pytest.raises(ValueError, match='supports per_sample outputs only'):
@@ -50,15 +50,16 @@ def test_per_pixel_task_refused_at_configure():
 
 @pytest.mark.parametrize('name', ('source', 'bn_adapt', 'tent') +
                          PER_SAMPLE_AND_PIXEL)
-def test_methods_taking_both_outputs(name):
+def test_methods_taking_both_kinds(name):
     per_pixel = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4),
                               nn.Conv2d(4, C, 1))
-    for output, model, head in (('per_sample', make_model(), 5),
-                                ('per_pixel', per_pixel, 2)):
+    for kind, model, head in (('per_sample', make_model(), 5),
+                              ('per_pixel', per_pixel, 2)):
         method = build(name)
-        assert method.supported_outputs == ('per_sample', 'per_pixel')
-        method.check_output(output)
-        method.configure(model, model[head], output)
+        assert method.supported_prediction_kinds == ('per_sample',
+                                                     'per_pixel')
+        method.check_supports(kind)
+        method.configure(model, model[head], kind)
         assert method.model is model
 
 

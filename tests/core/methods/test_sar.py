@@ -602,7 +602,7 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(case):
                  stag=STAGLoss() if stag else None,
                  reset_constant=threshold)
     method = SAR(optimizer=OPT, recovery_threshold=threshold, stag=stag)
-    method.check_output('per_pixel')
+    method.check_supports('per_pixel')
     method.configure(net, net[3], 'per_pixel')
     temperatures = PIXEL_TEMPERATURES if case == 'recovery' else (1.0, ) * 4
     recovered, filtered = [], False

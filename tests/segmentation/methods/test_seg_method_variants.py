@@ -13,7 +13,7 @@ from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
                                      SegmentationBatchContext,
                                      SegmentationCoTTA, SegmentationTENT)
 
-FORWARD = HeadProbe('2', output='per_pixel')
+FORWARD = HeadProbe('2', prediction_kind='per_pixel')
 
 
 def make_model(seed=0):
@@ -71,7 +71,7 @@ def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
             const[:, :, :1, :1].expand(-1, -1, 12, 14), labels))
     # classification has no original-size labels: refused when configured
     with pytest.raises(ValueError, match='per_pixel outputs only'):
-        method.check_output('per_sample')
+        method.check_supports('per_sample')
     with pytest.raises(ValueError, match='segmentation loop'):
         method.base_loss(BatchContext(x, FORWARD, prediction=logits,
                                       head_outputs=outs))
@@ -91,7 +91,7 @@ def test_per_pixel_cotta_needs_the_views_of_a_multi_view_pipeline():
     (``ctx.views``); a one-view batch is refused with an error that names
     the pipeline to use."""
     method = SegmentationCoTTA()
-    method.check_output('per_pixel')
+    method.check_supports('per_pixel')
     model = make_model()
     method.configure(model, model[2], 'per_pixel')
     x = images(n=1)
