@@ -45,10 +45,6 @@ class ClassifierPreprocessor(BaseDataPreprocessor):
 class OnlineClassifier(BaseModel):
     """A ``CLS_MODELS`` network with its data preprocessor.
 
-    The online loop adapts its ``network``; the classifier it probes is the
-    network's last ``nn.Linear`` unless ``test_cfg.head_layer`` names
-    another module.
-
     Args:
         network (dict): A ``CLS_MODELS`` config.
         data_preprocessor (dict, optional): A ``ClassifierPreprocessor``

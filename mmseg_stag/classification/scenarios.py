@@ -104,11 +104,7 @@ def per_corruption(data: StreamData,
 
 @CLS_SCENARIOS.register_module(name='mild')
 def mild(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
-    """One corruption at a time, shuffled, each from the source.
-
-    The paper's batch-size-1 setting (``bs1``) is this stream with the
-    dataloader's ``batch_size=1``.
-    """
+    """One corruption at a time, shuffled, each from the source (bs1 too)."""
     return per_corruption(data, seed, order='shuffle', from_source=True,
                           **kwargs)
 
@@ -124,8 +120,7 @@ def label_shift(data: StreamData, seed: int = 0,
 @CLS_SCENARIOS.register_module(name='continual')
 def continual(data: StreamData, seed: int = 0, order: str = 'file',
               **kwargs) -> List[Stage]:
-    """Corruptions in sequence, from the source only at the first (CoTTA's
-    CIFAR-C protocol)."""
+    """Corruptions in sequence, only the first from the source (CoTTA's)."""
     return per_corruption(data, seed, order=order, from_source=False,
                           **kwargs)
 

@@ -46,9 +46,7 @@ class OnlineAdaptationLoop(TestLoop):
         method (dict): Config of a ``mmseg_stag.core.METHODS`` method, e.g.
             ``dict(type='tent', stag=dict(beta0=500, gamma=35))``.
         head_layer (str, optional): Module name of the classifier in the
-            adapted module (the one config key of it). Default: the task's
-            (segmentation: ``decode_head.conv_seg``; classification: the
-            last ``nn.Linear``).
+            adapted module. Default: the task's.
         task (str, optional): ``'segmentation'`` or ``'classification'``.
             Default: the model's.
         bn_batch_stats (bool): Whether BatchNorm uses test-batch statistics
@@ -217,8 +215,7 @@ class OnlineAdaptationLoop(TestLoop):
                               self.task.prediction_kind)
 
     def start_stage(self, stage: StreamStage) -> None:
-        """Open ``stage``: restart from the source if it starts there, tell
-        the method and metrics."""
+        """Open ``stage``: restart from the source if set, tell the others."""
         if stage.from_source:
             self.num_updates += self.method.num_updates
             self.restart_from_source(stage.index)

@@ -18,8 +18,7 @@ class OnlineTask(ABC):
     Args:
         model (nn.Module): The runner's model.
         head_layer (str, optional): Module name of the classifier in the
-            adapted module (``test_cfg.head_layer``); None: the task's
-            default.
+            adapted module; None: the task's default.
     """
 
     #: ``'per_sample'`` or ``'per_pixel'``: where the classifier predicts
@@ -33,8 +32,7 @@ class OnlineTask(ABC):
         self.probe.find(self.adapted_module(model))  # fail before the stream
 
     def default_head_layer(self, model: nn.Module) -> Optional[str]:
-        """Return the classifier's module name when the config gives none
-        (None: the last ``nn.Linear``)."""
+        """Return the default head layer (None: the last ``nn.Linear``)."""
         return None
 
     def setup(self, dataset) -> None:
@@ -93,12 +91,8 @@ class OnlineBatch:
 
 
 def head_layer_of(cfg) -> Optional[str]:
-    """Return the classifier's module name a config sets.
-
-    The one config key of it is ``test_cfg.head_layer`` (the online loop's
-    ``head_layer``); None: the task's default (segmentation:
-    ``decode_head.conv_seg``, classification: the last ``nn.Linear``).
-    """
+    """Return ``test_cfg.head_layer``, the one config key of the
+    classifier's module name; None: the task's default."""
     return (cfg.get('test_cfg') or {}).get('head_layer')
 
 

@@ -11,9 +11,7 @@ import torch
 import torch.nn as nn
 
 #: version of the state-file layout (a file of another version is refused)
-#: 2: the model part holds adapted parameters and buffers; 3: SAR's count
-#: of recoveries is num_recoveries (was num_resets)
-STATE_VERSION = 3
+STATE_VERSION = 3  # 2: adapted parameters and buffers; 3: num_recoveries
 
 
 def rng_state() -> dict:

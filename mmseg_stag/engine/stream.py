@@ -22,8 +22,7 @@ class StreamStage:
         start (int): Its first sample index.
         stop (int): One past its last sample index.
         from_source (bool): Whether the stage starts from the source
-            weights (the model reloaded, the method rebuilt; the loop's
-            ``restart_from_source``). Default: False.
+            weights (the loop's ``restart_from_source``). Default: False.
     """
     index: int
     round: int
@@ -71,8 +70,7 @@ def dataset_stages(dataset) -> List[StreamStage]:
 
 
 def stages_from_tags(infos: Sequence[dict]) -> List[StreamStage]:
-    """Return the stages of data infos tagged ``stage``/``round``/``condition``
-    (and optionally ``from_source``).
+    """Return the stages of data infos tagged ``stage``/``round``/``condition``.
 
     Raises:
         KeyError: If an info lacks a tag.

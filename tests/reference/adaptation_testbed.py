@@ -38,7 +38,8 @@ OPT = dict(type='SGD', lr=LR, momentum=0.9)
 
 MLP_PROBE = HeadProbe('3')  # classifier of make_mlp
 CNN_PROBE = HeadProbe('5')  # classifier of make_cnn
-SEG_PROBE = HeadProbe('3', prediction_kind='per_pixel')  # classifier of make_seg_net
+# classifier of make_seg_net
+SEG_PROBE = HeadProbe('3', prediction_kind='per_pixel')
 
 
 def make_mlp(seed=2, norm='ln'):

@@ -45,8 +45,7 @@ class BaseMethod:
     Args:
         stag (dict, optional): ``dict(beta0, gamma,
             restart_beta_per_stage=False, **STAGLoss args)`` adds
-            ``beta_t L_STAG``; ``restart_beta_per_stage``: ``t`` back to 0
-            when the stage changes. Default: None.
+            ``beta_t L_STAG``. Default: None.
         optimizer (dict, optional): An MMEngine ``OPTIMIZERS`` config
             without params. Default: Adam, lr 7.5e-6, betas (0.9, 0.999).
         trainable (dict, optional): For :func:`select_parameters`.

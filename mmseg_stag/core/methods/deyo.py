@@ -71,9 +71,8 @@ class DeYO(SampleFilteringMethod):
 
     Args:
         deyo_margin (float): Entropy filter / ``ln C``. Default: 0.5.
-        reweight_margin (float): ``Ent_0`` / ``ln C``, the entropy of the
-            sample weights (the authors' ``deyo_margin_e0``); no filter.
-            Default: 0.4.
+        reweight_margin (float): ``Ent_0`` / ``ln C`` of the weights (the
+            authors' ``deyo_margin_e0``). Default: 0.4.
         plpd_threshold (float): PLPD filter. Default: 0.2.
         patch_len (int): Patches per row and column. Default: 4.
         reweight_ent (bool | float): Entropy weight factor. Default: 1.0.

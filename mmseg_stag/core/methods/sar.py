@@ -23,17 +23,15 @@ class SAR(BaseMethod):
     Args:
         entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
         rho (float): SAM neighbourhood size. Default: 0.05.
-        recovery_threshold (float): The recovery fires when the loss EMA
-            is below it (the authors' literal 0.2; their
-            ``reset_constant_em`` is unused). Default: 0.2.
+        recovery_threshold (float): Recovery when the loss EMA is below
+            it (the authors' literal 0.2). Default: 0.2.
         exclude_regex (str, optional): Modules left frozen.
             Default: :data:`SAR_AUTHORS_EXCLUDE`.
         momentum_step_on_empty (bool): Step by momentum alone when nothing
             is kept. Default: True.
-        recovery_restores_optimizer (bool): The recovery also restores the
-            base optimizer's state of ``configure`` (clears the momentum).
+        recovery_restores_optimizer (bool): Recovery clears momentum.
             Default: False.
-        recovery_clears_ema (bool): The EMA starts afresh after a recovery.
+        recovery_clears_ema (bool): Restart the EMA on recovery.
             Default: False.
         optimizer (dict, optional): SAM's base optimizer. Default: SGD,
             lr 0.00025, momentum 0.9.
@@ -121,8 +119,7 @@ class SAR(BaseMethod):
         return entropies[keep].mean(0)
 
     def restore_initial(self) -> None:
-        """Restore the parameters of ``configure`` (what a recovery does);
-        follows the authors' SAR.reset."""
+        """Restore the parameters of ``configure``; follows SAR.reset."""
         with torch.no_grad():
             for name, p in self.params:
                 p.copy_(self._initial_params[name])
@@ -145,8 +142,7 @@ class SAR(BaseMethod):
         self.restore_initial()
         if self.recovery_clears_ema:
             return True  # deviation: the EMA stays None
-        # sar.py SAR.forward: `self.ema = ema` after its reset()
-        self.ema = ema
+        self.ema = ema  # sar.py SAR.forward: `self.ema = ema` after reset
         return True
 
     def adapt(self, ctx: BatchContext):

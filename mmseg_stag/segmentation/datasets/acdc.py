@@ -129,8 +129,7 @@ class ACDCContinualDataset(BaseSegDataset):
         return data_list
 
     def stream_stages(self) -> List[StreamStage]:
-        """Return the stages: one per round and condition, continual (none
-        restarts from the source)."""
+        """Return the stages: one per round and condition, continual."""
         if getattr(self, '_stream_stages', None) is None:
             self._stream_stages = stages_from_tags(
                 [self.get_data_info(i) for i in range(len(self))])

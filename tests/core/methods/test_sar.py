@@ -387,7 +387,8 @@ def test_restore_initial_is_the_authors_reset():
 
 
 def test_recovery_restores_optimizer_option_clears_the_momentum():
-    method, model, other, _, initial = recovery_pair(recovery_restores_optimizer=True)
+    method, model, other, _, initial = recovery_pair(
+        recovery_restores_optimizer=True)
     sgd = method.optimizer.base_optimizer
     assert sgd.state_dict()['state'] == {}
     assert other.optimizer.base_optimizer.state_dict()['state'] != {}
