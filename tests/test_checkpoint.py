@@ -11,7 +11,6 @@ from mmseg_stag.checkpoint import (load_checkpoint_file,
 
 
 class TinyHeadModel(nn.Module):
-    classifier_name = 'decode_head.conv_seg'
 
     def __init__(self, num_classes=4):
         super().__init__()
