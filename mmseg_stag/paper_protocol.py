@@ -67,10 +67,9 @@ def as_cli(options: dict) -> list:
 def first_stage_score(cfg: Config, checkpoint: str, work_dir: str) -> float:
     """The first stage's score (mIoU or accuracy) of one run."""
     from mmseg_stag.engine.runs import prepare_config, run_test
+    from mmseg_stag.engine.report import read_results
     run_test(prepare_config(cfg.copy(), work_dir), checkpoint)
-    with open(osp.join(work_dir, 'continual_results.json')) as f:
-        results = json.load(f)
-    return results['stages'][0][results.get('score', 'mIoU')]
+    return read_results(work_dir)['stages'][0]['score']
 
 
 def select(config, checkpoint: str, beta_grid, work_dir: str,

@@ -101,9 +101,9 @@ def evaluate(args, method, ckpt, data_root, work_dir, rounds, extra=(),
         cmd += ['--show-dir', osp.join(work_dir, 'segmaps')]
         opts.append('default_hooks.visualization.interval='
                     f'{args.per_condition}')
+    from mmseg_stag.engine.report import read_results
     run(cmd + ['--cfg-options'] + opts, quiet=quiet)
-    with open(osp.join(work_dir, 'continual_results.json')) as f:
-        return json.load(f)
+    return read_results(work_dir)
 
 
 def select_beta(args, method, ckpt, data_root):
@@ -143,19 +143,20 @@ def summarise(results, betas, seconds, path_json, path_md):
     for method, res in results.items():
         per_round = []
         for r in rounds:
-            vals = [s['mIoU'] for s in res['stages'] if s['round'] == r]
+            vals = [s['score'] for s in res['stages'] if s['round'] == r]
             per_round.append(sum(vals) / len(vals))
         label = method + (f' (beta0={betas[method]:g})'
                           if method in betas else '')
         lines.append(f'| {label} | ' + ' | '.join(f'{v:.1f}'
                                                  for v in per_round) +
-                     f" | **{res['mean_mIoU']:.1f}** |")
+                     f" | **{res['mean_over_stages']:.1f}** |")
     lines += ['', '| method | ' + ' | '.join(conditions) + ' |',
               '|---' * (len(conditions) + 1) + '|']
     for method, res in results.items():
         per_cond = []
         for c in conditions:
-            vals = [s['mIoU'] for s in res['stages'] if s['condition'] == c]
+            vals = [s['score'] for s in res['stages']
+                    if s['condition'] == c]
             per_cond.append(sum(vals) / len(vals))
         lines.append(f'| {method} | ' + ' | '.join(f'{v:.1f}'
                                                   for v in per_cond) + ' |')
@@ -164,7 +165,8 @@ def summarise(results, betas, seconds, path_json, path_md):
         f.write('Continual stand-in benchmark (mIoU %, mean over stages); '
                 f'total time {seconds / 60:.1f} min\n\n{table}\n')
     with open(path_json, 'w') as f:
-        json.dump(dict(methods={m: dict(mean_mIoU=r['mean_mIoU'],
+        json.dump(dict(methods={m: dict(mIoU_mean_over_stages=r[
+                                            'mean_over_stages'],
                                         stages=r['stages'])
                                 for m, r in results.items()},
                        betas=betas, seconds=seconds), f, indent=1)

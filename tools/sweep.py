@@ -380,7 +380,7 @@ def run_trial(config):
     reported (its score, mIoU or accuracy, and the mean so far)."""
     from ray import tune
 
-    from mmseg_stag.engine.report import read_partial, score_key
+    from mmseg_stag.engine.report import read_partial
     run, options, resume = config['run'], config['options'], config['resume']
     os.makedirs(run['work_dir'], exist_ok=True)
     cmd = [sys.executable, TEST_PY, run['config'], run['checkpoint'],
@@ -406,12 +406,13 @@ def run_trial(config):
             finished = proc.poll() is not None
             for stage in read_partial(run['work_dir'])[reported:]:
                 reported += 1
-                key = score_key(stage)  # mIoU or accuracy
-                values.append(stage[key])
-                tune.report({key: stage[key], 'score': stage[key],
+                key = stage['score_name']  # mIoU or acc
+                values.append(stage['score'])
+                tune.report({key: stage['score'], 'score': stage['score'],
                              'stage': reported, 'round': stage['round'],
                              'condition': stage['condition'],
-                             f'mean_{key}': sum(values) / len(values)})
+                             f'{key}_mean_over_stages':
+                             sum(values) / len(values)})
             if finished:
                 break
             time.sleep(0.5)

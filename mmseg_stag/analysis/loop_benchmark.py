@@ -112,4 +112,4 @@ def run_method(method, args, work_root):
                 images_per_second=images_per_second(timer.times,
                                                     args.warmup),
                 classifier_calls_per_image=timer.calls / len(timer.times),
-                mIoU=metrics.get('continual/mIoU'))
+                mIoU=metrics.get('continual/mIoU_mean_over_stages'))

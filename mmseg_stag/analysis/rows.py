@@ -57,8 +57,7 @@ def stage_config(config: str, cfg_options: dict, condition=None,
 
 
 def mean_score(results: dict):
-    """A run's score (``continual_results.json``): the mean over its stages
-    and the score's name (``accuracy``/``mIoU``)."""
-    key = results.get('score', 'mIoU')
-    scores = [s[key] for s in results['stages']]
-    return sum(scores) / len(scores), key
+    """A run's score (``report.read_results``): the mean over its stages
+    and the score's name (``acc``/``mIoU``)."""
+    scores = [s['score'] for s in results['stages']]
+    return sum(scores) / len(scores), results['score_name']

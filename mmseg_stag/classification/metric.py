@@ -5,7 +5,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional
 
 from mmseg_stag.analysis.running import PER_IMAGE_FILE
-from mmseg_stag.engine.report import mean_ignoring_nan, write_results
+from mmseg_stag.engine.report import mean_ignoring_nan
 from mmseg_stag.engine.stream_metric import StreamMetric
 from mmseg_stag.registry import METRICS
 
@@ -35,7 +35,8 @@ class StreamAccuracyMetric(StreamMetric):
     """
 
     default_prefix = 'stream'
-    score = 'accuracy'
+    score_name = 'acc'
+    task = 'classification'
 
     def __init__(self, table_metric: str = 'acc',
                  output_dir: Optional[str] = None,
@@ -57,17 +58,14 @@ class StreamAccuracyMetric(StreamMetric):
         return dict(corruption=str(sample['corruption']),
                     correct=int(sample['pred_label'] == sample['gt_label']))
 
-    def stage_result(self, records: List[dict]) -> dict:
-        first = records[0]
-        counts = per_corruption(records)
+    def stage_score(self, records: List[dict]):
+        """Return the stage's accuracy; its correct count and
+        ``[correct, total]`` per corruption as details."""
         correct = sum(r['correct'] for r in records)
-        acc = counts_result(correct, len(records))['acc']
-        return dict(stage=first['stage'], round=first['round'],
-                    condition=first['condition'], accuracy=acc,
-                    error=100.0 - acc, correct=correct,
-                    num_images=len(records),
-                    per_corruption={c: [v['correct'], v['total']]
-                                    for c, v in counts.items()})
+        return counts_result(correct, len(records))['acc'], dict(
+            correct=correct,
+            per_corruption={c: [v['correct'], v['total']]
+                            for c, v in per_corruption(records).items()})
 
     def corruption_results(self, stages: List[dict]) -> Dict[str, dict]:
         """Return the counts per corruption over the whole stream."""
@@ -75,32 +73,30 @@ class StreamAccuracyMetric(StreamMetric):
         for corruption in (self.dataset_meta or {}).get('corruptions', []):
             sums[corruption] = [0, 0]
         for s in stages:
-            for c, (correct, total) in s['per_corruption'].items():
+            for c, (correct, total) in s['details']['per_corruption'].items():
                 acc = sums.setdefault(c, [0, 0])
                 acc[0] += correct
                 acc[1] += total
         return OrderedDict((c, counts_result(*v)) for c, v in sums.items()
                            if v[1])
 
-    def summary(self, stages: List[dict]) -> Dict[str, float]:
+    def run_details(self, stages: List[dict]) -> dict:
+        """The paper's numbers: per corruption over the whole stream, their
+        mean (the tables' Avg.) and the accuracy pooled over all images."""
         per = self.corruption_results(stages)
-        acc = mean_ignoring_nan([v['acc'] for v in per.values()])
-        return dict(accuracy=acc, error=100.0 - acc)
-
-    def write(self, stages: List[dict], conditions: List[str]) -> None:
-        per = self.corruption_results(stages)
-        acc = mean_ignoring_nan([v['acc'] for v in per.values()])
         correct = sum(v['correct'] for v in per.values())
         total = sum(v['total'] for v in per.values())
-        write_results(self.output_dir, stages, conditions, 'accuracy',
-                      summary=dict(self.run_info,
-                                   table_metric=self.table_metric,
-                                   corruptions=list(per),
-                                   per_corruption=per, avg_acc=acc,
-                                   avg_err=100.0 - acc,
-                                   overall_acc=counts_result(
-                                       correct, total)['acc']))
+        return dict(table_metric=self.table_metric, corruptions=list(per),
+                    per_corruption=per,
+                    acc_mean_over_corruptions=mean_ignoring_nan(
+                        [v['acc'] for v in per.values()]),
+                    acc_pooled_over_images=counts_result(correct,
+                                                         total)['acc'])
 
+    def summary(self, record: dict) -> Dict[str, float]:
+        return dict(super().summary(record),
+                    acc_mean_over_corruptions=record['details'][
+                        'acc_mean_over_corruptions'])
 
     def write_records(self, results: List[dict]) -> None:
         """Write ``per_image.csv``: per image, its position and correctness."""

@@ -6,7 +6,7 @@ import os
 import os.path as osp
 from typing import Dict, List, Optional, Sequence
 
-from mmseg_stag.engine.report import RESULTS_FILE, json_safe
+from mmseg_stag.engine.report import json_safe, read_results
 from .data import SHORT_NAMES
 from .metric import TABLE_METRICS
 
@@ -20,25 +20,25 @@ def read_run(work_dir: str, name: str, base: Optional[str] = None) -> dict:
         base (str, optional): Name of the baseline row of a +STAG row.
 
     Returns:
-        dict: The row, with ``per_corruption``, ``avg_acc`` and ``avg_err``.
+        dict: The row, with ``per_corruption``, ``avg_acc`` and ``avg_err``
+        (the mean over corruptions, the tables' Avg.).
 
     Raises:
         FileNotFoundError: If the run did not finish.
         ValueError: If it is not a classification run.
     """
-    path = osp.join(work_dir, RESULTS_FILE)
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'run {name!r}: no {path} (the run did not '
-                                'finish)')
-    with open(path) as f:
-        results = json.load(f)
-    if 'per_corruption' not in results:
-        raise ValueError(f'{path} is not a classification run (no '
-                         'per_corruption)')
+    try:
+        results = read_results(work_dir)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f'run {name!r}: {err}') from None
+    if results['task'] != 'classification':
+        raise ValueError(f'run {name!r} in {work_dir} is a '
+                         f"{results['task']} run, not a classification one")
+    details = results['details']
+    acc = details['acc_mean_over_corruptions']
     return dict(name=name, base=base, work_dir=work_dir,
-                per_corruption=results['per_corruption'],
-                avg_acc=results['avg_acc'], avg_err=results['avg_err'],
-                num_updates=results.get('num_updates'))
+                per_corruption=details['per_corruption'], avg_acc=acc,
+                avg_err=100.0 - acc, num_updates=results.get('num_updates'))
 
 
 def table_values(rows: Sequence[dict], corruptions: Sequence[str],

@@ -7,16 +7,13 @@ from collections import OrderedDict
 from typing import Dict, List, Sequence, Tuple
 
 from .report import (RESULTS_FILE, json_safe, mean_ignoring_nan,
-                     read_partial, score_key)
-
+                     read_partial, read_results)
 
 
 def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
     """Return ``(stages, finished)`` of a run from its result files."""
-    final = osp.join(work_dir, RESULTS_FILE)
-    if osp.isfile(final):
-        with open(final) as f:
-            return json.load(f)['stages'], True
+    if osp.isfile(osp.join(work_dir, RESULTS_FILE)):
+        return read_results(work_dir)['stages'], True
     return read_partial(work_dir), False
 
 
@@ -30,8 +27,9 @@ def _conditions(runs: Sequence[dict]) -> List[str]:
 
 
 def _score(runs: Sequence[dict]) -> str:
+    """The runs' score name (``score_name`` of their stages)."""
     stages = [s for r in runs for s in r['stages']]
-    return score_key(stages[0]) if stages else 'mIoU'
+    return stages[0]['score_name'] if stages else 'mIoU'
 
 
 def comparison_rows(runs: Sequence[dict]) -> List[dict]:
@@ -42,13 +40,13 @@ def comparison_rows(runs: Sequence[dict]) -> List[dict]:
         stages = run['stages']
         row = {k: v for k, v in run.items() if k != 'stages'}
         row['stages_done'] = len(stages)
-        row[f'mean_{score}'] = mean_ignoring_nan(
-            [s[score] for s in stages]) if stages else None
+        row[f'{score}_mean_over_stages'] = mean_ignoring_nan(
+            [s['score'] for s in stages]) if stages else None
         for c in conditions:
-            values = [s[score] for s in stages if s['condition'] == c]
+            values = [s['score'] for s in stages if s['condition'] == c]
             row[f'mean {c}'] = mean_ignoring_nan(values) if values else None
         for s in stages:
-            row[_stage_key(s)] = s[score]
+            row[_stage_key(s)] = s['score']
         rows.append(row)
     return rows
 
@@ -88,7 +86,7 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
             writer.writerow([cell(row.get(c)) for c in columns])
     conditions = _conditions(runs)
     short = [c for c in ('name', 'status', 'stages_done',
-                         f'mean_{_score(runs)}')
+                         f'{_score(runs)}_mean_over_stages')
              if c in columns] + [f'mean {c}' for c in conditions]
     with open(paths['md'], 'w') as f:
         f.write('| ' + ' | '.join(short) + ' |\n')
@@ -126,7 +124,7 @@ def plot_comparison(path: str, runs: Sequence[dict],
     axes = [fig.add_subplot(1, n, i + 1) for i in range(n)]
     for ax, condition in zip(axes, conditions):
         for run, label in zip(runs, labels):
-            pts = sorted((s['round'], s[score]) for s in run['stages']
+            pts = sorted((s['round'], s['score']) for s in run['stages']
                          if s['condition'] == condition)
             if pts:
                 ax.plot(*zip(*pts), marker='o', markersize=3, label=label)

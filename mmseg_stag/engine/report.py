@@ -1,4 +1,15 @@
-"""Result table and files (JSON, CSV, PNG, partial JSONL) of an online run."""
+"""Result table and files (JSON, CSV, PNG, partial JSONL) of an online run.
+
+Every stream metric writes one record, whatever the task:
+
+- ``continual_results.json``: ``schema``, ``task``, ``score_name``
+  (``'mIoU'``, ``'acc'``), ``stages`` (below), ``mean_over_stages``,
+  ``conditions``, ``rounds``, ``num_updates`` and the task's ``details``;
+- a stage: ``stage``, ``round``, ``condition``, ``num_images``,
+  ``score_name``, ``score`` and the task's ``details`` (segmentation: the
+  per-class IoU; classification: the per-corruption counts);
+- ``continual_results.partial.jsonl``: one stage per line, as it finishes.
+"""
 import csv
 import json
 import math
@@ -10,17 +21,14 @@ import numpy as np
 
 PARTIAL_FILE = 'continual_results.partial.jsonl'
 RESULTS_FILE = 'continual_results.json'
+#: the version of the record above; a file of another is refused
+RESULTS_SCHEMA = 2
 
 
 def mean_ignoring_nan(values: Sequence[float]) -> float:
     """Return the mean ignoring NaN and None (NaN if nothing is left)."""
     values = [v for v in values if v is not None and not math.isnan(v)]
     return float(np.mean(values)) if values else float('nan')
-
-
-def score_key(stage: dict) -> str:
-    """Return the score key of a stage result, ``'mIoU'`` or ``'accuracy'``."""
-    return 'mIoU' if 'mIoU' in stage else 'accuracy'
 
 
 def json_safe(value):
@@ -34,20 +42,19 @@ def json_safe(value):
     return value
 
 
-def format_table(stages: List[dict], conditions: Sequence[str],
-                 score: str = 'mIoU') -> str:
+def format_table(stages: List[dict], conditions: Sequence[str]) -> str:
     """Format the paper's round-by-condition table of a continual run.
 
     Args:
-        stages (list[dict]): Stage results with ``round``, ``condition``
-            and the score in %.
+        stages (list[dict]): Stage results (``round``, ``condition``, the
+            ``score`` in % and its ``score_name``).
         conditions (Sequence[str]): Column order.
-        score (str): Key of the stage's score. Default: 'mIoU'.
 
     Returns:
         str: The table with row and column means.
     """
     rounds = sorted({s['round'] for s in stages})
+    name = stages[0]['score_name'] if stages else ''
 
     def fmt(v):
         return '     -' if v is None else f'{v:6.1f}'
@@ -55,18 +62,20 @@ def format_table(stages: List[dict], conditions: Sequence[str],
     lines = ['Round | ' + ' | '.join(f'{c:>6}' for c in conditions) +
              ' |   Mean']
     for r in rounds:
-        row = {s['condition']: s[score] for s in stages if s['round'] == r}
+        row = {s['condition']: s['score'] for s in stages
+               if s['round'] == r}
         vals = [row.get(c) for c in conditions]
         lines.append(f'{r:>5} | ' + ' | '.join(fmt(v) for v in vals) +
                      f' | {fmt(mean_ignoring_nan(vals))}')
     col_means = [
-        mean_ignoring_nan([s[score] for s in stages if s['condition'] == c])
+        mean_ignoring_nan([s['score'] for s in stages
+                           if s['condition'] == c])
         for c in conditions
     ]
-    mean = mean_ignoring_nan([s[score] for s in stages])
+    mean = mean_ignoring_nan([s['score'] for s in stages])
     lines.append(' Mean | ' + ' | '.join(fmt(v) for v in col_means) +
                  f' | {fmt(mean)}')
-    lines.append(f'mean over {len(stages)} stages: {mean:.1f} {score}')
+    lines.append(f'mean over {len(stages)} stages: {mean:.1f} {name}')
     return '\n'.join(lines)
 
 
@@ -103,36 +112,70 @@ def read_partial(output_dir: str) -> List[dict]:
     return stages
 
 
-def write_results(output_dir: str, stages: List[dict],
-                  conditions: Sequence[str], score: str = 'mIoU',
-                  detail: Optional[Tuple[str, Sequence[str]]] = None,
-                  summary: Optional[dict] = None) -> Dict[str, str]:
+def results_record(task: str, stages: List[dict], conditions: Sequence[str],
+                   details: Optional[dict] = None, **run_info) -> dict:
+    """Return the run's record (the module docstring), without writing it.
+
+    Args:
+        task (str): ``'segmentation'`` or ``'classification'``.
+        stages (list[dict]): Stage results.
+        conditions (Sequence[str]): Condition order.
+        details (dict, optional): The task's run-level numbers.
+        **run_info: Facts of the run (``num_updates``).
+    """
+    return dict(schema=RESULTS_SCHEMA, task=task,
+                score_name=stages[0]['score_name'], stages=stages,
+                mean_over_stages=mean_ignoring_nan(
+                    [s['score'] for s in stages]),
+                conditions=list(conditions),
+                rounds=max(s['round'] for s in stages), **run_info,
+                details=details or {})
+
+
+def read_results(work_dir: str) -> dict:
+    """Return the record of a finished run's ``continual_results.json``.
+
+    Raises:
+        FileNotFoundError: If the run did not finish.
+        ValueError: If the file is of another schema.
+    """
+    path = osp.join(work_dir, RESULTS_FILE)
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'no {path} (the run did not finish)')
+    with open(path) as f:
+        record = json.load(f)
+    if record.get('schema') != RESULTS_SCHEMA:
+        raise ValueError(f'{path} has results schema '
+                         f"{record.get('schema', 1)}, this mmseg_stag reads "
+                         f'{RESULTS_SCHEMA}: run it again (or read it with '
+                         'the version that wrote it)')
+    return record
+
+
+def write_results(output_dir: str, record: dict,
+                  detail: Optional[Tuple[str, Sequence[str]]] = None
+                  ) -> Dict[str, str]:
     """Write the JSON, CSV and PNG results of an online run.
 
     Args:
         output_dir (str): Folder, created if needed.
-        stages (list[dict]): Stage results.
-        conditions (Sequence[str]): Condition order.
-        score (str): Key of the stage's score. Default: 'mIoU'.
-        detail (tuple, optional): ``(key, columns)`` of a per-stage dict
-            written as CSV columns. Default: None.
-        summary (dict, optional): Extra top-level JSON fields. Default: None.
+        record (dict): :func:`results_record`.
+        detail (tuple, optional): ``(key, columns)`` of a dict in each
+            stage's ``details`` written as CSV columns. Default: None.
 
     Returns:
         dict[str, str]: Paths keyed ``json``, ``csv``, ``png``.
     """
     os.makedirs(output_dir, exist_ok=True)
+    score = record['score_name']
+    stages, conditions = record['stages'], record['conditions']
     paths = dict(json=osp.join(output_dir, RESULTS_FILE),
                  csv=osp.join(output_dir, 'continual_results.csv'),
                  png=osp.join(output_dir,
                               f'continual_{score.lower()}.png'))
-    mean = mean_ignoring_nan([s[score] for s in stages])
+    mean = record['mean_over_stages']
     with open(paths['json'], 'w') as f:
-        json.dump(json_safe(dict(stages=stages, **{f'mean_{score}': mean},
-                                 score=score, conditions=list(conditions),
-                                 rounds=max(s['round'] for s in stages),
-                                 **(summary or {}))),
-                  f, indent=1)
+        json.dump(json_safe(record), f, indent=1)
 
     def cell(v):
         return '' if v is None or math.isnan(v) else f'{v:.2f}'
@@ -144,8 +187,9 @@ def write_results(output_dir: str, stages: List[dict],
                         list(columns) + ['num_images'])
         for s in stages:
             writer.writerow(
-                [s['stage'], s['round'], s['condition'], cell(s[score])] +
-                [cell(s[key].get(c)) for c in columns] + [s['num_images']])
+                [s['stage'], s['round'], s['condition'], cell(s['score'])] +
+                [cell(s['details'][key].get(c)) for c in columns] +
+                [s['num_images']])
     plot_stages(paths['png'], stages, conditions, score, mean)
     return paths
 
@@ -161,13 +205,14 @@ def plot_stages(path: str, stages: List[dict], conditions: Sequence[str],
     ax = fig.add_subplot(1, 1, 1)
     if len({s['round'] for s in stages}) == 1:
         # one pass (a classification stream): the score per stage, in order
-        ax.plot(range(len(stages)), [s[score] for s in stages], marker='o')
+        ax.plot(range(len(stages)), [s['score'] for s in stages],
+                marker='o')
         ax.set_xticks(range(len(stages)))
         ax.set_xticklabels([s['condition'] for s in stages], rotation=45,
                            ha='right', fontsize='small')
     else:
         for condition in conditions:
-            pts = sorted((s['round'], s[score]) for s in stages
+            pts = sorted((s['round'], s['score']) for s in stages
                          if s['condition'] == condition)
             if pts:
                 ax.plot(*zip(*pts), marker='o', label=condition)

@@ -1,5 +1,4 @@
 """One online run from a config, as ``tools/test.py`` runs it, in-process."""
-import json
 import logging
 import os
 import os.path as osp
@@ -19,6 +18,7 @@ from .run_state import (identity_differences, load_run_state,
                         set_rng_state)
 from .online_loop import DISTRIBUTED_ERROR, RESUME_IGNORES, STATE_FILE
 from .online_task import head_layer_of
+from .report import read_results
 
 
 def is_online(cfg: Config) -> bool:
@@ -167,17 +167,19 @@ def run_cached(cfg: Config, checkpoint: str, work_dir: str,
     A finished run is this one when the identity the online loop saved in
     its run state is this run's (as ``--resume`` checks it): the config's
     settings but :data:`RESUME_IGNORES`, and the starting weights, so a
-    changed config or checkpoint runs again. A run that saves no run state
-    (``test_cfg.save_state=False``) always runs. ``config_name`` records the
-    config of the last run.
+    changed config or checkpoint runs again; so do results of an older
+    schema. A run that saves no run state (``test_cfg.save_state=False``)
+    always runs. ``config_name`` records the config of the last run.
 
     Returns:
-        dict: The run's ``continual_results.json``.
+        dict: The run's results (``report.read_results``).
     """
     prepared = prepare_config(cfg.copy(), work_dir)
     saved = finished_identity(work_dir, needs)
-    if saved is not None and not identity_differences(
-            saved, starting_identity(prepared, checkpoint), RESUME_IGNORES):
+    if saved is not None and readable_results(work_dir) and not \
+            identity_differences(saved, starting_identity(prepared,
+                                                          checkpoint),
+                                 RESUME_IGNORES):
         print_log(f'{work_dir}: the finished run of this config and '
                   'checkpoint is reused', logger='current')
     else:
@@ -185,5 +187,13 @@ def run_cached(cfg: Config, checkpoint: str, work_dir: str,
         run_test(prepared, checkpoint)
         with open(osp.join(work_dir, config_name), 'w') as f:
             f.write(cfg.pretty_text)
-    with open(osp.join(work_dir, 'continual_results.json')) as f:
-        return json.load(f)
+    return read_results(work_dir)
+
+
+def readable_results(work_dir: str) -> bool:
+    """Whether ``work_dir`` holds results this version reads."""
+    try:
+        read_results(work_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+    return True

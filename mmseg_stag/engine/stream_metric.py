@@ -1,7 +1,7 @@
 """Per-stage bookkeeping shared by both tasks' stream metrics."""
 from abc import abstractmethod
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -11,7 +11,7 @@ from mmengine.structures import BaseDataElement
 
 from .stream import StreamStage
 from .report import (append_partial, format_table, mean_ignoring_nan,
-                     write_results)
+                     results_record, write_results)
 
 
 class StreamMetric(BaseMetric):
@@ -28,8 +28,10 @@ class StreamMetric(BaseMetric):
         prefix (str, optional): See ``BaseMetric``. Default: None.
     """
 
-    #: the stage result's key that the table, plot and summary use
-    score = 'score'
+    #: the name of each stage's ``score`` (``'mIoU'``, ``'acc'``)
+    score_name = 'score'
+    #: the task of the streams it scores, written in the results
+    task = ''
 
     def __init__(self,
                  output_dir: Optional[str] = None,
@@ -48,18 +50,22 @@ class StreamMetric(BaseMetric):
         """Return one image's numbers from its data sample as a dict."""
 
     @abstractmethod
-    def stage_result(self, records: List[dict]) -> dict:
-        """Return one stage's result from its images' records."""
+    def stage_score(self, records: List[dict]) -> Tuple[float, dict]:
+        """Return one stage's score (%) and details from its records."""
 
-    def summary(self, stages: List[dict]) -> Dict[str, float]:
+    def csv_detail(self) -> Optional[Tuple[str, Sequence[str]]]:
+        """Return ``(key, columns)`` of a stage's ``details`` dict that the
+        CSV file gets as columns (none by default)."""
+        return None
+
+    def run_details(self, stages: List[dict]) -> dict:
+        """Return the task's run-level numbers (none by default)."""
+        return {}
+
+    def summary(self, record: dict) -> Dict[str, float]:
         """Return the summary metrics ``compute_metrics`` returns."""
-        return {self.score: mean_ignoring_nan([s[self.score]
-                                               for s in stages])}
-
-    def write(self, stages: List[dict], conditions: List[str]) -> None:
-        """Write the run's result files."""
-        write_results(self.output_dir, stages, conditions, self.score,
-                      summary=self.run_info)
+        return {f'{self.score_name}_mean_over_stages':
+                record['mean_over_stages']}
 
     def write_records(self, results: List[dict]) -> None:
         """Write per-image files of the run (none by default)."""
@@ -94,6 +100,16 @@ class StreamMetric(BaseMetric):
         for r in sorted(results, key=lambda r: r['stage']):
             stages.setdefault(r['stage'], []).append(r)
         return [self.stage_result(records) for records in stages.values()]
+
+    def stage_result(self, records: List[dict]) -> dict:
+        """Return one stage's result (``report``'s schema) from its
+        images' records."""
+        score, details = self.stage_score(records)
+        first = records[0]
+        return dict(stage=first['stage'], round=first['round'],
+                    condition=first['condition'], num_images=len(records),
+                    score_name=self.score_name, score=score,
+                    details=details)
 
     def end_stage(self) -> None:
         """Close the open stage: log it, append it to the partial file."""
@@ -137,8 +153,8 @@ class StreamMetric(BaseMetric):
                            fresh=not self._partial_started)
             self._partial_started = True
         print_log(f"stage {stage} (round {result['round']}, "
-                  f"{result['condition']}): {self.score} "
-                  f'{result[self.score]:.2f}', logger='current')
+                  f"{result['condition']}): {self.score_name} "
+                  f"{result['score']:.2f}", logger='current')
 
     def compute_metrics(self, results: list) -> Dict[str, float]:
         """Compute the per-stage scores, print the table, write the files.
@@ -148,7 +164,7 @@ class StreamMetric(BaseMetric):
 
         Returns:
             dict[str, float]: :meth:`summary` and one
-            ``r<round>_<condition>`` score per stage.
+            ``r<round>_<condition>`` score per stage (rounded to 0.01).
 
         Raises:
             ValueError: If no sample was processed.
@@ -161,16 +177,17 @@ class StreamMetric(BaseMetric):
         stages = self.stage_results(results)
         conditions = list(OrderedDict.fromkeys(s['condition']
                                                for s in stages))
-        print_log(f'continual {self.score} (%):\n' +
-                  format_table(stages, conditions, self.score),
-                  logger='current')
+        print_log(f'continual {self.score_name} (%):\n' +
+                  format_table(stages, conditions), logger='current')
+        record = results_record(self.task, stages, conditions,
+                                self.run_details(stages), **self.run_info)
         if self.output_dir is not None:
-            self.write(stages, conditions)
+            write_results(self.output_dir, record, self.csv_detail())
             self.write_records(results)
-        metrics = self.summary(stages)
+        metrics = self.summary(record)
         for s in stages:
             key = f"r{s['round']}_{s['condition']}"
             if key in metrics:
                 key += f"_s{s['stage']}"
-            metrics[key] = round(s[self.score], 2)
+            metrics[key] = round(s['score'], 2)
         return metrics

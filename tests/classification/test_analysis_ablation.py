@@ -36,7 +36,7 @@ def test_table_of_variants(tmp_path, stream, names, checkpoint,
     work = tmp_path / 'ablation'
     table = design_ablation.main([checkpoint, *rows, '--condition',
                                   names[1], '--work-dir', str(work)])
-    assert table['score'] == 'accuracy'
+    assert table['score'] == 'acc'
     for name in ('TENT', 'SAR'):
         assert list(table[name]) == [t for t, _ in design_ablation.VARIANTS]
         for title, stag in design_ablation.VARIANTS:
@@ -44,7 +44,7 @@ def test_table_of_variants(tmp_path, stream, names, checkpoint,
             run = work / name.lower() / slug
             res = json.load(open(run / 'continual_results.json'))
             assert [s['condition'] for s in res['stages']] == [names[1]]
-            assert table[name][title] == res['stages'][0]['accuracy']
+            assert table[name][title] == res['stages'][0]['score']
             method = Config.fromfile(str(run / 'run_config.py')) \
                 .test_cfg.method
             if stag is None:

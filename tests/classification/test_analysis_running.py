@@ -31,7 +31,7 @@ def test_per_image_file_and_running_accuracy(tmp_path, stream, names,
     assert first == [0] * 16 + [1] * 16 + [2] * 8
     for c in names:  # the per-image file and the results agree
         assert sum(r['correct'] for r in rows if r['corruption'] == c) == \
-            result['per_corruption'][c]['correct']
+            result['details']['per_corruption'][c]['correct']
     curve = running_accuracy(rows, names[1])
     assert curve['batch'] == [1, 2, 3] and curve['images'] == [16, 32, 40]
     mine = [r['correct'] for r in rows if r['corruption'] == names[1]]

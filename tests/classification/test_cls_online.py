@@ -55,23 +55,36 @@ def options(root, names, batch_size=16, scenario=None, **extra):
     return opts
 
 
+def per_corruption(results):
+    """``[correct, total]``, acc and err per corruption of a run."""
+    return results['details']['per_corruption']
+
+
 def test_tent_stag_runs_and_logs(tmp_path, stream, names, checkpoint):
     _, root = stream
     opts = options(root, names)
     a = run(CIFAR.format('tent-stag'), checkpoint, tmp_path / 'a', opts)
-    assert a['score'] == 'accuracy' and a['table_metric'] == 'err'
+    details = a['details']
+    assert (a['schema'], a['task'], a['score_name']) == (
+        2, 'classification', 'acc') and details['table_metric'] == 'err'
     assert [s['condition'] for s in a['stages']] == list(names)
     assert [s['num_images'] for s in a['stages']] == [40] * 3
-    assert {c: v['total'] for c, v in a['per_corruption'].items()} == \
-        {c: 40 for c in names}
-    assert a['avg_acc'] == pytest.approx(np.mean(
-        [v['acc'] for v in a['per_corruption'].values()]))
+    assert {c: v['total'] for c, v in details['per_corruption'].items()} \
+        == {c: 40 for c in names}
+    assert details['acc_mean_over_corruptions'] == pytest.approx(np.mean(
+        [v['acc'] for v in details['per_corruption'].values()]))
+    # one stage per corruption here: the means over stages and corruptions
+    # agree, and pooled over images too (the same count per corruption)
+    assert a['mean_over_stages'] == pytest.approx(
+        details['acc_mean_over_corruptions'])
+    assert details['acc_pooled_over_images'] == pytest.approx(
+        a['mean_over_stages'])
     b = run(CIFAR.format('tent-stag'), checkpoint, tmp_path / 'b', opts)
     assert a == b  # deterministic
     log = open(next((tmp_path / 'a').rglob('*.log'))).read()
     for key in (' loss:', 'loss_stag:', 'beta:', 'eta:'):
         assert key in log, key
-    assert (tmp_path / 'a' / 'continual_accuracy.png').stat().st_size > 0
+    assert (tmp_path / 'a' / 'continual_acc.png').stat().st_size > 0
     assert (tmp_path / 'a' / 'online_adaptation_state.pth').is_file()
 
 
@@ -89,7 +102,7 @@ def test_restarts_per_scenario(tmp_path, stream, names, checkpoint,
     res = run(CIFAR.format('tent-stag'), checkpoint, tmp_path, options(
         root, names, scenario=scenario))
     assert len(calls) == restarts
-    assert sum(v['total'] for v in res['per_corruption'].values()) == 120
+    assert sum(v['total'] for v in per_corruption(res).values()) == 120
 
 
 def test_continual_carries_the_adapted_state(tmp_path, stream, names,
@@ -103,9 +116,9 @@ def test_continual_carries_the_adapted_state(tmp_path, stream, names,
         opts, **{'test_dataloader.dataset.scenario': dict(
             type='per_corruption', order='file')}))
     first = names[0]
-    assert cont['per_corruption'][first] == fresh['per_corruption'][first]
-    assert [cont['per_corruption'][c] for c in names[1:]] != \
-        [fresh['per_corruption'][c] for c in names[1:]]
+    assert per_corruption(cont)[first] == per_corruption(fresh)[first]
+    assert [per_corruption(cont)[c] for c in names[1:]] != \
+        [per_corruption(fresh)[c] for c in names[1:]]
 
 
 def test_source_and_bn_adapt(tmp_path, stream, names, checkpoint):
@@ -114,7 +127,7 @@ def test_source_and_bn_adapt(tmp_path, stream, names, checkpoint):
     del opts['test_cfg.method.optimizer']
     src = run(CIFAR.format('source'), checkpoint, tmp_path / 's', opts)
     bn = run(CIFAR.format('bn-adapt'), checkpoint, tmp_path / 'b', opts)
-    assert src['per_corruption'] != bn['per_corruption']
+    assert per_corruption(src) != per_corruption(bn)
 
 
 def source_images(tmp_path):
@@ -155,12 +168,12 @@ def test_eata_gets_its_fisher_from_the_source_data(tmp_path, stream, names,
     # is back at the source weights and reuses it
     assert fits == [[16, 16, 8]]
     b = run(IMAGENET.format('eata'), checkpoint, tmp_path / 'b', opts)
-    assert a['per_corruption'] == b['per_corruption']
+    assert per_corruption(a) == per_corruption(b)
     # computing it again at every restart gives the same numbers
     monkeypatch.setattr(EATA, 'source_statistics', lambda self: None)
     again = run(IMAGENET.format('eata'), checkpoint, tmp_path / 'd', opts)
     monkeypatch.undo()
-    assert again['per_corruption'] == a['per_corruption']
+    assert per_corruption(again) == per_corruption(a)
     # ETA needs no source data
     run(IMAGENET.format('eata'), checkpoint, tmp_path / 'c', dict(
         options(root, names), **{'test_cfg.method.fisher_alpha': 0,
@@ -261,7 +274,7 @@ def test_demo_config_runs_on_the_demo_layout(tmp_path, names):
                        'stag.py'), ckpt, tmp_path / 'work', {
         'test_dataloader.dataset.corruption_set.data_root': root,
         'test_dataloader.dataset.corruptions': list(names[:2])})
-    assert list(res['per_corruption']) == list(names[:2])
+    assert list(per_corruption(res)) == list(names[:2])
 
 
 # --------------------------------------------- tools/test.py, processes

@@ -52,5 +52,5 @@ def test_classification_config_runs_without_mmseg_and_mmcv(
     with open(work / 'continual_results.json') as f:
         results = json.load(f)
     # every image of every corruption was predicted
-    assert {c: v['total'] for c, v in results['per_corruption'].items()} \
+    assert {c: v['total'] for c, v in results['details']['per_corruption'].items()} \
         == {c: 16 for c in names}

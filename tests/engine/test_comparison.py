@@ -6,10 +6,12 @@ import json
 
 from mmseg_stag.engine.comparison import (
     read_run_stages, short_labels, write_comparison)
+from mmseg_stag.engine.report import results_record
 
 
 def stage(i, rnd, cond, miou):
-    return dict(stage=i, round=rnd, condition=cond, mIoU=miou)
+    return dict(stage=i, round=rnd, condition=cond, num_images=1,
+                score_name='mIoU', score=miou, details={})
 
 
 def test_read_run_stages(tmp_path):
@@ -18,7 +20,7 @@ def test_read_run_stages(tmp_path):
         d.mkdir()
     stages = [stage(0, 1, 'fog', 50.0), stage(1, 1, 'night', 30.0)]
     (final / 'continual_results.json').write_text(json.dumps(
-        dict(stages=stages)))
+        results_record('segmentation', stages, ['fog', 'night'])))
     (partial / 'continual_results.partial.jsonl').write_text(
         json.dumps(stages[0]) + '\n' + '{"stage": 1, "rou')
     assert read_run_stages(str(final)) == (stages, True)
@@ -35,7 +37,7 @@ def test_write_comparison(tmp_path):
                  seed=0, stages=[stage(0, 1, 'fog', 40.0)])]
     paths = write_comparison(str(tmp_path), runs, prefix='x')
     rows = json.loads(open(paths['json']).read())['runs']
-    assert rows[0]['mean_mIoU'] == 40.0
+    assert rows[0]['mIoU_mean_over_stages'] == 40.0
     assert rows[0]['mean fog'] == 52.0 and rows[0]['r2 night'] == 26.0
     assert rows[1]['stages_done'] == 1 and rows[1]['mean night'] is None
     with open(paths['csv']) as f:
@@ -43,8 +45,8 @@ def test_write_comparison(tmp_path):
     assert table[1]['status'] == 'failed: exit 1'
     assert table[1]['r1 night'] == '' and table[0]['r1 night'] == '30.00'
     md = open(paths['md']).read().splitlines()
-    assert md[0] == ('| name | status | stages_done | mean_mIoU | mean fog '
-                     '| mean night |')
+    assert md[0] == ('| name | status | stages_done | mIoU_mean_over_stages '
+                     '| mean fog | mean night |')
     assert md[3].endswith('| 1 | 40.00 | 40.00 | - |')
     with open(paths['png'], 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'

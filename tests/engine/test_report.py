@@ -8,16 +8,26 @@ import math
 import numpy as np
 import pytest
 
-from mmseg_stag.engine.report import (PARTIAL_FILE, append_partial,
-                                      format_table, mean_ignoring_nan,
-                                      write_results)
-from mmseg_stag.segmentation.evaluation import stage_result
+from mmseg_stag.engine.report import (PARTIAL_FILE, RESULTS_SCHEMA,
+                                      append_partial, format_table,
+                                      mean_ignoring_nan, read_results,
+                                      results_record, write_results)
+from mmseg_stag.segmentation.evaluation import stage_miou
 
 CLASSES = ('a', 'b', 'c')
 
 
 def areas(intersect, union, pred, label):
     return np.array([intersect, union, pred, label], dtype=np.float64)
+
+
+def stage_result(stage, round_, condition, summed, num_images, classes):
+    """A segmentation stage in the results schema, as the metric builds
+    it from its images' summed areas."""
+    miou, per_class = stage_miou(summed, classes)
+    return dict(stage=stage, round=round_, condition=condition,
+                num_images=num_images, score_name='mIoU', score=miou,
+                details=dict(per_class_IoU=per_class))
 
 
 def test_mean_ignoring_nan():
@@ -32,14 +42,16 @@ def test_stage_result_from_summed_areas():
                                            [2, 0, 0]), 2, CLASSES)
     assert (res['stage'], res['round'], res['condition'],
             res['num_images']) == (3, 1, 'rain', 2)
-    assert res['per_class_IoU'] == {'a': 50.0, 'b': 0.0, 'c': None}
-    assert res['mIoU'] == pytest.approx(25.0)
+    assert res['details']['per_class_IoU'] == {'a': 50.0, 'b': 0.0,
+                                               'c': None}
+    assert res['score'] == pytest.approx(25.0)
 
 
 def test_format_table_missing_stage():
-    stages = [dict(round=1, condition='fog', mIoU=60.0),
-              dict(round=1, condition='night', mIoU=40.0),
-              dict(round=2, condition='fog', mIoU=50.0)]
+    stages = [dict(round=1, condition='fog', score_name='mIoU', score=60.0),
+              dict(round=1, condition='night', score_name='mIoU',
+                   score=40.0),
+              dict(round=2, condition='fog', score_name='mIoU', score=50.0)]
     table = format_table(stages, ['fog', 'night'])
     lines = table.splitlines()
     assert lines[0] == 'Round |    fog |  night |   Mean'
@@ -55,11 +67,12 @@ def test_append_partial_restarts_then_appends(tmp_path):
                                             [1, 0, 0]), 1, CLASSES)
     path = append_partial(str(out), first, fresh=True)
     assert path == str(out / PARTIAL_FILE)
-    append_partial(str(out), dict(first, stage=1, mIoU=float('nan')))
+    append_partial(str(out), dict(first, stage=1, score=float('nan')))
     lines = [json.loads(line) for line in open(path)]
     assert [r['stage'] for r in lines] == [0, 1]
-    assert lines[0]['per_class_IoU'] == {'a': 100.0, 'b': None, 'c': None}
-    assert lines[1]['mIoU'] is None  # JSON has no NaN
+    assert lines[0]['details']['per_class_IoU'] == {'a': 100.0, 'b': None,
+                                                    'c': None}
+    assert lines[1]['score'] is None  # JSON has no NaN
     append_partial(str(out), first, fresh=True)  # a new run starts afresh
     assert len(open(path).read().splitlines()) == 1
 
@@ -73,14 +86,20 @@ def test_write_results(tmp_path):
         stage_result(2, 2, 'fog', areas([2, 0, 0], [2, 0, 0], [2, 0, 0],
                                         [2, 0, 0]), 1, CLASSES),
     ]
-    paths = write_results(str(tmp_path / 'out'), stages, ['fog', 'snow'],
+    record = results_record('segmentation', stages, ['fog', 'snow'],
+                            num_updates=7)
+    paths = write_results(str(tmp_path / 'out'), record,
                           detail=('per_class_IoU', CLASSES))
     assert set(paths) == {'json', 'csv', 'png'}
     data = json.loads(open(paths['json']).read())
+    assert data == read_results(str(tmp_path / 'out'))
+    assert (data['schema'], data['task'], data['score_name'],
+            data['num_updates'], data['details']) == (
+                RESULTS_SCHEMA, 'segmentation', 'mIoU', 7, {})
     assert data['conditions'] == ['fog', 'snow'] and data['rounds'] == 2
     assert [s['stage'] for s in data['stages']] == [0, 1, 2]
-    assert data['stages'][1]['mIoU'] is None  # nothing to score: null
-    assert data['mean_mIoU'] == pytest.approx((25.0 + 100.0) / 2)
+    assert data['stages'][1]['score'] is None  # nothing to score: null
+    assert data['mean_over_stages'] == pytest.approx((25.0 + 100.0) / 2)
     with open(paths['csv']) as f:
         rows = list(csv.reader(f))
     assert rows[0] == ['stage', 'round', 'condition', 'mIoU', 'a', 'b', 'c',
@@ -89,3 +108,12 @@ def test_write_results(tmp_path):
     assert rows[2][3] == '' and rows[2][-1] == '1'
     png = open(paths['png'], 'rb').read()
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 1000
+
+
+def test_read_results_refuses_other_schemas_and_unfinished_runs(tmp_path):
+    with pytest.raises(FileNotFoundError, match='did not finish'):
+        read_results(str(tmp_path))
+    (tmp_path / 'continual_results.json').write_text(json.dumps(
+        dict(stages=[], mean_mIoU=50.0, score='mIoU')))  # schema 1
+    with pytest.raises(ValueError, match='schema 1.*run it again'):
+        read_results(str(tmp_path))

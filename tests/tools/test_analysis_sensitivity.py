@@ -46,18 +46,18 @@ def test_grid_baseline_and_figure(tmp_path):
                  CUDA_VISIBLE_DEVICES='', RAY_DEDUP_LOGS='0'))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     out = json.load(open(work / 'hp_sensitivity.json'))
-    assert out['score'] == 'accuracy' and out['optimum'] == [10.0, 20.0]
+    assert out['score'] == 'acc' and out['optimum'] == [10.0, 20.0]
     assert len(out['grid']) == 4
     base = json.load(open(work / 'baseline' / 'continual_results.json'))
     assert [s['condition'] for s in base['stages']] == ['gaussian_noise']
-    assert out['baseline'] == base['stages'][0]['accuracy']
+    assert out['baseline'] == base['stages'][0]['score']
     sweep = json.load(open(work / 'sweep' / 'sweep_results.json'))['runs']
     for row in sweep:  # one stage each: the first corruption
         assert row['stages_done'] == 1
         point = next(g for g in out['grid']
                      if g['beta0'] == row['test_cfg.method.stag.beta0']
                      and g['gamma'] == row['test_cfg.method.stag.gamma'])
-        assert point['score'] == row['mean_accuracy']
+        assert point['score'] == row['acc_mean_over_stages']
     rows = list(csv.DictReader(open(work / 'hp_sensitivity.csv')))
     assert len(rows) == 4 and {r['beta0_over_opt'] for r in rows} == \
         {'0.1', '1.0'}

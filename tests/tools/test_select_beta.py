@@ -25,7 +25,7 @@ def test_chooses_the_best_round_one_fog_miou(tiny_acdc, tiny_checkpoint,
                   'continual_results.json') as f:
             stages = json.load(f)['stages']
         assert [(s['round'], s['condition']) for s in stages] == [(1, 'fog')]
-        assert stages[0]['mIoU'] == pytest.approx(scores[float(beta0)])
+        assert stages[0]['score'] == pytest.approx(scores[float(beta0)])
     with open(tmp_path / 'beta_selection.json') as f:
         assert json.load(f)['beta0'] == result['beta0']
     out = capsys.readouterr().out

@@ -64,7 +64,7 @@ def test_sweep_on_local_ray_with_a_killed_run(tiny_acdc, tiny_checkpoint,
         if name != victim:
             assert row['status'] == 'finished', row
             assert row['stages_done'] == 4
-            assert row['mean_mIoU'] is not None
+            assert row['mIoU_mean_over_stages'] is not None
             assert {'r1 fog', 'r1 snow', 'mean night'} <= set(row)
     assert {row['test_cfg.method.stag.beta0'] for row in rows.values()} == \
         {100, 500}
@@ -72,7 +72,7 @@ def test_sweep_on_local_ray_with_a_killed_run(tiny_acdc, tiny_checkpoint,
     for name, row in rows.items():
         if name != victim:
             with open(work / 'runs' / name / 'continual_results.json') as f:
-                assert row['r1 fog'] == json.load(f)['stages'][0]['mIoU']
+                assert row['r1 fog'] == json.load(f)['stages'][0]['score']
     for ext in ('csv', 'md', 'png'):
         assert (work / f'sweep_results.{ext}').stat().st_size > 0
     assert 'failed' in (work / 'sweep_results.md').read_text()
@@ -174,9 +174,9 @@ def test_sweep_runs_classification_configs(tmp_path):
         assert row['status'] == 'finished' and row['stages_done'] == 2
         with open(work / 'runs' / row['name'] /
                   'continual_results.json') as f:
-            first = json.load(f)['stages'][0]['accuracy']
+            first = json.load(f)['stages'][0]['score']
         assert row['r1 gaussian_noise'] == first
-        assert row['mean_accuracy'] is not None
+        assert row['acc_mean_over_stages'] is not None
 
 
 # -- what a run asks Ray for, and the environment its process gets -------

@@ -102,8 +102,8 @@ def run_grid(args, first):
         rows = json.load(f)['runs']
     scores = {}
     for row in rows:
-        mean = next((k for k in ('mean_accuracy', 'mean_mIoU')
-                     if row.get(k) is not None), None)
+        mean = next((k for k in row if k.endswith('_mean_over_stages')
+                     and row[k] is not None), None)
         if not row.get('stages_done') or mean is None:
             raise RuntimeError(f'sweep run {row["name"]} has no finished '
                                f'stage ({row["status"]}); see {work}')

@@ -1,3 +1,3 @@
-from .continual_metric import ContinualIoUMetric, stage_result
+from .continual_metric import ContinualIoUMetric, stage_miou
 
-__all__ = ['ContinualIoUMetric', 'stage_result']
+__all__ = ['ContinualIoUMetric', 'stage_miou']

@@ -1,12 +1,12 @@
 """mIoU per stage of a continual segmentation stream."""
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
 from mmseg.datasets import CityscapesDataset
 from mmseg.registry import METRICS
 
-from mmseg_stag.engine.report import mean_ignoring_nan, write_results
+from mmseg_stag.engine.report import mean_ignoring_nan
 from mmseg_stag.engine.stream_metric import StreamMetric
 
 
@@ -56,19 +56,12 @@ def stage_iou(areas: np.ndarray) -> np.ndarray:
         return np.where(union > 0, intersect / union, np.nan)
 
 
-def stage_result(stage: int, round_: int, condition: str,
-                 areas: np.ndarray, num_images: int,
-                 class_names: Sequence[str]) -> dict:
-    """Return one stage's mIoU and per-class IoU (%) from its summed areas."""
+def stage_miou(areas: np.ndarray, class_names: Sequence[str]):
+    """Return a stage's mIoU and per-class IoU (%) from its summed areas."""
     iou = stage_iou(areas) * 100
-    return dict(
-        stage=stage,
-        round=round_,
-        condition=condition,
-        mIoU=mean_ignoring_nan(iou.tolist()),
-        per_class_IoU={c: None if np.isnan(v) else float(v)
-                       for c, v in zip(class_names, iou)},
-        num_images=num_images)
+    return mean_ignoring_nan(iou.tolist()), {
+        c: None if np.isnan(v) else float(v)
+        for c, v in zip(class_names, iou)}
 
 
 @METRICS.register_module()
@@ -88,7 +81,8 @@ class ContinualIoUMetric(StreamMetric):
     """
 
     default_prefix = 'continual'
-    score = 'mIoU'
+    score_name = 'mIoU'
+    task = 'segmentation'
 
     def __init__(self,
                  ignore_index: int = 255,
@@ -135,17 +129,12 @@ class ContinualIoUMetric(StreamMetric):
                                     self.ignore_index)
         return dict(areas=areas.cpu().numpy().astype(np.float64))
 
-    def stage_result(self, records: List[dict]) -> dict:
-        first = records[0]
-        return stage_result(first['stage'], first['round'],
-                            first['condition'],
-                            np.sum([r['areas'] for r in records], axis=0),
-                            len(records), self.class_names)
+    def stage_score(self, records: List[dict]):
+        """Return the mIoU of the stage's summed areas, per-class IoU as
+        its details."""
+        miou, per_class = stage_miou(
+            np.sum([r['areas'] for r in records], axis=0), self.class_names)
+        return miou, dict(per_class_IoU=per_class)
 
-    def summary(self, stages: List[dict]) -> Dict[str, float]:
-        return {'mIoU': mean_ignoring_nan([s['mIoU'] for s in stages])}
-
-    def write(self, stages: List[dict], conditions: List[str]) -> None:
-        write_results(self.output_dir, stages, conditions, 'mIoU',
-                      detail=('per_class_IoU', self.class_names),
-                      summary=self.run_info)
+    def csv_detail(self):
+        return 'per_class_IoU', self.class_names

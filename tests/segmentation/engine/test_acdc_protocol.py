@@ -47,7 +47,7 @@ def run_ours(method, tiny_acdc, checkpoint, work_dir, extra=None):
     runner.test()
     with open(osp.join(str(work_dir), 'continual_results.json')) as f:
         stages = json.load(f)['stages']
-    return runner, ends.params, [s['mIoU'] for s in stages]
+    return runner, ends.params, [s['score'] for s in stages]
 
 
 def stream_by_stage(runner):
@@ -135,7 +135,7 @@ def test_cotta_config_is_cottas_single_gpu_cotta(tiny_acdc, tiny_checkpoint,
     confident = runner.message_hub.log_scalars['test/confident_pixels']
     assert 0.05 < min(confident.data[0]) and max(confident.data[0]) < 0.95
     with open(osp.join(str(tmp_path), 'continual_results.json')) as f:
-        ours_miou = [s['mIoU'] for s in json.load(f)['stages']]
+        ours_miou = [s['score'] for s in json.load(f)['stages']]
     method, ours = runner.test_loop.method, ends.params
     # every parameter is adapted
     assert set(ours[0]) == {n for n, _ in runner.model.named_parameters()}

@@ -105,7 +105,7 @@ def test_hand_computed_stage_accumulates_areas():
     feed(metric, [a, b])
     res = metric.compute_metrics(metric.results)
     # class 0: 1/2, class 1: 1/2, class 2: 2/2 -> 66.67 (per image: 75)
-    assert res['mIoU'] == pytest.approx(200 / 3)
+    assert res['mIoU_mean_over_stages'] == pytest.approx(200 / 3)
     assert res['r1_fog'] == pytest.approx(66.67)
 
 
@@ -128,7 +128,7 @@ def test_per_stage_miou_matches_numpy(tmp_path):
         per_image[stage] = float(np.mean([
             np.nanmean(iou_from_confusion(confusion([p]))) * 100 for p in ps
         ]))
-        got = data['stages'][stage]['per_class_IoU']
+        got = data['stages'][stage]['details']['per_class_IoU']
         for name, v in zip(CLASSES, iou):
             if np.isnan(v):
                 assert got[name] is None, (stage, name)
@@ -140,25 +140,25 @@ def test_per_stage_miou_matches_numpy(tmp_path):
     assert [s['stage'] for s in data['stages']] == [0, 1, 2, 3]
     assert [(s['round'], s['condition']) for s in data['stages']] == STAGES
     assert [s['num_images'] for s in data['stages']] == [3] * 4
-    got = {s['stage']: s['mIoU'] for s in data['stages']}
+    got = {s['stage']: s['score'] for s in data['stages']}
     assert got == pytest.approx(expected)
     mean = np.mean(list(expected.values()))
-    assert results['mIoU'] == pytest.approx(mean)
-    assert data['mean_mIoU'] == pytest.approx(mean)
+    assert results['mIoU_mean_over_stages'] == pytest.approx(mean)
+    assert data['mean_over_stages'] == pytest.approx(mean)
     assert data['conditions'] == ['fog', 'night'] and data['rounds'] == 2
     for stage, (round_, cond) in enumerate(STAGES):
         assert results[f'r{round_}_{cond}'] == pytest.approx(
             expected[stage], abs=0.005)
-    assert set(results) == {'mIoU', 'r1_fog', 'r1_night', 'r2_fog',
+    assert set(results) == {'mIoU_mean_over_stages', 'r1_fog', 'r1_night', 'r2_fog',
                             'r2_night'}
     assert all(isinstance(v, float) for v in results.values())
     # absent classes are excluded; a predicted-only class counts as 0
     s0, s1 = data['stages'][0], data['stages'][1]
-    assert s0['per_class_IoU'][CLASSES[7]] == 0.0  # traffic sign
-    assert s0['per_class_IoU'][CLASSES[9]] is None  # only at ignored px
-    assert s1['per_class_IoU'][CLASSES[3]] is None  # wall
-    assert s0['per_class_IoU'][CLASSES[3]] is not None
-    assert s0['per_class_IoU']['bicycle'] is None  # never in the stream
+    assert s0['details']['per_class_IoU'][CLASSES[7]] == 0.0  # traffic sign
+    assert s0['details']['per_class_IoU'][CLASSES[9]] is None  # only at ignored px
+    assert s1['details']['per_class_IoU'][CLASSES[3]] is None  # wall
+    assert s0['details']['per_class_IoU'][CLASSES[3]] is not None
+    assert s0['details']['per_class_IoU']['bicycle'] is None  # never in the stream
     assert (tmp_path / 'continual_miou.png').stat().st_size > 1000
 
 
@@ -193,7 +193,7 @@ def test_process_appends_one_record_per_image():
         np.testing.assert_array_equal(areas[3], conf.sum(1))  # label
     # compute_metrics uses the results it is given, not the metric's own
     res = ContinualIoUMetric().compute_metrics(metric.results[:6])
-    assert set(res) == {'mIoU', 'r1_fog', 'r1_night'}
+    assert set(res) == {'mIoU_mean_over_stages', 'r1_fog', 'r1_night'}
 
 
 @pytest.mark.parametrize('order', ['concatenated', 'interleaved'])
@@ -233,9 +233,10 @@ def test_files_one_entry_per_stage(tmp_path):
     data = json.loads((out / 'continual_results.json').read_text())
     assert len(data['stages']) == 4
     for s in data['stages']:
-        assert set(s) == {'stage', 'round', 'condition', 'mIoU',
-                          'per_class_IoU', 'num_images'}
-        assert list(s['per_class_IoU']) == list(CLASSES)
+        assert set(s) == {'stage', 'round', 'condition', 'score_name',
+                          'score', 'details', 'num_images'}
+        assert s['score_name'] == 'mIoU'
+        assert list(s['details']['per_class_IoU']) == list(CLASSES)
     with open(out / 'continual_results.csv') as f:
         rows = list(csv.reader(f))
     assert rows[0][:4] == ['stage', 'round', 'condition', 'mIoU']
@@ -243,7 +244,7 @@ def test_files_one_entry_per_stage(tmp_path):
     assert len(rows) == 5
     assert [r[2] for r in rows[1:]] == ['fog', 'night', 'fog', 'night']
     for r, s in zip(rows[1:], data['stages']):
-        assert float(r[3]) == pytest.approx(s['mIoU'], abs=0.005)
+        assert float(r[3]) == pytest.approx(s['score'], abs=0.005)
     png = (out / 'continual_miou.png').read_bytes()
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 1000
     partial = (out / 'continual_results.partial.jsonl').read_text()
@@ -266,7 +267,7 @@ def test_partial_results_written_as_stages_finish(tmp_path):
     assert (first['stage'], first['round'], first['condition']) == (0, 1,
                                                                     'fog')
     expected0 = np.nanmean(iou_from_confusion(confusion(pairs[0]))) * 100
-    assert first['mIoU'] == pytest.approx(expected0)
+    assert first['score'] == pytest.approx(expected0)
     assert first['num_images'] == 3
     feed(metric, stream[4:7])  # stage 2 starts
     assert len(partial.read_text().splitlines()) == 2
@@ -296,7 +297,7 @@ def test_table_layout_and_log(monkeypatch):
          round((stage[0] + stage[1]) / 2, 1)], abs=0.051)
     assert [float(v) for v in rows['Mean']] == pytest.approx(
         [round((stage[0] + stage[2]) / 2, 1),
-         round((stage[1] + stage[3]) / 2, 1), round(res['mIoU'], 1)],
+         round((stage[1] + stage[3]) / 2, 1), round(res['mIoU_mean_over_stages'], 1)],
         abs=0.051)
     # one progress line per finished stage
     assert sum(m.startswith('stage ') for m in logged) == 4
@@ -325,14 +326,15 @@ def test_through_mmengine_evaluator(tmp_path):
     # stage 0: a 1/1, b 1/2, c 1/2 -> 66.67; stage 1: a 1/1 -> 100
     assert res['continual/r1_fog'] == pytest.approx(66.67)
     assert res['continual/r1_snow'] == pytest.approx(100.0)
-    assert res['continual/mIoU'] == pytest.approx((200 / 3 + 100) / 2)
+    assert res['continual/mIoU_mean_over_stages'] == pytest.approx((200 / 3 + 100) / 2)
     data = json.loads((tmp_path / 'continual_results.json').read_text())
-    assert data['stages'][1]['per_class_IoU'] == {'a': 100.0, 'b': None,
+    assert data['stages'][1]['details']['per_class_IoU'] == {'a': 100.0, 'b': None,
                                                   'c': None}
     # state is reset: a second evaluation starts from scratch
     metric.start_stage(StreamStage(0, 1, 'snow', 0, 1))
     evaluator.process([samples[1]])
-    assert evaluator.evaluate(1)['continual/mIoU'] == pytest.approx(100.0)
+    assert evaluator.evaluate(1)[
+        'continual/mIoU_mean_over_stages'] == pytest.approx(100.0)
 
 
 def test_no_open_stage_and_bad_sizes():
