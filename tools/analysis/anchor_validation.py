@@ -7,7 +7,7 @@
 
 Each ``--model NAME CONFIG CHECKPOINT`` is built from its config (a
 classification ``OnlineClassifier`` or an MMSeg segmentor; the classifier is
-the one the online loop adapts: ``test_cfg.classifier``, else the task's)
+the one the online loop adapts: ``test_cfg.head_layer``, else the task's)
 and loaded strictly. Writes ``structural_anchor.png`` ((a) the assignment
 matrix ``softmax(W W^T + b)`` of ``--heatmap-classes`` classes of the heatmap
 model, (b) self-entropy H, mean diagonal probability psi and structural
@@ -62,13 +62,13 @@ def load_classifier(name, config, checkpoint, trust_pickle=False):
 
     import mmseg_stag  # noqa: F401  (registers both tasks' parts)
     from mmseg_stag.checkpoint import load_model_checkpoint
-    from mmseg_stag.engine.online_task import build_task
+    from mmseg_stag.engine.online_task import build_task, head_layer_of
     cfg = Config.fromfile(config)
     # a model base has no runtime: its scope follows from the model type
     init_default_scope(cfg.get('default_scope') or (
         'mmseg_stag' if cfg.model.get('type') == 'OnlineClassifier'
         else 'mmseg'))
-    classifier = (cfg.get('test_cfg') or {}).get('classifier')
+    classifier = head_layer_of(cfg)
     try:
         model = MODELS.build(cfg.model)
         task = build_task(model, None, classifier)

@@ -108,16 +108,12 @@ def meter_hook(meter):
     """An MMEngine hook that meters the test loop (observes only)."""
     from mmengine.hooks import Hook
 
-    from mmseg_stag.engine.online_task import build_task
-
     class EfficiencyMeter(Hook):
         priority = 'LOWEST'
 
         def before_test_epoch(self, runner):
-            model = runner.model
-            task = build_task(model, None, runner.cfg.test_cfg.get(
-                'classifier'))
-            self.handle = meter.attach(task.adapted_module(model))
+            task = runner.test_loop.task  # the task the loop adapts with
+            self.handle = meter.attach(task.adapted_module(runner.model))
             meter.__enter__()
 
         def after_test_epoch(self, runner, metrics=None):
@@ -129,14 +125,14 @@ def meter_hook(meter):
 
 def run_row(config, args, work_dir):
     from mmseg_stag.analysis.rows import stage_config
+    from mmseg_stag.engine.report import read_results
     from mmseg_stag.engine.runs import prepare_config, run_test
     cfg = stage_config(config, args.cfg_options, args.condition, args.images)
     cfg.test_cfg.save_state = False
     meter = Meter()
     run_test(prepare_config(cfg, work_dir), args.checkpoint,
              hooks=[meter_hook(meter)])
-    with open(osp.join(work_dir, 'continual_results.json')) as f:
-        results = json.load(f)
+    results = read_results(work_dir)
     images = sum(s['num_images'] for s in results['stages'])
     return dict(forward=meter.forward_images,
                 backward=meter.backward_images,

@@ -53,15 +53,12 @@ def feature_hook(store, last):
     batches), and the classifier's final weight and bias."""
     from mmengine.hooks import Hook
 
-    from mmseg_stag.engine.online_task import build_task
-
     class FeatureKeeper(Hook):
         priority = 'LOWEST'
 
         def before_test_epoch(self, runner):
-            task = build_task(runner.model, None,
-                              runner.cfg.test_cfg.get('classifier'))
-            if task.output != 'per_sample':
+            task = runner.test_loop.task  # the task the loop adapts with
+            if task.prediction_kind != 'per_sample':
                 raise ValueError('the t-SNE takes per-sample features (a '
                                  'classification run)')
             self.classifier = task.probe.classifier(
