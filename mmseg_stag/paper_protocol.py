@@ -45,12 +45,41 @@ def first_stage_options(cfg: Config, condition=None) -> dict:
     corruption (the same images in the same order as in the whole
     stream)."""
     dataset = cfg.test_dataloader.dataset
-    if 'rounds' in dataset:
-        first = condition or list(dataset.get('conditions', ['fog']))[0]
-        return {'test_dataloader.dataset.rounds': 1,
-                'test_dataloader.dataset.conditions': [first]}
-    first = condition or list(dataset.corruptions)[0]
-    return {'test_dataloader.dataset.corruptions': [first]}
+    options = stream_dataset_class(dataset).first_stage_options(dataset,
+                                                                condition)
+    return {f'test_dataloader.dataset.{k}': v for k, v in options.items()}
+
+
+def first_images_options(cfg: Config, num_images: int) -> dict:
+    """``--cfg-options`` that keep the first ``num_images`` images of each
+    stage (the stream dataset says how)."""
+    options = stream_dataset_class(
+        cfg.test_dataloader.dataset).first_images_options(num_images)
+    return {f'test_dataloader.dataset.{k}': v for k, v in options.items()}
+
+
+def stream_dataset_class(dataset_cfg: dict) -> type:
+    """Return the class of the stream dataset ``dataset_cfg`` builds.
+
+    Raises:
+        ValueError: If it is unknown or declares no first stage.
+    """
+    from mmengine.registry import DATASETS as ROOT
+    from mmseg_stag.registry import DATASETS
+    kind = dataset_cfg.get('type')
+    cls = kind if isinstance(kind, type) else None
+    for registry in () if cls else (DATASETS, ROOT):
+        cls = registry.get(kind)
+        if cls is None and '.' not in str(kind):
+            cls = registry.get(f'mmseg.{kind}')  # MMSeg's scope
+        if cls is not None:
+            break
+    if cls is None or not hasattr(cls, 'first_stage_options'):
+        raise ValueError(
+            f'test_dataloader.dataset.type={kind!r} is not a stream dataset '
+            'that declares its first stage (ACDCContinualDataset, '
+            'CorruptionStream)')
+    return cls
 
 
 def as_cli(options: dict) -> list:

@@ -144,3 +144,27 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
             assert built[kind][1].stag_cfg is None
             assert built[f'{kind}+stag'][1].stag_cfg == \
                 paper_stag(*setting, kind), (name, kind)
+
+
+@pytest.mark.parametrize('config, stage, images', [
+    ('configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_tent-stag.py',
+     {'rounds': 1, 'conditions': ['night']}, {'indices': 3}),
+    ('configs/cls/cifar-c/cifar10-c_continual_wrn-28-10_cotta-stag.py',
+     {'corruptions': ['night']}, {'corruption_set.n_examples': 3}),
+])
+def test_the_stream_dataset_says_how_to_keep_its_first_stage(config, stage,
+                                                            images):
+    from mmengine.config import Config
+
+    from mmseg_stag.paper_protocol import (first_images_options,
+                                           first_stage_options)
+    cfg = Config.fromfile(config)
+    prefix = 'test_dataloader.dataset.'
+    assert first_stage_options(cfg, 'night') == {
+        prefix + k: v for k, v in stage.items()}
+    assert first_images_options(cfg, 3) == {
+        prefix + k: v for k, v in images.items()}
+    cfg.test_dataloader.dataset.type = 'CityscapesDataset'
+    with pytest.raises(ValueError, match="type='CityscapesDataset' is not a "
+                       'stream dataset'):
+        first_stage_options(cfg)

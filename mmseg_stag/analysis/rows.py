@@ -43,16 +43,14 @@ def stage_config(config: str, cfg_options: dict, condition=None,
     ``condition``'s) alone, limited to ``images`` images."""
     from mmengine.config import Config
 
-    from mmseg_stag.paper_protocol import first_stage_options
+    from mmseg_stag.paper_protocol import (first_images_options,
+                                           first_stage_options)
     cfg = Config.fromfile(config)
     cfg.merge_from_dict(cfg_options)
     if not whole_stream:
         cfg.merge_from_dict(first_stage_options(cfg, condition))
     if images:
-        dataset = cfg.test_dataloader.dataset
-        key = ('test_dataloader.dataset.indices' if 'rounds' in dataset
-               else 'test_dataloader.dataset.corruption_set.n_examples')
-        cfg.merge_from_dict({key: images})
+        cfg.merge_from_dict(first_images_options(cfg, images))
     return cfg
 
 

@@ -59,6 +59,18 @@ class CorruptionStream(Dataset):
     def __len__(self) -> int:
         return len(self.order)
 
+    @staticmethod
+    def first_stage_options(dataset_cfg: dict, corruption=None) -> dict:
+        """Options of ``dataset_cfg`` that keep one stage: ``corruption``
+        (default: the first), its images in the stream's order."""
+        corruptions = list(dataset_cfg.get('corruptions', CORRUPTIONS))
+        return dict(corruptions=[corruption or corruptions[0]])
+
+    @staticmethod
+    def first_images_options(num_images: int) -> dict:
+        """Options that keep ``num_images`` images of each corruption."""
+        return {'corruption_set.n_examples': num_images}
+
     def stream_stages(self) -> List[StreamStage]:
         """Return the scenario's stages, one round."""
         return self._stream_stages

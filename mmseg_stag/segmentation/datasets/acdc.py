@@ -128,6 +128,19 @@ class ACDCContinualDataset(BaseSegDataset):
                              condition=condition))
         return data_list
 
+    @staticmethod
+    def first_stage_options(dataset_cfg: dict, condition=None) -> dict:
+        """Options of ``dataset_cfg`` that keep one stage: round 1 of
+        ``condition`` (default: the first)."""
+        conditions = list(dataset_cfg.get('conditions',
+                                          ('fog', 'night', 'rain', 'snow')))
+        return dict(rounds=1, conditions=[condition or conditions[0]])
+
+    @staticmethod
+    def first_images_options(num_images: int) -> dict:
+        """Options that keep the first ``num_images`` images."""
+        return dict(indices=num_images)
+
     def stream_stages(self) -> List[StreamStage]:
         """Return the stages: one per round and condition, continual."""
         if getattr(self, '_stream_stages', None) is None:
