@@ -76,21 +76,15 @@ def paused(counter, fn):
 
 def count_loop_syncs(loop, monkeypatch):
     """Wrap ``loop.run_iter``: returns ``{batch index: [sync names]}``,
-    filled as the loop runs, without the metric (``to_outputs`` and
+    filled as the loop runs, without the metric (``task.outputs`` and
     ``evaluator.process``)."""
     counter = HostSyncCounter()
     state = dict(active=False)
     per_batch = {}
     patch_host_reads(monkeypatch, counter, lambda: state['active'])
     pause_optimizer_step_counts(monkeypatch, counter)
-    run_iter, batch = loop.run_iter, loop.task.batch
+    run_iter = loop.run_iter
     loop.evaluator.process = paused(counter, loop.evaluator.process)
-
-    def batch_without_metric(*args, **kwargs):
-        online = batch(*args, **kwargs)
-        online.to_outputs = paused(counter, online.to_outputs)
-        return online
-
     def counted(idx, data_batch):
         counter.calls = []
         state['active'] = True
@@ -101,6 +95,7 @@ def count_loop_syncs(loop, monkeypatch):
             state['active'] = False
         per_batch[idx] = list(counter.calls)
 
-    monkeypatch.setattr(loop.task, 'batch', batch_without_metric)
+    monkeypatch.setattr(loop.task, 'outputs',
+                        paused(counter, loop.task.outputs))
     monkeypatch.setattr(loop, 'run_iter', counted)
     return per_batch

@@ -24,14 +24,14 @@ def register_reference():
     @SEGMENTATION_METHODS.register_module(name='tent_two_forward')
     class TwoForwardTENT(SegmentationTENT):
 
-        def adapt(self, ctx):
+        def adapt(self, batch):
             with torch.no_grad():  # the prediction, as model(return_loss=False)
-                prediction, _ = ctx.forward(self.model, ctx.inputs)
+                prediction = self.adapter.forward(self.model, batch).logits
             with torch.enable_grad():  # then the loss's own forward
-                _, ctx.head_outputs = ctx.forward(self.model, ctx.inputs)
-            ctx.prediction = prediction  # its labels: the prediction's
-            self.update(self.loss(ctx))
-            return prediction, ctx.stats
+                fwd = self.adapter.forward(self.model, batch)
+            fwd.logits = prediction  # its labels: the prediction's
+            self.update(self.loss(batch, fwd))
+            return prediction, fwd.stats
 
 
 def build_runner(config, args, work_dir, method):

@@ -5,13 +5,12 @@ model and a baseline, one adaptation step of the baseline and one of the
 baseline + STAG, interleaved, each on its own copy of the model and the
 same input, measured by :mod:`mmseg_stag.analysis.meters`. The model is
 driven as the online loop drives it: its task (:func:`build_task`) makes
-the method's context from one preprocessed batch of random images
-(``batch()``), and the method is built by :func:`build_method` and
-configured on the task's adapted module and classifier.
+one preprocessed batch of random images (``batch()``), and the method is
+built by :func:`build_method` and configured on the task's adapted module
+and its adapter.
 """
 import contextlib
 import copy
-import dataclasses
 import os.path as osp
 import statistics
 
@@ -143,7 +142,7 @@ def random_batch(kind, args):
 
 class BenchTask:
     """How one model is driven: the package's online task on one
-    preprocessed batch (its context: the inputs and the one-pass forward),
+    preprocessed batch and its adapter (the one-pass forward),
     the baselines on fresh copies of the adapted module, the module whose
     calls are counted.
 
@@ -165,11 +164,11 @@ class BenchTask:
         model = build_model(name, root=root).to(device)
         self.online = build_task(model, None, None)
         self.online.setup(None)
-        self.context = self.online.batch(
-            model, random_batch(self.kind, args)).context
-        self.inputs, self.forward = self.context.inputs, self.context.forward
-        #: the classifier's probe (``autocast_dtype``: the forward passes'
-        #: mixed precision)
+        self.batch = self.online.batch(model, random_batch(self.kind, args))
+        self.inputs = self.batch.inputs
+        #: the task's operations; its probe's ``autocast_dtype`` is the
+        #: forward passes' mixed precision
+        self.adapter = self.online.adapter
         self.probe = self.online.probe
         #: what the methods adapt, copied for each
         self.base = self.online.adapted_module(model)
@@ -184,10 +183,6 @@ class BenchTask:
         1x1 classifier (MMSeg calls the head's forward directly, without
         hooks), or the classifier network."""
         return self.probe.classifier(model) if self.kind == 'seg' else model
-
-    def fresh_context(self):
-        """The batch's context as the method first sees it."""
-        return dataclasses.replace(self.context, stats={})
 
     def make_method(self, kind, stag):
         """A configured method on a fresh copy of the model."""
@@ -206,25 +201,24 @@ class BenchTask:
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
         method = build_method(dict(self.methods[kind], stag=stag))
-        method.configure(model, self.probe.classifier(model),
-                         self.online.prediction_kind)
+        method.configure(model, self.adapter)
         if method.needs_source_data:  # EATA's Fisher, not timed
-            method.fit_source(self.forward, [self.inputs])
+            method.fit_source([self.batch])
         return method, PassCounter(self.counted(model))
 
     def ours_step(self, method):
         with torch.set_grad_enabled(method.updates):
-            return method.adapt(self.fresh_context())[0]
+            return method.adapt(self.batch)[0]
 
     def two_forward_step(self, method):
         """CoTTA-style: predict under no_grad, then forward again for the
         loss."""
         model = method.model
         with torch.no_grad():
-            prediction, _ = self.forward(model, self.inputs)
+            prediction = self.adapter.forward(model, self.batch).logits
         with torch.enable_grad():
-            ctx = method.forward_pass(self.fresh_context())
-            loss = method.loss(ctx)
+            loss = method.loss(self.batch,
+                               self.adapter.forward(model, self.batch))
             method.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             method.optimizer.step()
@@ -297,7 +291,7 @@ def time_stag_term(task, kind, stag, repeats=10):
     method, _ = task.make_method(kind, stag)
     model = method.model
     with torch.no_grad():
-        _, head_outputs = task.forward(model, task.inputs)
+        head_outputs = task.adapter.forward(model, task.batch).head_outputs
     classifier = task.probe.classifier(model)
     loss_fn = STAGLoss()
     beta = stag['beta0']

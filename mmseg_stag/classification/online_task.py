@@ -1,9 +1,8 @@
 """Classification task of ``OnlineAdaptationLoop``."""
 import torch
 
-from mmseg_stag.core import BatchContext
-from mmseg_stag.engine.online_task import (ONLINE_TASKS, OnlineBatch,
-                                           OnlineTask)
+from mmseg_stag.core import Batch
+from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
 from .classifier import OnlineClassifier
 
 
@@ -22,23 +21,16 @@ class ClassificationTask(OnlineTask):
     def adapted_module(self, model):
         return model.network
 
-    def batch(self, model, data_batch: dict) -> OnlineBatch:
+    def batch(self, model, data_batch: dict) -> Batch:
         with torch.no_grad():
             data = model.data_preprocessor(data_batch, False)
-        samples = data['data_samples']
+        return Batch(data['inputs'], data['data_samples'])
 
-        def to_outputs(logits):
-            for sample, label in zip(samples, logits.argmax(1).tolist()):
-                sample.set_metainfo(dict(pred_label=label))
-            return samples
-
-        return OnlineBatch(BatchContext(data['inputs'], self.probe),
-                           to_outputs)
-
-    def source_batches(self, model, dataloader):
-        def inputs():
-            for batch in dataloader:
-                with torch.no_grad():
-                    yield model.data_preprocessor(batch, False)['inputs']
-
-        return self.probe, inputs()
+    def outputs(self, batch: Batch, prediction: torch.Tensor,
+                labels: bool) -> list:
+        if labels:
+            raise ValueError('a classification method predicts logits')
+        for sample, label in zip(batch.data_samples,
+                                 prediction.argmax(1).tolist()):
+            sample.set_metainfo(dict(pred_label=label))
+        return batch.data_samples

@@ -4,7 +4,7 @@ from .losses import (cross_entropy_to_teacher, flatten_outputs,
                      mean_over_outputs, per_sample_logits,
                      pseudo_label_cross_entropy, softmax_entropy,
                      symmetric_cross_entropy)
-from .methods import (BaseMethod, BatchContext, BNAdapt, CoTTA, DeYO, EATA,
+from .methods import (BaseMethod, BNAdapt, CoTTA, DeYO, EATA,
                       EcoTTA, SAR, Source, TENT)
 from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
                      use_batch_statistics)
@@ -12,10 +12,12 @@ from .probe import PREDICTION_KINDS, HeadProbe
 from .registry import METHODS, build_method
 from .sam import SAM
 from .stag_loss import STAGLoss
+from .task_adapter import Batch, ForwardPass, TaskAdapter
 
 __all__ = [
     'stag', 'STAGLoss', 'HeadProbe', 'PREDICTION_KINDS', 'METHODS',
-    'build_method', 'BaseMethod', 'BatchContext', 'Source', 'BNAdapt', 'TENT',
+    'build_method', 'BaseMethod', 'Batch', 'ForwardPass', 'TaskAdapter',
+    'Source', 'BNAdapt', 'TENT',
     'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA', 'SAM', 'NORM_LAYER_TYPES',
     'norm_layers',
     'select_parameters', 'use_batch_statistics', 'softmax_entropy',

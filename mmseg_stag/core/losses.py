@@ -72,7 +72,7 @@ def flatten_outputs(head_outputs: HeadOutputs, method: str,
     if PREDICTION_KIND_OF_DIM[head_outputs[0][1].dim()] == 'per_sample' and \
             len(head_outputs) == 1:
         return head_outputs[0]
-    feats, logits = zip(*[(_pixels_as_rows(f), _pixels_as_rows(z))
+    feats, logits = zip(*[(pixels_as_rows(f), pixels_as_rows(z))
                           for f, z in head_outputs])
     return torch.cat(feats), torch.cat(logits)
 
@@ -87,7 +87,7 @@ def flatten_logits(head_outputs: HeadOutputs, method: str,
         ValueError: As :func:`flatten_outputs`.
     """
     check_prediction_kinds(head_outputs, method, supported)
-    return torch.cat([_pixels_as_rows(z) for _, z in head_outputs]) \
+    return torch.cat([pixels_as_rows(z) for _, z in head_outputs]) \
         if len(head_outputs) > 1 or head_outputs[0][1].dim() == 4 \
         else head_outputs[0][1]
 
@@ -110,7 +110,7 @@ def check_prediction_kinds(head_outputs: HeadOutputs, method: str,
                          'per-pixel logits')
 
 
-def _pixels_as_rows(x: torch.Tensor) -> torch.Tensor:
+def pixels_as_rows(x: torch.Tensor) -> torch.Tensor:
     """``[N, D, h, w] -> [N*h*w, D]``, pixels row by row; ``[N, D]`` as is."""
     if x.dim() == 2:
         return x

@@ -1,10 +1,10 @@
 """Task-agnostic MMEngine parts: online loop, log processor, task, metric."""
 from .log_processor import OnlineAdaptationLogProcessor
 from .online_loop import DISTRIBUTED_ERROR, STATE_FILE, OnlineAdaptationLoop
-from .online_task import ONLINE_TASKS, OnlineBatch, OnlineTask
+from .online_task import ONLINE_TASKS, OnlineTask
 from .stream import StreamSchedule, StreamStage
 from .stream_metric import StreamMetric
 
 __all__ = ['OnlineAdaptationLoop', 'OnlineAdaptationLogProcessor',
            'DISTRIBUTED_ERROR', 'STATE_FILE', 'ONLINE_TASKS', 'OnlineTask',
-           'OnlineBatch', 'StreamMetric', 'StreamStage', 'StreamSchedule']
+           'StreamMetric', 'StreamStage', 'StreamSchedule']

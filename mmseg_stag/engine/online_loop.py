@@ -210,9 +210,8 @@ class OnlineAdaptationLoop(TestLoop):
 
     def configure_method(self) -> None:
         """Configure the method on the adapted module and its classifier."""
-        adapted = self.task.adapted_module(self._model(self.runner))
-        self.method.configure(adapted, self.task.probe.classifier(adapted),
-                              self.task.prediction_kind)
+        self.method.configure(self.task.adapted_module(
+            self._model(self.runner)), self.task.adapter)
 
     def start_stage(self, stage: StreamStage) -> None:
         """Open ``stage``: restart from the source if set, tell the others."""
@@ -334,13 +333,13 @@ class OnlineAdaptationLoop(TestLoop):
         print_log(f'{self.method.name}: statistics of '
                   f'{len(self.source_dataloader.dataset)} clean source '
                   'images', logger='current')
-        forward, inputs = self.task.source_batches(
-            self._model(self.runner), self.source_dataloader)
+        batches = self.task.source_batches(self._model(self.runner),
+                                           self.source_dataloader)
         # float32: squared fp16 gradients underflow; it runs once a run
         dtype, self.task.probe.autocast_dtype = \
             self.task.probe.autocast_dtype, None
         try:
-            self.method.fit_source(forward, inputs)
+            self.method.fit_source(batches)
         finally:
             self.task.probe.autocast_dtype = dtype
         self.source_statistics = self.method.source_statistics()
@@ -357,8 +356,9 @@ class OnlineAdaptationLoop(TestLoop):
         batch = self.task.batch(self._model(self.runner), data_batch)
         # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
         with torch.set_grad_enabled(self.method.updates):
-            prediction, stats = self.method.adapt(batch.context)
-        outputs = batch.to_outputs(prediction)
+            prediction, stats = self.method.adapt(batch)
+        outputs = self.task.outputs(batch, prediction,
+                                    self.method.prediction_is_labels)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         self.step_stats.append(idx, stats)
         if self.reads_stats(idx):

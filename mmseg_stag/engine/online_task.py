@@ -1,12 +1,12 @@
 """The task interface of the online loop: batches in, data samples out."""
 from abc import ABC, abstractmethod
-from typing import Callable, Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
 from mmengine.registry import Registry
 
-from mmseg_stag.core import BatchContext, HeadProbe, build_method
+from mmseg_stag.core import Batch, HeadProbe, TaskAdapter, build_method
 
 #: ``segmentation`` (``mmseg_stag.segmentation``) and ``classification``
 ONLINE_TASKS = Registry('online adaptation task', scope='mmseg_stag')
@@ -30,6 +30,12 @@ class OnlineTask(ABC):
         self.probe = HeadProbe(head_layer or self.default_head_layer(model),
                                prediction_kind=self.prediction_kind)
         self.probe.find(self.adapted_module(model))  # fail before the stream
+        #: what the method is given: the task's operations on a batch
+        self.adapter = self.build_adapter(model)
+
+    def build_adapter(self, model: nn.Module) -> TaskAdapter:
+        """Return the :class:`TaskAdapter` the method is configured with."""
+        return TaskAdapter(self.probe)
 
     def default_head_layer(self, model: nn.Module) -> Optional[str]:
         """Return the default head layer (None: the last ``nn.Linear``)."""
@@ -68,26 +74,25 @@ class OnlineTask(ABC):
     model_kind = ''
 
     @abstractmethod
-    def batch(self, model: nn.Module, data_batch: dict
-              ) -> 'OnlineBatch':
-        """Return the preprocessed batch as an :class:`OnlineBatch`."""
+    def batch(self, model: nn.Module, data_batch: dict) -> Batch:
+        """Return the preprocessed batch the method adapts on."""
 
     @abstractmethod
-    def source_batches(self, model: nn.Module, dataloader):
-        """Return ``(forward, inputs)`` for the method's ``fit_source``."""
+    def outputs(self, batch: Batch, prediction: torch.Tensor,
+                labels: bool) -> list:
+        """Return the data samples with ``prediction`` set (``labels``: it
+        is labels at the original size, else the batch's logits)."""
 
+    def source_batches(self, model: nn.Module, dataloader) -> Iterator[Batch]:
+        """Yield the clean source batches of the method's ``fit_source``."""
+        for data_batch in dataloader:
+            with torch.no_grad():
+                inputs = model.data_preprocessor(data_batch, False)['inputs']
+            yield self.source_batch(inputs)
 
-class OnlineBatch:
-    """One preprocessed batch.
-
-    Args:
-        context (BatchContext): What the method sees.
-        to_outputs (callable): Maps the prediction to the data samples.
-    """
-
-    def __init__(self, context: BatchContext,
-                 to_outputs: Callable[[torch.Tensor], list]):
-        self.context, self.to_outputs = context, to_outputs
+    def source_batch(self, inputs) -> Batch:
+        """Return a clean source batch of preprocessed ``inputs``."""
+        return Batch(inputs)
 
 
 def head_layer_of(cfg) -> Optional[str]:

@@ -4,9 +4,10 @@ from mmseg.registry import MODELS
 from mmseg_stag.core import STAGLoss
 from .datasets import ACDCContinualDataset, ScaleFlipViews
 from .evaluation import ContinualIoUMetric
-from .methods import (SEGMENTATION_METHODS, SegmentationBatchContext,
-                      SegmentationCoTTA, SegmentationTENT, View)
+from .methods import (SEGMENTATION_METHODS, SegmentationCoTTA,
+                      SegmentationTENT)
 from .online_task import SegmentationTask
+from .task_adapter import SegmentationAdapter, SegmentationBatch
 from .models import (NVMixVisionTransformer, NVSegformerHead,
                      convert_nvlabs_checkpoint, convert_nvlabs_mit,
                      convert_nvlabs_segformer)
@@ -15,9 +16,10 @@ from .models import (NVMixVisionTransformer, NVSegformerHead,
 MODELS.register_module(module=STAGLoss)
 
 __all__ = [
-    'SegmentationTask', 'SEGMENTATION_METHODS', 'SegmentationBatchContext',
-    'SegmentationTENT', 'SegmentationCoTTA', 'View',
-    'ACDCContinualDataset', 'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
+    'SegmentationTask', 'SEGMENTATION_METHODS', 'SegmentationBatch',
+    'SegmentationAdapter', 'SegmentationTENT', 'SegmentationCoTTA',
+    'ACDCContinualDataset', 'ScaleFlipViews', 'ContinualIoUMetric',
+    'NVMixVisionTransformer',
     'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',
     'convert_nvlabs_checkpoint'
 ]

@@ -57,12 +57,13 @@ def authors_lr(model, batch_size):
 @pytest.mark.parametrize('model', ['resnet50-bn', 'resnet50-gn', 'vit-b16'])
 @pytest.mark.parametrize('method', ['sar', 'deyo', 'tent', 'eata'])
 def test_adapted_parameters_are_the_authors(model, method):
-    from mmseg_stag.core import build_method, use_batch_statistics
+    from mmseg_stag.core import (HeadProbe, TaskAdapter, build_method,
+                                 use_batch_statistics)
     net = source(model)
     use_batch_statistics(net)  # the configs' bn_batch_stats
     ours = build_method(dict(type=method))
-    classifier = net.head if model == 'vit-b16' else net.fc
-    ours.configure(net, classifier)
+    classifier = 'head' if model == 'vit-b16' else 'fc'
+    ours.configure(net, TaskAdapter(HeadProbe(classifier)))
     if method in ('tent', 'eata'):
         expected = authors_norm_params(source(model))
         assert [n for n, _ in ours.params] == expected
@@ -141,8 +142,8 @@ def authors_fisher(net, batches):
                                         ('vit-b16', 224)])
 def test_eata_fisher_is_the_authors(model, size):
     import torch
-    from mmseg_stag.core import HeadProbe, build_method, \
-        use_batch_statistics
+    from mmseg_stag.core import (Batch, HeadProbe, TaskAdapter,
+                                 build_method, use_batch_statistics)
     torch.manual_seed(1)
     batches = [torch.rand(2, 3, size, size, dtype=torch.float64)
                for _ in range(2)]
@@ -156,8 +157,8 @@ def test_eata_fisher_is_the_authors(model, size):
     use_batch_statistics(net)
     ours = build_method(dict(type='eata'))
     classifier = 'head' if model == 'vit-b16' else 'fc'
-    ours.configure(net, dict(net.named_modules())[classifier])
-    ours.fit_source(HeadProbe(classifier), batches)
+    ours.configure(net, TaskAdapter(HeadProbe(classifier)))
+    ours.fit_source([Batch(x) for x in batches])
     assert list(ours.fishers) == list(expected) == authors_norm_params(net)
     for name, (fisher, theta0) in ours.fishers.items():
         torch.testing.assert_close(fisher, expected[name][0], rtol=1e-9,

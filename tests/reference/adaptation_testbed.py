@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import BatchContext, HeadProbe
+from mmseg_stag.core import Batch, ForwardPass, HeadProbe, TaskAdapter
 
 C = 5  # classes of both networks
 E0 = 0.4 * math.log(C)  # the 0.4 ln C entropy margin of EATA and SAR
@@ -40,6 +40,10 @@ MLP_PROBE = HeadProbe('3')  # classifier of make_mlp
 CNN_PROBE = HeadProbe('5')  # classifier of make_cnn
 # classifier of make_seg_net
 SEG_PROBE = HeadProbe('3', prediction_kind='per_pixel')
+# what a method is configured with: the task's operations through a probe
+MLP_ADAPTER = TaskAdapter(MLP_PROBE)
+CNN_ADAPTER = TaskAdapter(CNN_PROBE)
+SEG_ADAPTER = TaskAdapter(SEG_PROBE)
 
 
 def make_mlp(seed=2, norm='ln'):
@@ -168,11 +172,32 @@ def pixel_rows(maps):
                         for i in range(h) for j in range(w)])
 
 
-def adapt(method, forward, inputs):
+class ScriptedAdapter(TaskAdapter):
+    """A task adapter whose forward pass is ``forward(model, inputs) ->
+    (logits, head_outputs)``, for tests that script or record it."""
+
+    def __init__(self, forward, probe):
+        super().__init__(probe)
+        self.script = forward
+
+    def forward(self, model, batch, inputs=None):
+        logits, head_outputs = self.script(
+            model, batch.inputs if inputs is None else inputs)
+        return ForwardPass(logits, head_outputs)
+
+
+def adapt(method, inputs, forward=None):
     """One batch as the caller runs it: gradients enabled iff the method
-    updates; returns ``(prediction, stats)``, the stats read as floats."""
-    with torch.set_grad_enabled(method.updates):
-        prediction, stats = method.adapt(BatchContext(inputs, forward))
+    updates; returns ``(prediction, stats)``, the stats read as floats.
+    ``forward``: this batch's forward passes go through it instead."""
+    adapter = method.adapter
+    if forward is not None:
+        method.adapter = ScriptedAdapter(forward, adapter.probe)
+    try:
+        with torch.set_grad_enabled(method.updates):
+            prediction, stats = method.adapt(Batch(inputs))
+    finally:
+        method.adapter = adapter
     return prediction, floats(stats)
 
 

@@ -1,5 +1,5 @@
 """The online-adaptation methods, in ``METHODS`` by lower-case name."""
-from .base import BaseMethod, BatchContext, SampleFilteringMethod
+from .base import BaseMethod, SampleFilteringMethod
 from .bn_adapt import BNAdapt
 from .cotta import CoTTA
 from .deyo import DeYO
@@ -10,6 +10,6 @@ from .source import Source
 from .tent import TENT
 
 __all__ = [
-    'BaseMethod', 'BatchContext', 'SampleFilteringMethod', 'Source',
+    'BaseMethod', 'SampleFilteringMethod', 'Source',
     'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA'
 ]

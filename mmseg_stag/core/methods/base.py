@@ -2,7 +2,6 @@
 
 Follows the life cycle of DequanWang/tent's tent.py (Tent.forward).
 """
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -10,33 +9,12 @@ import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
-from ..losses import HeadOutputs, mean_over_outputs
+from ..losses import mean_over_outputs
 from ..params import exclude_by_module, select_parameters
-from ..probe import PREDICTION_KINDS, Forward, check_prediction_kind
+from ..probe import PREDICTION_KINDS, check_prediction_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
-
-
-@dataclass
-class BatchContext:
-    """One batch as a method sees it.
-
-    Args:
-        inputs (Any): The model's inputs, e.g. images ``[N, 3, H, W]``.
-        forward (Forward): ``f(model, inputs) -> (prediction, outputs)``.
-        prediction (Tensor, optional): What the batch is evaluated on.
-        head_outputs (HeadOutputs): ``[(features, logits), ...]``.
-        among (Tensor, optional): Samples an earlier pass kept; None: all.
-        kept (Tensor, optional): Samples the method's own filter kept.
-        stats (dict[str, float]): Numbers logged for the batch.
-    """
-    inputs: Any
-    forward: Forward
-    prediction: Optional[torch.Tensor] = None
-    head_outputs: HeadOutputs = ()
-    among: Optional[torch.Tensor] = None
-    kept: Optional[torch.Tensor] = None
-    stats: Dict[str, float] = field(default_factory=dict)
+from ..task_adapter import Batch, ForwardPass, TaskAdapter
 
 
 class BaseMethod:
@@ -65,6 +43,9 @@ class BaseMethod:
     needs_source_data = False
     #: whether the updates can go through a ``GradScaler`` (fp16)
     supports_grad_scaler = True
+    #: whether :meth:`adapt` predicts labels at the original image size
+    #: (CoTTA's multi-view teacher) instead of the batch's logits
+    prediction_is_labels = False
 
     def __init__(self,
                  stag: Optional[dict] = None,
@@ -92,6 +73,7 @@ class BaseMethod:
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
 
         self.model: Optional[nn.Module] = None
+        self.adapter: Optional[TaskAdapter] = None
         self.classifier: Optional[nn.Module] = None
         self.optimizer = None
         self.params: List[Tuple[str, nn.Parameter]] = []
@@ -131,15 +113,20 @@ class BaseMethod:
                 f'only, but this task gives {prediction_kind} outputs '
                 f'(choose another method)')
 
-    def configure(self, model: nn.Module, classifier: nn.Module,
-                  prediction_kind: str = 'per_sample') -> None:
+    def configure(self, model: nn.Module, adapter: TaskAdapter) -> None:
         """Set the modes, unfreeze the adapted parameters, build the optimizer.
 
+        Args:
+            model (nn.Module): The module to adapt.
+            adapter (TaskAdapter): The task's operations on a batch.
+
         Raises:
-            ValueError: If no parameter matches ``trainable``.
+            ValueError: If no parameter matches ``trainable``, or the task's
+                prediction kind is not supported.
         """
-        self.check_supports(prediction_kind)
-        self.model, self.classifier = model, classifier
+        self.check_supports(adapter.prediction_kind)
+        self.model, self.adapter = model, adapter
+        self.classifier = adapter.classifier(model)
         for p in model.parameters():
             p.requires_grad_(False)
         self.set_modes(model)
@@ -154,7 +141,7 @@ class BaseMethod:
             p.requires_grad_(True)
         self.optimizer = self.build_optimizer()
         if self.stag_loss is not None:
-            log_anchor_signs(classifier)
+            log_anchor_signs(self.classifier)
 
     def use_grad_scaler(self, device_type: str = 'cuda') -> None:
         """Scale the losses of every update (float16 autocast).
@@ -193,8 +180,9 @@ class BaseMethod:
         """Set the layers' train/eval modes (once, in :meth:`configure`)."""
         model.eval()
 
-    def fit_source(self, forward: Forward, batches) -> None:
-        """Take statistics from clean source batches; nothing by default."""
+    def fit_source(self, batches) -> None:
+        """Take statistics from clean source :class:`Batch` es; nothing by
+        default."""
 
     def source_statistics(self) -> Any:
         """What :meth:`fit_source` computed (None by default)."""
@@ -282,35 +270,39 @@ class BaseMethod:
         self.step, self.num_updates = state['step'], state['num_updates']
         self.stage = state['stage']
 
-    def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
+    def base_loss(self, batch: Batch,
+                  fwd: ForwardPass) -> Optional[torch.Tensor]:
         """Return ``L_base`` (eq:total_objective), None if nothing is kept."""
         raise TypeError(f'{self.name} has no loss of its own '
                         '(has_base_loss is False)')
 
-    def stag_term(self, ctx: BatchContext) -> torch.Tensor:
-        """Return ``L_STAG`` over every sample (eq:stag_batch_loss)."""
-        weight, bias = self.classifier.weight, self.classifier.bias
-        return mean_over_outputs(
-            lambda f, z: self.stag_loss(f, z, weight, bias), ctx.head_outputs)
-
-    def loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
+    def loss(self, batch: Batch,
+             fwd: ForwardPass) -> Optional[torch.Tensor]:
         """Return ``L_base + beta_t L_STAG`` (eq:total_objective).
 
         Returns:
             Tensor | None: The loss; None if there is nothing to minimise.
         """
-        total = None
-        if self.has_base_loss:
-            total = self.base_loss(ctx)
-            if total is not None:
-                ctx.stats['loss_base'] = total.detach()
+        base = self.base_loss(batch, fwd) if self.has_base_loss else None
+        return self.add_stag(base, fwd)
+
+    def add_stag(self, base: Optional[torch.Tensor],
+                 fwd: ForwardPass) -> Optional[torch.Tensor]:
+        """Return ``base + beta_t L_STAG`` (just ``base`` without STAG)."""
+        stats, total = fwd.stats, base
+        if base is not None:
+            stats['loss_base'] = base.detach()
         if self.stag_loss is not None:
-            l_stag = self.stag_term(ctx)
+            weight, bias = self.classifier.weight, self.classifier.bias
+            # eq:stag_batch_loss, over every sample (pixel) of the pass
+            l_stag = mean_over_outputs(
+                lambda f, z: self.stag_loss(f, z, weight, bias),
+                fwd.head_outputs)
             beta = self.beta
-            ctx.stats.update(loss_stag=l_stag.detach(), beta=beta)
+            stats.update(loss_stag=l_stag.detach(), beta=beta)
             total = beta * l_stag if total is None else total + beta * l_stag
         if total is not None:
-            ctx.stats['loss'] = total.detach()
+            stats['loss'] = total.detach()
         return total
 
     def backward_step(self, loss: torch.Tensor) -> None:
@@ -337,28 +329,27 @@ class BaseMethod:
         self.num_updates += 1
         return True
 
-    def forward_pass(self, ctx: BatchContext) -> BatchContext:
-        """Run the batch's one forward pass through the probe."""
-        ctx.prediction, ctx.head_outputs = ctx.forward(self.model, ctx.inputs)
-        return ctx
+    def check_configured(self) -> None:
+        """Raise ``RuntimeError`` if :meth:`configure` has not run."""
+        if self.model is None:
+            raise RuntimeError(f'{self.name}.configure(model, adapter) must '
+                               'be called before adapting')
 
-    def adapt(self, ctx: BatchContext) -> Tuple[torch.Tensor, Dict[str,
-                                                                   float]]:
+    def adapt(self, batch: Batch) -> Tuple[torch.Tensor, Dict[str, Any]]:
         """Predict, then adapt: one forward, at most one backward.
 
         Returns:
-            tuple[Tensor, dict]: The prediction before the update and stats.
+            tuple[Tensor, dict]: The prediction before the update (the
+            logits; labels if :attr:`prediction_is_labels`) and stats.
 
         Raises:
             RuntimeError: If the method is not configured.
         """
-        if self.model is None:
-            raise RuntimeError(f'{self.name}.configure(model, classifier) '
-                               'must be called before adapt')
-        self.forward_pass(ctx)
+        self.check_configured()
+        fwd = self.adapter.forward(self.model, batch)
         if self.updates:
-            self.update(self.loss(ctx))
-        return ctx.prediction.detach(), ctx.stats
+            self.update(self.loss(batch, fwd))
+        return fwd.logits.detach(), fwd.stats
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg
@@ -404,7 +395,7 @@ class SampleFilteringMethod(BaseMethod):
         self.num_samples_update_1 = state['num_samples_update_1']
         self.num_samples_update_2 = state['num_samples_update_2']
 
-    def record_selection(self, ctx: BatchContext, reliable: torch.Tensor,
+    def record_selection(self, stats: dict, reliable: torch.Tensor,
                          selected: torch.Tensor) -> int:
         """Count one batch's kept samples; return how many are selected."""
         # one read from the device for both counts
@@ -412,6 +403,6 @@ class SampleFilteringMethod(BaseMethod):
             [reliable.sum(), selected.sum()]).tolist())
         self.num_samples_update_1 += num_reliable
         self.num_samples_update_2 += num_selected
-        ctx.stats.update(num_reliable=float(num_reliable),
-                         num_selected=float(num_selected))
+        stats.update(num_reliable=float(num_reliable),
+                     num_selected=float(num_selected))
         return num_selected

@@ -8,7 +8,8 @@ import torch.nn as nn
 from ..losses import (cross_entropy_to_teacher, per_sample_logits,
                       symmetric_cross_entropy)
 from ..registry import METHODS
-from .base import BaseMethod, BatchContext
+from ..task_adapter import Batch, ForwardPass
+from .base import BaseMethod
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
 
 
@@ -93,8 +94,8 @@ class CoTTA(BaseMethod):
         self.source_params: Dict[str, torch.Tensor] = {}
         self.restore_params: List[Tuple[str, nn.Parameter]] = []
 
-    def configure(self, model, classifier, prediction_kind='per_sample'):
-        super().configure(model, classifier, prediction_kind)
+    def configure(self, model, adapter):
+        super().configure(model, adapter)
         # CoTTA's copy_model_and_optimizer, after configure_model
         self.teacher = copy.deepcopy(model)
         self.source_model = copy.deepcopy(model)
@@ -116,33 +117,32 @@ class CoTTA(BaseMethod):
         super().load_state_dict(state)
         self.teacher.load_state_dict(state['teacher'])
 
-    def base_loss(self, ctx: BatchContext) -> torch.Tensor:
-        """Return the student's loss to the teacher (the prediction)."""
-        _, logits = per_sample_logits(ctx.head_outputs, 'CoTTA')
-        teacher, stats = self.teacher_prediction(ctx.forward, ctx.inputs)
-        ctx.prediction = teacher
-        ctx.stats.update(stats)
+    def loss_to_teacher(self, student: ForwardPass,
+                        teacher: torch.Tensor) -> torch.Tensor:
+        """Return the student's loss to the teacher's prediction."""
+        _, logits = per_sample_logits(student.head_outputs, 'CoTTA')
         return self.LOSSES[self.loss_type](logits, teacher).mean(0)
 
     @torch.no_grad()
-    def teacher_prediction(self, forward, inputs
-                           ) -> Tuple[torch.Tensor, Dict[str, float]]:
-        """Return the teacher's logits (augmented if unsure) and stats."""
-        source_logits, _ = forward(self.source_model, inputs)
+    def teacher_prediction(self, batch: Batch, stats: dict) -> torch.Tensor:
+        """Return the teacher's logits (augmented if unsure); log stats."""
+        forward = self.adapter.forward
+        source_logits = forward(self.source_model, batch).logits
         source_prob = source_logits.softmax(1).max(1)[0]
-        standard_ema, _ = forward(self.teacher, inputs)
+        standard_ema = forward(self.teacher, batch).logits
         use_augs = self.num_augs > 0 and bool(source_prob.mean(0) < self.ap)
         outputs = None
         if self.num_augs > 0 and (use_augs or self.always_augment):
-            outputs = [forward(self.teacher, self.augment(inputs))[0].detach()
+            outputs = [forward(self.teacher, batch,
+                               self.augment(batch.inputs)).logits.detach()
                        for _ in range(self.num_augs)]
         if use_augs:
             teacher = torch.stack(outputs).mean(0)
         else:
             teacher = standard_ema
-        stats = dict(source_prob=source_prob.mean().detach(),
+        stats.update(source_prob=source_prob.mean().detach(),
                      augmented=float(use_augs))
-        return teacher.detach(), stats
+        return teacher.detach()
 
     @torch.no_grad()
     def update_teacher(self) -> None:
@@ -180,11 +180,17 @@ class CoTTA(BaseMethod):
         torch._foreach_lerp_(params, [self.source_params[n]
                                       for n, _ in self.restore_params], masks)
 
-    def adapt(self, ctx: BatchContext):
-        prediction, stats = super().adapt(ctx)
+    def adapt(self, batch: Batch):
+        """Train the student on the teacher; return the teacher's
+        prediction (as CoTTA.forward_and_adapt returns outputs_ema)."""
+        self.check_configured()
+        student = self.adapter.forward(self.model, batch)
+        teacher = self.teacher_prediction(batch, student.stats)
+        self.update(self.add_stag(self.loss_to_teacher(student, teacher),
+                                  student))
         self.update_teacher()
         self.stochastic_restore()
-        return prediction, stats
+        return teacher, student.stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

@@ -5,9 +5,11 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ..losses import flatten_logits, softmax_entropy
+from ..losses import (HeadOutputs, flatten_logits, pixels_as_rows,
+                      softmax_entropy)
 from ..registry import METHODS
-from .base import BatchContext, SampleFilteringMethod
+from ..task_adapter import Batch, ForwardPass
+from .base import SampleFilteringMethod
 from .sar import SAR_AUTHORS_EXCLUDE  # DeYO's collect_params is SAR's
 
 
@@ -117,37 +119,34 @@ class DeYO(SampleFilteringMethod):
         self.reweight_ent = float(reweight_ent)
         self.reweight_plpd = float(reweight_plpd)
         self.exclude_regex = exclude_regex
-        self.prediction_kind: Optional[str] = None  # set by configure
         self.num_classes: Optional[int] = None
         self.ent_margin: Optional[float] = None  # tau_Ent (absolute)
         self.margin_e0: Optional[float] = None  # Ent_0 (absolute)
 
-    def configure(self, model, classifier, prediction_kind='per_sample'):
-        super().configure(model, classifier, prediction_kind)
-        self.prediction_kind = prediction_kind
+    def configure(self, model, adapter):
+        super().configure(model, adapter)
         self.exclude_modules(self.exclude_regex)
-        self.num_classes = int(classifier.weight.shape[0])
+        self.num_classes = int(self.classifier.weight.shape[0])
         self.ent_margin = self.deyo_margin * math.log(self.num_classes)
         self.margin_e0 = self.reweight_margin * math.log(self.num_classes)
 
-    def select(self, head_outputs, inputs: torch.Tensor, forward):
+    def select(self, batch: Batch, head_outputs: HeadOutputs):
         """Apply both filters to one batch.
 
         Args:
-            head_outputs (HeadOutputs): Of the forward pass.
-            inputs (Tensor): Its images ``[N, C, H, W]``.
-            forward (Forward): For the shuffled images.
+            batch (Batch): Its images ``[N, C, H, W]`` are shuffled.
+            head_outputs (HeadOutputs): Of its forward pass.
 
         Returns:
             tuple: Entropies, reliable and selected masks ``[M]``, and the
             PLPD of the reliable samples (None if there is none).
 
         Raises:
-            ValueError: If ``inputs`` are not the batch's images.
+            ValueError: If ``batch.inputs`` are not the batch's images.
         """
-        logits = flatten_logits(
-            head_outputs, 'DeYO',
-            self.prediction_kind or self.supported_prediction_kinds)
+        logits = flatten_logits(head_outputs, 'DeYO',
+                                self.adapter.prediction_kind)
+        inputs = batch.inputs
         per_pixel = head_outputs[0][1].dim() == 4
         entropies = softmax_entropy(logits)
         reliable = entropies < self.ent_margin
@@ -166,13 +165,13 @@ class DeYO(SampleFilteringMethod):
                 f'{shape}')
         with torch.no_grad():
             if per_pixel:
-                prob_prime = self.shuffled_pixel_probs(
-                    head_outputs, inputs, forward, reliable)
+                prob_prime = self.shuffled_pixel_probs(batch, head_outputs,
+                                                       reliable)
             else:
                 x_prime = patch_shuffle(inputs[reliable].detach(),
                                         self.patch_len)
-                logits_prime, _ = forward(self.model, x_prime)
-                prob_prime = logits_prime.softmax(1)
+                prob_prime = self.adapter.forward(
+                    self.model, batch, x_prime).logits.softmax(1)
             prob = logits.detach()[reliable].softmax(1)
             cls1 = prob.argmax(dim=1, keepdim=True)
             plpd = (prob.gather(1, cls1) -
@@ -181,7 +180,7 @@ class DeYO(SampleFilteringMethod):
         selected[reliable.nonzero(as_tuple=True)[0]] = keep
         return entropies, reliable, selected, plpd
 
-    def shuffled_pixel_probs(self, head_outputs, inputs, forward,
+    def shuffled_pixel_probs(self, batch: Batch, head_outputs: HeadOutputs,
                              reliable: torch.Tensor) -> torch.Tensor:
         """Return the shuffled images' probabilities at the reliable pixels.
 
@@ -196,9 +195,10 @@ class DeYO(SampleFilteringMethod):
         has_reliable = torch.zeros(num_images, dtype=torch.bool,
                                    device=reliable.device)
         has_reliable[image_of_pixel[reliable]] = True
-        x_prime = patch_shuffle(inputs[has_reliable].detach(),
+        x_prime = patch_shuffle(batch.inputs[has_reliable].detach(),
                                 self.patch_len)
-        _, outputs_prime = forward(self.model, x_prime)
+        outputs_prime = self.adapter.forward(self.model, batch,
+                                             x_prime).head_outputs
         shapes = [tuple(z.shape) for _, z in head_outputs]
         num_shuffled = int(has_reliable.sum())
         shapes_prime = [tuple(z.shape) for _, z in outputs_prime]
@@ -207,21 +207,20 @@ class DeYO(SampleFilteringMethod):
                 f'DeYO: the shuffled images gave head outputs of shapes '
                 f'{shapes_prime}, the batch {shapes} ({num_shuffled} of '
                 f'{num_images} images shuffled)')
-        maps = []  # [N, C, h, w] per crop; zero for unshuffled images
+        rows = []  # one row per pixel; zero for unshuffled images
         for _, z_prime in outputs_prime:
             prob = z_prime.detach().softmax(1)
             full = prob.new_zeros((num_images, ) + prob.shape[1:])
             full[has_reliable] = prob
-            maps.append((full, full))
-        prob_prime = flatten_logits(maps, 'DeYO', 'per_pixel')
-        return prob_prime[reliable]
+            rows.append(pixels_as_rows(full))
+        return torch.cat(rows)[reliable]
 
-    def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
+    def base_loss(self, batch: Batch,
+                  fwd: ForwardPass) -> Optional[torch.Tensor]:
         """Return the weighted entropy of the samples both filters keep."""
-        entropies, reliable, selected, plpd = self.select(
-            ctx.head_outputs, ctx.inputs, ctx.forward)
-        ctx.kept = selected
-        if self.record_selection(ctx, reliable, selected) == 0:
+        entropies, reliable, selected, plpd = self.select(batch,
+                                                          fwd.head_outputs)
+        if self.record_selection(fwd.stats, reliable, selected) == 0:
             return None
         ent = entropies[selected]
         plpd = plpd[selected[reliable]]

@@ -66,7 +66,6 @@ class EATA(SampleFilteringMethod):
         self.d_margin = float(d_margin)
         self.fisher_alpha = float(fisher_alpha)
         self.e_margin: Optional[float] = None  # E0, set by configure
-        self.prediction_kind: Optional[str] = None  # set by configure
         self.num_classes: Optional[int] = None
         self.model_probs: Optional[torch.Tensor] = None  # p_bar
         #: ``{param name: (fisher, theta_0)}``, set by :meth:`fit_source`
@@ -78,10 +77,9 @@ class EATA(SampleFilteringMethod):
         """Whether clean batches are needed (``fisher_alpha > 0``)."""
         return self.fisher_alpha > 0
 
-    def configure(self, model, classifier, prediction_kind='per_sample'):
-        super().configure(model, classifier, prediction_kind)
-        self.prediction_kind = prediction_kind
-        self.num_classes = int(classifier.weight.shape[0])
+    def configure(self, model, adapter):
+        super().configure(model, adapter)
+        self.num_classes = int(self.classifier.weight.shape[0])
         self.e_margin = self.entropy_margin * math.log(self.num_classes)
         self.model_probs = None
         self.fishers = None
@@ -110,15 +108,13 @@ class EATA(SampleFilteringMethod):
             name: tuple(t.to(params[name]) for t in pair)
             for name, pair in fishers.items()}
 
-    def fit_source(self, forward, batches) -> None:
+    def fit_source(self, batches) -> None:
         """Compute the Fisher information of the trainable parameters.
 
         Follows the Fisher loop of EATA's main.py.
 
         Args:
-            forward (Forward): ``forward(model, x) -> (prediction,
-                head_outputs)``.
-            batches (Iterable): Image tensors or ``(images, ...)`` tuples.
+            batches (Iterable[Batch]): Clean source batches.
 
         Raises:
             RuntimeError: If the method is not configured.
@@ -126,20 +122,17 @@ class EATA(SampleFilteringMethod):
         """
         if self.fisher_alpha == 0:
             return  # ETA
-        if self.model is None:
-            raise RuntimeError('EATA.configure(model, classifier) must be '
-                               'called before fit_source')
+        self.check_configured()
         sums = {name: torch.zeros_like(p) for name, p in self.params}
         seen = set()
         num_batches = 0
         for batch in batches:
-            x = batch[0] if isinstance(batch, (tuple, list)) else batch
             self.optimizer.zero_grad(set_to_none=True)
             with torch.enable_grad():
-                _, head_outputs = forward(self.model, x)
-                logits = flatten_logits(
-                    head_outputs, 'EATA',
-                    self.prediction_kind or self.supported_prediction_kinds)
+                head_outputs = self.adapter.forward(self.model,
+                                                    batch).head_outputs
+                logits = flatten_logits(head_outputs, 'EATA',
+                                        self.adapter.prediction_kind)
                 targets = logits.detach().max(1)[1]
                 F.cross_entropy(logits, targets).backward()
             for name, p in self.params:
@@ -158,7 +151,7 @@ class EATA(SampleFilteringMethod):
         """Return ``fisher_alpha * sum F (theta - theta_0)^2``."""
         if self.fishers is None:
             raise RuntimeError('EATA has no Fisher information: call '
-                               'fit_source(forward, clean_batches) first')
+                               'fit_source(clean_batches) first')
         ref = self.params[0][1]
         total = torch.zeros((), dtype=ref.dtype, device=ref.device)
         names = [n for n, _ in self.params if n in self.fishers]
@@ -198,32 +191,31 @@ class EATA(SampleFilteringMethod):
             self.model_probs = update_model_probs(self.model_probs, probs)
         return entropies, reliable, selected
 
-    def base_loss(self, ctx) -> Optional[torch.Tensor]:
+    def base_loss(self, batch, fwd) -> Optional[torch.Tensor]:
         """Return the weighted entropy of the selected samples (+ EWC)."""
-        logits = flatten_logits(
-            ctx.head_outputs, 'EATA',
-            self.prediction_kind or self.supported_prediction_kinds)
+        logits = flatten_logits(fwd.head_outputs, 'EATA',
+                                self.adapter.prediction_kind)
         entropies, reliable, selected = self.select(logits)
-        if self.record_selection(ctx, reliable, selected) == 0:
+        if self.record_selection(fwd.stats, reliable, selected) == 0:
             return None
         ent = entropies[selected]
         coeff = 1 / torch.exp(ent.detach() - self.e_margin)
         loss = ent.mul(coeff).mean(0)
         if self.fishers is not None:
             ewc = self.ewc_term()
-            ctx.stats['loss_ewc'] = ewc.detach()
+            fwd.stats['loss_ewc'] = ewc.detach()
             loss = loss + ewc
         return loss
 
-    def adapt(self, ctx):
+    def adapt(self, batch):
         if self.model is not None and self.fisher_alpha > 0 and \
                 self.fishers is None:
             raise RuntimeError(
                 f'EATA with fisher_alpha={self.fisher_alpha} needs the '
                 'Fisher information of clean source data: call '
-                'fit_source(forward, clean_batches) before adapt, or set '
+                'fit_source(clean_batches) before adapt, or set '
                 'fisher_alpha=0 (ETA)')
-        return super().adapt(ctx)
+        return super().adapt(batch)
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

@@ -9,7 +9,8 @@ import torch
 
 from ..losses import per_sample_logits, softmax_entropy
 from ..registry import METHODS
-from .base import BaseMethod, BatchContext
+from ..task_adapter import Batch
+from .base import BaseMethod
 
 
 @METHODS.register_module(name='ecotta')
@@ -39,7 +40,7 @@ class EcoTTA(BaseMethod):
         self.entropy_margin = float(entropy_margin)
         self.meta = None
 
-    def configure(self, model, classifier, prediction_kind='per_sample'):
+    def configure(self, model, adapter):
         meta = getattr(model, 'ecotta', None)
         if meta is None:
             raise ValueError(
@@ -47,35 +48,34 @@ class EcoTTA(BaseMethod):
                 "it as network=dict(type='EcoTTANetwork', network=..., K=4) "
                 '(configs/cls/_base_/models/*_ecotta-k*.py)')
         self.meta = meta
-        super().configure(model, classifier, prediction_kind)
+        super().configure(model, adapter)
 
     def set_modes(self, model):
         model.train()  # community main.py: net.train() before adapt()
 
-    def regularisation_step(self, ctx: BatchContext) -> torch.Tensor:
+    def regularisation_step(self, batch: Batch) -> torch.Tensor:
         """Take one step on ``reg_weight * sum_k R_k``; return that loss."""
         with self.meta.regularising():
-            ctx.forward(self.model, ctx.inputs)
+            self.adapter.forward(self.model, batch)
             reg = self.reg_weight * self.meta.regulariser()
         self.backward_step(reg)
         return reg.detach()
 
-    def base_loss(self, ctx: BatchContext) -> torch.Tensor:
+    def base_loss(self, batch, fwd) -> torch.Tensor:
         """Return the mean entropy of the samples with ``H < E0`` (or 0)."""
-        _, logits = per_sample_logits(ctx.head_outputs, 'EcoTTA')
+        _, logits = per_sample_logits(fwd.head_outputs, 'EcoTTA')
         entropy = softmax_entropy(logits)
         reliable = entropy < self.entropy_margin * math.log(logits.shape[1])
-        ctx.stats['num_reliable'] = float(reliable.sum())
+        fwd.stats['num_reliable'] = float(reliable.sum())
         if not bool(reliable.any()):
             return entropy.sum() * 0.
         return entropy[reliable].mean(0)
 
-    def adapt(self, ctx: BatchContext):
-        if self.model is None:
-            raise RuntimeError('EcoTTA.configure(model, classifier) must be '
-                               'called before adapt')
-        ctx.stats['loss_reg'] = self.regularisation_step(ctx)
-        return super().adapt(ctx)
+    def adapt(self, batch: Batch):
+        self.check_configured()
+        loss_reg = self.regularisation_step(batch)
+        prediction, stats = super().adapt(batch)
+        return prediction, dict(loss_reg=loss_reg, **stats)
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] + f', reg_weight={self.reg_weight},'

@@ -1,14 +1,15 @@
 """SAR (Niu et al., ICLR 2023): sharpness-aware reliable adaptation."""
 import copy
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from ..sam import SAM
-from .base import BaseMethod, BatchContext
+from ..task_adapter import Batch, ForwardPass
+from .base import BaseMethod
 
 #: Modules SAR's collect_params never adapts (last stage, final norm).
 SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
@@ -72,7 +73,6 @@ class SAR(BaseMethod):
         self.recovery_restores_optimizer = bool(recovery_restores_optimizer)
         self.recovery_clears_ema = bool(recovery_clears_ema)
         self.e_margin: Optional[float] = None
-        self.prediction_kind: Optional[str] = None  # set by configure
         self.ema: Optional[float] = None
         self.num_recoveries = 0
         self._initial_params = {}
@@ -81,12 +81,11 @@ class SAR(BaseMethod):
     def build_optimizer(self):
         return SAM(super().build_optimizer(), rho=self.rho)
 
-    def configure(self, model, classifier, prediction_kind='per_sample'):
-        super().configure(model, classifier, prediction_kind)
-        self.prediction_kind = prediction_kind
+    def configure(self, model, adapter):
+        super().configure(model, adapter)
         self.exclude_modules(self.exclude_regex)
         self.e_margin = self.entropy_margin * math.log(
-            int(classifier.weight.shape[0]))
+            int(self.classifier.weight.shape[0]))
         self.ema = None
         self._initial_params = {n: p.detach().clone()
                                 for n, p in self.params}
@@ -103,20 +102,28 @@ class SAR(BaseMethod):
         self.ema = state['ema']
         self.num_recoveries = state['num_recoveries']
 
-    def base_loss(self, ctx: BatchContext) -> Optional[torch.Tensor]:
-        """Return the mean entropy of the kept samples; set ``ctx.kept``."""
-        logits = flatten_logits(
-            ctx.head_outputs, 'SAR',
-            self.prediction_kind or self.supported_prediction_kinds)
+    def reliable_entropy(self, fwd: ForwardPass,
+                         among: Optional[torch.Tensor] = None
+                         ) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+        """Return the mean entropy of the samples below ``E0`` and the mask.
+
+        Args:
+            fwd (ForwardPass): A forward pass of the batch.
+            among (Tensor, optional): Samples an earlier pass kept.
+
+        Returns:
+            tuple: The loss (None if nothing is kept) and the kept mask.
+        """
+        logits = flatten_logits(fwd.head_outputs, 'SAR',
+                                self.adapter.prediction_kind)
         entropies = softmax_entropy(logits)
         keep = entropies < self.e_margin
-        if ctx.among is not None:
-            keep = keep & ctx.among
-        ctx.kept = keep
-        ctx.stats['num_kept'] = float(keep.sum())
+        if among is not None:
+            keep = keep & among
+        fwd.stats['num_kept'] = float(keep.sum())
         if not bool(keep.any()):
-            return None
-        return entropies[keep].mean(0)
+            return None, keep
+        return entropies[keep].mean(0), keep
 
     def restore_initial(self) -> None:
         """Restore the parameters of ``configure``; follows SAR.reset."""
@@ -145,37 +152,40 @@ class SAR(BaseMethod):
         self.ema = ema  # sar.py SAR.forward: `self.ema = ema` after reset
         return True
 
-    def adapt(self, ctx: BatchContext):
-        if self.model is None:
-            raise RuntimeError('SAR.configure(model, classifier) must be '
-                               'called before adapt')
+    def update_ema(self, loss: float) -> None:
+        """``ema <- 0.9 ema + 0.1 loss`` of the second pass (SAR.forward)."""
+        self.ema = loss if self.ema is None else \
+            0.9 * self.ema + (1 - 0.9) * loss
+
+    def adapt(self, batch: Batch):
+        self.check_configured()
         sam = self.optimizer
-        loss2, stats2 = None, {}
+        second, loss2 = None, None
         try:
             # forward 1 (the prediction), filter 1, L1, backward
-            loss1 = self.loss(self.forward_pass(ctx))
-            stats1 = {k + '1': v for k, v in ctx.stats.items()}
+            first = self.adapter.forward(self.model, batch)
+            entropy1, kept = self.reliable_entropy(first)
+            loss1 = self.add_stag(entropy1, first)
             sam.zero_grad(set_to_none=True)
             if loss1 is not None:
                 loss1.backward()
                 sam.first_step()  # theta + e_w
                 sam.zero_grad(set_to_none=True)
                 # forward 2 at theta + e_w, filter 2 among filter 1
-                second = self.forward_pass(
-                    BatchContext(ctx.inputs, ctx.forward, among=ctx.kept))
-                loss2 = self.loss(second)
-                if 'loss_base' in second.stats:
+                second = self.adapter.forward(self.model, batch)
+                entropy2, _ = self.reliable_entropy(second, among=kept)
+                loss2 = self.add_stag(entropy2, second)
+                if entropy2 is not None:
                     # the recovery decides on the host (as the authors')
-                    base = float(second.stats['loss_base'])
-                    self.ema = base if self.ema is None else \
-                        0.9 * self.ema + (1 - 0.9) * base
-                stats2 = {k + '2': v for k, v in second.stats.items()}
+                    self.update_ema(float(entropy2))
                 if loss2 is not None:
                     loss2.backward()
                     sam.second_step()  # back to theta, base optimizer step
         finally:
             sam.unperturb()  # back to theta whatever happened
-        ctx.stats = {**stats1, **stats2}
+        stats = {k + '1': v for k, v in first.stats.items()}
+        if second is not None:
+            stats.update((k + '2', v) for k, v in second.stats.items())
         updated = loss2 is not None
         if updated:
             self.step += 1
@@ -186,13 +196,13 @@ class SAR(BaseMethod):
                 p.grad = torch.zeros_like(p)
             sam.base_optimizer.step()
         sam.zero_grad(set_to_none=True)
-        ctx.stats['updated'] = float(updated)
-        ctx.stats['momentum_only_step'] = float(
+        stats['updated'] = float(updated)
+        stats['momentum_only_step'] = float(
             not updated and self.momentum_step_on_empty)
-        ctx.stats['recovered'] = float(self.recover())
+        stats['recovered'] = float(self.recover())
         if self.ema is not None:
-            ctx.stats['ema'] = self.ema
-        return ctx.prediction.detach(), ctx.stats
+            stats['ema'] = self.ema
+        return first.logits.detach(), stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

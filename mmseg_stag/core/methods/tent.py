@@ -29,13 +29,13 @@ class TENT(BaseMethod):
         super().__init__(**kwargs)
         self.loss_type = loss
 
-    def base_loss(self, ctx):
+    def base_loss(self, batch, fwd):
         if self.loss_type == 'pseudo_ce':
             fn = pseudo_label_cross_entropy
         else:
             fn = lambda logits: softmax_entropy(logits).mean()  # noqa: E731
         return mean_over_outputs(lambda _, logits: fn(logits),
-                                 ctx.head_outputs)
+                                 fwd.head_outputs)
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f', loss={self.loss_type!r})'

@@ -1,12 +1,10 @@
 """Segmentation variants of the core methods, in ``SEGMENTATION_METHODS``."""
 from .cotta import SegmentationCoTTA, teacher_labels
-from .full_resolution import (SegmentationBatchContext, View,
-                              full_resolution_cross_entropy)
+from .full_resolution import full_resolution_cross_entropy
 from .registry import SEGMENTATION_METHODS
 from .tent import SegmentationTENT
 
 __all__ = [
-    'SEGMENTATION_METHODS', 'SegmentationBatchContext', 'View',
-    'SegmentationTENT', 'SegmentationCoTTA', 'teacher_labels',
-    'full_resolution_cross_entropy'
+    'SEGMENTATION_METHODS', 'SegmentationTENT', 'SegmentationCoTTA',
+    'teacher_labels', 'full_resolution_cross_entropy'
 ]

@@ -1,41 +1,10 @@
-"""The segmentation batch context, its views and the full-size loss."""
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+"""The full-size loss of CoTTA's ACDC code, deterministic on CUDA too."""
+from typing import Tuple
 
 import torch
 import torch.nn.functional as F
 
-from mmseg_stag.core import BatchContext
-from mmseg_stag.core.probe import Forward
-
-
-@dataclass
-class View:
-    """One test-time view (a scale and flip) of a segmentation batch.
-
-    Args:
-        inputs (Any): The view's preprocessed images.
-        forward (Forward): ``forward(model, inputs)`` for this view.
-        to_original_size (Callable): Logits to ``[N, C, H0, W0]``, unflipped.
-    """
-    inputs: Any
-    forward: Forward
-    to_original_size: Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class SegmentationBatchContext(BatchContext):
-    """A segmentation batch: the core context plus the original images.
-
-    Args:
-        labels_at_original_size (Callable, optional): Logits to labels.
-        views (list[View], optional): Every view; None: one view.
-        main_view (int): Index of ``inputs`` in ``views``. Default: 0.
-    """
-    labels_at_original_size: Optional[Callable[[torch.Tensor],
-                                               torch.Tensor]] = None
-    views: Optional[List[View]] = None
-    main_view: int = 0
+from mmseg_stag.core import ForwardPass
 
 
 def full_resolution_cross_entropy(logits: torch.Tensor,
@@ -151,15 +120,15 @@ def interpolation_matrix(in_size: int, out_size: int, align_corners: bool,
     return weights.to(like.dtype)
 
 
-def whole_image_logits(ctx: BatchContext, what: str) -> torch.Tensor:
+def whole_image_logits(fwd: ForwardPass, what: str) -> torch.Tensor:
     """Return the logits of a whole-image forward.
 
     Raises:
         ValueError: If the forward made more than one classifier call.
     """
-    if len(ctx.head_outputs) != 1:
+    if len(fwd.head_outputs) != 1:
         raise ValueError(
             f'{what} trains on the whole image, as CoTTA\'s ACDC code does: '
             "use whole inference (model.test_cfg.mode='whole'), got "
-            f'{len(ctx.head_outputs)} classifier calls per image')
-    return ctx.head_outputs[0][1]
+            f'{len(fwd.head_outputs)} classifier calls per image')
+    return fwd.head_outputs[0][1]

@@ -1,5 +1,6 @@
 from mmseg_stag.core import TENT
 from .full_resolution import full_resolution_cross_entropy, whole_image_logits
+from ..task_adapter import SegmentationAdapter
 from .registry import SEGMENTATION_METHODS
 
 
@@ -21,17 +22,26 @@ class SegmentationTENT(TENT):
                  **kwargs):
         super().__init__(loss=loss, **kwargs)
         self.align_corners = bool(align_corners)
-        if loss == 'pseudo_ce_fullres':
-            self.supported_prediction_kinds = ('per_pixel', )
 
-    def base_loss(self, ctx):
-        if self.loss_type != 'pseudo_ce_fullres':
-            return super().base_loss(ctx)
-        if getattr(ctx, 'labels_at_original_size', None) is None:
+    @property
+    def supported_prediction_kinds(self):
+        if self.loss_type == 'pseudo_ce_fullres':
+            return ('per_pixel', )
+        return TENT.supported_prediction_kinds
+
+    def configure(self, model, adapter):
+        if self.loss_type == 'pseudo_ce_fullres' and not isinstance(
+                adapter, SegmentationAdapter):
             raise ValueError("tent loss='pseudo_ce_fullres' needs the "
-                             'segmentation loop (labels at the original '
+                             'segmentation task (labels at the original '
                              'image size)')
-        logits = whole_image_logits(ctx, "tent loss='pseudo_ce_fullres'")
-        labels = ctx.labels_at_original_size(ctx.prediction)
+        super().configure(model, adapter)
+
+    def base_loss(self, batch, fwd):
+        if self.loss_type != 'pseudo_ce_fullres':
+            return super().base_loss(batch, fwd)
+        logits = whole_image_logits(fwd, "tent loss='pseudo_ce_fullres'")
+        # the labels the batch is scored on, at the original size
+        labels = self.adapter.labels_at_original_size(batch, fwd.logits)
         return full_resolution_cross_entropy(logits, labels,
                                              self.align_corners)

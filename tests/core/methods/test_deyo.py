@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmseg_stag.core import BatchContext, STAGLoss, build_method
+from mmseg_stag.core import (Batch, ForwardPass, HeadProbe, STAGLoss,
+                             TaskAdapter, build_method)
 from mmseg_stag.core.methods.deyo import DeYO, patch_shuffle
 from mmseg_stag.core.methods.sar import SAR_AUTHORS_EXCLUDE
 
@@ -19,10 +20,12 @@ from reference.deyo_reference import (ref_forward_and_adapt_deyo,
                                       ref_shuffle_patches)
 from reference.adaptation_testbed import C, OPT, adapt, assert_params_equal
 from reference.adaptation_testbed import CNN_PROBE as FORWARD
+from reference.adaptation_testbed import CNN_ADAPTER, ScriptedAdapter
 from reference.adaptation_testbed import block_images as batch
 from reference.adaptation_testbed import make_cnn as make_model
 from reference.adaptation_testbed import sgd_on_norm_params
-from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
+from reference.adaptation_testbed import (SEG_ADAPTER, SEG_PROBE,
+                                          PixelsAsSamples,
                                           make_seg_net, pixel_rows,
                                           pixels_as_samples)
 from reference.entropy_reference import softmax_entropy as ref_entropy
@@ -31,7 +34,7 @@ from reference.entropy_reference import softmax_entropy as ref_entropy
 def build(model, **kwargs):
     kwargs.setdefault('optimizer', OPT)
     method = DeYO(**kwargs)
-    method.configure(model, model[5])
+    method.configure(model, CNN_ADAPTER)
     return method
 
 
@@ -46,7 +49,7 @@ def test_registry_and_defaults():
     assert (m.reweight_ent, m.reweight_plpd) == (1.0, 1.0)
     assert m.exclude_regex == SAR_AUTHORS_EXCLUDE
     model = make_model()
-    m.configure(model, model[5])
+    m.configure(model, CNN_ADAPTER)
     assert m.ent_margin == pytest.approx(0.5 * math.log(C))
     assert m.margin_e0 == pytest.approx(0.4 * math.log(C))
 
@@ -66,13 +69,13 @@ def test_authors_exclusion_of_last_stage():
 
     net = Net()
     m = DeYO()
-    m.configure(net, net.fc)
+    m.configure(net, TaskAdapter(HeadProbe('fc')))
     assert [n for n, _ in m.params] == ['layer3.1.weight', 'layer3.1.bias']
     assert [n for n, p in net.named_parameters() if p.requires_grad] == \
         ['layer3.1.weight', 'layer3.1.bias']
     net2 = Net()
     m2 = DeYO(exclude_regex=None)
-    m2.configure(net2, net2.fc)
+    m2.configure(net2, TaskAdapter(HeadProbe('fc')))
     assert len(m2.params) == 6
 
 
@@ -151,7 +154,7 @@ def test_matches_authors_code_over_batches(margins):
     for i in range(3):
         x = batch(10 + i)
         torch.manual_seed(100 + i)
-        out, stats = adapt(method, FORWARD, x)
+        out, stats = adapt(method, x)
         torch.manual_seed(100 + i)
         ref_out, n1, n2, ref_loss = ref_forward_and_adapt_deyo(
             x, ref, ref_opt, deyo_margin * math.log(C), e0, plpd_thr,
@@ -199,7 +202,7 @@ def test_loss_by_hand_on_fixed_inputs():
     # prediction y, not at the shuffled one
     assert (pp.argmax(1) != y).any()
     torch.manual_seed(5)
-    _, stats = adapt(method, FORWARD, x)
+    _, stats = adapt(method, x)
     assert stats['num_reliable'] == int(keep1.sum())
     assert stats['num_selected'] == int(keep2.sum())
     assert 0 < stats['num_selected'] < stats['num_reliable'] < len(x)
@@ -209,16 +212,16 @@ def test_loss_by_hand_on_fixed_inputs():
     thr = plpd[keep2][j].item()
     method = build(make_model(), plpd_threshold=thr)
     torch.manual_seed(5)
-    _, stats = adapt(method, FORWARD, x)
+    _, stats = adapt(method, x)
     assert stats['num_selected'] == int((plpd > thr).sum()) \
         == int(keep2.sum()) - 1
 
 
-def test_base_loss_on_a_context_of_its_own():
-    """``base_loss`` works on any context with inputs, forward and head
-    outputs (no adapt call around it): the PLPD forward runs on
-    ``ctx.inputs`` through ``ctx.forward``; ``ctx.kept`` marks the
-    samples of both filters. Without images it raises."""
+def test_base_loss_on_a_forward_pass_of_its_own():
+    """``base_loss`` works on any batch and forward pass (no adapt call
+    around it): the PLPD forward runs on ``batch.inputs`` through the
+    method's adapter; ``select``'s mask marks the samples of both
+    filters. Without images it raises."""
     model = make_model()
     method = build(model, plpd_threshold=0.0)
     x = batch(10)
@@ -228,21 +231,26 @@ def test_base_loss_on_a_context_of_its_own():
         calls.append(inputs.shape[0])
         return FORWARD(net, inputs)
 
-    _, outs = FORWARD(model, x)
-    ctx = BatchContext(x, counting, head_outputs=outs)
+    logits, outs = FORWARD(model, x)
+    method.adapter = ScriptedAdapter(counting, FORWARD)
+    fwd = ForwardPass(logits, outs)
     torch.manual_seed(5)
-    loss = method.base_loss(ctx)
+    loss = method.base_loss(Batch(x), fwd)
     # the same numbers as inside adapt (test_loss_by_hand_on_fixed_inputs)
     other = build(make_model(), plpd_threshold=0.0)
     torch.manual_seed(5)
-    _, stats = adapt(other, FORWARD, x)
+    _, stats = adapt(other, x)
     assert loss.item() == pytest.approx(stats['loss_base'], rel=1e-12)
-    assert ctx.stats['num_reliable'] == stats['num_reliable']
+    assert fwd.stats['num_reliable'] == stats['num_reliable']
+    assert fwd.stats['num_selected'] == stats['num_selected']
     assert calls == [stats['num_reliable']]  # the shuffled reliable images
-    assert int(ctx.kept.sum()) == stats['num_selected']
+    torch.manual_seed(5)
+    _, _, selected, _ = method.select(Batch(x), outs)
+    assert int(selected.sum()) == stats['num_selected']
     assert loss.requires_grad and model[1].weight.grad is None
+    method.adapter = CNN_ADAPTER
     with pytest.raises(ValueError, match=r'images \[N, C, H, W\]'):
-        method.base_loss(BatchContext(x[:, 0], FORWARD, head_outputs=outs))
+        method.base_loss(Batch(x[:, 0]), ForwardPass(logits, outs))
 
 
 def test_one_step_changes_exactly_the_norm_affine_params():
@@ -250,7 +258,7 @@ def test_one_step_changes_exactly_the_norm_affine_params():
     before = {n: t.clone() for n, t in model.state_dict().items()}
     method = build(model, plpd_threshold=0.0)
     torch.manual_seed(0)
-    adapt(method, FORWARD, batch(10))
+    adapt(method, batch(10))
     assert method.num_updates == 1
     after = model.state_dict()
     changed = {n for n in before if not torch.equal(before[n], after[n])}
@@ -264,7 +272,7 @@ def test_same_seed_same_parameters():
         method = build(model, plpd_threshold=0.0)
         torch.manual_seed(seed)
         for i in range(3):
-            adapt(method, FORWARD, batch(20 + i))
+            adapt(method, batch(20 + i))
         return model
 
     a, b, c = run(0), run(0), run(1)
@@ -280,7 +288,7 @@ def test_empty_filters_no_update_without_stag_update_with_stag():
         model = make_model()
         ref = copy.deepcopy(model)
         method = build(model, **kwargs)
-        out, stats = adapt(method, FORWARD, x)
+        out, stats = adapt(method, x)
         assert method.num_updates == 0 and method.step == 0
         assert 'loss' not in stats
         assert stats['num_selected'] == 0
@@ -290,7 +298,7 @@ def test_empty_filters_no_update_without_stag_update_with_stag():
         # with STAG: beta_t L_STAG alone moves the parameters
         model = make_model()
         method = build(model, stag=dict(beta0=10.0, gamma=5.0), **kwargs)
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         assert method.num_updates == 1
         assert 'loss_base' not in stats
         assert stats['loss'] == pytest.approx(10.0 * stats['loss_stag'])
@@ -316,7 +324,7 @@ def test_stag_adds_beta_times_stag_loss_and_nothing_else():
             return beta * seen['l']
 
         torch.manual_seed(t)
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         torch.manual_seed(t)
         _, _, n2, ref_loss = ref_forward_and_adapt_deyo(
             x, ref, ref_opt, 0.5 * math.log(C), 0.4 * math.log(C), 0.0,
@@ -366,7 +374,7 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(margins,
                   plpd_threshold=plpd_thr, reweight_ent=rw_ent,
                   reweight_plpd=rw_plpd)
     method.check_supports('per_pixel')
-    method.configure(net, net[3], 'per_pixel')
+    method.configure(net, SEG_ADAPTER)
     ref_net, ref_opt = sgd_on_norm_params(net)
     ref = PixelsAsSamples(ref_net)
     nontrivial = False
@@ -382,7 +390,7 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(margins,
             return draws.clone()
 
         torch.manual_seed(100 + i)
-        out, stats = adapt(method, SEG_PROBE, x)
+        out, stats = adapt(method, x)
         with monkeypatch.context() as patch:
             patch.setattr(torch, 'rand', rand)
             ref_out, n1, n2, ref_loss = ref_forward_and_adapt_deyo(
@@ -421,7 +429,7 @@ def test_per_pixel_plpd_by_hand_only_images_with_a_reliable_pixel():
     image order) and forwarded."""
     net = make_seg_net()
     method = DeYO(optimizer=OPT, plpd_threshold=0.0)
-    method.configure(net, net[3], 'per_pixel')
+    method.configure(net, SEG_ADAPTER)
     forward = damped(SEG_PROBE)
     x = batch(10, n=3, size=8)
     x[1] += 10.0  # image 1: no reliable pixel
@@ -450,7 +458,7 @@ def test_per_pixel_plpd_by_hand_only_images_with_a_reliable_pixel():
         return forward(model, inputs)
 
     torch.manual_seed(5)
-    _, stats = adapt(method, counting, x)
+    _, stats = adapt(method, x, forward=counting)
     assert len(calls) == 2 and torch.equal(calls[0], x)
     torch.testing.assert_close(calls[1], shuffled, rtol=0, atol=0)
     assert stats['num_reliable'] == int(keep1.sum())
@@ -473,9 +481,9 @@ def test_per_pixel_crops_are_pixels_too():
     for forward in (SEG_PROBE, crops):
         net = make_seg_net()
         method = DeYO(optimizer=OPT)
-        method.configure(net, net[3], 'per_pixel')
+        method.configure(net, SEG_ADAPTER)
         torch.manual_seed(5)
-        _, stats = adapt(method, forward, x)
+        _, stats = adapt(method, x, forward=forward)
         nets.append(net)
         all_stats.append(stats)
     whole, cropped = all_stats
@@ -493,6 +501,6 @@ def test_per_pixel_crops_are_pixels_too():
 
     net = make_seg_net()
     method = DeYO(optimizer=OPT)
-    method.configure(net, net[3], 'per_pixel')
+    method.configure(net, SEG_ADAPTER)
     with pytest.raises(ValueError, match='shuffled images gave head outputs'):
-        adapt(method, other_crops_when_shuffled, x)
+        adapt(method, x, forward=other_crops_when_shuffled)

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmseg_stag.core import STAGLoss, build_method, use_batch_statistics
+from mmseg_stag.core import (Batch, STAGLoss, build_method,
+                             use_batch_statistics)
 from mmseg_stag.core.methods.eata import EATA
 
 from reference.eata_reference import (ref_fishers,
@@ -20,10 +21,11 @@ from reference.eata_reference import (ref_fishers,
 from reference.entropy_reference import softmax_entropy as ref_entropy
 from reference.adaptation_testbed import C, E0, OPT, adapt, assert_params_equal
 from reference.adaptation_testbed import MLP_PROBE as FORWARD
+from reference.adaptation_testbed import MLP_ADAPTER
 from reference.adaptation_testbed import make_mlp as make_model
 from reference.adaptation_testbed import norm_params, sgd_on_norm_params
 from reference.adaptation_testbed import vectors as batch
-from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
+from reference.adaptation_testbed import (SEG_ADAPTER, PixelsAsSamples,
                                           make_seg_net, pixel_rows,
                                           pixels_as_samples, seg_images)
 
@@ -31,7 +33,7 @@ from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
 def build(model, **kwargs):
     kwargs.setdefault('optimizer', OPT)
     method = EATA(**kwargs)
-    method.configure(model, model[3])
+    method.configure(model, MLP_ADAPTER)
     return method
 
 
@@ -45,7 +47,7 @@ def test_registry_and_defaults():
                                                               2000.0)
     assert m.needs_source_data and not EATA(fisher_alpha=0).needs_source_data
     model = make_model()
-    m.configure(model, model[3])
+    m.configure(model, MLP_ADAPTER)
     assert m.e_margin == pytest.approx(0.4 * math.log(C))
 
 
@@ -102,7 +104,7 @@ def test_eta_matches_authors_code_over_batches(d_margin):
             expected_pred = model(x)
         out_ref, n2, n1, probs, loss = ref_forward_and_adapt_eata(
             x, ref, ref_opt, None, E0, probs, 0.0, d_margin)
-        pred, stats = adapt(method, FORWARD, x)
+        pred, stats = adapt(method, x)
         torch.testing.assert_close(pred, expected_pred)
         torch.testing.assert_close(pred, out_ref.detach())
         assert stats['num_reliable'] == n1
@@ -138,7 +140,7 @@ def test_weights_and_loss_by_hand():
     h = ref_entropy(out)[keep]
     (h * torch.exp(-(h.detach() - E0))).mean().backward()
     ref_opt.step()
-    _, stats = adapt(method, FORWARD, x)
+    _, stats = adapt(method, x)
     assert stats['loss'] == pytest.approx(expected.item(), rel=1e-12)
     assert stats['loss_base'] == stats['loss']
     assert_params_equal(model, ref)
@@ -153,8 +155,8 @@ def test_fisher_matches_hand_loop_and_eata_matches_authors_code():
     ref, ref_opt = sgd_on_norm_params(model)
     method = build(model, fisher_alpha=2000.0, d_margin=0.7)
     assert method.needs_source_data
-    # (images, labels) batches are accepted; labels are ignored
-    method.fit_source(FORWARD, [(x, torch.zeros(8)) for x in source])
+    # batches with data samples (labels) are accepted; labels are ignored
+    method.fit_source([Batch(x, list(torch.zeros(8))) for x in source])
     assert set(method.fishers) == set(expected)
     for name, (fisher, theta0) in expected.items():
         torch.testing.assert_close(method.fishers[name][0], fisher,
@@ -183,7 +185,7 @@ def test_fisher_matches_hand_loop_and_eata_matches_authors_code():
         x = batch(20 + k)
         _, n2, n1, probs, loss = ref_forward_and_adapt_eata(
             x, ref, ref_opt, expected, E0, probs, 2000.0, 0.7)
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         assert n2 > 0
         assert stats['loss'] == pytest.approx(loss.item(), rel=1e-10)
         assert stats['loss_ewc'] > 0
@@ -194,17 +196,17 @@ def test_fisher_required_before_adapt_and_eta_needs_none():
     model = make_model()
     method = build(model)
     with pytest.raises(RuntimeError, match='fit_source'):
-        adapt(method, FORWARD, batch(0))
+        adapt(method, batch(0))
     with pytest.raises(RuntimeError, match='fit_source'):
         method.ewc_term()
     with pytest.raises(ValueError, match='no batches'):
-        method.fit_source(FORWARD, [])
+        method.fit_source([])
     eta = build(make_model(), fisher_alpha=0)
-    eta.fit_source(FORWARD, [batch(1)])  # no-op
+    eta.fit_source([Batch(batch(1))])  # no-op
     assert eta.fishers is None
-    adapt(eta, FORWARD, batch(0))
+    adapt(eta, batch(0))
     with pytest.raises(RuntimeError, match='configure'):
-        EATA().fit_source(FORWARD, [batch(1)])
+        EATA().fit_source([Batch(batch(1))])
 
 
 def test_updates_only_norm_affine_params():
@@ -217,7 +219,7 @@ def test_updates_only_norm_affine_params():
         assert [n for n, _ in method.params] == ['1.weight', '1.bias']
         assert [n for n, p in model.named_parameters()
                 if p.requires_grad] == ['1.weight', '1.bias']
-        adapt(method, FORWARD, batch(5))
+        adapt(method, batch(5))
         assert method.num_updates == 1
         for k, v in model.state_dict().items():
             changed = not torch.equal(v, before[k])
@@ -228,7 +230,7 @@ def test_no_selected_sample_no_update_without_stag():
     model = make_model()
     before = copy.deepcopy(model.state_dict())
     method = build(model, fisher_alpha=0, entropy_margin=1e-9)
-    _, stats = adapt(method, FORWARD, batch(5))
+    _, stats = adapt(method, batch(5))
     assert method.num_updates == 0 and method.step == 0
     assert stats['num_reliable'] == 0
     assert 'loss' not in stats
@@ -269,7 +271,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
         ref_opt.zero_grad()
         total.backward()
         ref_opt.step()
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         assert stats['beta'] == pytest.approx(beta, rel=1e-12)
         assert stats['loss_stag'] == pytest.approx(l_stag.item(), rel=1e-10)
         assert stats['loss'] == pytest.approx(total.item(), rel=1e-10)
@@ -287,7 +289,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
     method = build(model, fisher_alpha=0, entropy_margin=1e-9,
                    stag=dict(beta0=beta0, gamma=gamma))
     x = batch(5)
-    _, stats = adapt(method, FORWARD, x)
+    _, stats = adapt(method, x)
     assert stats['num_selected'] == 0
     assert 'loss_base' not in stats
     assert method.num_updates == 1
@@ -303,9 +305,9 @@ def test_same_seed_same_result():
     def run():
         model = make_model(seed=3)
         method = build(model, d_margin=0.6)
-        method.fit_source(FORWARD, [batch(200 + i) for i in range(2)])
+        method.fit_source([Batch(batch(200 + i)) for i in range(2)])
         for k in range(3):
-            adapt(method, FORWARD, batch(40 + k))
+            adapt(method, batch(40 + k))
         return model.state_dict(), method.model_probs
 
     (a, pa), (b, pb) = run(), run()
@@ -331,14 +333,14 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(fisher_alpha,
     method = EATA(optimizer=OPT, fisher_alpha=fisher_alpha,
                   d_margin=d_margin)
     method.check_supports('per_pixel')
-    method.configure(net, net[3], 'per_pixel')
+    method.configure(net, SEG_ADAPTER)
     fishers = None
     if fisher_alpha:
         source = [seg_images(100 + i) for i in range(3)]
         fishers = ref_fishers(ref, norm_params(ref_net),
                               ['net.1.weight', 'net.1.bias'],
                               [pixels_as_samples(x) for x in source])
-        method.fit_source(SEG_PROBE, source)
+        method.fit_source([Batch(x) for x in source])
         assert set(method.fishers) == {'1.weight', '1.bias'}
         for name, (fisher, theta0) in method.fishers.items():
             torch.testing.assert_close(fisher, fishers['net.' + name][0],
@@ -353,7 +355,7 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(fisher_alpha,
         out_ref, n2, n1, probs, loss = ref_forward_and_adapt_eata(
             pixels_as_samples(x), ref, ref_opt, fishers, E0, probs,
             fisher_alpha, d_margin)
-        pred, stats = adapt(method, SEG_PROBE, x)
+        pred, stats = adapt(method, x)
         assert pred.shape == (2, C, 8, 8)
         torch.testing.assert_close(pixel_rows(pred), out_ref.detach(),
                                    rtol=1e-12, atol=1e-12)

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import (SAM, BatchContext, HeadProbe, STAGLoss,
+from mmseg_stag.core import (SAM, Batch, HeadProbe, STAGLoss, TaskAdapter,
                              build_method, use_batch_statistics)
 from mmseg_stag.core.methods.sar import SAR, SAR_AUTHORS_EXCLUDE
 
@@ -22,10 +22,12 @@ from reference.adaptation_testbed import (
     C, E0, LR, OPT, adapt, assert_lists_close, assert_params_equal,
     assert_state_unchanged)
 from reference.adaptation_testbed import MLP_PROBE as FORWARD
+from reference.adaptation_testbed import MLP_ADAPTER
 from reference.adaptation_testbed import make_mlp as make_model
 from reference.adaptation_testbed import norm_params
 from reference.adaptation_testbed import vectors as batch
-from reference.adaptation_testbed import (SEG_PROBE, PixelsAsSamples,
+from reference.adaptation_testbed import (SEG_ADAPTER, SEG_PROBE,
+                                          PixelsAsSamples,
                                           make_seg_net, pixel_forward,
                                           pixel_rows, pixels_as_samples,
                                           seg_images)
@@ -35,7 +37,7 @@ def build(model, **kwargs):
     kwargs.setdefault('optimizer', OPT)
     kwargs.setdefault('recovery_threshold', 0.0)  # entropies >= 0: never
     method = SAR(**kwargs)
-    method.configure(model, model[3])
+    method.configure(model, MLP_ADAPTER)
     return method
 
 
@@ -83,7 +85,7 @@ def test_registry_and_defaults():
     # the authors' recovery keeps the EMA and the momentum
     assert not m.recovery_restores_optimizer and not m.recovery_clears_ema
     model = make_model()
-    m.configure(model, model[3])
+    m.configure(model, MLP_ADAPTER)
     assert m.e_margin == pytest.approx(0.4 * math.log(C))
     # SAM around the built base optimizer (the authors' SAM(params, SGD))
     assert isinstance(m.optimizer, SAM)
@@ -106,7 +108,7 @@ def test_sam_step_matches_authors_code_over_batches():
             expected_pred = model(x)
         before = [p.detach().clone() for p in norm_params(model)]
         snaps.clear()
-        pred, stats = adapt(method, recording(snaps), x)
+        pred, stats = adapt(method, x, forward=recording(snaps))
         out_ref, rec = ref.step(x, E0)
         # prediction: the first forward's logits, before any update
         torch.testing.assert_close(pred, expected_pred)
@@ -157,7 +159,7 @@ def test_second_filter_only_among_first_filter_samples():
 
     ref = reference(model, forward=scripted())
     method = build(model)
-    _, stats = adapt(method, scripted(), x)
+    _, stats = adapt(method, x, forward=scripted())
     _, rec = ref.step(x, E0)
     assert stats['num_kept1'] == rec['n1'] == 16 - int(unreliable.sum())
     assert stats['num_kept2'] == rec['n2'] <= rec['n1']
@@ -165,28 +167,29 @@ def test_second_filter_only_among_first_filter_samples():
     assert_params_equal(model, ref.model)
 
 
-def test_base_loss_filters_among_ctx_among_and_sets_kept():
-    """The second forward's filter on its own: ``base_loss`` keeps the
-    samples with ``H < E0`` that are also in ``ctx.among``."""
+def test_reliable_entropy_filters_among_and_returns_kept():
+    """The second forward's filter on its own: ``reliable_entropy`` keeps
+    the samples with ``H < E0`` that are also in ``among``."""
     model = make_model()
     method = build(model)
     x = batch(10)
-    ctx = method.forward_pass(BatchContext(x, FORWARD))
-    ent = ref_entropy(ctx.head_outputs[0][1]).detach()
-    loss = method.base_loss(ctx)
-    assert ctx.kept.tolist() == (ent < E0).tolist()
+    fwd = method.adapter.forward(method.model, Batch(x))
+    ent = ref_entropy(fwd.head_outputs[0][1]).detach()
+    loss, kept = method.reliable_entropy(fwd)
+    assert kept.tolist() == (ent < E0).tolist()
     torch.testing.assert_close(loss.detach(), ent[ent < E0].mean(),
                                rtol=1e-12, atol=1e-12)
     among = torch.zeros(16, dtype=torch.bool)
     among[::2] = True
-    ctx = method.forward_pass(BatchContext(x, FORWARD, among=among))
-    loss = method.base_loss(ctx)
-    assert ctx.kept.tolist() == ((ent < E0) & among).tolist()
-    assert ctx.stats['num_kept'] == int(((ent < E0) & among).sum())
-    torch.testing.assert_close(loss.detach(), ent[ctx.kept].mean(),
+    fwd = method.adapter.forward(method.model, Batch(x))
+    loss, kept = method.reliable_entropy(fwd, among=among)
+    assert kept.tolist() == ((ent < E0) & among).tolist()
+    assert fwd.stats['num_kept'] == int(((ent < E0) & among).sum())
+    torch.testing.assert_close(loss.detach(), ent[kept].mean(),
                                rtol=1e-12, atol=1e-12)
-    ctx = method.forward_pass(BatchContext(x, FORWARD, among=~(ent < E0)))
-    assert method.base_loss(ctx) is None and not ctx.kept.any()
+    fwd = method.adapter.forward(method.model, Batch(x))
+    loss, kept = method.reliable_entropy(fwd, among=~(ent < E0))
+    assert loss is None and not kept.any()
 
 
 def test_empty_filters_match_authors_nan_path():
@@ -198,7 +201,7 @@ def test_empty_filters_match_authors_nan_path():
     ref = reference(model)
     method = build(model)
     x = batch(10)
-    adapt(method, FORWARD, x)
+    adapt(method, x)
     ref.step(x, E0)
     ema = method.ema
     # filter 1 empty
@@ -206,7 +209,7 @@ def test_empty_filters_match_authors_nan_path():
     before = copy.deepcopy(model.state_dict())
     snaps = []
     method.e_margin = 1e-9
-    _, stats = adapt(method, recording(snaps), x)
+    _, stats = adapt(method, x, forward=recording(snaps))
     ref.step(x, margin=1e-9)
     assert len(snaps) == 1  # no second forward: it could change nothing
     assert stats['num_kept1'] == 0 and stats['updated'] == 0.0
@@ -223,7 +226,7 @@ def test_empty_filters_match_authors_nan_path():
     margin = ent.min().item() + 1e-9
     snaps = []
     method.e_margin = margin
-    _, stats = adapt(method, recording(snaps), x)
+    _, stats = adapt(method, x, forward=recording(snaps))
     _, rec = ref.step(x, margin=margin)
     assert rec['n1'] == 1 and rec['n2'] == 0
     assert stats['num_kept1'] == 1 and stats['num_kept2'] == 0
@@ -236,10 +239,10 @@ def test_empty_filters_match_authors_nan_path():
     # momentum_step_on_empty=False: nothing moves on an empty filter
     model = make_model()
     method = build(model, momentum_step_on_empty=False)
-    adapt(method, FORWARD, batch(10))
+    adapt(method, batch(10))
     before = copy.deepcopy(model.state_dict())
     method.e_margin = 1e-9
-    _, stats = adapt(method, FORWARD, batch(11))
+    _, stats = adapt(method, batch(11))
     assert stats['momentum_only_step'] == 0.0
     assert_state_unchanged(model, before)
 
@@ -248,7 +251,7 @@ def test_fresh_empty_filter_changes_nothing():
     model = make_model()
     before = copy.deepcopy(model.state_dict())
     method = build(model, entropy_margin=1e-9)
-    adapt(method, FORWARD, batch(5))
+    adapt(method, batch(5))
     assert method.num_updates == 0 and method.ema is None
     assert_state_unchanged(model, before)
 
@@ -281,7 +284,7 @@ def test_recovery_matches_authors_code_over_batches():
     for k, temperature in enumerate(RECOVERY_TEMPERATURES):
         x = batch(50 + k)
         ref.forward = tempered(temperature)
-        pred, stats = adapt(method, tempered(temperature), x)
+        pred, stats = adapt(method, x, forward=tempered(temperature))
         out_ref, rec = ref.step(x, E0)
         torch.testing.assert_close(pred, out_ref, rtol=1e-12, atol=1e-12)
         assert stats['recovered'] == float(rec['reset'])
@@ -316,7 +319,7 @@ def test_recovery_options_are_visible_against_the_authors_code():
         for k, temperature in enumerate(RECOVERY_TEMPERATURES[:6]):
             x = batch(50 + k)
             ref.forward = tempered(temperature)
-            _, stats = adapt(method, tempered(temperature), x)
+            _, stats = adapt(method, x, forward=tempered(temperature))
             _, rec = ref.step(x, E0)
             differs |= not torch.allclose(model[1].weight,
                                           ref.model[1].weight)
@@ -333,8 +336,8 @@ def recovery_pair(**kwargs):
     other_model = copy.deepcopy(model)
     method = build(model, recovery_threshold=1e9, **kwargs)
     other = build(other_model, recovery_threshold=0.0)
-    _, stats = adapt(method, FORWARD, batch(10))
-    _, other_stats = adapt(other, FORWARD, batch(10))
+    _, stats = adapt(method, batch(10))
+    _, other_stats = adapt(other, batch(10))
     assert stats['recovered'] == 1.0 and other_stats['recovered'] == 0.0
     assert method.num_recoveries == 1 and method.num_updates == 1
     return method, model, other, other_model, initial
@@ -351,7 +354,7 @@ def test_recovery_keeps_ema_and_momentum_and_fires_again():
                                         norm_params(other_model)), tol=0)
     # ema < recovery_threshold still: the next batch recovers again
     ema = method.ema
-    _, stats = adapt(method, FORWARD, batch(11))
+    _, stats = adapt(method, batch(11))
     assert stats['recovered'] == 1.0 and method.num_recoveries == 2
     assert method.ema == pytest.approx(0.9 * ema + 0.1 * stats['loss_base2'],
                                        rel=1e-12)
@@ -359,10 +362,10 @@ def test_recovery_keeps_ema_and_momentum_and_fires_again():
     method.recovery_threshold = 0.0
     buffers = [b.clone() for b in momentum_buffers(method.optimizer,
                                                    norm_params(model))]
-    adapt(method, FORWARD, batch(12))
+    adapt(method, batch(12))
     fresh_model = make_model()
     fresh = build(fresh_model)
-    adapt(fresh, FORWARD, batch(12))
+    adapt(fresh, batch(12))
     grads = momentum_buffers(fresh.optimizer, norm_params(fresh_model))
     for p, p0, b, g in zip(norm_params(model), initial, buffers, grads):
         # SGD, momentum 0.9, no dampening: theta_0 - lr (0.9 b + g)
@@ -376,7 +379,7 @@ def test_restore_initial_is_the_authors_reset():
     model = make_model()
     initial = [p.detach().clone() for p in norm_params(model)]
     method = build(model)
-    adapt(method, FORWARD, batch(10))
+    adapt(method, batch(10))
     buffers = [b.clone() for b in momentum_buffers(method.optimizer,
                                                    norm_params(model))]
     method.restore_initial()
@@ -396,9 +399,9 @@ def test_recovery_restores_optimizer_option_clears_the_momentum():
     assert method.ema == other.ema  # the EMA is still kept
     # the next update is a fresh method's first update
     method.recovery_threshold = 0.0
-    adapt(method, FORWARD, batch(13))
+    adapt(method, batch(13))
     fresh_model = make_model()
-    adapt(build(fresh_model), FORWARD, batch(13))
+    adapt(build(fresh_model), batch(13))
     assert_params_equal(model, fresh_model)
 
 
@@ -412,7 +415,7 @@ def test_recovery_clears_ema_option():
                                         norm_params(other_model)), tol=0)
     # the EMA restarts from the next batch's loss
     method.recovery_threshold = 0.0
-    _, stats = adapt(method, FORWARD, batch(11))
+    _, stats = adapt(method, batch(11))
     assert method.ema == stats['loss_base2']
 
 
@@ -426,8 +429,8 @@ def test_both_options_restart_the_method_from_scratch():
     fresh_model = make_model()
     fresh = build(fresh_model)
     for k in range(2):
-        adapt(method, FORWARD, batch(20 + k))
-        adapt(fresh, FORWARD, batch(20 + k))
+        adapt(method, batch(20 + k))
+        adapt(fresh, batch(20 + k))
         assert method.ema == pytest.approx(fresh.ema, rel=1e-12)
         assert_params_equal(model, fresh_model)
 
@@ -440,7 +443,7 @@ def test_recovery_keeps_sam_and_base_param_groups_shared(
                    recovery_restores_optimizer=restores_optimizer)
     sam = method.optimizer
     assert sam.param_groups is sam.base_optimizer.param_groups
-    _, stats = adapt(method, FORWARD, batch(10))
+    _, stats = adapt(method, batch(10))
     assert stats['recovered'] == 1.0
     # e.g. a learning-rate change made through SAM must reach the SGD step
     assert sam.param_groups is sam.base_optimizer.param_groups
@@ -456,7 +459,7 @@ def test_updates_only_norm_affine_params():
         assert [n for n, _ in method.params] == ['1.weight', '1.bias']
         assert [n for n, p in model.named_parameters()
                 if p.requires_grad] == ['1.weight', '1.bias']
-        adapt(method, FORWARD, batch(5))
+        adapt(method, batch(5))
         assert method.num_updates == 1
         for k, v in model.state_dict().items():
             changed = not torch.equal(v, before[k])
@@ -473,18 +476,18 @@ def test_authors_exclusion_of_the_last_stage():
         model.fc.weight.mul_(6.0)
     before = copy.deepcopy(model.state_dict())
     method = SAR(optimizer=OPT, entropy_margin=0.9)
-    method.configure(model, model.fc)
+    method.configure(model, TaskAdapter(HeadProbe('fc')))
     assert [n for n, _ in method.params] == ['bn1.weight', 'bn1.bias']
     assert [n for n, p in model.named_parameters()
             if p.requires_grad] == ['bn1.weight', 'bn1.bias']
-    adapt(method, HeadProbe('fc'), batch(5))
+    adapt(method, batch(5))
     assert method.num_updates == 1
     for k, v in model.state_dict().items():
         changed = not torch.equal(v, before[k])
         assert changed == (k in ('bn1.weight', 'bn1.bias')), k
     # exclude_regex=None: layer4's norm is adapted too
     method = SAR(optimizer=OPT, exclude_regex=None)
-    method.configure(model, model.fc)
+    method.configure(model, TaskAdapter(HeadProbe('fc')))
     assert [n for n, _ in method.params] == [
         'bn1.weight', 'bn1.bias', 'layer4.1.weight', 'layer4.1.bias']
 
@@ -501,11 +504,12 @@ def test_authors_exclusion_of_the_last_stage():
 
     vit = ViTNames()
     method = SAR()
-    method.configure(vit, vit.head)
+    method.configure(vit, TaskAdapter(HeadProbe('head')))
     modules = {n.rsplit('.', 1)[0] for n, _ in method.params}
     assert modules == {f'blocks.{i}.norm1' for i in range(9)} | {'fc_norm'}
     with pytest.raises(ValueError, match='exclude_regex'):
-        SAR(exclude_regex='.*').configure(vit, vit.head)
+        SAR(exclude_regex='.*').configure(
+            vit, TaskAdapter(HeadProbe('head')))
 
 
 def test_stag_objective_beta_decay_and_empty_filter():
@@ -522,7 +526,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
         l_stag1 = stag_loss(f1, z1, ref.model[3].weight,
                             ref.model[3].bias).item()
         _, rec = ref.step(x, E0, beta=beta)
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         assert stats['beta1'] == stats['beta2'] == pytest.approx(beta,
                                                                  rel=1e-12)
         assert stats['loss_stag1'] == pytest.approx(l_stag1, rel=1e-10)
@@ -546,7 +550,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
     method = build(model, entropy_margin=1e-9,
                    stag=dict(beta0=beta0, gamma=gamma))
     x = batch(5)
-    _, stats = adapt(method, recording(snaps), x)
+    _, stats = adapt(method, x, forward=recording(snaps))
     _, rec = ref.step(x, margin=1e-9, beta=beta0)
     assert stats['num_kept1'] == 0 and 'loss_base1' not in stats
     assert stats['updated'] == 1.0 and method.num_updates == 1
@@ -562,7 +566,7 @@ def test_same_seed_same_result():
         model = make_model(seed=3)
         method = build(model, recovery_threshold=0.2)
         for k in range(3):
-            adapt(method, FORWARD, batch(40 + k))
+            adapt(method, batch(40 + k))
         return model.state_dict(), method.ema
 
     (a, ea), (b, eb) = run(), run()
@@ -604,14 +608,15 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(case):
                  reset_constant=threshold)
     method = SAR(optimizer=OPT, recovery_threshold=threshold, stag=stag)
     method.check_supports('per_pixel')
-    method.configure(net, net[3], 'per_pixel')
+    method.configure(net, SEG_ADAPTER)
     temperatures = PIXEL_TEMPERATURES if case == 'recovery' else (1.0, ) * 4
     recovered, filtered = [], False
     for k, temperature in enumerate(temperatures):
         x = seg_images(10 + k)
         beta = method.beta
         ref.forward = scaled(pixel_forward, temperature)
-        pred, stats = adapt(method, scaled(SEG_PROBE, temperature), x)
+        pred, stats = adapt(method, x,
+                            forward=scaled(SEG_PROBE, temperature))
         out_ref, rec = ref.step(pixels_as_samples(x), E0, beta=beta)
         torch.testing.assert_close(pixel_rows(pred), out_ref, rtol=1e-12,
                                    atol=1e-12)

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import (CoTTA, EATA, TENT, BatchContext, HeadProbe,
-                             build_method)
+from mmseg_stag.core import (EATA, TENT, CoTTA, ForwardPass, HeadProbe,
+                             TaskAdapter, build_method)
 from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
-                                     SegmentationBatchContext,
+                                     SegmentationAdapter, SegmentationBatch,
                                      SegmentationCoTTA, SegmentationTENT)
 
 FORWARD = HeadProbe('2', prediction_kind='per_pixel')
@@ -38,6 +38,23 @@ def test_segmentation_registry_finds_its_variants_then_the_cores():
         build_method(dict(type='tnet'), SEGMENTATION_METHODS)
 
 
+class OriginalSizeLabels(SegmentationAdapter):
+    """The segmentation adapter on a plain per-pixel model: the probe's
+    forward, and given labels at the original size (the logits asked for
+    are recorded)."""
+
+    def __init__(self, labels=None):
+        super().__init__(FORWARD, segmentor=None)
+        self.labels, self.seen = labels, []
+
+    def forward(self, model, batch, inputs=None):
+        return ForwardPass(*FORWARD(model, batch.inputs))
+
+    def labels_at_original_size(self, batch, seg_logits):
+        self.seen.append(seg_logits)
+        return self.labels
+
+
 def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
     """CoTTA's ACDC TENT: the label map comes from the task at the original
     size; the head's logits are resized bilinearly straight to it, mean CE
@@ -45,58 +62,47 @@ def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
     model = make_model()
     method = build_method(dict(type='tent', loss='pseudo_ce_fullres'),
                           SEGMENTATION_METHODS)
-    method.configure(model, model[2], 'per_pixel')
-    x = images()
-    logits, outs = FORWARD(model, x)
     labels = torch.randint(0, 5, (2, 12, 14))
-    seen = []
-
-    def at_original_size(prediction):
-        seen.append(prediction)
-        return labels
-
-    ctx = SegmentationBatchContext(x, FORWARD, prediction=logits,
-                                   head_outputs=outs,
-                                   labels_at_original_size=at_original_size)
+    adapter = OriginalSizeLabels(labels)
+    method.configure(model, adapter)
+    x = images()
+    batch = SegmentationBatch(x)
+    logits, outs = FORWARD(model, x)
+    fwd = ForwardPass(logits, outs)
     up = nn.functional.interpolate(logits, size=(12, 14), mode='bilinear',
                                    align_corners=False)
     expected = -up.log_softmax(1).gather(1, labels[:, None]).mean()
-    torch.testing.assert_close(method.base_loss(ctx), expected)
-    assert seen == [logits]
+    torch.testing.assert_close(method.base_loss(batch, fwd), expected)
+    assert adapter.seen == [logits]
     const = logits.mean((2, 3), keepdim=True).expand_as(logits)
-    ctx.head_outputs = [(outs[0][0], const)]
     torch.testing.assert_close(
-        method.base_loss(ctx),
+        method.base_loss(batch, ForwardPass(logits, [(outs[0][0], const)])),
         nn.functional.cross_entropy(
             const[:, :, :1, :1].expand(-1, -1, 12, 14), labels))
     # classification has no original-size labels: refused when configured
     with pytest.raises(ValueError, match='per_pixel outputs only'):
         method.check_supports('per_sample')
-    with pytest.raises(ValueError, match='segmentation loop'):
-        method.base_loss(BatchContext(x, FORWARD, prediction=logits,
-                                      head_outputs=outs))
-    ctx.head_outputs = outs * 2  # a sliding window: two classifier calls
+    with pytest.raises(ValueError, match='segmentation task'):
+        method.configure(model, TaskAdapter(FORWARD))
+    # a sliding window: two classifier calls
     with pytest.raises(ValueError, match="mode='whole'"):
-        method.base_loss(ctx)
+        method.base_loss(batch, ForwardPass(logits, outs * 2))
     # the core's losses are unchanged in the variant
     entropy = build_method(dict(type='tent'), SEGMENTATION_METHODS)
-    entropy.configure(model, model[2], 'per_pixel')
-    torch.testing.assert_close(
-        entropy.base_loss(BatchContext(x, FORWARD, head_outputs=outs)),
-        TENT().base_loss(BatchContext(x, FORWARD, head_outputs=outs)))
+    entropy.configure(model, TaskAdapter(FORWARD))
+    torch.testing.assert_close(entropy.base_loss(batch, fwd),
+                               TENT().base_loss(batch, fwd))
 
 
 def test_per_pixel_cotta_needs_the_views_of_a_multi_view_pipeline():
     """Segmentation CoTTA averages its teacher over the views of the batch
-    (``ctx.views``); a one-view batch is refused with an error that names
-    the pipeline to use."""
+    (``batch.views``); a one-view batch is refused with an error that names
+    the pipeline to use, another task when configured."""
     method = SegmentationCoTTA()
     method.check_supports('per_pixel')
     model = make_model()
-    method.configure(model, model[2], 'per_pixel')
-    x = images(n=1)
-    logits, outs = FORWARD(model, x)
-    ctx = SegmentationBatchContext(x, FORWARD, prediction=logits,
-                                   head_outputs=outs)
+    with pytest.raises(ValueError, match='segmentation task'):
+        method.configure(model, TaskAdapter(FORWARD))
+    method.configure(model, OriginalSizeLabels())
     with pytest.raises(ValueError, match='ScaleFlipViews'):
-        method.base_loss(ctx)
+        method.adapt(SegmentationBatch(images(n=1)))

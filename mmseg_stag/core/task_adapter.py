@@ -1,0 +1,62 @@
+"""What a method may ask of its task: a batch and named operations on it."""
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+
+from .probe import HeadOutputs, HeadProbe
+
+
+@dataclass
+class Batch:
+    """One preprocessed batch; the task's operations read the rest.
+
+    Args:
+        inputs (Any): The model's inputs, e.g. images ``[N, 3, H, W]``.
+        data_samples (list, optional): The task's data samples.
+    """
+    inputs: Any
+    data_samples: Optional[list] = None
+
+
+@dataclass
+class ForwardPass:
+    """One forward pass of a batch and the numbers a method logs on it.
+
+    Args:
+        logits (Tensor): The model's output, what the batch is scored on.
+        head_outputs (HeadOutputs): ``[(features, logits), ...]``, one pair
+            per classifier call.
+        stats (dict[str, float]): Numbers logged for the pass.
+    """
+    logits: torch.Tensor
+    head_outputs: HeadOutputs
+    stats: Dict[str, Any] = field(default_factory=dict)
+
+
+class TaskAdapter:
+    """The per-sample task's operations: the probe's forward pass.
+
+    Args:
+        probe (HeadProbe): Finds the classifier and records its calls.
+    """
+
+    def __init__(self, probe: HeadProbe):
+        self.probe = probe
+
+    @property
+    def prediction_kind(self) -> str:
+        """``'per_sample'`` or ``'per_pixel'``."""
+        return self.probe.prediction_kind
+
+    def classifier(self, model: nn.Module) -> nn.Module:
+        """The classifier (head layer) of ``model``."""
+        return self.probe.classifier(model)
+
+    def forward(self, model: nn.Module, batch: Batch,
+                inputs: Any = None) -> ForwardPass:
+        """Run ``model`` once on the batch, or on ``inputs`` made from it."""
+        logits, head_outputs = self.probe(
+            model, batch.inputs if inputs is None else inputs)
+        return ForwardPass(logits, head_outputs)

@@ -1,0 +1,98 @@
+"""A segmentation batch and the operations a method may ask of it."""
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import torch
+from mmengine.structures import PixelData
+
+from mmseg_stag.core import Batch, ForwardPass, TaskAdapter
+
+
+@dataclass
+class SegmentationBatch(Batch):
+    """A preprocessed segmentation batch.
+
+    Args:
+        metas (list[dict]): Each image's metainfo, for ``model.inference``.
+        views (list[SegmentationBatch], optional): Every view (scale, flip)
+            of a multi-view pipeline; None: one view.
+        main_view (int): The index of this batch in ``views``. Default: 0.
+    """
+    metas: List[dict] = field(default_factory=list)
+    views: Optional[List['SegmentationBatch']] = None
+    main_view: int = 0
+    #: ``model.postprocess_result`` of the last logits asked for
+    postprocessed: Optional[tuple] = field(default=None, repr=False)
+
+
+class SegmentationAdapter(TaskAdapter):
+    """Operations of an MMSeg segmentor on a :class:`SegmentationBatch`.
+
+    Args:
+        probe (HeadProbe): The per-pixel probe of the decode head.
+        segmentor (BaseSegmentor): Gives ``postprocess_result``.
+    """
+
+    def __init__(self, probe, segmentor):
+        super().__init__(probe)
+        self.segmentor = segmentor
+
+    def forward(self, model, batch: SegmentationBatch,
+                inputs: Any = None) -> ForwardPass:
+        """Run ``model.inference`` once with the batch's metainfo."""
+        metas = batch.metas
+        logits, head_outputs = self.probe(
+            model, batch.inputs if inputs is None else inputs,
+            run=lambda m, x: m.inference(x, metas))
+        return ForwardPass(logits, head_outputs)
+
+    @torch.no_grad()
+    def postprocess(self, batch: SegmentationBatch,
+                    seg_logits: torch.Tensor) -> list:
+        """Return the data samples of ``postprocess_result``, once per
+        prediction (the same storage and version: the same prediction)."""
+        key = (seg_logits.data_ptr(), tuple(seg_logits.shape),
+               seg_logits._version)
+        done = batch.postprocessed
+        if done is None or key != done[0]:
+            outputs = self.segmentor.postprocess_result(seg_logits.detach(),
+                                                        batch.data_samples)
+            # keeping the logits keeps their storage from being reused
+            batch.postprocessed = done = (key, seg_logits, outputs)
+        return done[2]
+
+    def labels_at_original_size(self, batch: SegmentationBatch,
+                                seg_logits: torch.Tensor) -> torch.Tensor:
+        """Return ``[N, H0, W0]`` predicted labels at the original size.
+
+        Raises:
+            ValueError: If the batch's images differ in size.
+        """
+        labels = [s.pred_sem_seg.data[0]
+                  for s in self.postprocess(batch, seg_logits)]
+        shapes = {tuple(label.shape) for label in labels}
+        if len(shapes) > 1:
+            raise ValueError('labels at the original size need images of '
+                             f'one size per batch, got {sorted(shapes)}')
+        return torch.stack(labels)
+
+    def logits_at_original_size(self, batch: SegmentationBatch,
+                                seg_logits: torch.Tensor) -> torch.Tensor:
+        """Return ``[N, C, H0, W0]`` logits at the original size, unflipped."""
+        return torch.stack([s.seg_logits.data
+                            for s in self.postprocess(batch, seg_logits)])
+
+
+def set_labels(data_samples: list, labels: torch.Tensor) -> list:
+    """Set ``pred_sem_seg`` of each sample from ``[N, H0, W0]`` labels.
+
+    Raises:
+        ValueError: If a label map is not at its image's original size.
+    """
+    for sample, label in zip(data_samples, labels):
+        shape = tuple(sample.metainfo['ori_shape'])
+        if tuple(label.shape) != shape:
+            raise ValueError(f'a label prediction of shape {tuple(label.shape)}'
+                             f' for an image of original size {shape}')
+        sample.set_data(dict(pred_sem_seg=PixelData(data=label[None])))
+    return data_samples
