@@ -21,8 +21,8 @@ SCRIPT = textwrap.dedent('''
     import torch.nn as nn
 
     import mmseg_stag.core as core
-    from mmseg_stag.core import (METHODS, BatchContext, HeadProbe, STAGLoss,
-                                 build_method, stag)
+    from mmseg_stag.core import (METHODS, Batch, HeadProbe, STAGLoss,
+                                 TaskAdapter, build_method, stag)
 
     out = {}
     names = ('source', 'bn_adapt', 'tent', 'eata', 'sar', 'deyo', 'cotta',
@@ -44,11 +44,11 @@ SCRIPT = textwrap.dedent('''
     probe = HeadProbe()  # the last nn.Linear
     method = build_method(dict(type='tent', stag=dict(beta0=5.0, gamma=10.0),
                                optimizer=dict(type='SGD', lr=0.5)))
-    method.configure(model, probe.classifier(model))
+    method.configure(model, TaskAdapter(probe))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     x = torch.randn(16, 6)
     with torch.set_grad_enabled(method.updates):
-        prediction, stats = method.adapt(BatchContext(x, probe))
+        prediction, stats = method.adapt(Batch(x))
     out['prediction'] = list(prediction.shape)
     out['changed'] = sorted(n for n, p in model.named_parameters()
                             if not torch.equal(p, before[n]))

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import TENT, BatchContext, HeadProbe, build_method
+from mmseg_stag.core import (TENT, Batch, HeadProbe, TaskAdapter,
+                             build_method)
 from mmseg_stag.core.methods.ecotta_networks import attach_meta_networks
 from mmseg_stag.classification import WideResNet
 
@@ -91,16 +92,16 @@ def run_sar(model, steps, probe=None, whole_step_autocast=False):
         type='sar', trainable=dict(kind='all'), exclude_regex=None,
         recovery_threshold=0.0, entropy_margin=1.0,
         optimizer=dict(type='SGD', lr=0.05, momentum=0.9)))
-    method.configure(model, model[5])
     probe = probe or HeadProbe('5', autocast_dtype=BF16)
+    method.configure(model, TaskAdapter(probe))
     for step in range(steps):
-        ctx = BatchContext(unit_images(10 + step).float(), probe)
+        batch = Batch(unit_images(10 + step).float())
         with torch.enable_grad():
             if whole_step_autocast:  # the loop before this fix
                 with torch.autocast('cpu', dtype=BF16):
-                    method.adapt(ctx)
+                    method.adapt(batch)
             else:
-                method.adapt(ctx)
+                method.adapt(batch)
     return model
 
 
@@ -145,17 +146,17 @@ def run_ecotta(model, steps, probe, whole_step_autocast=False):
     method = build_method(dict(
         type='ecotta', reg_weight=0.5,
         optimizer=dict(type='SGD', lr=0.05, momentum=0.9)))
-    method.configure(model, model.fc)
+    method.configure(model, TaskAdapter(probe))
     for step in range(steps):
-        ctx = BatchContext(
+        batch = Batch(
             torch.rand(8, *SIZE, generator=torch.Generator().manual_seed(
-                20 + step)), probe)
+                20 + step)))
         with torch.enable_grad():
             if whole_step_autocast:
                 with torch.autocast('cpu', dtype=BF16):
-                    method.adapt(ctx)
+                    method.adapt(batch)
             else:
-                method.adapt(ctx)
+                method.adapt(batch)
     return model
 
 
@@ -202,10 +203,10 @@ def test_ecotta_entropy_forward_reads_the_regularised_weights_in_bf16():
         method = build_method(dict(
             type='ecotta', reg_weight=0.5,
             optimizer=dict(type='SGD', lr=0.05, momentum=0.9)))
-        method.configure(model, model.fc)
+        method.configure(model, TaskAdapter(probe))
         with torch.enable_grad(), torch.autocast(
                 'cpu', dtype=BF16, enabled=name == 'old'):
-            method.regularisation_step(BatchContext(x, probe))
+            method.regularisation_step(Batch(x))
             outputs[name] = probe(model, x)[0].float()
     assert meta_gap(ours, ref) == 0 == meta_gap(old, ref)
     assert torch.equal(outputs['new'], ref_out)
@@ -249,8 +250,8 @@ class SmallLossTENT(TENT):
     """TENT with its loss scaled down, so that every pixel's gradient is
     below float16's smallest subnormal (6e-8) whatever the predictions."""
 
-    def base_loss(self, ctx):
-        return super().base_loss(ctx) * 1e-3
+    def base_loss(self, batch, fwd):
+        return super().base_loss(batch, fwd) * 1e-3
 
 
 def tent_update(scaler: bool, dtype):
@@ -258,15 +259,15 @@ def tent_update(scaler: bool, dtype):
     model = Wide().eval()
     method = SmallLossTENT(trainable=dict(kind='all'),
                            optimizer=dict(type='SGD', lr=1e3))
-    method.configure(model, model.head, prediction_kind='per_pixel')
+    method.configure(model, TaskAdapter(HeadProbe(
+        'head', prediction_kind='per_pixel', autocast_dtype=dtype)))
     if scaler:
         method.use_grad_scaler('cpu')
     before = model.conv.weight.detach().clone()
     x = torch.randn(1, 3, 512, 1024,
                     generator=torch.Generator().manual_seed(1))
     with torch.enable_grad():
-        method.adapt(BatchContext(x, HeadProbe(
-            'head', prediction_kind='per_pixel', autocast_dtype=dtype)))
+        method.adapt(Batch(x))
     return model.conv.weight.detach() - before
 
 

@@ -272,9 +272,12 @@ class BaseMethod:
 
     def base_loss(self, batch: Batch,
                   fwd: ForwardPass) -> Optional[torch.Tensor]:
-        """Return ``L_base`` (eq:total_objective), None if nothing is kept."""
-        raise TypeError(f'{self.name} has no loss of its own '
-                        '(has_base_loss is False)')
+        """Return ``L_base`` (eq:total_objective), None if nothing is kept.
+
+        Source and BN Adapt have no loss; SAR and CoTTA make theirs in
+        :meth:`adapt` (two passes; a teacher).
+        """
+        raise TypeError(f'{self.name} has no base_loss')
 
     def loss(self, batch: Batch,
              fwd: ForwardPass) -> Optional[torch.Tensor]:

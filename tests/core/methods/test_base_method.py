@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import (METHODS, BatchContext, BNAdapt, HeadProbe,
-                             Source, TENT, build_method, select_parameters,
-                             stag)
+from mmseg_stag.core import (METHODS, Batch, BNAdapt, ForwardPass, HeadProbe,
+                             Source, TaskAdapter, TENT, build_method,
+                             select_parameters, stag)
 
 from reference.adaptation_testbed import adapt
 
@@ -33,6 +33,7 @@ class TinySegNet(nn.Module):
 
 
 FORWARD = HeadProbe('classifier', prediction_kind='per_pixel')
+ADAPTER = TaskAdapter(FORWARD)
 
 
 def make_model(seed=0):
@@ -50,7 +51,7 @@ def images(seed=1, n=2):
 
 
 def configured(method, model):
-    method.configure(model, model.classifier, 'per_pixel')
+    method.configure(model, ADAPTER)
     return method
 
 
@@ -84,7 +85,7 @@ def test_source_changes_nothing_and_never_backprops():
     with torch.no_grad():
         expected = model(x)
     for _ in range(3):
-        out, stats = adapt(method, FORWARD, x)
+        out, stats = adapt(method, x)
         torch.testing.assert_close(out, expected)
         assert not out.requires_grad and stats == {}
     assert model.forwards == 4
@@ -105,7 +106,7 @@ def test_tent_updates_only_norm_affine_params_one_forward_one_backward():
     x = images()
     with torch.no_grad():
         unadapted = copy.deepcopy(model)(x)
-    first, _ = adapt(method, FORWARD, x)
+    first, _ = adapt(method, x)
     # predict-then-adapt: the first prediction is the unadapted model's
     torch.testing.assert_close(first, unadapted)
     assert model.forwards == 1
@@ -115,7 +116,7 @@ def test_tent_updates_only_norm_affine_params_one_forward_one_backward():
     # BatchNorm kept its running statistics (eval mode)
     assert model.body[1].running_mean is not None
     assert not model.body[1].training
-    _, stats = adapt(method, FORWARD, x)
+    _, stats = adapt(method, x)
     assert model.forwards == 2 and method.num_updates == 2
     assert stats['loss'] == pytest.approx(stats['loss_base'])
 
@@ -130,7 +131,7 @@ def test_one_backward_per_batch_counted_through_autograd():
         p.register_hook(lambda g, calls=calls: calls.append(1))
     x = images()
     for step in range(3):
-        adapt(method, FORWARD, x)
+        adapt(method, x)
         # every selected tensor receives exactly one gradient per step
         assert len(calls) == len(method.params) * (step + 1)
     assert model.forwards == 3
@@ -145,12 +146,12 @@ def test_the_caller_sets_the_grad_mode_and_modes_are_set_once():
     before = {n: p.detach().clone() for n, p in method.params}
     with torch.no_grad():
         with pytest.raises(RuntimeError):
-            method.adapt(BatchContext(images(), FORWARD))
+            method.adapt(Batch(images()))
     for n, p in method.params:
         assert torch.equal(p, before[n]), n
     assert not model.training
     model.body[1].train()  # the caller's choice after configure stays
-    adapt(method, FORWARD, images())
+    adapt(method, images())
     assert model.body[1].training and not model.body[4].training
 
 
@@ -158,7 +159,7 @@ def sgd_update(method_factory, x):
     model = make_model()
     method = configured(method_factory(), model)
     before = {n: p.detach().clone() for n, p in method.params}
-    adapt(method, FORWARD, x)
+    adapt(method, x)
     return {n: p.detach() - before[n] for n, p in method.params}, model
 
 
@@ -189,7 +190,7 @@ def test_beta_decays_per_update_and_optional_restart_per_stage():
     x = images()
     betas = []
     for _ in range(3):
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         betas.append(stats['beta'])
     assert betas == pytest.approx([10.0 * math.exp(-t / 2.0)
                                    for t in range(3)])
@@ -201,7 +202,7 @@ def test_beta_decays_per_update_and_optional_restart_per_stage():
     seen = []
     for stage in (0, 0, 1, 1):
         method.start_stage(stage)
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         seen.append(stats['beta'])
     assert seen == pytest.approx([10.0, 10.0 * math.exp(-0.5)] * 2)
 
@@ -213,7 +214,7 @@ def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
     logits, outs = FORWARD(model, x)
     expected = nn.functional.cross_entropy(logits, logits.argmax(1))
     torch.testing.assert_close(
-        method.base_loss(BatchContext(x, FORWARD, head_outputs=outs)),
+        method.base_loss(Batch(x), ForwardPass(logits, outs)),
         expected)
     with pytest.raises(ValueError, match='tent loss'):
         TENT(loss='kl')
@@ -236,7 +237,7 @@ def test_fresh_optimizer_per_stage():
         first = method.optimizer
         for stage in (0, 0):
             method.start_stage(stage)
-            adapt(method, FORWARD, x)
+            adapt(method, x)
         assert method.optimizer is first and first.state
         method.start_stage(1)
         assert (method.optimizer is not first) == fresh
@@ -285,7 +286,7 @@ def test_bn_adapt_uses_batch_statistics_without_updates():
     reference.body[1].momentum = 0.0
     with torch.no_grad():
         expected = reference(x)
-    out, _ = adapt(method, FORWARD, x)
+    out, _ = adapt(method, x)
     torch.testing.assert_close(out, expected)
     for name, p in model.named_parameters():
         assert torch.equal(p, before[name])
@@ -323,12 +324,12 @@ def test_adapted_classifier_recomputes_anchors_every_step():
         model)
     x = images()
     for _ in range(3):
-        adapt(method, FORWARD, x)
+        adapt(method, x)
     assert method.stag_loss.anchor_computations == 3
     frozen = make_model()
     method = configured(TENT(stag=dict(beta0=1.0, gamma=10.0)), frozen)
     for _ in range(3):
-        adapt(method, FORWARD, x)
+        adapt(method, x)
     assert method.stag_loss.anchor_computations == 1
 
 
@@ -348,6 +349,8 @@ def test_bad_configs_raise():
     with pytest.raises(ValueError, match='no parameter matches'):
         configured(TENT(trainable=dict(name_regex='nothing')), make_model())
     with pytest.raises(RuntimeError, match='configure'):
-        TENT().adapt(BatchContext(None, FORWARD))
+        TENT().adapt(Batch(None))
+    per_token = TaskAdapter(HeadProbe('classifier'))
+    per_token.probe.prediction_kind = 'per_token'  # the probe refuses it
     with pytest.raises(ValueError, match='prediction_kind must be one of'):
-        TENT().configure(make_model(), make_model().classifier, 'per_token')
+        TENT().configure(make_model(), per_token)

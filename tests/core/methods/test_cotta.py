@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mmseg_stag.core import (BatchContext, STAGLoss, build_method,
+from mmseg_stag.core import (Batch, STAGLoss, build_method,
                              use_batch_statistics)
 from mmseg_stag.core.losses import (cross_entropy_to_teacher,
                                     symmetric_cross_entropy)
@@ -19,7 +19,7 @@ from reference.cotta_reference import (RefCoTTA, RefCoTTAImageNet,
                                        ref_softmax_entropy,
                                        ref_symmetric_softmax_entropy)
 from reference.adaptation_testbed import C, adapt, assert_params_equal
-from reference.adaptation_testbed import CNN_PROBE as FORWARD
+from reference.adaptation_testbed import CNN_ADAPTER
 from reference.adaptation_testbed import make_cnn
 from reference.adaptation_testbed import unit_images as batch
 
@@ -35,7 +35,7 @@ def build(model, **kwargs):
                                         betas=(0.9, 0.999)))
     kwargs.setdefault('num_augs', 3)
     method = CoTTA(**kwargs)
-    method.configure(model, model[5])
+    method.configure(model, CNN_ADAPTER)
     return method
 
 
@@ -72,7 +72,7 @@ def test_registry_and_defaults():
     assert soft.brightness == (0.8, 1.2) and soft.degrees == (-8.0, 8.0)
     assert soft.noise_std == 0.01
     model = make_model()
-    m.configure(model, model[5])
+    m.configure(model, CNN_ADAPTER)
     assert all(p.requires_grad for p in model.parameters())
     assert not any(p.requires_grad for p in m.teacher.parameters())
     assert not any(p.requires_grad for p in m.source_model.parameters())
@@ -93,7 +93,7 @@ def test_matches_authors_code_over_batches(ap):
     for i in range(3):
         x = batch(10 + i)
         torch.manual_seed(100 + i)
-        out, stats = adapt(method, FORWARD, x)
+        out, stats = adapt(method, x)
         torch.manual_seed(100 + i)
         ref_out, ref_loss = ref.forward_and_adapt(x)
         torch.testing.assert_close(out, ref_out.detach(), rtol=1e-10,
@@ -117,7 +117,7 @@ def test_lazy_augmentation_matches_authors_outputs():
     for i in range(2):
         x = batch(20 + i)
         torch.manual_seed(i)
-        out, _ = adapt(method, FORWARD, x)
+        out, _ = adapt(method, x)
         torch.manual_seed(i)
         ref_out, _ = ref.forward_and_adapt(x)
         torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
@@ -134,7 +134,7 @@ def test_augmentation_branch_iff_anchor_confidence_below_ap():
     source = copy.deepcopy(model)
     method = build(model, ap=conf + 1e-9, restore_prob=0.0, num_augs=4)
     torch.manual_seed(3)
-    out, stats = adapt(method, FORWARD, x)
+    out, stats = adapt(method, x)
     assert stats['augmented'] == 1.0
     assert stats["source_prob"] == pytest.approx(conf)
     torch.manual_seed(3)
@@ -147,7 +147,7 @@ def test_augmentation_branch_iff_anchor_confidence_below_ap():
     model = make_model()
     method = build(model, ap=conf - 1e-9, restore_prob=0.0, num_augs=4)
     state = torch.get_rng_state()
-    out, stats = adapt(method, FORWARD, x)
+    out, stats = adapt(method, x)
     assert torch.equal(torch.get_rng_state(), state)
     assert stats['augmented'] == 0.0
     with torch.no_grad():
@@ -155,7 +155,7 @@ def test_augmentation_branch_iff_anchor_confidence_below_ap():
     # num_augs=0 disables the augmentations whatever the confidence
     model = make_model()
     method = build(model, ap=2.0, restore_prob=0.0, num_augs=0)
-    out, stats = adapt(method, FORWARD, x)
+    out, stats = adapt(method, x)
     assert stats['augmented'] == 0.0
     with torch.no_grad():
         torch.testing.assert_close(out, source(x))
@@ -170,7 +170,7 @@ def test_loss_is_cross_entropy_to_the_teacher_and_prediction_is_teachers():
     teacher = copy.deepcopy(method.teacher)
     student = copy.deepcopy(model)
     x = batch(40)
-    out, stats = adapt(method, FORWARD, x)
+    out, stats = adapt(method, x)
     with torch.no_grad():
         zt, zs = teacher(x), student(x)
     pt = zt.softmax(1)
@@ -230,7 +230,7 @@ def test_symmetric_loss_matches_authors_imagenet_code_over_batches(ap):
     for i in range(3):
         x = batch(10 + i)
         torch.manual_seed(100 + i)
-        out, stats = adapt(method, FORWARD, x)
+        out, stats = adapt(method, x)
         torch.manual_seed(100 + i)
         ref_out, ref_loss = ref.forward_and_adapt(x)
         torch.testing.assert_close(out, ref_out.detach(), rtol=1e-10,
@@ -259,7 +259,7 @@ def test_symmetric_and_one_sided_losses_differ_on_a_different_teacher():
             for p in method.teacher.parameters():
                 p.add_(0.3 * torch.randn_like(p))
             zt, zs = method.teacher(x), model(x)
-        _, stats = adapt(method, FORWARD, x)
+        _, stats = adapt(method, x)
         losses[loss] = stats['loss_base']
         students[loss] = model
         expected = dict(ce=ref_softmax_entropy,
@@ -271,10 +271,10 @@ def test_symmetric_and_one_sided_losses_differ_on_a_different_teacher():
                               students['symmetric_ce'][5].weight)
 
 
-def test_base_loss_on_its_own_sets_the_teacher_prediction():
-    """``base_loss`` on a context runs the teacher (and anchor) itself: the
-    context's prediction becomes the teacher's logits, nothing is
-    updated."""
+def test_teacher_prediction_and_loss_to_teacher_on_their_own():
+    """``teacher_prediction`` runs the teacher (and anchor) itself and
+    returns the teacher's logits; ``loss_to_teacher`` is the student's loss
+    to them; nothing is updated."""
     model = make_model()
     method = build(model, ap=0.0, restore_prob=0.0)
     with torch.no_grad():  # a teacher different from the student
@@ -283,18 +283,20 @@ def test_base_loss_on_its_own_sets_the_teacher_prediction():
     teacher = copy.deepcopy(method.teacher)
     student = copy.deepcopy(model)
     x = batch(40)
-    prediction, outs = FORWARD(model, x)
-    ctx = BatchContext(x, FORWARD, prediction=prediction, head_outputs=outs)
-    loss = method.base_loss(ctx)
+    one = Batch(x)
+    fwd = method.adapter.forward(method.model, one)
+    stats = {}
+    prediction = method.teacher_prediction(one, stats)
+    loss = method.loss_to_teacher(fwd, prediction)
     with torch.no_grad():
         zt = teacher(x)
-    torch.testing.assert_close(ctx.prediction, zt)
-    assert not ctx.prediction.requires_grad
+    torch.testing.assert_close(prediction, zt)
+    assert not prediction.requires_grad
     torch.testing.assert_close(
-        loss, cross_entropy_to_teacher(prediction, zt).mean(), rtol=1e-12,
+        loss, cross_entropy_to_teacher(fwd.logits, zt).mean(), rtol=1e-12,
         atol=1e-12)
     assert loss.requires_grad
-    assert ctx.stats['augmented'] == 0.0 and "source_prob" in ctx.stats
+    assert stats['augmented'] == 0.0 and "source_prob" in stats
     assert_params_equal(model, student, tol=0)
     assert_params_equal(method.teacher, teacher, tol=0)
 
@@ -311,7 +313,7 @@ def test_teacher_update_is_alpha_mix(trainable):
     teacher_before = copy.deepcopy(method.teacher)
     buffers_before = {n: b.clone() for n, b in method.teacher.named_buffers()}
     student_before = copy.deepcopy(model)
-    adapt(method, FORWARD, batch(50))
+    adapt(method, batch(50))
     changed = [n for (n, p), q in zip(model.named_parameters(),
                                       student_before.parameters())
                if not torch.equal(p, q)]
@@ -342,7 +344,7 @@ def test_stochastic_restore_mask_by_hand(trainable):
             p.add_(1.0)
     moved = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.manual_seed(9)
-    adapt(method, FORWARD, batch(60))
+    adapt(method, batch(60))
     torch.manual_seed(9)
     restored = ['0.weight', '0.bias', '1.weight', '1.bias', '5.weight',
                 '5.bias'] if trainable is None else ['1.weight', '1.bias']
@@ -361,7 +363,7 @@ def test_stochastic_restore_mask_by_hand(trainable):
     model = make_model()
     method = build(model, ap=0.0, restore_prob=0.0)
     state = torch.get_rng_state()
-    adapt(method, FORWARD, batch(60))
+    adapt(method, batch(60))
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -370,7 +372,7 @@ def test_same_seed_same_results():
         model = make_model()
         method = build(model, ap=1.01, restore_prob=0.1, ema_momentum=0.9)
         torch.manual_seed(seed)
-        outs = [adapt(method, FORWARD, batch(70 + i))[0] for i in range(2)]
+        outs = [adapt(method, batch(70 + i))[0] for i in range(2)]
         return model, method.teacher, outs
 
     a, b, c = run(0), run(0), run(1)
@@ -401,7 +403,7 @@ def test_stag_adds_beta_times_stag_loss_and_nothing_else():
         step['t'] = t
         x = batch(80 + t)
         torch.manual_seed(t)
-        out, stats = adapt(method, FORWARD, x)
+        out, stats = adapt(method, x)
         torch.manual_seed(t)
         ref_out, ref_loss = ref.forward_and_adapt(x)
         beta = beta0 * math.exp(-t / gamma)

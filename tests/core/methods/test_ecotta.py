@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mmseg_stag.classification import CLS_MODELS, WideResNet
-from mmseg_stag.core import (BatchContext, EcoTTA, HeadProbe, STAGLoss,
-                             build_method)
+from mmseg_stag.core import (Batch, EcoTTA, HeadProbe, STAGLoss,
+                             TaskAdapter, build_method)
 from mmseg_stag.core.methods.ecotta_networks import attach_meta_networks
 
 from reference.ecotta_reference import (build_reference, reference_adapt,
@@ -20,6 +20,7 @@ SIZE = (3, 16, 16)
 BLOCKS = r'block\d\.layer\.\d+'
 LAMBDA, LR = 0.5, 0.05
 PROBE = HeadProbe('fc')
+ADAPTER = TaskAdapter(PROBE)
 
 
 def make_wrn(seed=0):
@@ -123,7 +124,7 @@ def test_regulariser_trains_only_its_own_meta_network():
 def build(ours, **kwargs):
     kwargs.setdefault('optimizer', dict(type='SGD', lr=LR, momentum=0.9))
     method = EcoTTA(reg_weight=LAMBDA, **kwargs)
-    method.configure(ours, ours.fc)
+    method.configure(ours, ADAPTER)
     return method
 
 
@@ -146,7 +147,7 @@ def test_steps_match_the_community_adapt_over_batches(margin):
     for step in range(4):
         x = images(10 + step)
         with torch.enable_grad():
-            prediction, stats = method.adapt(BatchContext(x, PROBE))
+            prediction, stats = method.adapt(Batch(x))
         ref_out = reference_adapt(ref, ref_opt, x, LAMBDA,
                                   margin * math.log(10))
         torch.testing.assert_close(prediction, ref_out.detach(), rtol=1e-9,
@@ -175,7 +176,7 @@ def test_stag_adds_beta_times_stag_loss_to_the_entropy_step():
     for step in range(3):
         x = images(20 + step)
         with torch.enable_grad():
-            _, stats = method.adapt(BatchContext(x, PROBE))
+            _, stats = method.adapt(Batch(x))
         beta = stag['beta0'] * math.exp(-step / stag['gamma'])
         assert stats['beta'] == pytest.approx(beta)
         reference_adapt(
@@ -217,6 +218,6 @@ def test_network_builder_presets_and_bad_partitions():
 def test_registry_and_a_network_without_meta_networks():
     assert isinstance(build_method(dict(type='ecotta')), EcoTTA)
     with pytest.raises(ValueError, match='EcoTTANetwork'):
-        EcoTTA().configure(make_wrn(), make_wrn().fc)
+        EcoTTA().configure(make_wrn(), ADAPTER)
     with pytest.raises(ValueError, match='per_sample outputs only'):
         EcoTTA().check_supports('per_pixel')

@@ -9,10 +9,10 @@ import io
 import pytest
 import torch
 import torch.nn as nn
-from reference.adaptation_testbed import (CNN_PROBE, adapt, block_images,
+from reference.adaptation_testbed import (CNN_ADAPTER, adapt, block_images,
                                           make_cnn)
 
-from mmseg_stag.core import build_method
+from mmseg_stag.core import Batch, build_method
 from mmseg_stag.engine.run_state import rng_state, set_rng_state
 
 STAG = dict(beta0=50.0, gamma=5.0)
@@ -40,10 +40,10 @@ def start(cfg):
     information, for EATA, from clean batches)."""
     model = make_cnn(scale=10)
     method = build_method(cfg)
-    method.configure(model, model[5], 'per_sample')
+    method.configure(model, CNN_ADAPTER)
     if method.needs_source_data:
-        method.fit_source(CNN_PROBE, [block_images(100 + i, n=8)
-                                      for i in range(2)])
+        method.fit_source([Batch(block_images(100 + i, n=8))
+                           for i in range(2)])
     return method
 
 
@@ -52,7 +52,7 @@ def stream(method, batches, first=0):
     predictions = []
     for i, x in enumerate(batches, first):
         method.start_stage(i // 2)
-        predictions.append(adapt(method, CNN_PROBE, x)[0])
+        predictions.append(adapt(method, x)[0])
     return predictions
 
 
@@ -98,7 +98,7 @@ def test_resumed_stream_equals_uninterrupted(name):
 
     resumed = build_method(METHODS[name])
     model = make_cnn(scale=10)
-    resumed.configure(model, model[5], 'per_sample')  # no fit_source
+    resumed.configure(model, CNN_ADAPTER)  # no fit_source
     resumed.load_state_dict(state['method'])
     set_rng_state(state['rng'])
     after = stream(resumed, BATCHES[STOP:], first=STOP)
@@ -152,7 +152,7 @@ def test_restored_state_goes_to_the_parameters_device_and_dtype(name):
     state = to_dtype(first.state_dict(), torch.float32)
     resumed = build_method(METHODS[name])
     model = make_cnn(scale=10)
-    resumed.configure(model, model[5], 'per_sample')
+    resumed.configure(model, CNN_ADAPTER)
     resumed.load_state_dict(state)
     held = list(floating_tensors(vars(resumed)))
     assert held
@@ -173,7 +173,7 @@ def test_state_holds_only_what_steps_change():
     assert adapted < {n for n, _ in method.model.named_parameters()}
     other = build_method(METHODS['tent+stag'])
     model = make_cnn(scale=10)
-    other.configure(model, model[5], 'per_sample')
+    other.configure(model, CNN_ADAPTER)
     del model_state[sorted(adapted)[0]]
     with pytest.raises(ValueError, match='holds other tensors'):
         other.load_state_dict(dict(method.state_dict(), model=model_state))

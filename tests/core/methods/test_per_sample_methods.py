@@ -9,10 +9,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import (TENT, BatchContext, build_method,
-                             flatten_outputs, per_sample_logits)
+from mmseg_stag.core import (TENT, Batch, ForwardPass, HeadProbe,
+                             TaskAdapter, build_method, flatten_outputs,
+                             per_sample_logits)
 
-from reference.adaptation_testbed import C, adapt, assert_state_unchanged
+from reference.adaptation_testbed import (C, CNN_ADAPTER, SEG_ADAPTER, adapt,
+                                          assert_state_unchanged)
 from reference.adaptation_testbed import block_images as batch
 from reference.adaptation_testbed import make_cnn as make_model
 from reference.adaptation_testbed import make_seg_net, seg_images
@@ -39,13 +41,14 @@ def test_per_pixel_task_refused_at_configure():
     model = make_model()
     flags = [p.requires_grad for p in model.parameters()]
     with pytest.raises(ValueError, match='supports per_sample outputs only'):
-        method.configure(model, model[5], 'per_pixel')
+        method.configure(model, TaskAdapter(
+            HeadProbe('5', prediction_kind='per_pixel')))
     # refused before anything was set up
     assert method.model is None and method.optimizer is None
     assert method.params == []
     assert [p.requires_grad for p in model.parameters()] == flags
     with pytest.raises(RuntimeError, match='configure'):
-        adapt(method, lambda m, x: None, batch(0))
+        adapt(method, batch(0))
 
 
 @pytest.mark.parametrize('name', ('source', 'bn_adapt', 'tent') +
@@ -59,7 +62,8 @@ def test_methods_taking_both_kinds(name):
         assert method.supported_prediction_kinds == ('per_sample',
                                                      'per_pixel')
         method.check_supports(kind)
-        method.configure(model, model[head], kind)
+        method.configure(model, TaskAdapter(
+            HeadProbe(str(head), prediction_kind=kind)))
         assert method.model is model
 
 
@@ -69,7 +73,7 @@ def test_per_pixel_logits_rejected_on_the_batch(name):
     head outputs raises, and leaves the model as it was."""
     model = make_model()
     method = build(name)
-    method.configure(model, model[5])
+    method.configure(model, CNN_ADAPTER)
 
     def seg_forward(net, x):
         logits = net[5].weight.new_zeros(x.shape[0], C, 4, 4) + \
@@ -79,7 +83,7 @@ def test_per_pixel_logits_rejected_on_the_batch(name):
 
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(ValueError, match='per-sample classification'):
-        adapt(method, seg_forward, batch(0))
+        adapt(method, batch(0), forward=seg_forward)
     assert_state_unchanged(model, before)
 
 
@@ -89,7 +93,7 @@ def test_per_sample_logits_rejected_when_configured_per_pixel(name):
     per-sample head outputs."""
     net = make_seg_net()
     method = build(name)
-    method.configure(net, net[3], 'per_pixel')
+    method.configure(net, SEG_ADAPTER)
 
     def cls_forward(model, x):
         logits = model[3].weight.new_zeros(x.shape[0], C) + \
@@ -99,7 +103,7 @@ def test_per_sample_logits_rejected_when_configured_per_pixel(name):
     before = copy.deepcopy(net.state_dict())
     with pytest.raises(ValueError, match=r'configured for per-pixel .*'
                        r'\(2, 5\)'):
-        adapt(method, cls_forward, seg_images(0))
+        adapt(method, seg_images(0), forward=cls_forward)
     assert_state_unchanged(net, before)
 
 
@@ -115,16 +119,19 @@ def test_per_sample_logits():
                        match=r'SAR supports per-sample .*\(2, 5, 3, 3\)'):
         per_sample_logits([pair, (torch.randn(2, 3, 3, 3),
                                   torch.randn(2, C, 3, 3))], 'SAR')
-    # the methods' base losses on a context with per-pixel head outputs
+    # the methods' base losses (SAR's reliable entropy) on a forward pass
+    # with per-pixel head outputs
     for name in PER_SAMPLE_AND_PIXEL:
         method = build(name)
         model = make_model()
-        method.configure(model, model[5])
+        method.configure(model, CNN_ADAPTER)
         z = torch.randn(2, C, 3, 3, dtype=torch.float64)
-        ctx = BatchContext(batch(0, n=2), None,
-                           head_outputs=[(torch.randn(2, 16, 3, 3), z)])
+        fwd = ForwardPass(z, [(torch.randn(2, 16, 3, 3), z)])
         with pytest.raises(ValueError, match='per-sample classification'):
-            method.base_loss(ctx)
+            if name == 'sar':
+                method.reliable_entropy(fwd)
+            else:
+                method.base_loss(Batch(batch(0, n=2)), fwd)
 
 
 def test_flatten_outputs_pixels_as_samples_in_order():
