@@ -143,14 +143,12 @@ def main():
 def save_adapted(model, args):
     """The adapted model's weights (the student, for CoTTA) as a plain
     checkpoint, written atomically."""
-    import torch
+    from mmseg_stag.engine.run_state import save_atomic
     path = args.save_adapted
-    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save(dict(state_dict=state,
-                    meta=dict(config=args.config, checkpoint=args.checkpoint)),
-               path + '.tmp')
-    os.replace(path + '.tmp', path)
+    save_atomic(dict(state_dict=state,
+                     meta=dict(config=args.config,
+                               checkpoint=args.checkpoint)), path)
     print_log(f'adapted model saved to {path}', logger='current')
 
 

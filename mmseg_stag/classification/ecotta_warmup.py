@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmseg_stag.core.methods import cotta_transforms as T
+from mmseg_stag.engine.run_state import save_atomic
 
 #: learning-rate milestones (epochs) and decay of the warm-up
 MILESTONES, DECAY = (3, 6, 8), 0.2
@@ -129,12 +130,6 @@ def _meta_parameters(network: nn.Module):
             if n.startswith('ecotta.')]
 
 
-def _save_atomic(obj, path: str) -> None:
-    tmp = path + '.tmp'
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
             work_dir: str, epochs: int = 10, lr: float = 0.05,
             batch_size: int = 64, seed: int = 0, resume: bool = False,
@@ -213,7 +208,7 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
         history['loss'].append(total / len(x_all))
         history['acc'].append(correct / len(x_all))
         os.makedirs(work_dir, exist_ok=True)
-        _save_atomic(dict(network=network.state_dict(),
+        save_atomic(dict(network=network.state_dict(),
                           optimizer=optimizer.state_dict(), epoch=epoch,
                           history=history, settings=settings), state_path)
     return history
@@ -333,7 +328,7 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
     log(f'source cross-entropy (no augmentation): {before:.4f} before, '
         f'{after:.4f} after the warm-up')
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
-    _save_atomic(dict(state_dict=model.network.state_dict(),
+    save_atomic(dict(state_dict=model.network.state_dict(),
                       meta=dict(ecotta_warmup=dict(
                           epochs=epochs, lr=lr, batch_size=batch_size,
                           seed=seed, images=len(images),

@@ -110,12 +110,15 @@ def identity_differences(saved: dict, current: dict,
 
 def save_run_state(path: str, state: dict) -> None:
     """Write ``state`` and its ``version`` to ``path`` atomically."""
-    # temporary file, fsync, rename: a crash leaves the old file or the new
-    folder = osp.dirname(osp.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    save_atomic(dict(state, version=STATE_VERSION), path)
+
+
+def save_atomic(obj, path: str) -> None:
+    """``torch.save(obj, path)``; a crash leaves the old file or the new."""
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     tmp = f'{path}.tmp.{os.getpid()}'
-    with open(tmp, 'wb') as f:
-        torch.save(dict(state, version=STATE_VERSION), f)
+    with open(tmp, 'wb') as f:  # temporary file, fsync, rename
+        torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
