@@ -219,7 +219,7 @@ def plot_stages(path: str, stages: List[dict], conditions: Sequence[str],
         ax.set_xlabel('round')
         ax.legend(fontsize='small')
     ax.set_ylabel(f'{score} (%)')
-    ax.set_title(f'continual adaptation, mean {mean:.1f} {score}')
+    ax.set_title(f'continual adaptation, mean {score} {mean:.1f} %')
     ax.grid(alpha=.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
