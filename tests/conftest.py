@@ -28,12 +28,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def one_torch_thread_for_tiny_models(request):
-    """Tests under ``tests/segmentation`` and ``tests/cuda`` run tiny
-    models: one intra-op thread avoids OpenMP oversubscription on a shared
-    machine (an order of magnitude faster there); the thread count is
-    restored afterwards."""
+    """Tests under ``tests/segmentation``, ``tests/engine`` and
+    ``tests/cuda`` run tiny models: one intra-op thread avoids OpenMP
+    oversubscription on a shared machine (an order of magnitude faster
+    there); the thread count is restored afterwards."""
     if not any(f'{os.sep}{folder}{os.sep}' in str(request.path)
-               for folder in ('segmentation', 'cuda')):
+               for folder in ('segmentation', 'engine', 'cuda')):
         yield
         return
     threads = torch.get_num_threads()

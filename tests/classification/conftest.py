@@ -1,5 +1,7 @@
 """Shared fixtures of the classification tests: a tiny three-corruption
-stream in the CIFAR-C layout and a tiny BatchNorm CNN."""
+stream in the CIFAR-C layout, a tiny BatchNorm CNN and its checkpoint. The
+plain helpers (the configs shrunk to them, the kill hook's config, the
+comparison of two runs) live in ``tests/cls_helpers.py``."""
 import os
 import os.path as osp
 
@@ -57,3 +59,11 @@ def tiny_model():
     running statistics that are not the identity), in eval mode; its
     classifier is ``fc``."""
     return _tiny_model
+
+
+@pytest.fixture
+def checkpoint(tmp_path, tiny_model):
+    """A file of ``tiny_model()``'s weights (``{'state_dict', 'meta'}``)."""
+    path = str(tmp_path / 'tiny.pth')
+    torch.save({'state_dict': tiny_model().state_dict(), 'meta': {}}, path)
+    return path

@@ -9,8 +9,7 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 
-from test_cls_online import (CIFAR, IMAGENET, checkpoint,  # noqa: F401
-                             killable_config, options)
+from cls_helpers import CIFAR, IMAGENET, killable_config, options
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ from mmengine.runner import LogProcessor
 
 from mmseg_stag.analysis import meters
 
-from test_cls_online import (CIFAR, checkpoint, killable_config,  # noqa
-                             options)
+from cls_helpers import CIFAR, killable_config, options
 
 
 @pytest.fixture

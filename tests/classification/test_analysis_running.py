@@ -8,7 +8,7 @@ import pytest
 
 from mmseg_stag.analysis import read_per_image, running_accuracy
 
-from test_cls_online import CIFAR, checkpoint, options, run  # noqa: F401
+from cls_helpers import CIFAR, options, run
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import torch
 
 from mmseg_stag.classification import CIFARC
 
-from test_cls_online import (CIFAR, checkpoint, killable_config,  # noqa
-                             options)
+from cls_helpers import CIFAR, killable_config, options
 
 
 @pytest.fixture

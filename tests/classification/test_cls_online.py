@@ -6,8 +6,6 @@ paper's table of several runs."""
 import json
 import os
 import os.path as osp
-import subprocess
-import sys
 from unittest import mock
 
 import numpy as np
@@ -18,41 +16,8 @@ from mmseg_stag.classification import (format_corruption_table, read_run,
                                        write_corruption_table)
 from mmseg_stag.core import EATA
 from mmseg_stag.engine import OnlineAdaptationLoop
-from run_helpers import run_config as run
-
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-CIFAR = osp.join(REPO, 'configs/cls/cifar-c/cifar10-c_continual_wrn-28-10_'
-                 '{}.py')
-IMAGENET = osp.join(REPO, 'configs/cls/imagenet-c/imagenet-c_mild_'
-                    'resnet50-bn_{}.py')
-
-
-@pytest.fixture
-def checkpoint(tmp_path, tiny_model):
-    path = str(tmp_path / 'tiny.pth')
-    torch.save({'state_dict': tiny_model().state_dict(), 'meta': {}}, path)
-    return path
-
-
-def options(root, names, batch_size=16, scenario=None, **extra):
-    """The tiny model and stream in place of the config's."""
-    opts = {
-        'model.network': dict(_delete_=True, type='SmallCNN', num_classes=4,
-                              width=4, norm='BN'),
-        'model.data_preprocessor': dict(type='ClassifierPreprocessor',
-                                        mean=None, std=None),
-        'test_dataloader.dataset.corruption_set': dict(
-            _delete_=True, type='CIFARC', data_root=root, n_examples=40),
-        'test_dataloader.dataset.corruptions': list(names),
-        'test_dataloader.batch_size': batch_size,
-        'test_dataloader.num_workers': 0,
-        'default_hooks.logger.interval': 1,
-        'test_cfg.method.optimizer': dict(_delete_=True, type='Adam', lr=1e-2),
-    }
-    if scenario:
-        opts['test_dataloader.dataset.scenario'] = dict(type=scenario)
-    opts.update(extra)
-    return opts
+from cls_helpers import (CIFAR, IMAGENET, REPO, assert_same_run,
+                         killable_config, options, run, run_tool)
 
 
 def per_corruption(results):
@@ -278,34 +243,6 @@ def test_demo_config_runs_on_the_demo_layout(tmp_path, names):
 
 
 # --------------------------------------------- tools/test.py, processes
-def run_tool(*args, env=None):
-    return subprocess.run([sys.executable, osp.join(REPO, 'tools/test.py'),
-                           *args], capture_output=True, text=True, cwd=REPO,
-                          env=env)
-
-
-def killable_config(base: str, opts: dict, folder, kill=True) -> str:
-    """``base`` with ``opts`` (dotted keys) and the test-only kill hook, as
-    one config file (the killed and the resumed run share it)."""
-    nested: dict = {}
-    for key, value in opts.items():
-        *parents, leaf = key.split('.')
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    text = f'_base_ = [{base!r}]\n' + ''.join(
-        f'{key} = {value!r}\n' for key, value in nested.items())
-    if kill:
-        text += ("custom_imports = dict(imports=['mmseg_stag', 'kill_hook'],"
-                 ' allow_failed_imports=False)\n'
-                 "custom_hooks = [dict(type='KillAtStage')]\n")
-    path = osp.join(str(folder), 'killable.py')
-    with open(path, 'w') as f:
-        f.write(text)
-    return path
-
-
 @pytest.mark.parametrize('method', ['tent-stag', 'cotta'])
 def test_killed_run_resumes_to_the_same_numbers(tmp_path, stream, names,
                                                 checkpoint, method):
@@ -337,17 +274,3 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path, stream, names,
                        str(cut / 'adapted.pth'), env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(whole, cut)
-
-
-def assert_same_run(whole, cut):
-    """The two work dirs hold the same results and, in ``adapted.pth``, the
-    same adapted tensors, bit for bit; returns the adapted state."""
-    a, b = [json.load(open(w / 'continual_results.json'))
-            for w in (whole, cut)]
-    assert a == b
-    pa, pb = [torch.load(w / 'adapted.pth', weights_only=True)['state_dict']
-              for w in (whole, cut)]
-    assert pa.keys() == pb.keys()
-    for key in pa:
-        assert torch.equal(pa[key], pb[key]), key
-    return pa

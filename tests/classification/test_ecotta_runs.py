@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from cls_helpers import (REPO, assert_same_run, killable_config, options,
+                         run_tool)
 from run_helpers import run_config
-from test_cls_online import (REPO, assert_same_run,  # noqa: F401
-                             checkpoint, killable_config, options, run_tool)
 
 CONFIG = osp.join(REPO, 'configs/cls/cifar-c/cifar10-c_continual_wrn-28-10_'
                   'ecotta-k4{}.py')

@@ -34,7 +34,7 @@ COTTA_VIEWS = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),
 def device_precisions(precisions=(None, 'bf16', 'fp16')):
     """``(device, precision)`` parameters: each precision on the CPU and on
     CUDA, except fp16 on the CPU, which the loop refuses before the first
-    batch (tested in tests/segmentation/engine/test_online_loop.py)."""
+    batch (tested in tests/engine/test_online_loop.py)."""
     params = []
     for precision in precisions:
         for device in ('cpu', 'cuda'):

@@ -16,12 +16,10 @@ import pytest
 import torch.nn as nn
 from mmengine.config import Config
 
-from conftest import need
+from real_model_helpers import REPO, need, source
 
 torchvision = need('torchvision')
 timm = need('timm')
-
-from test_real_classifiers import REPO, source  # noqa: E402
 
 
 def authors_collect_params(model):

@@ -10,13 +10,12 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from conftest import need
+from real_model_helpers import REPO, need, original_vit_npz, save, source
 
 torchvision = need('torchvision')
 timm = need('timm')
 safetensors_torch = need('safetensors.torch')
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 MODELS = osp.join(REPO, 'configs', 'cls', '_base_', 'models')
 
 
@@ -26,74 +25,6 @@ def build(base):
     from mmseg_stag.registry import MODELS as REGISTRY
     cfg = Config.fromfile(osp.join(MODELS, f'{base}.py'))
     return REGISTRY.build(dict(cfg.model, _scope_='mmseg_stag')).eval()
-
-
-def source(base):
-    """The library's own network with random (seeded) weights."""
-    torch.manual_seed(0)
-    if base == 'resnet50-bn':
-        return torchvision.models.resnet50(weights=None)
-    if base == 'resnet50-gn':
-        return timm.create_model('resnet50_gn', pretrained=False)
-    if base == 'vit-b16':
-        return timm.create_model('vit_base_patch16_224', pretrained=False)
-    from mmseg_stag.classification import wrn28_10_standard, wrn40_2_augmix
-    return (wrn28_10_standard if base == 'wrn-28-10' else wrn40_2_augmix)()
-
-
-def original_vit_npz(vit) -> dict:
-    """A timm ViT's tensors in the layout of the original (JAX) ``.npz``
-    files, e.g. ``ViT-B_16.npz`` / the AugReg files: the inverse of timm's
-    ``vision_transformer._load_weights`` (HWIO convolutions, ``(in, out)``
-    dense kernels, per-head attention kernels)."""
-    state = {k: v.detach().numpy() for k, v in vit.state_dict().items()}
-    heads = vit.blocks[0].attn.num_heads
-    out = {'embedding/kernel': state['patch_embed.proj.weight'].transpose(
-               2, 3, 1, 0),
-           'embedding/bias': state['patch_embed.proj.bias'],
-           'cls': state['cls_token'],
-           'Transformer/posembed_input/pos_embedding': state['pos_embed'],
-           'Transformer/encoder_norm/scale': state['norm.weight'],
-           'Transformer/encoder_norm/bias': state['norm.bias'],
-           'head/kernel': state['head.weight'].T,
-           'head/bias': state['head.bias']}
-    for i in range(len(vit.blocks)):
-        b, o = f'blocks.{i}.', f'Transformer/encoderblock_{i}/'
-        dim = state[b + 'norm1.weight'].shape[0]
-        for name, w, bias in zip(
-                ('query', 'key', 'value'),
-                state[b + 'attn.qkv.weight'].reshape(3, dim, dim),
-                state[b + 'attn.qkv.bias'].reshape(3, dim)):
-            mha = f'{o}MultiHeadDotProductAttention_1/{name}/'
-            out[mha + 'kernel'] = w.T.reshape(dim, heads, -1)
-            out[mha + 'bias'] = bias.reshape(heads, -1)
-        mha = f'{o}MultiHeadDotProductAttention_1/out/'
-        out[mha + 'kernel'] = state[b + 'attn.proj.weight'].reshape(
-            dim, heads, -1).transpose(1, 2, 0)
-        out[mha + 'bias'] = state[b + 'attn.proj.bias']
-        for ours, theirs in (('norm1', 'LayerNorm_0'),
-                             ('norm2', 'LayerNorm_2')):
-            out[f'{o}{theirs}/scale'] = state[f'{b}{ours}.weight']
-            out[f'{o}{theirs}/bias'] = state[f'{b}{ours}.bias']
-        for r in range(2):
-            dense = f'{o}MlpBlock_3/Dense_{r}/'
-            out[dense + 'kernel'] = state[f'{b}mlp.fc{r + 1}.weight'].T
-            out[dense + 'bias'] = state[f'{b}mlp.fc{r + 1}.bias']
-    return out
-
-
-def save(net, path):
-    state = net.state_dict()
-    if path.endswith('.npz'):
-        np.savez(path, **original_vit_npz(net))
-    elif path.endswith('.safetensors'):
-        safetensors_torch.save_file(
-            {k: v.contiguous() for k, v in state.items()}, path)
-    elif path.endswith('.pt'):  # RobustBench: DataParallel keys, a dict
-        torch.save({'state_dict': {f'module.{k}': v
-                                   for k, v in state.items()}}, path)
-    else:
-        torch.save(state, path)
 
 
 CASES = [('resnet50-bn', 'resnet50-19c8e357.pth', 'fc', 224),

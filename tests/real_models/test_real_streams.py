@@ -11,15 +11,13 @@ import os.path as osp
 import numpy as np
 import pytest
 
-from conftest import need
+from real_model_helpers import REPO, need, save, source
 
 need('torchvision')
 need('timm')
 
 from run_helpers import run_config as run  # noqa: E402
-from test_real_classifiers import save, source  # noqa: E402
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CORRUPTIONS = ['gaussian_noise', 'shot_noise']
 WNIDS = ['n01440764', 'n01443537']
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from cls_helpers import tiny_cifar_c
 from seg_helpers import REPO
-from test_sweep import tiny_cifar_c
 
 pytest.importorskip('ray', reason='the sweep extra: pip install -e '
                     "'.[sweep]'")

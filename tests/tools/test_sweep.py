@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from cls_helpers import tiny_cifar_c
 from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 
 ray = pytest.importorskip('ray', reason='the sweep extra: pip install -e '
@@ -125,27 +126,6 @@ def test_without_ray_the_command_says_how_to_install_it(tiny_checkpoint,
     proc = run_quick([sys.executable, '-c', code])
     assert proc.returncode != 0
     assert "pip install -e '.[sweep]'" in proc.stderr
-
-
-def tiny_cifar_c(tmp_path):
-    """Two corruptions of 16 random images (4 classes) in CIFAR-C's layout
-    and a 4-class SmallCNN checkpoint: ``(root, checkpoint)``."""
-    import numpy as np
-    import torch
-
-    from mmseg_stag.classification import SmallCNN
-    root = tmp_path / 'cifar-c'
-    root.mkdir()
-    rng = np.random.default_rng(0)
-    np.save(root / 'labels.npy', rng.integers(0, 4, 5 * 16))
-    for name in ('gaussian_noise', 'shot_noise'):
-        np.save(root / f'{name}.npy',
-                rng.integers(0, 256, (5 * 16, 32, 32, 3), dtype=np.uint8))
-    torch.manual_seed(0)
-    ckpt = str(tmp_path / 'tiny_cnn.pth')
-    torch.save({'state_dict': SmallCNN(num_classes=4, width=4).state_dict()},
-               ckpt)
-    return root, ckpt
 
 
 def test_sweep_runs_classification_configs(tmp_path):

@@ -439,7 +439,7 @@ def test_a_classification_stream_for_a_segmentor_is_refused(
 def test_distributed_guard(tiny_acdc, tiny_checkpoint, tmp_path,
                            monkeypatch):
     """World size > 1: the loop refuses to split the stream (the torchrun
-    run is in test_online_loop_scripts.py)."""
+    run is in tests/segmentation/engine/test_online_loop_scripts.py)."""
     monkeypatch.setattr(online_loop, 'get_world_size', lambda: 2)
     runner = make_runner('tent', tiny_acdc, tiny_checkpoint, tmp_path)
     recorder = StreamRecorder(runner.model, monkeypatch)
