@@ -1,30 +1,14 @@
-"""Deterministic mode and the CUDA math switches of an online run.
-
-``tools/test.py --deterministic`` sets MMEngine's
-``randomness.deterministic=True``: ``torch.use_deterministic_algorithms(
-True)``, ``cudnn.deterministic=True``, ``cudnn.benchmark=False``. On CUDA an
-operation with no deterministic kernel then raises at its first call. The
-project's own code avoids those operations in deterministic mode (the IoU
-areas by ``torch.bincount``, the per-pixel cross-entropy by log-softmax and
-gather, the full-resolution resize by two matrix products); what remains is
-:data:`REMAINING_NONDETERMINISTIC_OPS`, which :func:`configure_determinism`
-turns into warnings and names in the log.
-"""
+"""Deterministic mode and the CUDA math switches of an online run
+(docs/running.md: what ``--deterministic`` changes and what remains)."""
 import logging
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 from mmengine.logging import print_log
 
-#: aten ops (overload packet names) that raise on CUDA under
-#: ``torch.use_deterministic_algorithms(True)``: the list of torch 2.13's
-#: ``use_deterministic_algorithms`` docstring ("will throw a RuntimeError"),
-#: plus ``kthvalue`` (alerted in the CUDA source, tested by PyTorch's
-#: ``test_nondeterministic_alert_kthvalue``, not in the docstring). The value
-#: is the docstring's wording. ``MaxUnpool1d`` is ``max_unpool2d``;
-#: ``NLLLoss`` alerts only in its 2-D kernel (``Loss.cu``'s 1-D reduction is
-#: one thread block, deterministic). Left out: ``resize_`` of a quantized
-#: tensor. Conditional entries are narrowed by :func:`raises_on_cuda`.
+#: aten ops that raise on CUDA in deterministic mode: torch 2.13's
+#: ``use_deterministic_algorithms`` list (its wording) plus ``kthvalue``;
+#: conditional entries are narrowed by :func:`raises_on_cuda`.
 NONDETERMINISTIC_CUDA_OPS: Dict[str, str] = {
     'avg_pool3d_backward': 'AvgPool3d backward',
     '_adaptive_avg_pool2d_backward': 'AdaptiveAvgPool2d backward',
@@ -57,21 +41,13 @@ NONDETERMINISTIC_CUDA_OPS: Dict[str, str] = {
     'scatter_reduce': "scatter_reduce(reduce='prod')",
 }
 
-#: backward ops that ``F.interpolate`` never reaches on a CUDA tensor in
-#: deterministic mode: for bilinear and trilinear (not linear, bicubic or
-#: antialias) it then calls ``torch._decomp.decompositions.
-#: _upsample_linear_vec``, whose backward is a deterministic
-#: ``_unsafe_index_put`` (torch 2.13 ``torch/nn/functional.py``,
-#: ``interpolate``), despite the docstring. So MMSeg's ``SegformerHead``
-#: resize is deterministic on CUDA, through a slower, larger path.
+#: backward ops ``F.interpolate`` never reaches on CUDA in deterministic
+#: mode (bilinear, trilinear: a decomposition with a deterministic backward)
 ROUTED_BY_INTERPOLATE = ('upsample_bilinear2d_backward',
                          'upsample_trilinear3d_backward')
 
-#: ops of this project that remain nondeterministic on CUDA in
-#: deterministic mode: op -> where it is called. Found by recording the aten
-#: ops of a tiny stream of every segmentation config (and TENT's losses) on
-#: the CPU, ``F.interpolate`` routed as on CUDA; the shipped configs call
-#: none (tests/segmentation/test_determinism.py keeps TENT+STAG at none).
+#: this project's ops still nondeterministic on CUDA: op -> where it is
+#: called (tests/segmentation/test_determinism.py records them)
 REMAINING_NONDETERMINISTIC_OPS: Dict[str, str] = {
     'nll_loss2d_forward':
     "tent loss='pseudo_ce' on per-pixel logits: mmseg_stag/core/losses.py "

@@ -1,31 +1,10 @@
 """Refuse a continual stream started as several processes, by any launcher.
 
-MMEngine knows of other processes only when its launcher initialised
-``torch.distributed`` (``--launcher pytorch|slurm|mpi``). Started with
-``--launcher none`` by ``srun -n 2``, ``mpirun -n 2`` or ``torchrun
---nproc-per-node 2``, every process sees a world size of 1 and runs the
-whole stream into the same work dir. The launchers say so in each
-process's environment; which variable counts what:
-
-- ``WORLD_SIZE`` (torchrun, ``torch.distributed.launch``): the processes
-  of the job. ``RANK``/``LOCAL_RANK`` > 0: this is not the first one.
-- ``SLURM_STEP_NUM_TASKS``: the tasks of the ``srun`` step this process
-  belongs to. ``SLURM_NTASKS``/``SLURM_NPROCS`` are NOT read: ``sbatch`` and
-  ``salloc`` set them to the allocation's task count for the batch script
-  or shell itself (one process), and ``srun --preserve-env`` keeps that
-  count inside a step. ``SLURM_PROCID`` > 0: a later task of a step (the
-  batch script has 0).
-- ``OMPI_COMM_WORLD_SIZE`` (Open MPI), ``PMI_SIZE`` (MPICH and Intel MPI's
-  Hydra, ``srun --mpi=pmi2``), ``PMIX_SIZE`` (PMIx, where set),
-  ``MV2_COMM_WORLD_SIZE`` (MVAPICH2): the ranks of the job;
-  ``MPI_LOCALNRANKS`` (Hydra): the ranks on this node. Their rank
-  variables (``OMPI_COMM_WORLD_RANK``, ``PMI_RANK``, ``MPI_LOCALRANKID``,
-  ...) > 0: a later rank.
-
-A process that is alone but inherited such a variable (e.g. started by a
-program that itself runs as one of many ranks) sets
-``MMSEG_STAG_ALLOW_MANY_PROCESSES=1``; MMEngine's own world size > 1 is
-never allowed (the stream would be split).
+MMEngine sees other processes only when its launcher initialised
+``torch.distributed``; ``srun``, ``mpirun`` or ``torchrun`` with
+``--launcher none`` start processes that each see a world size of 1. The
+launchers' environment variables below tell them apart (docs/sweeps.md
+says which counts what, and why ``SLURM_NTASKS`` is not read).
 """
 import os
 from typing import List, Mapping, Optional, Tuple, Union

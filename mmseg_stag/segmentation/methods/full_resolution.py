@@ -12,11 +12,10 @@ def full_resolution_cross_entropy(logits: torch.Tensor,
                                   align_corners: bool = False) -> torch.Tensor:
     """Return the cross-entropy of logits resized straight to ``labels``.
 
-    In deterministic mode (``torch.use_deterministic_algorithms(True)``) the
-    resize is :func:`bilinear_resize` and the loss
-    :func:`deterministic_cross_entropy`: ``F.cross_entropy`` on ``[N, C, H,
-    W]`` is ``nll_loss2d``, which has no deterministic CUDA kernel. Outside
-    it, ``F.interpolate`` and ``F.cross_entropy`` as before, bit for bit.
+    In deterministic mode :func:`bilinear_resize` and
+    :func:`deterministic_cross_entropy` (``nll_loss2d`` has no
+    deterministic CUDA kernel); else ``F.interpolate`` and
+    ``F.cross_entropy``.
 
     Args:
         logits (Tensor): ``[N, C, h, w]`` logits of the head.
@@ -39,10 +38,8 @@ def deterministic_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
                                 ignore_index: int = -100) -> torch.Tensor:
     """Return ``F.cross_entropy(logits, labels, ignore_index=...)`` (mean).
 
-    Log-softmax and ``gather``: deterministic on CUDA in deterministic mode
-    (``gather``'s backward is listed deterministic there), unlike
-    ``nll_loss2d``. The same mean over the pixels not ignored (NaN if all
-    are), summed in another order.
+    Log-softmax and ``gather``, deterministic on CUDA unlike ``nll_loss2d``
+    (the same mean, NaN if every pixel is ignored, in another order).
 
     Args:
         logits (Tensor): ``[N, C, ...]`` logits.
