@@ -343,9 +343,9 @@ def make_ecotta_warmup(args, data_root, source_files, ckpt, log):
 
 def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
                 warmed=None):
-    from mmseg_stag.classification import (METHOD_NAMES, read_run,
-                                           format_corruption_table,
-                                           write_corruption_table)
+    from mmseg_stag.classification import METHOD_NAMES, SHORT_NAMES
+    from mmseg_stag.engine.comparison import (
+        format_corruption_table, read_run, write_corruption_table)
     title = NETS[net][0]
     out = osp.join(args.work_dir, f'{scenario}_{net}')
     os.makedirs(out, exist_ok=True)
@@ -391,8 +391,10 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
     write_corruption_table(out, rows, corruptions, metric, head,
                            meta=dict(scenario=scenario, net=net,
                                      stag_choices=choices,
-                                     n_test=args.n_test, seed=args.seed))
-    table = format_corruption_table(rows, corruptions, metric, head)
+                                     n_test=args.n_test, seed=args.seed),
+                           labels=SHORT_NAMES)
+    table = format_corruption_table(rows, corruptions, metric, head,
+                                    SHORT_NAMES)
     return dict(table=table, choices=choices, rows=rows, metric=metric)
 
 

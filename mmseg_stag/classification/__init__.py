@@ -1,4 +1,4 @@
-"""Classification task of the online loop: streams, models, metric, tables."""
+"""Classification task of the online loop: streams, models, metric."""
 from .classifier import ClassifierPreprocessor, OnlineClassifier
 from .data import (CIFARC, CORRUPTIONS, IMAGENET_MEAN, IMAGENET_STD,
                    SHORT_NAMES, CorruptionSet, ImageFolder, ImageNetC,
@@ -13,8 +13,6 @@ from .scenarios import Stage, build_stream
 from .small_models import SmallCNN, SmallViT
 from .stream import (CorruptionStream, SeededShuffleSampler, SourceImages,
                      StageBatchSampler)
-from .table import (format_corruption_table, read_run, table_values,
-                    write_corruption_table)
 from .wide_resnet import WideResNet, wrn28_10_standard, wrn40_2_augmix
 
 #: display names of the registered methods (paper spelling)
@@ -33,8 +31,6 @@ __all__ = [
     'OnlineClassifier', 'ClassifierPreprocessor', 'ClassificationTask',
     'StreamAccuracyMetric', 'build_cls_model', 'load_weights', 'WideResNet',
     'wrn28_10_standard', 'wrn40_2_augmix', 'SmallCNN', 'SmallViT',
-    'read_run', 'table_values', 'format_corruption_table',
-    'write_corruption_table', 'METHOD_NAMES', 'ECOTTA_PRESETS',
-    'ecotta_network', 'CLS_MODELS', 'CLS_DATASETS',
-    'CLS_SCENARIOS'
+    'METHOD_NAMES', 'ECOTTA_PRESETS', 'ecotta_network', 'CLS_MODELS',
+    'CLS_DATASETS', 'CLS_SCENARIOS'
 ]

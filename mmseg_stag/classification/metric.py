@@ -5,11 +5,11 @@ from collections import OrderedDict
 from typing import Dict, List, Optional
 
 from mmseg_stag.analysis.running import PER_IMAGE_FILE
+from mmseg_stag.engine.comparison import TABLE_METRICS
 from mmseg_stag.engine.report import mean_ignoring_nan
 from mmseg_stag.engine.stream_metric import StreamMetric
 from mmseg_stag.registry import METRICS
 
-TABLE_METRICS = ('acc', 'err')
 #: the per-image file of a classification run, and its columns
 PER_IMAGE_COLUMNS = ('image', 'batch', 'stage', 'round', 'corruption',
                      'correct')

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from mmseg_stag.classification import (format_corruption_table, read_run,
-                                       write_corruption_table)
+from mmseg_stag.classification import SHORT_NAMES
 from mmseg_stag.core import EATA
 from mmseg_stag.engine import OnlineAdaptationLoop
+from mmseg_stag.engine.comparison import (format_corruption_table, read_run,
+                                          write_corruption_table)
 from cls_helpers import (CIFAR, IMAGENET, REPO, assert_same_run,
                          killable_config, options, run, run_tool)
 
@@ -177,7 +178,8 @@ def test_table_of_several_runs(tmp_path, stream, names, checkpoint):
             del o['test_cfg.method.optimizer']
         run(CIFAR.format(leaf), checkpoint, tmp_path / leaf, o)
         rows.append(read_run(str(tmp_path / leaf), name, base))
-    table = format_corruption_table(rows, names, 'err', 'Continual')
+    table = format_corruption_table(rows, names, 'err', 'Continual',
+                                    SHORT_NAMES)
     lines = table.splitlines()
     assert 'Gauss.' in lines[0] and 'Avg.' in lines[0] and 'Gain' in lines[0]
     assert [ln.split()[0] for ln in lines[2:]] == ['Source', 'TENT',
