@@ -18,12 +18,11 @@ import argparse
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 
-import mmseg_stag  # noqa: F401
 from mmseg_stag import stag
+from mmseg_stag.core.losses import softmax_entropy
 
 TINY_SEGFORMER = dict(
     type='EncoderDecoder',
@@ -50,11 +49,6 @@ def head_forward(model, images):
     finally:
         handle.remove()
     return captured['features'], captured['logits']
-
-
-def entropy_map(logits):
-    log_p = F.log_softmax(logits, dim=1)
-    return -(log_p.exp() * log_p).sum(1)
 
 
 def main():
@@ -89,7 +83,7 @@ def main():
     for (i, j) in [(0, 0), (3, 7), (10, 20), (15, 31)]:
         w = weight.clone().requires_grad_(True)
         h = features[0, :, i, j].double()
-        ent = entropy_map((w @ h + bias)[None])[0]
+        ent = softmax_entropy((w @ h + bias)[None])[0]
         (grad_w, ) = torch.autograd.grad(ent, w)
         diff = (grad_w[pred[0, i, j]] - g_map[0, :, i, j]).abs().max().item()
         worst = max(worst, diff)
@@ -106,8 +100,7 @@ def main():
     params = [p for m in model.modules()
               if isinstance(m, (nn.LayerNorm, nn.BatchNorm2d))
               for p in (m.weight, m.bias) if p is not None]
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.Adam(params, lr=1e-3)
@@ -116,7 +109,7 @@ def main():
           f'parameters, beta0={beta0}, gamma={gamma}')
     for step in range(args.steps):
         features, logits = head_forward(model, images)
-        ent = entropy_map(logits).mean()
+        ent = softmax_entropy(logits).mean()
         l_stag = loss_fn(features, logits, conv_seg.weight, conv_seg.bias)
         beta = stag.stag_beta(beta0, gamma, step)
         total = ent + beta * l_stag

@@ -9,25 +9,13 @@ GPU per run when the cluster has GPUs, CPU workers otherwise.
         [--address HOST:PORT] [--num-cpus N] [--gpus-per-run G]
         [--cpus-per-run C] [--max-concurrent N] [--resume]
 
-A continual stream is sequential, so the unit of parallel work is a whole
-run: every run is one ``tools/test.py`` process (its own work dir
-``W/runs/<name>``, log ``W/runs/<name>/run.log``) inside a Ray Tune trial,
-which reports each stage's score (mIoU or accuracy) as the stage ends. A run
-holds 1 CPU for its main process plus 1 per data worker
-(``test_dataloader.num_workers``; ``--cpus-per-run`` sets it) and runs with
-``OMP_NUM_THREADS`` equal to its CPUs. ``--scheduler asha``
-stops runs that trail the others at the same stage (Ray Tune's
-``ASHAScheduler``: a beta0/gamma search that spends its GPUs on the
-promising settings). ``--address`` attaches to a running Ray cluster (the
-docs/sweeps.md shows how to start one under SLURM); without it a local instance is
-started. When all runs have ended, one table (``W/sweep_results.{csv,json,
-md}``) and one figure (``W/sweep_results.png``: the score per condition
-across rounds, a line per run) gather them; a run that failed or was stopped keeps
-its finished stages and says so in the ``status`` column.
-
-Everything is checked before Ray starts: the files exist, every grid key is
-a key of every config (or an argument of the component it configures), the
-Ray address answers. Ray is an optional extra: ``pip install -e .[sweep]``.
+Every run is one ``tools/test.py`` process (its work dir ``W/runs/<name>``
+with its ``run.log``) in a Ray Tune trial that reports each stage's score
+(mIoU or accuracy) as the stage ends; ``--scheduler asha`` stops runs that
+trail the others at the same stage. When all have ended,
+``W/sweep_results.{csv,json,md,png}`` gather them, each with its status.
+The files, the grid keys and the Ray address are checked before Ray
+starts. docs/sweeps.md says more; Ray is the ``.[sweep]`` extra.
 """
 import argparse
 import ast
@@ -123,14 +111,13 @@ def parse_pairs(words, what):
 
 def parse_grid(words):
     """``['k=1,2', ...]`` -> ``{'k': [1, 2], ...}``."""
-    grid = {}
-    for key, values in parse_pairs(words, '--grid'):
-        grid[key] = [parse_value(v) for v in split_values(values)]
-    return grid
+    return {key: [parse_value(v) for v in split_values(values)]
+            for key, values in parse_pairs(words, '--grid')}
 
 
 def split_values(text):
-    """Split on commas outside brackets: ``'1,(2,3)'`` -> ``['1', '(2,3)']``."""
+    """Split on commas outside brackets: ``'1,(2,3)'`` -> ``'1'``,
+    ``'(2,3)'``."""
     parts, depth, current = [], 0, ''
     for ch in text:
         depth += ch in '([{'
@@ -202,19 +189,17 @@ def component_arguments(type_name):
         'MODELS', 'DATASETS', 'TRANSFORMS', 'LOOPS', 'METRICS', 'HOOKS',
         'DATA_SAMPLERS')]
     for registry in registries:
-        cls = None
         for name in names if registry is not METHODS else names[:1]:
             try:
-                cls = cls or registry.get(name)
+                cls = registry.get(name)
             except (KeyError, ImportError):
-                pass
-        if cls is not None:
-            names = set()
-            for klass in inspect.getmro(cls):
-                if '__init__' in vars(klass):
-                    names.update(
-                        inspect.signature(klass.__init__).parameters)
-            return names - {'self', 'args', 'kwargs'}
+                continue
+            if cls is not None:
+                inits = [k.__init__ for k in inspect.getmro(cls)
+                         if '__init__' in vars(k)]
+                params = {p for init in inits
+                          for p in inspect.signature(init).parameters}
+                return params - {'self', 'args', 'kwargs'}
     return set()
 
 
@@ -247,14 +232,13 @@ def check_runs(runs, args):
                        {r['checkpoint'] for r in runs}):
         if not osp.isfile(path):
             raise SystemExit(f'error: file not found: {path}')
-    grid = parse_grid(args.grid)
     parse_pairs(args.cfg_options, '--cfg-options')
     for config in sorted({r['config'] for r in runs}):
         cfg = Config.fromfile(config)
         if cfg.get('test_cfg', {}).get('type') != 'OnlineAdaptationLoop':
             raise SystemExit(f'error: {config} is not an online-adaptation '
                              'config (test_cfg.type=OnlineAdaptationLoop)')
-        for key in grid:
+        for key in runs[0]['overrides']:  # every run has the grid's keys
             why = check_key(cfg.to_dict(), key)
             if why:
                 raise SystemExit(f'error: --grid key {key!r} is not a setting'
@@ -275,8 +259,8 @@ def check_address(address, timeout=5.0):
     except OSError as err:
         raise SystemExit(
             f'error: the Ray cluster at --address {address} does not answer '
-            f'({err}); start it first (ray start --head, see docs/sweeps.md) or '
-            'leave --address out for a local instance') from err
+            f'({err}); start it first (ray start --head, see docs/sweeps.md) '
+            'or leave --address out for a local instance') from err
 
 
 # -- what each run asks Ray for ------------------------------------------
@@ -289,17 +273,9 @@ def config_workers(config):
 
 
 def run_cpus(run, args):
-    """The CPUs a run asks for before any cap.
-
-    Args:
-        run (dict): A run of :func:`expand_runs`.
-        args (Namespace): The sweep's arguments.
-
-    Returns:
-        float: ``--cpus-per-run``, else 1 (the main process) + the run's
-        ``test_dataloader.num_workers`` (its grid value, else its
-        ``--cfg-options`` value, else its config's).
-    """
+    """The CPUs a run asks for before any cap: ``--cpus-per-run``, else 1
+    (the main process) + its data workers (its grid value, else
+    ``--cfg-options``', else its config's)."""
     if args.cpus_per_run is not None:
         return args.cpus_per_run
     options = {k: parse_value(v) for k, v in
@@ -312,18 +288,9 @@ def run_cpus(run, args):
 
 
 def plan_resources(runs, args, cluster_gpus, node_cpus):
-    """Set each run's ``cpus`` and ``gpus``: what its Ray trial holds.
-
-    Args:
-        runs (list[dict]): The runs; each gets ``cpus`` and ``gpus``.
-        args (Namespace): The sweep's arguments.
-        cluster_gpus (float): The GPUs of the Ray cluster.
-        node_cpus (float): The CPUs of its largest node.
-
-    Raises:
-        SystemExit: If ``--cpus-per-run`` exceeds every node (Ray would
-            wait for it forever).
-    """
+    """Set each run's ``cpus`` and ``gpus`` (what its trial holds) on a
+    cluster of ``cluster_gpus`` whose largest node has ``node_cpus``."""
+    # Ray would wait forever for more CPUs than a node has
     if args.cpus_per_run is not None and args.cpus_per_run > node_cpus:
         raise SystemExit(f'error: --cpus-per-run {args.cpus_per_run:g} '
                          f'exceeds the CPUs of every Ray node (at most '
@@ -345,22 +312,12 @@ def trial_resources(config):
 
 
 def child_env(environ, cpus):
-    """The environment of a run's ``tools/test.py``.
-
-    Args:
-        environ (Mapping[str, str]): The Ray worker's environment.
-        cpus (float): The CPUs Ray gave the run.
-
-    Returns:
-        dict: ``environ`` with ``OMP_NUM_THREADS`` = the run's CPUs (Ray
-        sets it in a worker to its CPUs only where it is unset, so a
-        shell's 1 would reach the run and leave torch one thread; the
-        data workers take one thread each anyway), and without the
-        launchers' process counts (the run is one process; the Ray node's
-        own ``srun`` step or MPI job is not its).
-    """
+    """The Ray worker's ``environ`` for a run of ``cpus`` CPUs: its
+    ``OMP_NUM_THREADS`` those CPUs, no launcher's process counts (the
+    run is one process; the node's ``srun`` step or MPI job is not its)."""
     from mmseg_stag.engine.launch_guard import LAUNCHER_VARIABLES
     env = {k: v for k, v in environ.items() if k not in LAUNCHER_VARIABLES}
+    # Ray sets it only where unset: a shell's 1 would leave torch 1 thread
     env['OMP_NUM_THREADS'] = str(max(1, int(cpus)))
     return env
 

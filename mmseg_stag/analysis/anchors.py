@@ -18,12 +18,9 @@ def assignment_matrix(weight: torch.Tensor,
 @torch.no_grad()
 def anchor_validation(weight: torch.Tensor,
                       bias: Optional[torch.Tensor] = None) -> Dict[str, float]:
-    """Compute the figure's numbers for one classifier.
-
-    Returns:
-        dict[str, float]: ``self_entropy`` (eq:self_entropy, nats), ``mdp``
-        (mean of ``P_kk``), ``structural_accuracy`` (%) and ``num_classes``.
-    """
+    """The figure's numbers for one classifier: ``self_entropy``
+    (eq:self_entropy, nats), ``mdp`` (mean of ``P_kk``),
+    ``structural_accuracy`` (%) and ``num_classes``."""
     p = assignment_matrix(weight, bias)
     log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()
     # on the matrix's device: a CUDA classifier is compared on the GPU
@@ -37,11 +34,8 @@ def anchor_validation(weight: torch.Tensor,
 
 
 def heatmap_classes(num_classes: int, count: int = 20) -> List[int]:
-    """Return ``count`` classes evenly spread over ``0 .. num_classes - 1``.
-
-    Raises:
-        ValueError: If ``count < 2`` or the classifier has fewer classes.
-    """
+    """``count`` (at least 2) classes evenly spread over ``0 ..
+    num_classes - 1``."""
     if count < 2:
         raise ValueError(f'the heatmap needs at least 2 classes, got {count}')
     if num_classes < count:

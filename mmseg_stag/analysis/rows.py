@@ -1,7 +1,10 @@
 """What the analysis commands share (``tools/analysis/``): the
 ``CHECKPOINT --row NAME CONFIG`` arguments, a config restricted to one
-stage of its stream, a run's mean score."""
+stage of its stream, a run's mean score, the figure and number files."""
 import argparse
+import csv
+import json
+import os
 import os.path as osp
 
 
@@ -22,13 +25,19 @@ def row_parser(description: str,
     return p
 
 
-def check_rows(p: argparse.ArgumentParser, args) -> None:
-    """The checkpoint and every row's config exist (a parser error)."""
-    if not osp.isfile(args.checkpoint):
-        p.error(f'checkpoint file not found: {args.checkpoint}')
-    for name, config in args.row:
-        if not osp.isfile(config):
-            p.error(f'--row {name}: config file not found: {config}')
+def check_files(p: argparse.ArgumentParser, files) -> None:
+    """A parser error for the first ``(what, path)`` that is no file."""
+    for what, path in files:
+        if not osp.isfile(path):
+            p.error(f'{what} file not found: {path}')
+
+
+def parse_rows(p: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """Parse :func:`row_parser`'s arguments; the files must exist."""
+    args = p.parse_args(argv)
+    check_files(p, [('checkpoint', args.checkpoint)] + [
+        (f'--row {name}: config', config) for name, config in args.row])
+    return args
 
 
 def slug(name: str) -> str:
@@ -54,8 +63,57 @@ def stage_config(config: str, cfg_options: dict, condition=None,
     return cfg
 
 
+def require_stag(cfg, config: str) -> dict:
+    """``cfg``'s ``test_cfg.method.stag``; a ValueError if it has none."""
+    stag = cfg.get('test_cfg', {}).get('method', {}).get('stag')
+    if not stag:
+        raise ValueError(f'{config} has no test_cfg.method.stag: give a '
+                         '-stag config')
+    return stag
+
+
+def run_stage(config: str, args, work_dir: str, hook) -> None:
+    """Run a row's stage (``args``: :func:`row_parser`'s and ``images``)
+    through tools/test.py's run with ``hook``, saving no state."""
+    from mmseg_stag.engine.runs import prepare_config, run_test
+    cfg = stage_config(config, args.cfg_options, args.condition, args.images)
+    cfg.test_cfg.save_state = False
+    run_test(prepare_config(cfg, work_dir), args.checkpoint, hooks=[hook])
+
+
 def mean_score(results: dict):
     """A run's score (``report.read_results``): the mean over its stages
     and the score's name (``acc``/``mIoU``)."""
     scores = [s['score'] for s in results['stages']]
     return sum(scores) / len(scores), results['score_name']
+
+
+def pyplot():
+    """``matplotlib.pyplot`` drawing to files (the Agg backend)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str, crop: bool = False) -> None:
+    """Save ``fig`` at 130 dpi, laid out tightly (or cropped), and close."""
+    if not crop:
+        fig.tight_layout()
+    fig.savefig(path, dpi=130, bbox_inches='tight' if crop else None)
+    pyplot().close(fig)
+
+
+def write_numbers(out_dir: str, name: str, data: dict, header,
+                  rows) -> str:
+    """Write ``data`` as ``out_dir/name.json`` and ``header`` + ``rows``
+    as ``name.csv``; return ``out_dir/name``."""
+    os.makedirs(out_dir, exist_ok=True)
+    base = osp.join(out_dir, name)
+    with open(base + '.json', 'w') as f:
+        json.dump(data, f, indent=1)
+    with open(base + '.csv', 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return base

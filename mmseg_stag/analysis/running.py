@@ -7,12 +7,7 @@ PER_IMAGE_FILE = 'per_image.csv'
 
 
 def read_per_image(work_dir: str) -> List[Dict[str, object]]:
-    """Read a run's ``per_image.csv``, the images in stream order.
-
-    Raises:
-        FileNotFoundError: If ``work_dir`` holds no finished run.
-        ValueError: If the file holds no image.
-    """
+    """A finished run's ``per_image.csv``, the images in stream order."""
     path = osp.join(work_dir, PER_IMAGE_FILE)
     if not osp.isfile(path):
         raise FileNotFoundError(
@@ -32,14 +27,9 @@ def read_per_image(work_dir: str) -> List[Dict[str, object]]:
 
 def running_accuracy(rows: List[dict], corruption: Optional[str] = None
                      ) -> Dict[str, list]:
-    """Compute the accuracy (%) after each batch of one corruption.
-
-    Returns:
-        dict: ``corruption`` and per batch ``batch``, ``images``, ``accuracy``.
-
-    Raises:
-        ValueError: If the run has no image of ``corruption``.
-    """
+    """The accuracy (%) after each batch of one corruption (default: the
+    first): ``corruption`` and per batch ``batch``, ``images``,
+    ``accuracy``."""
     if corruption is None:
         corruption = rows[0]['corruption']
     mine = [r for r in rows if r['corruption'] == corruption]
@@ -47,14 +37,11 @@ def running_accuracy(rows: List[dict], corruption: Optional[str] = None
         seen = sorted({r['corruption'] for r in rows})
         raise ValueError(f'no image of corruption {corruption!r} (the run '
                          f'has {seen})')
-    batches, images, accuracy = [], [], []
-    correct = total = 0
+    images, accuracy, correct = [], [], 0
     for i, r in enumerate(mine):
         correct += r['correct']
-        total += 1
         if i + 1 == len(mine) or mine[i + 1]['batch'] != r['batch']:
-            batches.append(len(batches) + 1)
-            images.append(total)
-            accuracy.append(100.0 * correct / total)
-    return dict(corruption=corruption, batch=batches, images=images,
-                accuracy=accuracy)
+            images.append(i + 1)
+            accuracy.append(100.0 * correct / (i + 1))
+    return dict(corruption=corruption, batch=list(range(1, len(images) + 1)),
+                images=images, accuracy=accuracy)

@@ -1,9 +1,12 @@
 """Figure structural_anchor: the classifier weights as structural anchors.
 
     python tools/analysis/anchor_validation.py \\
-        --model CNN-BN configs/cls/demo/_base_/models/cnn-bn.py work_dirs/demo_cls/models/bn.pth \\
-        --model ViT-LN configs/cls/demo/_base_/models/vit-ln.py work_dirs/demo_cls/models/ln.pth \\
-        [--heatmap-model CNN-BN] [--heatmap-classes 20] [--out work_dirs/analysis]
+        --model CNN-BN configs/cls/demo/_base_/models/cnn-bn.py \\
+            work_dirs/demo_cls/models/bn.pth \\
+        --model ViT-LN configs/cls/demo/_base_/models/vit-ln.py \\
+            work_dirs/demo_cls/models/ln.pth \\
+        [--heatmap-model CNN-BN] [--heatmap-classes 20] \\
+        [--out work_dirs/analysis]
 
 Each ``--model NAME CONFIG CHECKPOINT`` is built from its config (a
 classification ``OnlineClassifier`` or an MMSeg segmentor; the classifier is
@@ -14,22 +17,26 @@ model, (b) self-entropy H, mean diagonal probability psi and structural
 accuracy per model) and the numbers as ``structural_anchor.{json,csv}``.
 """
 import argparse
-import csv
-import json
-import os
-import os.path as osp
-import sys
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from mmengine.config import Config
+from mmengine.registry import MODELS, init_default_scope
+
+from mmseg_stag.analysis import (anchor_validation, assignment_matrix,
+                                 heatmap_classes)
+from mmseg_stag.analysis.rows import (check_files, pyplot, save_figure,
+                                      write_numbers)
+from mmseg_stag.checkpoint import load_model_checkpoint
+from mmseg_stag.engine.online_task import build_task, head_layer_of
 
 NAME = 'structural_anchor'
+#: a model's numbers, in the CSV's order
+COLUMNS = ('self_entropy', 'mdp', 'structural_accuracy', 'num_classes')
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description='classifier weights as '
-                                'structural anchors (Figure structural_anchor)')
+                                'structural anchors (Figure '
+                                'structural_anchor)')
     p.add_argument('--model', nargs=3, action='append', required=True,
                    metavar=('NAME', 'CONFIG', 'CHECKPOINT'),
                    help='a model to analyse (repeat for several)')
@@ -42,10 +49,9 @@ def parse_args(argv=None):
     names = [m[0] for m in args.model]
     if len(set(names)) != len(names):
         p.error(f'--model names must differ, got {names}')
-    for name, config, ckpt in args.model:
-        for what, path in (('config', config), ('checkpoint', ckpt)):
-            if not osp.isfile(path):
-                p.error(f'--model {name}: {what} file not found: {path}')
+    check_files(p, [(f'--model {name}: {what}', path)
+                    for name, *paths in args.model
+                    for what, path in zip(('config', 'checkpoint'), paths)])
     if args.heatmap_model is None:
         args.heatmap_model = names[0]
     elif args.heatmap_model not in names:
@@ -57,12 +63,6 @@ def parse_args(argv=None):
 def load_classifier(name, config, checkpoint, trust_pickle=False):
     """The classifier module the online loop would adapt, with the
     checkpoint's weights."""
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, init_default_scope
-
-    import mmseg_stag  # noqa: F401  (registers both tasks' parts)
-    from mmseg_stag.checkpoint import load_model_checkpoint
-    from mmseg_stag.engine.online_task import build_task, head_layer_of
     cfg = Config.fromfile(config)
     # a model base has no runtime: its scope follows from the model type
     init_default_scope(cfg.get('default_scope') or (
@@ -79,10 +79,7 @@ def load_classifier(name, config, checkpoint, trust_pickle=False):
 
 
 def plot(path, results, heatmap, heatmap_name, classes):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig = plt.figure(figsize=(13, 4.6))
+    fig = pyplot().figure(figsize=(13, 4.6))
     grid = fig.add_gridspec(1, 4, width_ratios=[1.5, 1, 1, 1], wspace=0.45)
     ax = fig.add_subplot(grid[0])
     im = ax.imshow(heatmap, vmin=0, vmax=1, cmap='viridis')
@@ -94,9 +91,9 @@ def plot(path, results, heatmap, heatmap_name, classes):
     ax.set_title(f'(a) softmax(W W^T + b), {heatmap_name}', fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     names = list(results)
-    panels = (('self_entropy', 'H (nats)'), ('mdp', 'psi (MDP)'),
-              ('structural_accuracy', 'structural acc. (%)'))
-    for i, (key, label) in enumerate(panels):
+    panels = (('self_entropy', 'H (nats)', None), ('mdp', 'psi (MDP)', 1.05),
+              ('structural_accuracy', 'structural acc. (%)', 110))
+    for i, (key, label, top) in enumerate(panels):
         ax = fig.add_subplot(grid[i + 1])
         values = [results[n][key] for n in names]
         bars = ax.bar(range(len(names)), values, color=f'C{i}')
@@ -104,47 +101,30 @@ def plot(path, results, heatmap, heatmap_name, classes):
         ax.set_xticks(range(len(names)), names, rotation=30, ha='right',
                       fontsize=8)
         ax.set_title(('(b) ' if i == 0 else '') + label, fontsize=10)
-        if key == 'mdp':
-            ax.set_ylim(0, 1.05)
-        elif key == 'structural_accuracy':
-            ax.set_ylim(0, 110)
-        else:
-            ax.set_ylim(0, max(values) * 1.2 or 1)
-    fig.savefig(path, dpi=130, bbox_inches='tight')
-    plt.close(fig)
+        ax.set_ylim(0, top or max(values) * 1.2 or 1)
+    save_figure(fig, path, crop=True)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    from mmseg_stag.analysis import (anchor_validation, assignment_matrix,
-                                     heatmap_classes)
-    results, heatmap = {}, None
+    results = {}
     for name, config, ckpt in args.model:
         fc = load_classifier(name, config, ckpt, args.trust_pickle)
-        results[name] = anchor_validation(fc.weight, fc.bias)
+        r = results[name] = anchor_validation(fc.weight, fc.bias)
         if name == args.heatmap_model:
-            classes = heatmap_classes(results[name]['num_classes'],
-                                      args.heatmap_classes)
+            classes = heatmap_classes(r['num_classes'], args.heatmap_classes)
             p = assignment_matrix(fc.weight, fc.bias)
             heatmap = p[classes][:, classes].numpy()
-        print(f'{name}: H {results[name]["self_entropy"]:.4f} nats, psi '
-              f'{results[name]["mdp"]:.4f}, structural accuracy '
-              f'{results[name]["structural_accuracy"]:.1f} % '
-              f'({results[name]["num_classes"]} classes)')
-    os.makedirs(args.out, exist_ok=True)
-    base = osp.join(args.out, NAME)
-    with open(base + '.json', 'w') as f:
-        json.dump(dict(models=results, heatmap_model=args.heatmap_model,
-                       heatmap_classes=classes, heatmap=heatmap.tolist(),
-                       sources={n: dict(config=c, checkpoint=k)
-                                for n, c, k in args.model}), f, indent=1)
-    with open(base + '.csv', 'w', newline='') as f:
-        writer = csv.writer(f)
-        writer.writerow(['model', 'self_entropy', 'mdp',
-                         'structural_accuracy', 'num_classes'])
-        for name, r in results.items():
-            writer.writerow([name, r['self_entropy'], r['mdp'],
-                             r['structural_accuracy'], r['num_classes']])
+        print(f'{name}: H {r["self_entropy"]:.4f} nats, psi {r["mdp"]:.4f}, '
+              f'structural accuracy {r["structural_accuracy"]:.1f} % '
+              f'({r["num_classes"]} classes)')
+    base = write_numbers(
+        args.out, NAME, dict(models=results, heatmap_model=args.heatmap_model,
+                             heatmap_classes=classes, heatmap=heatmap.tolist(),
+                             sources={n: dict(config=c, checkpoint=k)
+                                      for n, c, k in args.model}),
+        ['model', *COLUMNS],
+        [[name, *(r[k] for k in COLUMNS)] for name, r in results.items()])
     plot(base + '.png', results, heatmap, args.heatmap_model, classes)
     print(f'wrote {base}.png, .json, .csv')
     return results

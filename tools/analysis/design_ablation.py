@@ -3,8 +3,10 @@ Soft) for several baselines, and each baseline without STAG, on one
 stage of a stream (the paper: ViT-B on ImageNet-C Gaussian noise).
 
     python tools/analysis/design_ablation.py CHECKPOINT \\
-        --row TENT configs/cls/imagenet-c/imagenet-c_mild_vit-b16_tent-stag.py \\
-        --row EATA configs/cls/imagenet-c/imagenet-c_mild_vit-b16_eata-stag.py \\
+        --row TENT \\
+            configs/cls/imagenet-c/imagenet-c_mild_vit-b16_tent-stag.py \\
+        --row EATA \\
+            configs/cls/imagenet-c/imagenet-c_mild_vit-b16_eata-stag.py \\
         [--condition gaussian_noise] [--whole-stream] \\
         [--work-dir work_dirs/analysis/ablation_design] [--cfg-options ...]
 
@@ -15,15 +17,12 @@ config is reused). Writes ``ablation_design.{txt,csv,json,png}``: the score
 (accuracy or mIoU) of each variant per baseline.
 """
 import copy
-import csv
-import json
-import os
 import os.path as osp
-import sys
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from mmseg_stag.analysis.rows import (mean_score, parse_rows, pyplot,
+                                      require_stag, row_parser, save_figure,
+                                      stage_config, write_numbers)
+from mmseg_stag.engine.runs import run_cached
 
 NAME = 'ablation_design'
 #: the table's rows: (title, stag options; None: STAG off)
@@ -35,24 +34,18 @@ VARIANTS = (('Baseline (No STAG)', None),
 
 
 def parse_args(argv=None):
-    from mmseg_stag.analysis.rows import check_rows, row_parser
     p = row_parser('STAG design ablation (Table ablation_design)',
                    'work_dirs/analysis/ablation_design')
     p.add_argument('--whole-stream', action='store_true',
                    help='run every stage, not only the first')
-    args = p.parse_args(argv)
-    check_rows(p, args)
-    return args
+    return parse_rows(p, argv)
 
 
 def row_configs(config, cfg_options, condition, whole_stream):
     """The five configs of one baseline, in :data:`VARIANTS` order."""
-    from mmseg_stag.analysis.rows import stage_config
     cfg = stage_config(config, cfg_options, condition,
                        whole_stream=whole_stream)
-    if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
-        raise ValueError(f'{config} has no test_cfg.method.stag: give the '
-                         'baseline\'s -stag config')
+    require_stag(cfg, config)
     configs = []
     for _, stag in VARIANTS:
         variant = copy.deepcopy(cfg)  # Config.copy shares nested dicts
@@ -66,10 +59,7 @@ def row_configs(config, cfg_options, condition, whole_stream):
 
 
 def plot(path, table, names):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(1.8 + 2.2 * len(names), 4))
+    fig, ax = pyplot().subplots(figsize=(1.8 + 2.2 * len(names), 4))
     width = 0.8 / len(VARIANTS)
     for i, (title, _) in enumerate(VARIANTS):
         xs = [j + (i - (len(VARIANTS) - 1) / 2) * width
@@ -84,15 +74,11 @@ def plot(path, table, names):
     ax.legend(fontsize=8, ncol=3, loc='upper center',
               bbox_to_anchor=(0.5, -0.08))
     ax.set_title('Ablation on STAG\'s design (anchor / label)', fontsize=10)
-    fig.savefig(path, dpi=130, bbox_inches='tight')
-    plt.close(fig)
+    save_figure(fig, path, crop=True)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import mmseg_stag  # noqa: F401  (registries)
-    from mmseg_stag.analysis.rows import mean_score
-    from mmseg_stag.engine.runs import run_cached
     table, names = {}, [n for n, _ in args.row]
     for name, config in args.row:
         table[name] = {}
@@ -105,24 +91,19 @@ def main(argv=None):
             table[name][title] = score
             table['score'] = key
             print(f'{name:8s} {title:24s} {key} {score:.2f}')
-    os.makedirs(args.work_dir, exist_ok=True)
-    base = osp.join(args.work_dir, NAME)
     lines = [f'{"Design variant":26s}' + ''.join(f'{n:>10s}' for n in names)]
     for title, _ in VARIANTS:
         lines.append(f'{title:26s}' + ''.join(
             f'{table[n][title]:10.2f}' for n in names))
     text = '\n'.join(lines)
+    base = write_numbers(
+        args.work_dir, NAME, dict(table=table, rows=dict(args.row),
+                                  condition=args.condition,
+                                  whole_stream=args.whole_stream),
+        ['variant'] + names,
+        [[title] + [table[n][title] for n in names] for title, _ in VARIANTS])
     with open(base + '.txt', 'w') as f:
         f.write(f'{table["score"]} per design variant\n{text}\n')
-    with open(base + '.csv', 'w', newline='') as f:
-        writer = csv.writer(f)
-        writer.writerow(['variant'] + names)
-        for title, _ in VARIANTS:
-            writer.writerow([title] + [table[n][title] for n in names])
-    with open(base + '.json', 'w') as f:
-        json.dump(dict(table=table, rows=dict(args.row),
-                       condition=args.condition,
-                       whole_stream=args.whole_stream), f, indent=1)
     plot(base + '.png', table, names)
     print(text)
     print(f'wrote {base}.png, .txt, .csv, .json')

@@ -17,24 +17,25 @@ the numbers as ``hp_sensitivity.{json,csv}``.
 """
 import argparse
 import copy
-import csv
 import json
-import os
 import os.path as osp
 import subprocess
 import sys
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from mmengine.config import DictAction
+
+from mmseg_stag.analysis.rows import (check_files, mean_score, pyplot,
+                                      require_stag, save_figure,
+                                      stage_config, write_numbers)
+from mmseg_stag.engine.runs import run_cached
+from mmseg_stag.paper_protocol import as_cli, first_stage_options
 
 NAME = 'hp_sensitivity'
-SWEEP = osp.join(REPO, 'tools', 'sweep.py')
+SWEEP = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'sweep.py')
 BETA, GAMMA = 'test_cfg.method.stag.beta0', 'test_cfg.method.stag.gamma'
 
 
 def parse_args(argv=None):
-    from mmengine.config import DictAction
     p = argparse.ArgumentParser(description='STAG beta0/gamma sensitivity '
                                 '(Figure hp_sensitivity)')
     p.add_argument('config', help='a -stag config')
@@ -53,10 +54,8 @@ def parse_args(argv=None):
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    default={})
     args = p.parse_args(argv)
-    for name, path in (('config', args.config),
-                       ('checkpoint', args.checkpoint)):
-        if not osp.isfile(path):
-            p.error(f'{name} file not found: {path}')
+    check_files(p, [('config', args.config),
+                    ('checkpoint', args.checkpoint)])
     for name in ('beta_grid', 'gamma_grid'):
         if any(v <= 0 for v in getattr(args, name)):
             p.error(f'--{name.replace("_", "-")} values must be > 0')
@@ -66,15 +65,8 @@ def parse_args(argv=None):
 def stream_options(args):
     """The config (with ``--cfg-options``), and the options that restrict
     it to its first stage (none with ``--whole-stream``)."""
-    from mmengine.config import Config
-
-    from mmseg_stag.paper_protocol import first_stage_options
-    cfg = Config.fromfile(args.config)
-    cfg.merge_from_dict(args.cfg_options)
-    stag = cfg.get('test_cfg', {}).get('method', {}).get('stag')
-    if not stag:
-        raise ValueError(f'{args.config} has no test_cfg.method.stag: give '
-                         'a -stag config')
+    cfg = stage_config(args.config, args.cfg_options, whole_stream=True)
+    require_stag(cfg, args.config)
     first = {} if args.whole_stream else first_stage_options(cfg,
                                                              args.condition)
     return cfg, first
@@ -83,7 +75,6 @@ def stream_options(args):
 def run_grid(args, first):
     """The beta0 x gamma grid through tools/sweep.py (its command, in a
     process of its own); returns ``{(beta0, gamma): score}``."""
-    from mmseg_stag.paper_protocol import as_cli
     work = osp.join(args.work_dir, 'sweep')
     argv = ['--work-dir', work, '--run', args.config, args.checkpoint,
             '--grid', f'{BETA}=' + ','.join(f'{b:g}' for b in args.beta_grid),
@@ -112,8 +103,6 @@ def run_grid(args, first):
 
 
 def run_baseline(args, cfg, first):
-    from mmseg_stag.analysis.rows import mean_score
-    from mmseg_stag.engine.runs import run_cached
     base = copy.deepcopy(cfg)
     base.merge_from_dict(first)
     base.test_cfg.method.pop('stag')
@@ -123,12 +112,9 @@ def run_baseline(args, cfg, first):
 
 
 def plot(path, grid, betas, gammas, optimum, baseline, key, steps):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     import numpy as np
     b_star, g_star = optimum
-    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+    fig, axes = pyplot().subplots(1, 4, figsize=(17, 3.8))
     panels = ((axes[0], [b / b_star for b in betas],
                [grid[(b, g_star)] for b in betas], 'beta0 / beta*',
                f'(a) gamma = {g_star:g}'),
@@ -166,14 +152,11 @@ def plot(path, grid, betas, gammas, optimum, baseline, key, steps):
     axes[3].set_title('(d) exp(-t / gamma)', fontsize=10)
     axes[3].legend(fontsize=8)
     axes[3].grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import mmseg_stag  # noqa: F401  (registries)
     cfg, first = stream_options(args)
     stag = cfg.test_cfg.method.stag
     optimum = tuple(args.optimum or (float(stag.beta0), float(stag.gamma)))
@@ -184,24 +167,18 @@ def main(argv=None):
     grid = run_grid(args, first)
     steps = int(base_res.get('num_updates') or 0) or max(
         int(s.get('num_images', 1)) for s in base_res['stages'])
-    os.makedirs(args.work_dir, exist_ok=True)
-    out = osp.join(args.work_dir, NAME)
-    with open(out + '.json', 'w') as f:
-        json.dump(dict(score=key, baseline=baseline, optimum=optimum,
-                       beta_grid=betas, gamma_grid=gammas,
-                       grid=[dict(beta0=b, gamma=g, score=grid[(b, g)])
-                             for b in betas for g in gammas],
-                       config=args.config, checkpoint=args.checkpoint,
-                       condition=args.condition,
-                       whole_stream=args.whole_stream), f, indent=1)
-    with open(out + '.csv', 'w', newline='') as f:
-        writer = csv.writer(f)
-        writer.writerow(['beta0', 'gamma', 'beta0_over_opt',
-                         'gamma_over_opt', key, 'baseline'])
-        for b in betas:
-            for g in gammas:
-                writer.writerow([b, g, b / optimum[0], g / optimum[1],
-                                 grid[(b, g)], baseline])
+    out = write_numbers(
+        args.work_dir, NAME,
+        dict(score=key, baseline=baseline, optimum=optimum, beta_grid=betas,
+             gamma_grid=gammas,
+             grid=[dict(beta0=b, gamma=g, score=grid[(b, g)])
+                   for b in betas for g in gammas],
+             config=args.config, checkpoint=args.checkpoint,
+             condition=args.condition, whole_stream=args.whole_stream),
+        ['beta0', 'gamma', 'beta0_over_opt', 'gamma_over_opt', key,
+         'baseline'],
+        [[b, g, b / optimum[0], g / optimum[1], grid[(b, g)], baseline]
+         for b in betas for g in gammas])
     plot(out + '.png', grid, betas, gammas, optimum, baseline, key,
          max(steps, 1))
     best = max(grid, key=grid.get)

@@ -14,16 +14,10 @@ Each ``LABEL=WORK_DIR`` is a classification run of ``tools/test.py``
 ``running_curves.{json,csv}``.
 """
 import argparse
-import csv
-import json
 import math
-import os
-import os.path as osp
-import sys
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+from mmseg_stag.analysis import read_per_image, running_accuracy
+from mmseg_stag.analysis.rows import pyplot, save_figure, write_numbers
 
 NAME = 'running_curves'
 
@@ -56,14 +50,11 @@ def parse_args(argv=None):
 
 
 def plot(path, curves, corruption_note):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     n = len(curves)
     cols = min(3, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows),
-                             squeeze=False)
+    fig, axes = pyplot().subplots(rows, cols, squeeze=False,
+                                  figsize=(4.6 * cols, 3.4 * rows))
     for ax, (title, runs) in zip(axes.flat, curves.items()):
         for i, (label, c) in enumerate(runs.items()):
             ax.plot(c['batch'], c['accuracy'], label=label, color=f'C{i}',
@@ -78,37 +69,27 @@ def plot(path, curves, corruption_note):
         ax.axis('off')
     fig.suptitle(f'Online accuracy running curves{corruption_note}',
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    from mmseg_stag.analysis import read_per_image, running_accuracy
     curves = {}
     for title, runs in args.panels:
         curves[title] = {}
         for label, work_dir in runs:
-            curves[title][label] = running_accuracy(
+            c = curves[title][label] = running_accuracy(
                 read_per_image(work_dir), args.corruption)
-            c = curves[title][label]
             print(f'{title} / {label}: {c["corruption"]}, {len(c["batch"])} '
                   f'batches, final {c["accuracy"][-1]:.2f} %')
-    os.makedirs(args.out, exist_ok=True)
-    base = osp.join(args.out, NAME)
-    with open(base + '.json', 'w') as f:
-        json.dump(dict(panels=curves, sources={
-            t: dict(runs) for t, runs in args.panels}), f, indent=1)
-    with open(base + '.csv', 'w', newline='') as f:
-        writer = csv.writer(f)
-        writer.writerow(['panel', 'run', 'corruption', 'batch', 'images',
-                         'cumulative_accuracy'])
-        for title, runs in curves.items():
-            for label, c in runs.items():
-                for b, n, a in zip(c['batch'], c['images'], c['accuracy']):
-                    writer.writerow([title, label, c['corruption'], b, n,
-                                     a])
+    base = write_numbers(
+        args.out, NAME, dict(panels=curves, sources={
+            t: dict(runs) for t, runs in args.panels}),
+        ['panel', 'run', 'corruption', 'batch', 'images',
+         'cumulative_accuracy'],
+        [[title, label, c['corruption'], *point]
+         for title, runs in curves.items() for label, c in runs.items()
+         for point in zip(c['batch'], c['images'], c['accuracy'])])
     plot(base + '.png', curves,
          f' ({args.corruption})' if args.corruption else '')
     print(f'wrote {base}.png, .json, .csv')

@@ -19,29 +19,27 @@ direction ``sign(s_k) a_k / |a_k|`` scaled to the mean feature norm (STAG
 aligns ``g = s h`` with ``a``, i.e. ``h`` with that direction). Writes
 ``tsne.{png,json,csv}``.
 """
-import csv
-import json
-import os
 import os.path as osp
-import sys
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+import torch
+from mmengine.hooks import Hook
+
+from mmseg_stag.analysis.rows import (parse_rows, pyplot, row_parser,
+                                      run_stage, save_figure, slug,
+                                      write_numbers)
+from mmseg_stag.core.stag import anchor_coefficients
 
 NAME = 'tsne'
 
 
 def parse_args(argv=None):
-    from mmseg_stag.analysis.rows import check_rows, row_parser
     p = row_parser('t-SNE of the classifier-input features (Figure t-SNE)',
                    'work_dirs/analysis/tsne')
     p.add_argument('--last-batches', type=int, default=8)
     p.add_argument('--images', type=int, default=None,
                    help='images of the stage to run (default: all)')
     p.add_argument('--seed', type=int, default=0)
-    args = p.parse_args(argv)
-    check_rows(p, args)
+    args = parse_rows(p, argv)
     if args.last_batches < 1:
         p.error('--last-batches must be >= 1')
     return args
@@ -51,8 +49,6 @@ def feature_hook(store, last):
     """An MMEngine hook keeping the classifier input of the first
     classifier call of each batch and the batch's labels (last ``last``
     batches), and the classifier's final weight and bias."""
-    from mmengine.hooks import Hook
-
     class FeatureKeeper(Hook):
         priority = 'LOWEST'
 
@@ -93,15 +89,8 @@ def feature_hook(store, last):
 
 def run_row(config, args, work_dir):
     """``(features [n, D], labels [n], weight, bias)`` of one run."""
-    import torch
-
-    from mmseg_stag.analysis.rows import stage_config
-    from mmseg_stag.engine.runs import prepare_config, run_test
-    cfg = stage_config(config, args.cfg_options, args.condition, args.images)
-    cfg.test_cfg.save_state = False
     store = dict(batches=[])
-    run_test(prepare_config(cfg, work_dir), args.checkpoint,
-             hooks=[feature_hook(store, args.last_batches)])
+    run_stage(config, args, work_dir, feature_hook(store, args.last_batches))
     features = torch.cat([f for f, _ in store['batches']])
     labels = torch.tensor([y for _, ys in store['batches'] for y in ys])
     return features, labels, store['weight'], store['bias']
@@ -109,7 +98,6 @@ def run_row(config, args, work_dir):
 
 def anchor_points(weight, bias, scale):
     """The anchors' directions ``sign(s_k) a_k / |a_k|`` times ``scale``."""
-    from mmseg_stag.core.stag import anchor_coefficients
     s = anchor_coefficients(weight.double(), None if bias is None
                             else bias.double())
     anchors = s[:, None] * weight.double()
@@ -119,9 +107,7 @@ def anchor_points(weight, bias, scale):
 
 
 def plot(path, coords, names, num_classes):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(names), figsize=(4.4 * len(names), 4.4),
                              squeeze=False)
     cmap = plt.get_cmap('tab10' if num_classes <= 10 else 'tab20')
@@ -137,22 +123,23 @@ def plot(path, coords, names, num_classes):
         ax.set_yticks([])
     fig.suptitle('t-SNE of the classifier-input features (stars: class '
                  'anchors)', fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def csv_rows(coords):
+    """The CSV's rows: each run's features, then its anchors."""
+    for name, c in coords.items():
+        for x, y, label in zip(c['x'], c['y'], c['label']):
+            yield [name, 'feature', label, x, y]
+        for k, (x, y) in enumerate(zip(c['anchor_x'], c['anchor_y'])):
+            yield [name, 'anchor', k, x, y]
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
-    from sklearn.manifold import TSNE
-
-    import mmseg_stag  # noqa: F401  (registries)
-    from mmseg_stag.analysis.rows import slug
-    rows = {}
-    for name, config in args.row:
-        rows[name] = run_row(config, args, osp.join(args.work_dir,
-                                                    slug(name)))
+    from sklearn.manifold import TSNE  # the optional analysis extra
+    rows = {name: run_row(config, args, osp.join(args.work_dir, slug(name)))
+            for name, config in args.row}
     blocks, spans = [], {}
     for name, (features, labels, weight, bias) in rows.items():
         scale = float(features.norm(dim=1).mean())
@@ -172,21 +159,12 @@ def main(argv=None):
                             label=rows[name][1].tolist(),
                             anchor_x=anc[:, 0].tolist(),
                             anchor_y=anc[:, 1].tolist())
-    os.makedirs(args.work_dir, exist_ok=True)
-    base = osp.join(args.work_dir, NAME)
-    with open(base + '.json', 'w') as f:
-        json.dump(dict(rows=coords, perplexity=perplexity, seed=args.seed,
-                       condition=args.condition,
-                       last_batches=args.last_batches,
-                       configs=dict(args.row)), f, indent=1)
-    with open(base + '.csv', 'w', newline='') as f:
-        writer = csv.writer(f)
-        writer.writerow(['run', 'kind', 'class', 'x', 'y'])
-        for name, c in coords.items():
-            for x, y, label in zip(c['x'], c['y'], c['label']):
-                writer.writerow([name, 'feature', label, x, y])
-            for k, (x, y) in enumerate(zip(c['anchor_x'], c['anchor_y'])):
-                writer.writerow([name, 'anchor', k, x, y])
+    base = write_numbers(
+        args.work_dir, NAME,
+        dict(rows=coords, perplexity=perplexity, seed=args.seed,
+             condition=args.condition, last_batches=args.last_batches,
+             configs=dict(args.row)),
+        ['run', 'kind', 'class', 'x', 'y'], csv_rows(coords))
     num_classes = int(next(iter(rows.values()))[2].shape[0])
     plot(base + '.png', coords, list(coords), num_classes)
     print(f'wrote {base}.png, .json, .csv ({len(data)} points, perplexity '
