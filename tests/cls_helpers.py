@@ -18,6 +18,7 @@ import torch
 
 #: ``run(config, checkpoint, work_dir, cfg_options)``: ``tools/test.py``'s
 #: run in the tests' process; returns the run's results
+from run_helpers import killable_config  # noqa: F401
 from run_helpers import run_config as run  # noqa: F401
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -28,7 +29,8 @@ IMAGENET = osp.join(REPO, 'configs/cls/imagenet-c/imagenet-c_mild_'
                     'resnet50-bn_{}.py')
 
 
-def options(root, names, batch_size=16, scenario=None, **extra):
+def options(root, names, batch_size=16, scenario=None, n_examples=40,
+            **extra):
     """The tiny model and stream in place of the config's."""
     opts = {
         'model.network': dict(_delete_=True, type='SmallCNN', num_classes=4,
@@ -36,7 +38,8 @@ def options(root, names, batch_size=16, scenario=None, **extra):
         'model.data_preprocessor': dict(type='ClassifierPreprocessor',
                                         mean=None, std=None),
         'test_dataloader.dataset.corruption_set': dict(
-            _delete_=True, type='CIFARC', data_root=root, n_examples=40),
+            _delete_=True, type='CIFARC', data_root=root,
+            n_examples=n_examples),
         'test_dataloader.dataset.corruptions': list(names),
         'test_dataloader.batch_size': batch_size,
         'test_dataloader.num_workers': 0,
@@ -54,28 +57,6 @@ def run_tool(*args, env=None):
     return subprocess.run([sys.executable, osp.join(REPO, 'tools/test.py'),
                            *args], capture_output=True, text=True, cwd=REPO,
                           env=env)
-
-
-def killable_config(base: str, opts: dict, folder, kill=True) -> str:
-    """``base`` with ``opts`` (dotted keys) and the test-only kill hook, as
-    one config file (the killed and the resumed run share it)."""
-    nested: dict = {}
-    for key, value in opts.items():
-        *parents, leaf = key.split('.')
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    text = f'_base_ = [{base!r}]\n' + ''.join(
-        f'{key} = {value!r}\n' for key, value in nested.items())
-    if kill:
-        text += ("custom_imports = dict(imports=['mmseg_stag', 'kill_hook'],"
-                 ' allow_failed_imports=False)\n'
-                 "custom_hooks = [dict(type='KillAtStage')]\n")
-    path = osp.join(str(folder), 'killable.py')
-    with open(path, 'w') as f:
-        f.write(text)
-    return path
 
 
 def assert_same_run(whole, cut):

@@ -26,3 +26,26 @@ def run_config(config: str, checkpoint: str, work_dir, cfg_options=None,
     run_test(prepare_config(cfg, str(work_dir), config, **kwargs), checkpoint)
     with open(osp.join(str(work_dir), 'continual_results.json')) as f:
         return json.load(f)
+
+
+def killable_config(base: str, opts: dict, folder, kill=True,
+                    name: str = 'killable.py') -> str:
+    """``base`` with ``opts`` (dotted keys) and the test-only kill hook, as
+    one config file (the killed and the resumed run share it)."""
+    nested: dict = {}
+    for key, value in opts.items():
+        *parents, leaf = key.split('.')
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    text = f'_base_ = [{base!r}]\n' + ''.join(
+        f'{key} = {value!r}\n' for key, value in nested.items())
+    if kill:
+        text += ("custom_imports = dict(imports=['mmseg_stag', 'kill_hook'],"
+                 ' allow_failed_imports=False)\n'
+                 "custom_hooks = [dict(type='KillAtStage')]\n")
+    path = osp.join(str(folder), name)
+    with open(path, 'w') as f:
+        f.write(text)
+    return path

@@ -17,6 +17,8 @@ import uuid
 import pytest
 import torch
 
+from cls_helpers import options
+from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
                          tiny_options)
 
@@ -73,26 +75,15 @@ def seg_options(method, tiny_acdc, tiny_cityscapes=None, rounds=1):
 def cls_options(method, root, batch_size=8):
     """The tiny CNN and CIFAR-C stream in place of a classification
     config's (EcoTTA: K=4 meta networks, started cold, as no warm-up ran)."""
-    small = dict(type='SmallCNN', num_classes=4, width=4, norm='BN')
-    network = dict(_delete_=True, **small)
-    optimizer = dict(_delete_=True, type='Adam', lr=1e-2)
+    opts = options(root, CIFAR_NAMES, batch_size, n_examples=16)
     if method.startswith('ecotta'):
-        network = dict(_delete_=True, type='EcoTTANetwork', network=small,
-                       K=4, allow_cold_start=True)
-        optimizer = dict(_delete_=True, type='SGD', lr=0.05, momentum=0.9)
-    opts = {
-        'model.network': network,
-        'model.data_preprocessor': dict(type='ClassifierPreprocessor',
-                                        mean=None, std=None),
-        'test_dataloader.dataset.corruption_set': dict(
-            _delete_=True, type='CIFARC', data_root=root, n_examples=16),
-        'test_dataloader.dataset.corruptions': list(CIFAR_NAMES),
-        'test_dataloader.batch_size': batch_size,
-        'test_dataloader.num_workers': 0,
-        'default_hooks.logger.interval': 1,
-    }
-    if method not in ('source', 'bn-adapt'):
-        opts['test_cfg.method.optimizer'] = optimizer
+        opts['model.network'] = dict(
+            _delete_=True, type='EcoTTANetwork', K=4, allow_cold_start=True,
+            network=dict(type='SmallCNN', num_classes=4, width=4, norm='BN'))
+        opts['test_cfg.method.optimizer'] = dict(
+            _delete_=True, type='SGD', lr=0.05, momentum=0.9)
+    if method in ('source', 'bn-adapt'):
+        del opts['test_cfg.method.optimizer']
     return opts
 
 
@@ -208,26 +199,5 @@ def tool_config(config, folder, task, opts):
     classification options (nested dicts) written into a config file with
     the test-only kill hook, the segmentation ones on the command line."""
     if task == 'classification':
-        return killable_config(config, folder, opts), {}
-    return killable_config(config, folder), opts
-
-
-def killable_config(config, folder, opts=None) -> str:
-    """``config`` (with ``opts``, dotted keys) and the test-only kill hook
-    (``tests/kill_hook.py``), one file for the killed and resumed run."""
-    nested: dict = {}
-    for key, value in (opts or {}).items():
-        *parents, leaf = key.split('.')
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    text = f'_base_ = [{config!r}]\n' + ''.join(
-        f'{key} = {value!r}\n' for key, value in nested.items())
-    text += ("custom_imports = dict(imports=['mmseg_stag', 'kill_hook'],"
-             ' allow_failed_imports=False)\n'
-             "custom_hooks = [dict(type='KillAtStage')]\n")
-    path = osp.join(str(folder), 'killable.py')
-    with open(path, 'w') as f:
-        f.write(text)
-    return path
+        return killable_config(config, opts, folder), {}
+    return killable_config(config, {}, folder), opts

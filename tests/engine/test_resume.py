@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
                          run_script, tiny_options)
 
@@ -22,18 +23,6 @@ COTTA = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),
          'test_dataloader.dataset.pipeline.1.ratios': [0.5, 1.0, 1.5],
          'test_cfg.method.restore_prob': 0.5}
 KILL = '3,2'  # before the 2nd batch of the 4th stage (3 stages saved)
-
-
-def killable_config(method, folder):
-    """The real config plus the test-only kill hook (one config for the
-    killed and the resumed run)."""
-    path = osp.join(str(folder), f'{method}_killable.py')
-    with open(path, 'w') as f:
-        f.write(f"_base_ = [{osp.join(REPO, SEG_CFG.format(method))!r}]\n"
-                "custom_imports = dict(imports=['mmseg_stag', 'kill_hook'],"
-                " allow_failed_imports=False)\n"
-                "custom_hooks = [dict(type='KillAtStage')]\n")
-    return path
 
 
 def run_test_py(config, checkpoint, work_dir, opts, *extra, kill=None):
@@ -74,7 +63,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
         opts.update({'test_dataloader.num_workers': 2,
                      'test_dataloader.persistent_workers': True})
     tiny_checkpoint = confident_checkpoint
-    config = killable_config(method, tmp_path)
+    config = killable_config(osp.join(REPO, SEG_CFG.format(method)), {},
+                             tmp_path, name=f'{method}_killable.py')
     whole, cut = tmp_path / 'whole', tmp_path / 'cut'
     proc = run_test_py(config, tiny_checkpoint, whole, opts)
     assert proc.returncode == 0, proc.stderr[-4000:]
