@@ -151,6 +151,8 @@ def load_run_state(path: str, map_location: Optional[str] = 'cpu',
             'it to start the run again from the beginning') from err
     if not isinstance(state, dict) or state.get('version') != STATE_VERSION:
         version = state.get('version') if isinstance(state, dict) else None
-        raise RuntimeError(f'cannot resume from {path}: state version '
-                           f'{version!r}, this code reads {STATE_VERSION}')
+        raise RuntimeError(
+            f'cannot resume from {path}: state version {version!r}, this '
+            f'code reads {STATE_VERSION} (another mmseg_stag wrote it, and '
+            'its layout or names differ); delete it to start the run again')
     return state
