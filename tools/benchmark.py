@@ -1,49 +1,18 @@
 """Benchmark: what STAG adds to an adaptation step, and what
-predict-then-adapt saves.
+predict-then-adapt saves (docs/benchmark.md).
 
-For each model and each baseline it runs, in one process and interleaved
-after a warm-up (A, B, A, B, ...), one adaptation step of the baseline and
-one of the baseline + STAG, each on its own copy of the model and the same
-input, and measures per step:
-
-* time (the median and the fastest step, the estimate least affected by
-  other load on the machine): CUDA events around the step on a GPU,
-  wall time on the CPU;
-* peak memory above the step's starting point: CPU RSS sampled every 0.5 ms
-  by a thread (CUDA: ``torch.cuda.max_memory_allocated``);
-* memory saved for the backward pass: the distinct storages autograd
-  keeps (exact, no allocator noise);
-* forward passes (calls of the decode head's classifier / of the
-  classifier network)
-  and backward passes (``torch.autograd.backward`` calls).
-
-Models: SegFormer MiT-B0 / MiT-B5 with MMSeg's head (D=256) and B5 with the
-NVlabs head (D=768) at ``--size`` (paper: 960x540), baselines TENT and BN
-Adapt; ImageNet classifiers ResNet-50 (BN) and ViT-B/16 (LN), built from
-MMSeg's ``ResNet`` / ``VisionTransformer`` backbones with a linear
-classifier (the torchvision / timm architectures: 25.6 M / 86.6 M
-parameters), at ``--cls-size`` (224) with ``--batch-size`` (64), baselines
-TENT and EATA (its Fisher term included, from one random batch).
-
-It also times the STAG term alone (its forward and backward on the
-classifier inputs/outputs of one real forward): what +STAG adds, without
-the run-to-run noise of a whole step on a shared machine.
-
-It also times our TENT step against a reference loop written the way
-CoTTA's code does it: a no-grad forward for the prediction, then a second
-forward with gradients for the loss.
+For each model and baseline it runs, interleaved after a warm-up, steps of
+the baseline and of the baseline + STAG (and TENT's two-forward reference)
+on random weights, and prints and writes (``--out``, JSON) each arm's time,
+peak memory, memory saved for backward and passes, the per-pair ratios and
+the STAG term timed alone. The models and arms are
+:mod:`mmseg_stag.analysis.step_benchmark`, the meters
+:mod:`mmseg_stag.analysis.meters`.
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
         [--size 960 540] [--cls-size 224] [--batch-size 64]
         [--steps 5] [--warmup 2] [--mixed-precision bf16|fp16]
         [--out benchmark.json]
-
-Prints medians, the +STAG/baseline ratio with its spread (min-max of the
-per-pair ratios) and writes JSON. Random weights: timing does not depend on
-them. The models, steps and arms are
-:mod:`mmseg_stag.analysis.step_benchmark` (each model driven by its online
-task on one batch of random images), the meters
-:mod:`mmseg_stag.analysis.meters`.
 """
 import argparse
 import json
@@ -58,20 +27,18 @@ from mmseg_stag.analysis.step_benchmark import (CIFAR_MODELS,
                                                 run_model)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta']
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(
         description='Time and memory of adaptation steps with and without '
         'STAG (interleaved, one process)')
     parser.add_argument('--models', nargs='+', default=['b0', 'b5'],
                         choices=sorted(SEG_MODELS) +
                         sorted(IMAGENET_MODELS) + sorted(CIFAR_MODELS))
-    parser.add_argument('--methods', nargs='+',
-                        default=['tent', 'bn_adapt', 'eata', 'cotta',
-                                 'ecotta'],
-                        choices=['tent', 'bn_adapt', 'eata', 'cotta',
-                                 'ecotta'],
+    parser.add_argument('--methods', nargs='+', default=METHODS,
+                        choices=METHODS,
                         help='baselines of each model that it has '
                         '(bn_adapt: segmentation; eata: ImageNet; cotta, '
                         'ecotta: the CIFAR WideResNets)')
@@ -92,7 +59,11 @@ def main():
     parser.add_argument('--skip-reference', action='store_true',
                         help='do not time the two-forward reference loop')
     parser.add_argument('--out', default='work_dirs/benchmark.json')
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = 'cuda' if torch.cuda.is_available() else 'cpu'

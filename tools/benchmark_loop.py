@@ -1,23 +1,18 @@
 """Images per second of the whole online loop (data loading, adaptation,
-post-processing and metric included), per method, against the two-forward
-loop as CoTTA's ACDC code runs TENT.
+post-processing, metric), per method, against TENT's two-forward loop as
+CoTTA's ACDC code runs it (docs/benchmark.md).
 
     python tools/benchmark_loop.py CHECKPOINT --data-root data/acdc
-        [--config-pattern configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_{}.py]
+        [--config-pattern PATTERN (a config with {} for the method)]
         [--methods tent tent-stag cotta two-forward] [--images 200]
         [--warmup 10] [--cfg-options k=v ...] [--out loop.json]
 
-Each method runs its config through MMEngine's ``Runner`` and our
-``OnlineAdaptationLoop`` on the first ``--images`` images of the stream
-(``test_dataloader.dataset.indices``); the time of the batches after the
-first ``--warmup`` is measured (CUDA synchronised on a GPU). ``two-forward``
-is the TENT config with the reference method below: a no-grad forward for
-the prediction, then a second forward with gradients for the loss, which
-is what ``single_gpu_tent`` does per image; its predictions equal TENT's
-(the model is the same at prediction time). It prints images/s, the
-classifier calls per image and the ratios to ``two-forward``, and writes
-JSON. The floor of any adapting loop is one forward and one backward per
-image. The runs and their timer are :mod:`mmseg_stag.analysis.loop_benchmark`.
+Each method's config runs through MMEngine's ``Runner`` on the first
+``--images`` images, timed after ``--warmup``; ``two-forward`` is TENT
+predicting under no_grad, then forwarding again for the loss (CoTTA's
+``single_gpu_tent``). It prints images/s, the classifier calls per image
+and the ratios to ``two-forward``, and writes JSON. The runs:
+:mod:`mmseg_stag.analysis.loop_benchmark`.
 """
 import argparse
 import json
@@ -42,16 +37,15 @@ PATTERN = ('configs/stag_acdc/'
 
 def parse_args(argv=None):
     from mmengine.config import DictAction
-    parser = argparse.ArgumentParser(description='images/s of the online '
-                                     'loop, per method')
+    parser = argparse.ArgumentParser(
+        description='images/s of the online loop, per method')
     parser.add_argument('checkpoint')
     parser.add_argument('--data-root', required=True,
                         help='the ACDC-layout stream')
     parser.add_argument('--config-pattern', default=PATTERN,
                         help='config path with {} for the method')
-    parser.add_argument('--methods', nargs='+',
-                        default=['tent', 'tent-stag', 'cotta',
-                                 'two-forward'])
+    parser.add_argument('--methods', nargs='+', default=[
+        'tent', 'tent-stag', 'cotta', 'two-forward'])
     parser.add_argument('--images', type=int, default=200)
     parser.add_argument('--warmup', type=int, default=10)
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
@@ -87,14 +81,14 @@ def main(argv=None):
                    if torch.cuda.is_available() else None)
     reference = results.get('two-forward', {}).get('images_per_second')
     print(f'machine: {machine}')
-    print(f"{'method':<14}{'images/s':>10}{'calls/img':>11}{'vs two-fwd':>12}"
-          f"{'mIoU':>8}")
+    print(f"{'method':<14}{'images/s':>10}{'calls/img':>11}"
+          f"{'vs two-fwd':>12}{'mIoU':>8}")
     for method, res in results.items():
         ips = res['images_per_second']
-        res['ratio_to_two_forward'] = ips / reference \
-            if reference and ips else None
-        ratio = res['ratio_to_two_forward']
-        print(f"{method:<14}{ips:>10.3f}{res['classifier_calls_per_image']:>11.1f}"
+        ratio = ips / reference if reference and ips else None
+        res['ratio_to_two_forward'] = ratio
+        print(f"{method:<14}{ips:>10.3f}"
+              f"{res['classifier_calls_per_image']:>11.1f}"
               f"{'' if ratio is None else f'{ratio:.3f}':>12}"
               f"{res['mIoU'] or float('nan'):>8.2f}")
     if osp.dirname(args.out):

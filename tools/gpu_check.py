@@ -1,44 +1,17 @@
 """GPU check: the CUDA tests and the GPU measurements, one command, one
-report.
+report (docs/benchmark.md#gpu-check).
 
     make gpu-check    # tools/gpu_check.py --out-dir work_dirs/gpu_check
     python tools/gpu_check.py [--only tests step_cost loader loop profile]
         [--pairs 30] [--precisions fp32 tf32 bf16] [--workers 2 8] ...
 
-On one CUDA device, with nothing downloaded (random weights of the real
-architectures), it runs these steps, each timed, a failing one reported
-while the next still runs:
-
-1. ``tests``: ``pytest -m cuda`` (``tests/cuda``: every method ± STAG in
-   float32, bfloat16 and float16, resume, the restored state on the
-   device, deterministic mode, the launcher guard; and the CUDA paths of
-   other tests).
-2. ``step_cost``: one adaptation step of TENT and of TENT+STAG on
-   SegFormer-B5 with the NVlabs head (D = 768, the paper's) at 960x540,
-   batch 1, and on the paper's ImageNet-C ResNet-50 at 224², batch 64
-   (torchvision's when it imports, else the same architecture built from
-   MMSeg's ``ResNet``), in fp32 (TF32 off), TF32 and bf16 autocast: the
-   median step time and images/s (CUDA events around whole steps, the two
-   arms interleaved, no timing hooks inside a step), the STAG share
-   (TENT+STAG minus TENT, and the STAG term timed alone), and each arm's
-   peak allocated and reserved CUDA memory with only that arm's model on
-   the device (the paper's Table efficiency: +0.2 % time, +0.13 % memory).
-3. ``loader``: images/s of the ACDC stream's loader (the real dataset class
-   and pipeline: 1920x1080 PNGs resized to 960x540, labels loaded) with 2
-   and 8 workers, on images generated into a temporary folder.
-4. ``loop``: images/s of the whole online loop (``tools/benchmark_loop.py``)
-   for TENT and TENT+STAG on that stream (B5-NVlabs, 960x540).
-5. ``profile``: ``torch.profiler`` over TENT+STAG steps (CUDA kernel time,
-   host synchronisations, scalar reads) and over loop iterations (the same,
-   plus the time spent waiting for the loader).
-
-It writes ``gpu_check.json`` and ``gpu_check.md`` in ``--out-dir`` (and
-the tests' log and JUnit XML), naming the GPU, its driver, the CUDA,
-cuDNN and PyTorch versions and the date. Exit status: 0 when the tests
-passed and every step ran, 1 otherwise, 2 without a CUDA device (then
-nothing runs). ``--allow-cpu --quick`` (development only) runs the whole
-pipeline on the CPU with tiny sizes: it checks the tool, it measures
-nothing worth reporting.
+On one CUDA device (random weights, a generated stream) it runs the steps
+``tests`` (``pytest -m cuda``), ``step_cost`` (TENT vs TENT+STAG), ``loader``,
+``loop`` and ``profile``, each timed, a failing one reported while the next
+still runs, into ``gpu_check.{json,md}`` in ``--out-dir``. Exit status: 0
+when the tests passed and every step ran, 1 otherwise, 2 without CUDA
+(nothing runs). ``--allow-cpu --quick`` (development only) checks the tool
+on the CPU with tiny sizes; it measures nothing.
 """
 import argparse
 import contextlib
@@ -77,6 +50,26 @@ QUICK_SEG = dict(embed_dims=8, num_layers=[1, 1, 1, 1],
 QUICK_SEG_CHANNELS = [8, 16, 16, 16]
 QUICK_CLS = dict(type='ResNet', depth=18, out_indices=(3, ),
                  style='pytorch', norm_cfg=dict(type='BN'))
+#: integer options: (flag, default, least value allowed or None, help)
+COUNTS = (
+    ('--tests-timeout', 900, None, 'seconds before the tests step is '
+     'stopped'),
+    ('--pairs', 30, 1, 'measured TENT / TENT+STAG step pairs (step_cost)'),
+    ('--warmup', 3, None, 'untimed step pairs first (step_cost)'),
+    ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
+     'measured'),
+    ('--term-repeats', 10, 1, 'timings of the STAG term alone (step_cost)'),
+    ('--cls-batch', 64, None, 'ResNet-50 batch size (paper: 64)'),
+    ('--cls-size', 224, None, 'ResNet-50 input side (224)'),
+    ('--images-per-condition', 16, 1, 'generated images per ACDC '
+     'condition (4 conditions)'),
+    ('--loop-images', 48, 1, 'images of the whole-loop run per method'),
+    ('--loop-warmup', 8, None, 'loop images before its timing starts'),
+    ('--profile-steps', 3, 1, 'TENT+STAG steps profiled'),
+    ('--profile-iters', 3, 1, 'loop iterations profiled'),
+    ('--profile-warmup', 3, None, 'steps / loop iterations before '
+     'profiling'),
+)
 #: profiler events that make the host wait for the device
 SYNC_EVENTS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
                'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync')
@@ -95,42 +88,18 @@ def parse_args(argv=None):
                    help='steps to run (default: all)')
     p.add_argument('--test-paths', nargs='+', default=['tests'],
                    help='what pytest -m cuda collects (default: tests)')
-    p.add_argument('--tests-timeout', type=int, default=900,
-                   help='seconds before the tests step is stopped')
     p.add_argument('--precisions', nargs='+', choices=PRECISIONS,
                    default=list(PRECISIONS), help='step_cost precisions')
-    p.add_argument('--pairs', type=int, default=30,
-                   help='measured TENT / TENT+STAG step pairs (step_cost)')
-    p.add_argument('--warmup', type=int, default=3,
-                   help='untimed step pairs first (step_cost)')
-    p.add_argument('--memory-warmup', type=int, default=1,
-                   help='steps of each arm before its memory is measured')
-    p.add_argument('--term-repeats', type=int, default=10,
-                   help='timings of the STAG term alone (step_cost)')
+    for flag, default, _, text in COUNTS:
+        p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
                    metavar=('W', 'H'), help='SegFormer input (paper: 960 '
                    '540)')
-    p.add_argument('--cls-batch', type=int, default=64,
-                   help='ResNet-50 batch size (paper: 64)')
-    p.add_argument('--cls-size', type=int, default=224,
-                   help='ResNet-50 input side (224)')
     p.add_argument('--image-size', type=int, nargs=2, default=(1920, 1080),
                    metavar=('W', 'H'),
                    help='generated stream images (ACDC: 1920 1080)')
-    p.add_argument('--images-per-condition', type=int, default=16,
-                   help='generated images per ACDC condition (4 conditions)')
     p.add_argument('--workers', type=int, nargs='+', default=[2, 8],
                    help='loader worker counts to compare')
-    p.add_argument('--loop-images', type=int, default=48,
-                   help='images of the whole-loop run per method')
-    p.add_argument('--loop-warmup', type=int, default=8,
-                   help='loop images before its timing starts')
-    p.add_argument('--profile-steps', type=int, default=3,
-                   help='TENT+STAG steps profiled')
-    p.add_argument('--profile-iters', type=int, default=3,
-                   help='loop iterations profiled')
-    p.add_argument('--profile-warmup', type=int, default=3,
-                   help='steps / loop iterations before profiling')
     p.add_argument('--trace', action='store_true',
                    help='also write the profiles as Chrome traces')
     p.add_argument('--budget-min', type=float, default=BUDGET_MIN,
@@ -141,10 +110,10 @@ def parse_args(argv=None):
                    help=argparse.SUPPRESS)
     p.add_argument('--quick', action='store_true', help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ('pairs', 'term_repeats', 'images_per_condition',
-                 'loop_images', 'profile_steps', 'profile_iters'):
-        if getattr(args, name) < 1:
-            p.error(f'--{name.replace("_", "-")} must be >= 1')
+    for flag, _, least, _ in COUNTS:
+        value = getattr(args, flag[2:].replace('-', '_'))
+        if least is not None and value < least:
+            p.error(f'{flag} must be >= {least}')
     if not 0 <= args.loop_warmup < args.loop_images:
         p.error('need 0 <= --loop-warmup < --loop-images')
     if args.quick:
@@ -412,30 +381,16 @@ def precision(task, name):
     """fp32 with TF32 off, TF32 on for matmuls and cuDNN, or bf16 autocast
     of the forward passes (TF32 off for what stays float32)."""
     import torch
-
-    from mmseg_stag.analysis.step_benchmark import mixed_precision
-    flags = (torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = name == 'tf32'
-    torch.backends.cudnn.allow_tf32 = name == 'tf32'
-    dtype = torch.bfloat16 if name == 'bf16' else None
-    probe = task.probe
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32, task.probe.autocast_dtype
+    matmul.allow_tf32 = cudnn.allow_tf32 = name == 'tf32'
     # the loop's way: autocast around the forward passes only
-    scoped = hasattr(probe, 'autocast_dtype')
-    before = probe.autocast_dtype if scoped else None
-    step = contextlib.nullcontext()
-    if scoped:
-        probe.autocast_dtype = dtype
-    elif dtype is not None:  # an older probe: autocast around the step
-        step = mixed_precision('bf16')
+    task.probe.autocast_dtype = torch.bfloat16 if name == 'bf16' else None
     try:
-        with step:
-            yield
+        yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, \
-            torch.backends.cudnn.allow_tf32 = flags
-        if scoped:
-            probe.autocast_dtype = before
+        matmul.allow_tf32, cudnn.allow_tf32, task.probe.autocast_dtype = \
+            before
 
 
 def task_args(ctx):
@@ -538,30 +493,29 @@ def arm_memory(task, ctx, stag):
     return dict(peak_rss_mb=mem.peak / mb, step_increase_mb=mem.delta_mb)
 
 
-def ratio(a, b):
-    return b / a if a else None
+def arm_figures(seconds, batch, memory):
+    """One arm's step time (median, fastest), images/s and memory."""
+    median = statistics.median(seconds)
+    return dict(step_ms=1e3 * median, fastest_ms=1e3 * min(seconds),
+                images_per_s=batch / median, **memory)
 
 
 def cost_row(model, note, batch, name, times, memory, term):
     """One model x precision: both arms' figures and STAG's share."""
+    from mmseg_stag.analysis.step_benchmark import ratio_stats
     tent, stag = (statistics.median(times[k]) for k in ('tent', 'tent+stag'))
-    pairs = [s / t for t, s in zip(times['tent'], times['tent+stag'])]
     key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory['tent'] \
         else 'peak_rss_mb'
     return dict(
         model=model, settings=note, precision=name, batch=batch,
-        pairs=len(pairs),
-        arms={label: dict(step_ms=1e3 * statistics.median(times[label]),
-                          fastest_ms=1e3 * min(times[label]),
-                          images_per_s=batch / statistics.median(
-                              times[label]), **memory[label])
+        pairs=len(times['tent']),
+        arms={label: arm_figures(times[label], batch, memory[label])
               for label in times},
         stag_time_share_pct=100 * (stag - tent) / tent,
-        stag_pair_ratio=dict(median=statistics.median(pairs),
-                             min=min(pairs), max=max(pairs)),
+        stag_pair_ratio=ratio_stats(times['tent'], times['tent+stag']),
         stag_term_ms=1e3 * term, stag_term_share_pct=100 * term / tent,
-        stag_memory_share_pct=100 * (ratio(memory['tent'][key],
-                                           memory['tent+stag'][key]) - 1),
+        stag_memory_share_pct=100 * (
+            memory['tent+stag'][key] / memory['tent'][key] - 1),
         memory_key=key)
 
 
@@ -809,10 +763,16 @@ MEASURES = dict(step_cost=measure_step_cost, loader=measure_loader,
                 loop=measure_loop, profile=measure_profile)
 
 
-def fmt(value, digits=1, unit=''):
-    if value is None:
-        return '–'
-    return f'{value:,.{digits}f}{unit}'
+def fmt(value, digits=1):
+    return '–' if value is None else f'{value:,.{digits}f}'
+
+
+def md_table(header, rows):
+    """A Markdown table: the header, its rule, a line per row of cells."""
+    def line(cells):
+        return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+    return [line(header), '|' + '---|' * len(header)] + list(map(line, rows))
 
 
 def markdown(report):
@@ -831,10 +791,11 @@ def markdown(report):
     if report['quick']:
         lines += ['**--allow-cpu --quick: a development run of the tool with '
                   'tiny sizes, not a measurement.**', '']
-    lines += ['## Steps', '', '| step | status | time (s) |', '|---|---|---|']
-    for s in report['steps']:
-        status = s['status'] + (f": {s['error']}" if 'error' in s else '')
-        lines.append(f"| {s['name']} | {status} | {s['seconds']} |")
+    lines += ['## Steps', ''] + md_table(
+        ('step', 'status', 'time (s)'),
+        [(s['name'], s['status'] + (f": {s['error']}" if 'error' in s
+                                    else ''), s['seconds'])
+         for s in report['steps']])
     lines += ['', f"Total {report['total_minutes']:.1f} min (budget "
               f"{report['budget_minutes']:.0f} min on one GPU)"
               + (' — **over budget**' if report['over_budget'] else '') + '.',
@@ -853,13 +814,22 @@ def md_tests(r):
            f"passed, {r.get('failed', 0)} failed, {r.get('errors', 0)} "
            f"errors, {r.get('skipped', 0)} skipped** (exit status "
            f"{r['returncode']}; log `{r['log']}`)."]
-    for reason, n in r.get('skip_reasons', {}).items():
-        out.append(f'- skipped ({n}): {reason}')
-    for f in r.get('failures', []):
-        out.append(f"- {f['kind']}: `{f['test']}`: {f['message']}")
-    for p in r.get('properties', []):
-        out.append(f"- `{p['test']}`: {p['name']} = {p['value']}")
+    out += [f'- skipped ({n}): {reason}'
+            for reason, n in r.get('skip_reasons', {}).items()]
+    out += [f"- {f['kind']}: `{f['test']}`: {f['message']}"
+            for f in r.get('failures', [])]
+    out += [f"- `{p['test']}`: {p['name']} = {p['value']}"
+            for p in r.get('properties', [])]
     return out
+
+
+def share_cells(row):
+    pr = row['stag_pair_ratio']
+    return (row['model'], row['precision'], row['pairs'],
+            f"{row['stag_time_share_pct']:+.2f}",
+            f"{pr['median']:.4f} ({pr['min']:.4f}–{pr['max']:.4f})",
+            f"{row['stag_term_ms']:.2f} ({row['stag_term_share_pct']:.2f} %)",
+            f"{row['stag_memory_share_pct']:+.3f}")
 
 
 def md_step_cost(r):
@@ -867,30 +837,21 @@ def md_step_cost(r):
            'Median whole-step time over interleaved pairs (CUDA events, '
            'nothing timed inside a step); memory: one step of each arm '
            'alone on the device (its model, optimizer state and input '
-           'included), `max_memory_allocated` / `max_memory_reserved`.', '',
-           '| model | precision | arm | step (ms) | fastest (ms) | images/s '
-           '| peak allocated (MB) | peak reserved (MB) | step increase (MB) |',
-           '|---|---|---|---|---|---|---|---|---|']
-    for row in r['rows']:
-        for label, a in row['arms'].items():
-            out.append(
-                f"| {row['model']} | {row['precision']} | {label} | "
-                f"{fmt(a['step_ms'], 2)} | {fmt(a['fastest_ms'], 2)} | "
-                f"{fmt(a['images_per_s'], 1)} | "
-                f"{fmt(a.get('peak_allocated_mb', a.get('peak_rss_mb')))} |"
-                f" {fmt(a.get('peak_reserved_mb'))} | "
-                f"{fmt(a['step_increase_mb'])} |")
-    out += ['', '| model | precision | pairs | STAG time share (%) | per-pair '
-            'ratio (median, min–max) | STAG term alone (ms, % of TENT step) '
-            '| STAG memory share (%) |', '|---|---|---|---|---|---|---|']
-    for row in r['rows']:
-        pr = row['stag_pair_ratio']
-        out.append(
-            f"| {row['model']} | {row['precision']} | {row['pairs']} | "
-            f"{row['stag_time_share_pct']:+.2f} | {pr['median']:.4f} "
-            f"({pr['min']:.4f}–{pr['max']:.4f}) | {row['stag_term_ms']:.2f} "
-            f"({row['stag_term_share_pct']:.2f} %) | "
-            f"{row['stag_memory_share_pct']:+.3f} |")
+           'included), `max_memory_allocated` / `max_memory_reserved`.', '']
+    out += md_table(
+        ('model', 'precision', 'arm', 'step (ms)', 'fastest (ms)',
+         'images/s', 'peak allocated (MB)', 'peak reserved (MB)',
+         'step increase (MB)'),
+        [(row['model'], row['precision'], label, fmt(a['step_ms'], 2),
+          fmt(a['fastest_ms'], 2), fmt(a['images_per_s'], 1),
+          fmt(a.get('peak_allocated_mb', a.get('peak_rss_mb'))),
+          fmt(a.get('peak_reserved_mb')), fmt(a['step_increase_mb']))
+         for row in r['rows'] for label, a in row['arms'].items()])
+    out += [''] + md_table(
+        ('model', 'precision', 'pairs', 'STAG time share (%)',
+         'per-pair ratio (median, min–max)',
+         'STAG term alone (ms, % of TENT step)', 'STAG memory share (%)'),
+        map(share_cells, r['rows']))
     out.append('')
     for model, settings in {row['model']: row['settings']
                             for row in r['rows']}.items():
@@ -903,53 +864,51 @@ def md_step_cost(r):
 
 
 def md_loader(r):
-    out = ['## Loader', '', f"{r['images']['count']} generated "
-           f"{r['images']['size'][0]}x{r['images']['size'][1]} "
-           f"{r['images']['format']}, {r['images']['mean_mb']:.2f} MB per "
-           f"image on average; {r['pipeline']}.", '',
-           '| workers | images | start-up (s) | images/s |',
-           '|---|---|---|---|']
-    for row in r['rows']:
-        out.append(f"| {row['workers']} | {row['images']} | "
-                   f"{row['startup_s']:.2f} | {fmt(row['images_per_s'])} |")
-    return out
+    images = r['images']
+    return ['## Loader', '', f"{images['count']} generated "
+            f"{images['size'][0]}x{images['size'][1]} {images['format']}, "
+            f"{images['mean_mb']:.2f} MB per image on average; "
+            f"{r['pipeline']}.", ''] + md_table(
+        ('workers', 'images', 'start-up (s)', 'images/s'),
+        [(row['workers'], row['images'], f"{row['startup_s']:.2f}",
+          fmt(row['images_per_s'])) for row in r['rows']])
 
 
 def md_loop(r):
-    out = ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
-           f"per method, timed after the first {r['warmup']}.", '',
-           '| method | images/s | classifier calls / image |',
-           '|---|---|---|']
-    for method, row in r['methods'].items():
-        out.append(f"| {method} | {fmt(row['images_per_second'], 2)} | "
-                   f"{fmt(row['classifier_calls_per_image'], 1)} |")
-    return out
+    return ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
+            f"per method, timed after the first {r['warmup']}.", ''] + \
+        md_table(('method', 'images/s', 'classifier calls / image'),
+                 [(method, fmt(row['images_per_second'], 2),
+                   fmt(row['classifier_calls_per_image'], 1))
+                  for method, row in r['methods'].items()])
+
+
+def profile_cells(name, per, p):
+    calls = sum(s['calls'] for s in p['host_syncs'].values())
+    return (name, per, fmt(p['wall_ms'], 2), fmt(p['cuda_kernel_ms'], 2),
+            fmt(p['gpu_busy_pct']), f'{calls:.1f}',
+            fmt(p['host_sync_ms'], 2), f"{p['scalar_reads']:.1f}",
+            fmt(p.get('loader_wait_wall_ms', p['loader_wait_ms']), 2))
 
 
 def md_profile(r):
     out = ['## Profile (torch.profiler)', '', f"{r['model']}, "
            f"{r['settings']}, TENT+STAG; the step alone in fp32 with TF32 "
            'off, the loop with the config as it is (float32, PyTorch\'s '
-           'TF32 defaults).', '',
-           '| what | per | wall (ms) | CUDA kernels (ms) | GPU busy (%) | '
-           'host sync calls | host sync (ms) | scalar reads | loader wait '
-           '(ms) |', '|---|---|---|---|---|---|---|---|---|']
-    for name, p in (('step alone', r['step']), ('loop', r['loop'])):
-        calls = sum(s['calls'] for s in p['host_syncs'].values())
-        out.append(
-            f"| {name} | {'step' if name == 'step alone' else 'iteration'} "
-            f"| {fmt(p['wall_ms'], 2)} | {fmt(p['cuda_kernel_ms'], 2)} | "
-            f"{fmt(p['gpu_busy_pct'])} | {calls:.1f} | "
-            f"{fmt(p['host_sync_ms'], 2)} | {p['scalar_reads']:.1f} | "
-            f"{fmt(p.get('loader_wait_wall_ms', p['loader_wait_ms']), 2)} |")
+           'TF32 defaults).', '']
+    out += md_table(
+        ('what', 'per', 'wall (ms)', 'CUDA kernels (ms)', 'GPU busy (%)',
+         'host sync calls', 'host sync (ms)', 'scalar reads',
+         'loader wait (ms)'),
+        [profile_cells('step alone', 'step', r['step']),
+         profile_cells('loop', 'iteration', r['loop'])])
     out += ['', 'Host sync calls: ' + ', '.join(SYNC_EVENTS) + '; scalar '
             f'reads: `{SCALAR_READ}` (`.item()`, `float(t)`: each waits '
             'for the GPU). Loader wait: from the end of an iteration to the '
             'start of the next. Operators with the most kernel time, per '
             'step alone:', '']
-    for op in r['step']['top_kernel_ops']:
-        out.append(f"- `{op['op']}`: {op['kernel_ms']:.2f} ms "
-                   f"({op['calls']:.0f} calls)")
+    out += [f"- `{op['op']}`: {op['kernel_ms']:.2f} ms "
+            f"({op['calls']:.0f} calls)" for op in r['step']['top_kernel_ops']]
     return out
 
 

@@ -1,8 +1,6 @@
-"""The loop benchmark (``tools/benchmark_loop.py``, ``tools/gpu_check.py``'s
-loop and profile): one method's config through MMEngine's ``Runner`` and
-``OnlineAdaptationLoop`` on the first images of a stream, timed per batch
-by an observing hook, its classifier's calls counted.
-"""
+"""The loop benchmark (``tools/benchmark_loop.py``, ``tools/gpu_check.py``):
+one method's config through MMEngine's ``Runner`` on the first images of a
+stream, timed per batch by a hook, its classifier's calls counted."""
 import os.path as osp
 import time
 import uuid
@@ -25,7 +23,7 @@ def register_reference():
     class TwoForwardTENT(SegmentationTENT):
 
         def adapt(self, batch):
-            with torch.no_grad():  # the prediction, as model(return_loss=False)
+            with torch.no_grad():  # as model(return_loss=False)
                 prediction = self.adapter.forward(self.model, batch).logits
             with torch.enable_grad():  # then the loss's own forward
                 fwd = self.adapter.forward(self.model, batch)
@@ -36,9 +34,8 @@ def register_reference():
 
 def build_runner(config, args, work_dir, method):
     """MMEngine's runner of ``config`` on the first ``args.images`` images
-    of the stream at ``args.data_root`` (``args.cfg_options`` merged), the
-    checkpoint ``args.checkpoint`` loaded; ``two-forward``: the reference
-    method."""
+    at ``args.data_root``, ``args.checkpoint`` loaded; ``two-forward``:
+    the reference method."""
     from mmengine.config import Config
     from mmengine.runner import Runner
 
@@ -83,9 +80,8 @@ def loop_timer():
 
 
 def images_per_second(times, warmup):
-    """Images per second over the batches after the first ``warmup`` (from
-    the end of the last warm-up batch; from the end of the first batch
-    without warm-up)."""
+    """Images per second from the end of the last warm-up batch (of the
+    first batch without warm-up)."""
     first = max(warmup, 1) - 1
     seconds = times[-1] - times[first]
     return (len(times) - 1 - first) / seconds if seconds > 0 else None

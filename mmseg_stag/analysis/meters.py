@@ -1,9 +1,6 @@
 """Meters of one step or one run: time, peak memory, autograd's saved
-tensors, forward and backward passes.
-
-Used by ``tools/benchmark.py`` (per adaptation step), ``tools/gpu_check.py``
-and ``tools/analysis/efficiency.py`` (per whole run).
-"""
+tensors, forward and backward passes (``tools/benchmark.py``,
+``tools/gpu_check.py``, ``tools/analysis/efficiency.py``)."""
 import os
 import threading
 import time
@@ -12,8 +9,8 @@ import torch
 
 
 def release_freed_memory():
-    """Return freed heap pages to the OS so that RSS growth during the next
-    step measures that step (glibc keeps freed memory otherwise)."""
+    """Return freed heap pages to the OS, so that RSS growth measures the
+    next step only."""
     try:
         import ctypes
         ctypes.CDLL('libc.so.6').malloc_trim(0)
@@ -26,16 +23,26 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
 
-class PeakMemory:
-    """Peak memory above the starting point while the block runs.
+def hook_backward(before):
+    """Make ``torch.autograd.backward`` call ``before()`` first; returns
+    the original, to put back."""
+    original = torch.autograd.backward
 
-    On a GPU the peak is ``torch.cuda.max_memory_allocated`` (``peak``) and
-    ``max_memory_reserved`` (``peak_reserved``) over the WHOLE block: every
-    ``torch.cuda.reset_peak_memory_stats`` call inside it (MMEngine's
-    ``LogProcessor`` makes one at every log interval) first folds the
-    counter into a running maximum, else only the last interval's peak
-    would be left. On the CPU: the RSS, sampled every 0.5 ms by a thread.
-    """
+    def backward(*args, **kwargs):
+        before()
+        return original(*args, **kwargs)
+
+    torch.autograd.backward = backward
+    return original
+
+
+class PeakMemory:
+    """Peak memory above the start of the block: on a GPU
+    ``max_memory_allocated`` (``peak``) and ``max_memory_reserved``
+    (``peak_reserved``) over the whole block, folded before every
+    ``reset_peak_memory_stats`` inside it (MMEngine's ``LogProcessor``
+    resets at each log interval); on the CPU the RSS, sampled every
+    0.5 ms by a thread."""
 
     def __enter__(self):
         self.cuda = torch.cuda.is_available()
@@ -55,13 +62,11 @@ class PeakMemory:
         return self
 
     def _fold(self):
-        """Fold the CUDA peak counters into the running maxima."""
         self.peak = max(self.peak, torch.cuda.max_memory_allocated())
         self.peak_reserved = max(self.peak_reserved,
                                  torch.cuda.max_memory_reserved())
 
     def _folding_reset(self, *args, **kwargs):
-        """``torch.cuda.reset_peak_memory_stats``, after a fold."""
         self._fold()
         return self._reset(*args, **kwargs)
 
@@ -89,20 +94,16 @@ class PassCounter:
 
     def __init__(self, module):
         self.forwards = self.backwards = 0
+        module.register_forward_pre_hook(self._count_forward)
 
-        def count(*_):
-            self.forwards += 1
+    def _count_forward(self, *_):
+        self.forwards += 1
 
-        module.register_forward_pre_hook(count)
+    def _count_backward(self):
+        self.backwards += 1
 
     def __enter__(self):
-        self._backward = torch.autograd.backward
-
-        def counted(*args, **kwargs):
-            self.backwards += 1
-            return self._backward(*args, **kwargs)
-
-        torch.autograd.backward = counted
+        self._backward = hook_backward(self._count_backward)
         return self
 
     def __exit__(self, *exc):
@@ -110,12 +111,11 @@ class PassCounter:
 
 
 class SavedForBackward:
-    """Bytes of the distinct tensor storages autograd saves for a backward
-    pass: the graph's memory, exact and free of allocator noise, unlike
-    peak RSS. ``mb``: the largest graph of the block (a method with two
-    updates per step, EcoTTA, frees the first before building the second),
-    parameters included; ``activations_mb``: the same without the model's
-    parameters and buffers (what the backward pass keeps of the batch)."""
+    """Bytes of the distinct storages autograd saves for backward: the
+    graph's exact memory. ``mb``: the largest graph of the block (EcoTTA's
+    two updates free the first graph first), parameters included;
+    ``activations_mb``: the same without the model's parameters and
+    buffers."""
 
     def __init__(self, model=None):
         self.model_storages = set() if model is None else {
@@ -130,24 +130,17 @@ class SavedForBackward:
         self.peak_acts = max(self.peak_acts, acts)
         self.storages = {}
 
+    def _pack(self, tensor):
+        storage = tensor.untyped_storage()
+        self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
     def __enter__(self):
         self.storages, self.peak, self.peak_acts = {}, 0, 0
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            self.storages[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
         self._hooks = torch.autograd.graph.saved_tensors_hooks(
-            pack, lambda tensor: tensor)
+            self._pack, lambda tensor: tensor)
         self._hooks.__enter__()
-        self._backward = torch.autograd.backward
-
-        def backward(*args, **kwargs):  # one graph is complete
-            self._fold()
-            return self._backward(*args, **kwargs)
-
-        torch.autograd.backward = backward
+        self._backward = hook_backward(self._fold)  # a graph is complete
         return self
 
     def __exit__(self, *exc):
@@ -159,8 +152,8 @@ class SavedForBackward:
 
 
 class StepTimer:
-    """Seconds of the block: CUDA events around it on a GPU (the kernels'
-    time, read after a synchronisation), ``perf_counter`` on the CPU."""
+    """Seconds of the block: CUDA events around it on a GPU (read after a
+    synchronisation), ``perf_counter`` on the CPU."""
 
     def __init__(self, cuda=None):
         self.cuda = torch.cuda.is_available() if cuda is None else cuda

@@ -1,14 +1,7 @@
-"""The step benchmark: what STAG adds to one adaptation step.
-
-``tools/benchmark.py`` (and ``tools/gpu_check.py``'s step cost) run, for a
-model and a baseline, one adaptation step of the baseline and one of the
-baseline + STAG, interleaved, each on its own copy of the model and the
-same input, measured by :mod:`mmseg_stag.analysis.meters`. The model is
-driven as the online loop drives it: its task (:func:`build_task`) makes
-one preprocessed batch of random images (``batch()``), and the method is
-built by :func:`build_method` and configured on the task's adapted module
-and its adapter.
-"""
+"""The step benchmark (``tools/benchmark.py``, ``tools/gpu_check.py``):
+interleaved adaptation steps of a baseline and of baseline + STAG, each on
+its own model copy and the same input, driven by the model's online task
+and measured by :mod:`mmseg_stag.analysis.meters`."""
 import contextlib
 import copy
 import os.path as osp
@@ -40,37 +33,35 @@ IMAGENET_MODELS = {
                      output_cls_token=True, final_norm=True,
                      norm_cfg=dict(type='LN', eps=1e-6)), 768),
 }
-#: the paper's setting (Table appendix_hp, mmseg_stag/paper_hparams.py)
-#: whose beta0/gamma the +STAG arm uses (timing does not depend on them)
+#: continual CIFAR-C's WideResNets, 32x32 (EcoTTA's memory claim)
+CIFAR_MODELS = {'wrn-40-2': dict(type='WRN40_2_AugMix'),
+                'wrn-28-10': dict(type='WRN28_10_Standard')}
+#: the paper's setting (Table appendix_hp) whose beta0/gamma +STAG uses
 STAG_SETTING = {
     'seg': ('acdc', 'continual', 'segformer-b5'),
     'resnet50': ('imagenet-c', 'mild', 'resnet50-bn'),
     'vit-b16': ('imagenet-c', 'mild', 'vit-b16'),
-}
-#: continual CIFAR-C's WideResNets (mmseg_stag.classification), 32x32:
-#: EcoTTA's memory against TENT and CoTTA (the paper's efficiency claim)
-CIFAR_MODELS = {'wrn-40-2': dict(type='WRN40_2_AugMix'),
-                'wrn-28-10': dict(type='WRN28_10_Standard')}
-STAG_SETTING.update({
     'wrn-40-2': ('cifar100-c', 'continual', 'wrn-40-2'),
-    'wrn-28-10': ('cifar10-c', 'continual', 'wrn-28-10')})
+    'wrn-28-10': ('cifar10-c', 'continual', 'wrn-28-10'),
+}
+#: the +STAG/baseline ratios reported: name -> the measure compared
+STAG_RATIOS = {'stag_time_ratio': 'seconds', 'stag_memory_ratio': 'peak_mb',
+               'stag_saved_ratio': 'saved_mb'}
+#: TENT as CoTTA's code runs it (two forwards), its speed reference
+REFERENCE = 'tent two-forward reference'
 #: the paper's row of a method whose name there differs
 PAPER_ROW = {'ecotta': 'ecotta-k4'}
-#: the baselines' own settings (their authors' reference defaults), per
-#: kind of model
+#: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt')},
     'cls': {'tent': dict(type='tent', optimizer=dict(
         type='SGD', lr=0.00025, momentum=0.9)),
-        # random weights give near-uniform predictions, which EATA's
-        # filters would all reject (no update at all): the filters are
-        # opened so that the step timed is EATA's update on kept samples
+        # random weights: EATA's filters would reject every sample
         'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
     'cifar': {'tent': dict(type='tent', optimizer=dict(
         type='Adam', lr=1e-3, betas=(0.9, 0.999))),
         'cotta': dict(type='cotta', ap=0.72, optimizer=dict(
             type='Adam', lr=1e-3, betas=(0.9, 0.999))),
-        # K=4 meta networks (random: memory and time do not depend on them)
         'ecotta': dict(type='ecotta')},
 }
 
@@ -89,17 +80,13 @@ class BackboneClassifier(nn.Module):
     def forward(self, x):
         out = self.backbone(x)[-1]
         if isinstance(out, (list, tuple)):  # ViT: [patch map, class token]
-            features = out[1]
-        else:
-            features = out.mean((2, 3))
-        return self.fc(features)
+            return self.fc(out[1])
+        return self.fc(out.mean((2, 3)))
 
 
 def build_model(name, seed=0, root='.'):
-    """The model ``name`` (random weights of a seeded build), in eval mode,
-    as its task takes it: an MMSeg segmentor (its config found under
-    ``root``, the repository), or an ``OnlineClassifier`` over the
-    network."""
+    """The model ``name``, seeded random weights, in eval mode: a segmentor
+    (its config under ``root``) or an ``OnlineClassifier``."""
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
@@ -121,9 +108,8 @@ def build_model(name, seed=0, root='.'):
 
 
 def random_batch(kind, args):
-    """A loader's batch of random uint8 images: one ``--size`` image with
-    its metainfo for a segmentor, ``--batch-size`` images of
-    ``--cls-size`` (CIFAR: 32) for a classifier."""
+    """A loader's batch of random uint8 images: one ``--size`` image
+    (segmentation), else ``--batch-size`` of ``--cls-size`` (CIFAR: 32)."""
     if kind == 'seg':
         from mmseg.structures import SegDataSample
         width, height = args.size
@@ -141,19 +127,9 @@ def random_batch(kind, args):
 
 
 class BenchTask:
-    """How one model is driven: the package's online task on one
-    preprocessed batch and its adapter (the one-pass forward),
-    the baselines on fresh copies of the adapted module, the module whose
-    calls are counted.
-
-    Args:
-        name (str): A model of :data:`SEG_MODELS`, :data:`IMAGENET_MODELS`
-            or :data:`CIFAR_MODELS`.
-        args: ``size`` (segmentation ``(W, H)``), ``cls_size`` and
-            ``batch_size`` (classification).
-        device (str): Where the model and the batch go.
-        root (str): The repository (the SegFormers' configs).
-    """
+    """One model driven by its online task on one preprocessed batch:
+    the baselines on fresh copies of its adapted module. ``args``:
+    ``size``, ``cls_size``, ``batch_size``; ``root``: the repository."""
 
     def __init__(self, name, args, device, root='.'):
         from mmseg_stag.engine.online_task import build_task
@@ -166,11 +142,8 @@ class BenchTask:
         self.online.setup(None)
         self.batch = self.online.batch(model, random_batch(self.kind, args))
         self.inputs = self.batch.inputs
-        #: the task's operations; its probe's ``autocast_dtype`` is the
-        #: forward passes' mixed precision
         self.adapter = self.online.adapter
-        self.probe = self.online.probe
-        #: what the methods adapt, copied for each
+        self.probe = self.online.probe  # its autocast_dtype: mixed precision
         self.base = self.online.adapted_module(model)
         setting = STAG_SETTING[name if self.kind != 'seg' else 'seg']
         self.stag = {m: {k: float(v) for k, v in paper_stag(
@@ -180,8 +153,7 @@ class BenchTask:
 
     def counted(self, model):
         """The module whose calls are forward passes: the decode head's
-        1x1 classifier (MMSeg calls the head's forward directly, without
-        hooks), or the classifier network."""
+        classifier (MMSeg skips the head's hooks), or the network."""
         return self.probe.classifier(model) if self.kind == 'seg' else model
 
     def make_method(self, kind, stag):
@@ -211,8 +183,7 @@ class BenchTask:
             return method.adapt(self.batch)[0]
 
     def two_forward_step(self, method):
-        """CoTTA-style: predict under no_grad, then forward again for the
-        loss."""
+        """CoTTA-style: predict under no_grad, then forward for the loss."""
         model = method.model
         with torch.no_grad():
             prediction = self.adapter.forward(model, self.batch).logits
@@ -227,8 +198,7 @@ class BenchTask:
 
 def mixed_precision(dtype):
     """``torch.autocast`` with ``dtype`` (``'bf16'``/``'fp16'``) on the
-    device in use, as ``OnlineAdaptationLoop(mixed_precision=...)`` runs a
-    batch; a null context for ``None``."""
+    device in use; a null context for ``None``."""
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(
@@ -267,26 +237,28 @@ def summary(records):
     medians = {k: statistics.median(r[k] for r in records)
                for k in ('seconds', 'peak_mb', 'saved_mb', 'activations_mb',
                          'forwards', 'backwards')}
-    # the fastest step: the estimate least affected by other load on the
-    # machine (what ``timeit`` reports)
+    # the fastest step: least affected by other load (as ``timeit``)
     medians['seconds_min'] = min(r['seconds'] for r in records)
     return medians
 
 
-def ratio_stats(a, b, key):
-    ratios = [y[key] / x[key] for x, y in zip(a, b) if x[key] > 0]
-    if not ratios:
-        return None
+def ratio_stats(a, b):
+    """Median, min and max of the pairs' ratios ``b / a`` (``a > 0``)."""
+    ratios = [y / x for x, y in zip(a, b) if x > 0]
     return dict(median=statistics.median(ratios), min=min(ratios),
-                max=max(ratios))
+                max=max(ratios)) if ratios else None
+
+
+def arm_ratio(records, base, other, key):
+    """:func:`ratio_stats` of ``key`` between two arms' steps."""
+    return ratio_stats([r[key] for r in records[base]],
+                       [r[key] for r in records[other]])
 
 
 def time_stag_term(task, kind, stag, repeats=10):
-    """Median seconds of the STAG term alone, forward and backward, on the
-    classifier inputs/outputs of one real forward of the model as ``kind``
-    configures it (TENT/BN Adapt freeze the classifier, so the term takes
-    its projections from the logits): what +STAG adds to a step, measured
-    without the noise of the whole step."""
+    """Median seconds of the STAG term alone (forward and backward) on the
+    classifier inputs/outputs of one real forward of ``kind``'s model:
+    what +STAG adds, without the noise of a whole step."""
     from mmseg_stag.core import STAGLoss, mean_over_outputs
     method, _ = task.make_method(kind, stag)
     model = method.model
@@ -309,44 +281,49 @@ def time_stag_term(task, kind, stag, repeats=10):
     return statistics.median(times)
 
 
+def build_arms(task, kind, skip_reference):
+    """``kind`` and ``kind+stag`` (and, for TENT, the two-forward
+    reference unless ``skip_reference``): label -> (step, method,
+    counter)."""
+    arms = {}
+    for label, stag in ((kind, None), (f'{kind}+stag', task.stag[kind])):
+        arms[label] = (task.ours_step, *task.make_method(kind, stag))
+    if kind == 'tent' and not skip_reference:
+        arms[REFERENCE] = (task.two_forward_step,
+                           *task.make_method('tent', None))
+    return arms
+
+
+def compare_arms(task, kind, records):
+    """Each arm's medians and steps, the +STAG/baseline ratios, the STAG
+    term's share of the step and TENT's speed-up over the reference."""
+    res = {label: dict(summary(recs), steps=recs)
+           for label, recs in records.items()}
+    for ratio, key in STAG_RATIOS.items():
+        res[ratio] = arm_ratio(records, kind, f'{kind}+stag', key)
+    term = time_stag_term(task, kind, task.stag[kind])
+    res['stag_term'] = dict(seconds=term,
+                            fraction_of_step=term / res[kind]['seconds'])
+    if REFERENCE in records:
+        res['speedup_vs_two_forward'] = arm_ratio(
+            records, 'tent', REFERENCE, 'seconds')
+    return res
+
+
 def run_model(name, args, device, root='.'):
-    """Every baseline of ``args.methods`` the model has, against its
-    +STAG arm (and TENT against the two-forward reference unless
-    ``args.skip_reference``): ``args.steps`` interleaved steps per arm
-    after ``args.warmup``, printed and returned per baseline."""
+    """Every baseline of ``args.methods`` the model has against its +STAG
+    arm: ``args.steps`` interleaved steps per arm after ``args.warmup``,
+    printed and returned per baseline."""
     task = BenchTask(name, args, device, root)
     results = {}
     for kind in args.methods:
         if kind not in task.methods:
             continue
-        arms = {}
-        for label, stag in ((kind, None), (f'{kind}+stag', task.stag[kind])):
-            method, counter = task.make_method(kind, stag)
-            arms[label] = (task.ours_step, method, counter)
-        if kind == 'tent' and not args.skip_reference:
-            method, counter = task.make_method('tent', None)
-            arms['tent two-forward reference'] = (task.two_forward_step,
-                                                  method, counter)
+        arms = build_arms(task, kind, args.skip_reference)
         records = interleave(arms, args.steps, args.warmup,
                              args.mixed_precision)
-        res = {label: dict(summary(recs), steps=recs)
-               for label, recs in records.items()}
-        plus = f'{kind}+stag'
-        res['stag_time_ratio'] = ratio_stats(records[kind], records[plus],
-                                             'seconds')
-        res['stag_memory_ratio'] = ratio_stats(records[kind], records[plus],
-                                               'peak_mb')
-        res['stag_saved_ratio'] = ratio_stats(records[kind], records[plus],
-                                              'saved_mb')
-        term = time_stag_term(task, kind, task.stag[kind])
-        res['stag_term'] = dict(seconds=term,
-                                fraction_of_step=term / res[kind]['seconds'])
-        if 'tent two-forward reference' in records:
-            res['speedup_vs_two_forward'] = ratio_stats(
-                records['tent'], records['tent two-forward reference'],
-                'seconds')
-        results[kind] = res
-        print_table(name, kind, res)
+        results[kind] = compare_arms(task, kind, records)
+        print_table(name, kind, results[kind])
     if 'ecotta' in results:
         results['activations_mb'] = compare_activations(name, results)
     return results
@@ -374,8 +351,7 @@ def print_table(name, kind, res):
                   f"{r['peak_mb']:9.1f} {r['saved_mb']:9.1f} "
                   f"{r['activations_mb']:9.1f} "
                   f"{r['forwards']:4.0f} {r['backwards']:4.0f}")
-    for key in ('stag_time_ratio', 'stag_memory_ratio', 'stag_saved_ratio',
-                'speedup_vs_two_forward'):
+    for key in (*STAG_RATIOS, 'speedup_vs_two_forward'):
         r = res.get(key)
         if r:
             print(f'{key:32s} {r["median"]:.4f} (min {r["min"]:.4f}, '
