@@ -20,6 +20,7 @@ setup(
     'online test-time adaptation, as an MMSegmentation 1.x plugin',
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
+    license='Apache-2.0',
     packages=find_packages(include=['mmseg_stag', 'mmseg_stag.*']),
     python_requires='>=3.8',
     # The core (STAG math and loss, methods, probe) and the classification
