@@ -1,11 +1,11 @@
 """Checkpoint loading with ``weights_only=True`` and publishing as such."""
-import os.path as osp
 import pickle
 from collections import OrderedDict
 from typing import Any, Dict, Optional
 
 import torch
 import torch.nn as nn
+from mmengine.utils import check_file_exist
 
 UNSAFE_HINT = (
     'It holds pickled Python objects that the safe loader '
@@ -19,19 +19,9 @@ _PLAIN = (str, int, float, bool, type(None))
 
 def load_checkpoint_file(path: str,
                          allow_unsafe_pickle: bool = False) -> Dict[str, Any]:
-    """Read a checkpoint file onto the CPU.
-
-    Args:
-        path (str): The ``.pth`` file.
-        allow_unsafe_pickle (bool): Unpickle arbitrary objects
-            (``weights_only=False``); for trusted files only.
-
-    Raises:
-        FileNotFoundError: If the file does not exist.
-        RuntimeError: If it needs unsafe unpickling that was not allowed.
-    """
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'checkpoint file not found: {path}')
+    """Read a ``.pth`` file onto the CPU; ``allow_unsafe_pickle``
+    (``weights_only=False``) is for trusted files only."""
+    check_file_exist(path, 'checkpoint file not found: {}')
     try:
         return torch.load(path, map_location='cpu',
                           weights_only=not allow_unsafe_pickle)
@@ -44,9 +34,6 @@ def load_checkpoint_file(path: str,
 def extract_state_dict(checkpoint: Dict[str, Any],
                        path: str = '<checkpoint>') -> 'OrderedDict':
     """The weights of a loaded checkpoint, without DDP's ``module.`` prefix.
-
-    Raises:
-        ValueError: If it holds something other than tensors.
     """
     if not isinstance(checkpoint, dict):
         raise ValueError(f'{path}: expected a dict checkpoint, got '
@@ -68,18 +55,9 @@ def extract_state_dict(checkpoint: Dict[str, Any],
 def check_state_dict(own: Dict[str, torch.Tensor],
                      state: Dict[str, torch.Tensor], path: str,
                      target: str) -> None:
-    """Check that a file's weights fill a model key for key, shape for shape.
-
-    Args:
-        own (dict): The model's state dict (or the part the file must fill).
-        state (dict): The file's state dict.
-        path (str): The file, named in the message.
-        target (str): What the file must match, named in the message.
-
-    Raises:
-        ValueError: Naming the file, the missing and unexpected keys and the
-            mismatched shapes (at most 8 of each).
-    """
+    """Check that a file's weights ``state`` fill ``own`` (the model's, or
+    the part the file must fill) key for key, shape for shape; the error
+    names ``path``, ``target`` and up to 8 keys of each kind."""
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     wrong_shape = [f'{k}: file {tuple(state[k].shape)} vs model '
@@ -106,22 +84,9 @@ def load_segmentor_checkpoint(model: nn.Module,
                               allow_unsafe_pickle: bool = False,
                               head_layer: Optional[str] = None
                               ) -> Dict[str, Any]:
-    """Strictly load a checkpoint into a segmentor.
-
-    Args:
-        model (nn.Module): The segmentor.
-        path (str): The checkpoint file.
-        allow_unsafe_pickle (bool): See :func:`load_checkpoint_file`.
-        head_layer (str, optional): Module name of the classifier, checked
-            first, so a class-count mismatch is named.
-            Default: ``'decode_head.conv_seg'``.
-
-    Returns:
-        dict: The checkpoint's ``meta`` (empty if none).
-
-    Raises:
-        ValueError: On a missing, unexpected or mis-shaped key.
-    """
+    """Strictly load a checkpoint into a segmentor and return its ``meta``;
+    the classifier ``head_layer`` is checked first, so a class-count
+    mismatch is named."""
     checkpoint = load_checkpoint_file(path, allow_unsafe_pickle)
     state = extract_state_dict(checkpoint, path)
     own = model.state_dict()
@@ -166,15 +131,11 @@ def plain_meta(meta: Any) -> Any:
 def publish_checkpoint(src: str,
                        dst: str,
                        allow_unsafe_pickle: bool = False) -> int:
-    """Rewrite ``src`` as ``{'state_dict': ..., 'meta': plain}`` at ``dst``.
-
-    Returns:
-        int: The number of tensors written.
-    """
+    """Rewrite ``src`` as ``{'state_dict': ..., 'meta': plain}`` at ``dst``;
+    return the number of tensors written."""
     checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
-    state = extract_state_dict(checkpoint, src)
-    meta = plain_meta(checkpoint.get('meta', {})) if isinstance(
-        checkpoint, dict) else {}
+    state = extract_state_dict(checkpoint, src)  # a dict, or an error
+    meta = plain_meta(checkpoint.get('meta', {}))
     torch.save({'state_dict': state, 'meta': meta or {}}, dst)
     return len(state)
 

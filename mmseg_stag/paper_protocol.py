@@ -1,20 +1,7 @@
-"""The paper's protocol beside its numbers (:mod:`mmseg_stag.paper_hparams`).
-
-Two parts, each read by the tools and the configs:
-
-* STAG's beta0/gamma chosen on the stream's first stage only (ACDC: round-1
-  fog; classification: the first corruption): :func:`first_stage_options`
-  and :func:`select` (``tools/select_beta.py``, both demos, the analyses).
-* The baselines' reference settings per classification benchmark: their
-  optimizer (:func:`optimizer_for`, :func:`batch_scaled_lr`), their options
-  beyond the defaults (:data:`METHOD_OPTIONS`), batch sizes and the EcoTTA
-  rows (``tools/make_cls_configs.py`` writes ``configs/cls`` from them).
-
-Learning rates follow the baselines' reference code: ImageNet-C (SAR/DeYO
-``main.py``), SGD momentum 0.9, lr ``0.00025 * B/64`` (doubled for B < 32)
-for the ResNets and ``0.001 * B/64`` for ViT-B; CIFAR-C (CoTTA's configs),
-Adam lr 1e-3, betas (0.9, 0.999), batch 200.
-"""
+"""The paper's protocol beside its numbers (:mod:`mmseg_stag.paper_hparams`):
+STAG's beta0/gamma chosen on the stream's first stage only (:func:`select`),
+and the baselines' reference settings per classification benchmark, from
+which ``tools/make_cls_configs.py`` writes ``configs/cls``."""
 import json
 import os
 import os.path as osp
@@ -40,10 +27,8 @@ def load_config(config, checkpoint: str, cfg_options: dict) -> Config:
 
 
 def first_stage_options(cfg: Config, condition=None) -> dict:
-    """``--cfg-options`` that keep the stream's first stage alone: ACDC's
-    first round of one condition, or a classification stream's first
-    corruption (the same images in the same order as in the whole
-    stream)."""
+    """``--cfg-options`` that keep the stream's first stage alone (ACDC:
+    round-1 ``condition``; classification: the first corruption)."""
     dataset = cfg.test_dataloader.dataset
     options = stream_dataset_class(dataset).first_stage_options(dataset,
                                                                 condition)
@@ -59,11 +44,7 @@ def first_images_options(cfg: Config, num_images: int) -> dict:
 
 
 def stream_dataset_class(dataset_cfg: dict) -> type:
-    """Return the class of the stream dataset ``dataset_cfg`` builds.
-
-    Raises:
-        ValueError: If it is unknown or declares no first stage.
-    """
+    """Return the class of the stream dataset ``dataset_cfg`` builds."""
     from mmengine.registry import DATASETS as ROOT
     from mmseg_stag.registry import DATASETS
     kind = dataset_cfg.get('type')
@@ -104,14 +85,9 @@ def first_stage_score(cfg: Config, checkpoint: str, work_dir: str) -> float:
 def select(config, checkpoint: str, beta_grid, work_dir: str,
            gamma_grid=None, cfg_options=None, condition=None,
            log=print) -> dict:
-    """Run the grid on the first stage; returns ``dict(beta0, gamma,
-    trials=[dict(beta0, gamma, score)])`` and writes it to
-    ``<work_dir>/beta_selection.json``.
-
-    Every (beta0, gamma) of the grid runs the config on that first stage
-    alone (``tools/test.py``'s run, in this process); the best score wins
-    (ties: the smaller beta0, then the smaller gamma). ``gamma_grid``
-    defaults to the config's gamma."""
+    """Run each (beta0, gamma) of the grid on the first stage alone (in this
+    process); return and write to ``<work_dir>/beta_selection.json`` the
+    best (ties: the smaller beta0, then gamma) and the ``trials``."""
     cfg = load_config(config, checkpoint, dict(cfg_options or {}))
     cfg.merge_from_dict(first_stage_options(cfg, condition))
     os.makedirs(work_dir, exist_ok=True)
@@ -173,7 +149,8 @@ def batch_scaled_lr(lr: float, batch_size: int, vit: bool) -> float:
 
 def optimizer_for(benchmark: str, scenario: str, model: str,
                   method: str = '') -> dict:
-    """The baselines' reference optimizer for a setting."""
+    """The baselines' reference optimizer for a setting: ImageNet-C's of
+    SAR/DeYO's ``main.py``, CIFAR-C's of CoTTA's configs."""
     if method in ECOTTA_ROWS:
         return dict(type='SGD', lr=5e-3, momentum=0.9)
     if benchmark != 'imagenet-c':

@@ -41,21 +41,8 @@ def to_uint8_chw(image: np.ndarray) -> torch.Tensor:
 def imagenet_preprocess(image: Image.Image,
                         resize: Optional[int] = 256,
                         crop: Optional[int] = 224) -> torch.Tensor:
-    """Apply torchvision's ``Resize(256), CenterCrop(224)`` with PIL only.
-
-    Args:
-        image (Image.Image): A PIL image, converted to RGB.
-        resize (int, optional): Shorter side after a bilinear resize; None
-            skips it. Default: 256.
-        crop (int, optional): Side of the center crop; None skips it.
-            Default: 224.
-
-    Returns:
-        torch.Tensor: ``[3, crop, crop]`` uint8 image.
-
-    Raises:
-        ValueError: If the image is smaller than the crop.
-    """
+    """Return torchvision's ``Resize(256), CenterCrop(224)`` of ``image``
+    (PIL only; None skips a step) as a uint8 ``[3, crop, crop]`` tensor."""
     image = image.convert('RGB')
     if resize is not None:
         w, h = image.size
@@ -76,23 +63,15 @@ def imagenet_preprocess(image: Image.Image,
     return to_uint8_chw(np.asarray(image))
 
 
-def _require_dir(path: str, what: str) -> None:
-    if not osp.isdir(path):
+def _require(path: str, what: str, exists=osp.isdir) -> None:
+    if not exists(path):
         raise FileNotFoundError(f'{what} not found: {path}')
 
 
-def _require_file(path: str, what: str) -> None:
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'{what} not found: {path}')
-
-
-def read_wnids(wnids: Union[str, Sequence[str]]) -> List[str]:
-    """Return a wnid list given inline or as a file of one wnid per line."""
-    if isinstance(wnids, str):
-        _require_file(wnids, 'wnid list file')
-        with open(wnids, encoding='utf-8') as f:
-            return [line.split()[0] for line in f if line.strip()]
-    return list(wnids)
+def _check_images(images: np.ndarray, path: str) -> None:
+    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8:
+        raise ValueError(f'{path}: expected uint8 [N, H, W, 3], '
+                         f'got {images.dtype} {images.shape}')
 
 
 def scan_class_folders(folder: str,
@@ -100,15 +79,15 @@ def scan_class_folders(folder: str,
                        n_examples: Optional[int] = None,
                        subset_seed: int = 0
                        ) -> Tuple[List[str], List[str], np.ndarray]:
-    """Return ``(classes, image paths, labels)`` of ``<folder>/<wnid>/*.JPEG``.
-
-    Raises:
-        ValueError: If a class folder is not in ``wnids``.
-        FileNotFoundError: If there are no images.
-    """
+    """Return ``(classes, image paths, labels)`` of ``<folder>/<wnid>/*.JPEG``
+    (``wnids``: the class order, or a file of one wnid per line)."""
     present = sorted(d for d in os.listdir(folder)
                      if osp.isdir(osp.join(folder, d)))
-    classes = read_wnids(wnids) if wnids is not None else present
+    if isinstance(wnids, str):
+        _require(wnids, 'wnid list file', osp.isfile)
+        with open(wnids, encoding='utf-8') as f:
+            wnids = [line.split()[0] for line in f if line.strip()]
+    classes = present if wnids is None else list(wnids)
     unknown = sorted(set(present) - set(classes))
     if unknown:
         raise ValueError(f'{folder} has class folders not in the wnid '
@@ -133,43 +112,45 @@ def scan_class_folders(folder: str,
 
 
 class CorruptionSet(Dataset):
-    """Base of one corruption at one severity; items are ``(image, label)``."""
+    """Base of one corruption at one severity; items are ``(image, label)``
+    read from the files ``paths``."""
 
     corruption: str
     severity: int
     labels: np.ndarray
+    paths: List[str]
 
     def __len__(self) -> int:
         return len(self.labels)
-
-    def files(self) -> List[str]:
-        """Return the files the items are read from."""
-        return []
 
     def fingerprint(self) -> str:
         """Return a hash of the labels, file names, sizes and times."""
         h = hashlib.sha1(f'{self.corruption}/{self.severity}'.encode())
         h.update(np.ascontiguousarray(self.labels).tobytes())
-        for path in self.files():
+        for path in self.paths:
             st = os.stat(path)
             h.update(f'{path}:{st.st_size}:{st.st_mtime_ns}'.encode())
         return h.hexdigest()[:16]
 
 
-
 class ImageFiles(CorruptionSet):
     """Items read from image files with :func:`imagenet_preprocess`."""
 
-    paths: List[str]
     transform_args: dict
-
-    def files(self) -> List[str]:
-        return self.paths
 
     def __getitem__(self, index: int):
         with Image.open(self.paths[index]) as image:
             x = imagenet_preprocess(image, **self.transform_args)
         return x, int(self.labels[index])
+
+
+class ArrayImages(CorruptionSet):
+    """Items of a uint8 ``[N, H, W, 3]`` array, ``images``."""
+
+    images: np.ndarray
+
+    def __getitem__(self, index: int):
+        return to_uint8_chw(self.images[index]), int(self.labels[index])
 
 
 @CLS_DATASETS.register_module()
@@ -185,8 +166,7 @@ class ImageNetC(ImageFiles):
         n_examples (int, optional): Size of a seeded random subset.
             Default: None (all).
         subset_seed (int): Seed of that subset. Default: 0.
-        resize (int, optional): See :func:`imagenet_preprocess`.
-        crop (int, optional): See :func:`imagenet_preprocess`.
+        resize, crop (int, optional): See :func:`imagenet_preprocess`.
     """
 
     def __init__(self,
@@ -200,18 +180,18 @@ class ImageNetC(ImageFiles):
                  crop: Optional[int] = 224):
         self.corruption, self.severity = corruption, int(severity)
         self.transform_args = dict(resize=resize, crop=crop)
-        _require_dir(data_root, 'ImageNet-C root')
-        _require_dir(osp.join(data_root, corruption),
-                     f'ImageNet-C corruption folder {corruption!r}')
+        _require(data_root, 'ImageNet-C root')
+        _require(osp.join(data_root, corruption),
+                 f'ImageNet-C corruption folder {corruption!r}')
         folder = osp.join(data_root, corruption, str(self.severity))
-        _require_dir(folder, f'ImageNet-C severity folder '
-                     f'({corruption}, severity {self.severity})')
+        _require(folder, f'ImageNet-C severity folder '
+                 f'({corruption}, severity {self.severity})')
         self.classes, self.paths, self.labels = scan_class_folders(
             folder, wnids, n_examples, subset_seed)
 
 
 @CLS_DATASETS.register_module()
-class CIFARC(CorruptionSet):
+class CIFARC(ArrayImages):
     """CIFAR-10-C / CIFAR-100-C arrays as released.
 
     Args:
@@ -222,9 +202,6 @@ class CIFARC(CorruptionSet):
             Default: None (all).
         severities (Sequence[int]): Severities the files hold, in order.
             Default: (1, 2, 3, 4, 5).
-
-    Raises:
-        ValueError: If the files do not hold the severity or mismatch.
     """
 
     def __init__(self,
@@ -238,18 +215,15 @@ class CIFARC(CorruptionSet):
         if self.severity not in severities:
             raise ValueError(f'severity {severity} not in the severities '
                              f'the files hold {severities}')
-        _require_dir(data_root, 'CIFAR-C root')
+        _require(data_root, 'CIFAR-C root')
         images_path = osp.join(data_root, f'{corruption}.npy')
         labels_path = osp.join(data_root, 'labels.npy')
-        _require_file(images_path, f'CIFAR-C file of corruption '
-                      f'{corruption!r}')
-        _require_file(labels_path, 'CIFAR-C labels file')
+        _require(images_path, f'CIFAR-C file of corruption {corruption!r}',
+                 osp.isfile)
+        _require(labels_path, 'CIFAR-C labels file', osp.isfile)
         images = np.load(images_path, mmap_mode='r')
         labels = np.load(labels_path)
-        if images.ndim != 4 or images.shape[-1] != 3 or \
-                images.dtype != np.uint8:
-            raise ValueError(f'{images_path}: expected uint8 [N, H, W, 3], '
-                             f'got {images.dtype} {images.shape}')
+        _check_images(images, images_path)
         if len(images) != len(labels) or len(images) % len(severities):
             raise ValueError(
                 f'{images_path} has {len(images)} images and {labels_path} '
@@ -260,29 +234,13 @@ class CIFARC(CorruptionSet):
         stop = start + (per if n_examples is None else min(n_examples, per))
         self.images = images[start:stop]
         self.labels = np.asarray(labels[start:stop], dtype=np.int64)
-        self.path = images_path
-        self.labels_path = labels_path
-
-    def files(self) -> List[str]:
-        return [self.path, self.labels_path]
-
-    def __getitem__(self, index: int):
-        return to_uint8_chw(self.images[index]), int(self.labels[index])
-
+        self.paths = [images_path, labels_path]
 
 
 @CLS_DATASETS.register_module()
 class ImageFolder(ImageFiles):
-    """Clean source images ``<data_root>/<wnid>/*.JPEG``, e.g. for EATA.
-
-    Args:
-        data_root (str): The folder of class folders.
-        wnids (list[str] | str, optional): See :class:`ImageNetC`.
-        n_examples (int, optional): See :class:`ImageNetC`.
-        subset_seed (int): See :class:`ImageNetC`. Default: 0.
-        resize (int, optional): See :func:`imagenet_preprocess`.
-        crop (int, optional): See :func:`imagenet_preprocess`.
-    """
+    """Clean source images ``<data_root>/<wnid>/*.JPEG``, e.g. for EATA;
+    the other arguments as :class:`ImageNetC`'s."""
 
     def __init__(self,
                  data_root: str,
@@ -293,13 +251,13 @@ class ImageFolder(ImageFiles):
                  crop: Optional[int] = 224):
         self.corruption, self.severity = 'clean', 0
         self.transform_args = dict(resize=resize, crop=crop)
-        _require_dir(data_root, 'clean image folder (source_data.data_root)')
+        _require(data_root, 'clean image folder (source_data.data_root)')
         self.classes, self.paths, self.labels = scan_class_folders(
             data_root, wnids, n_examples, subset_seed)
 
 
 @CLS_DATASETS.register_module()
-class NumpyImages(CorruptionSet):
+class NumpyImages(ArrayImages):
     """Clean source images in a uint8 ``[N, H, W, 3]`` ``.npy`` file.
 
     Args:
@@ -313,53 +271,34 @@ class NumpyImages(CorruptionSet):
                  labels: str,
                  n_examples: Optional[int] = None):
         self.corruption, self.severity = 'clean', 0
-        _require_file(images, 'source images file (source_data.images)')
-        _require_file(labels, 'source labels file (source_data.labels)')
+        _require(images, 'source images file (source_data.images)', osp.isfile)
+        _require(labels, 'source labels file (source_data.labels)', osp.isfile)
         array = np.load(images, mmap_mode='r')
         label_array = np.load(labels)
-        if array.ndim != 4 or array.shape[-1] != 3 or array.dtype != np.uint8:
-            raise ValueError(f'{images}: expected uint8 [N, H, W, 3], got '
-                             f'{array.dtype} {array.shape}')
+        _check_images(array, images)
         if len(array) != len(label_array):
             raise ValueError(f'{images} has {len(array)} images but {labels} '
                              f'{len(label_array)} labels')
-        stop = len(array) if n_examples is None else min(n_examples,
-                                                         len(array))
-        self.images = array[:stop]
-        self.labels = np.asarray(label_array[:stop], dtype=np.int64)
+        # [:n] keeps min(n, N) images; None keeps all
+        self.images = array[:n_examples]
+        self.labels = np.asarray(label_array[:n_examples], dtype=np.int64)
         self.paths = [images, labels]
-
-    def files(self) -> List[str]:
-        return self.paths
-
-    def __getitem__(self, index: int):
-        return to_uint8_chw(self.images[index]), int(self.labels[index])
-
 
 
 def build_corruption_sets(cfg: dict) -> Dict[str, CorruptionSet]:
-    """Build one corruption set per corruption of ``cfg``, in order.
-
-    Args:
-        cfg (dict): ``type``, ``corruptions`` and the dataset's arguments.
-
-    Returns:
-        dict[str, CorruptionSet]: The sets by corruption.
-    """
+    """Build one set per corruption of ``cfg`` (``type``, ``corruptions``
+    and the dataset's arguments), in order."""
     cfg = dict(cfg)
     corruptions = list(cfg.pop('corruptions', CORRUPTIONS))
     if not corruptions:
-        raise ValueError('data.corruptions is empty')
+        raise ValueError('test_dataloader.dataset.corruptions is empty')
     return {c: CLS_DATASETS.build(dict(cfg, corruption=c))
             for c in corruptions}
 
 
 class StreamData:
-    """Several corruption sets addressed by one global index.
-
-    Args:
-        sets (dict[str, CorruptionSet]): The sets, in order.
-    """
+    """Several corruption sets (``{name: set}``, in order) addressed by one
+    global index."""
 
     def __init__(self, sets: Dict[str, CorruptionSet]):
         self.names = list(sets)

@@ -26,12 +26,9 @@ ECOTTA_PRESETS = {
 
 
 def preset_partition(network_type: str, num_blocks: int, K: int):
-    """Return the preset blocks per part for ``K`` parts of a network.
-
-    Raises:
-        ValueError: If there is no such preset.
-    """
-    presets = ECOTTA_PRESETS[network_type][1].get(num_blocks, {})
+    """Return the preset blocks per part for ``K`` parts of a network."""
+    presets = ECOTTA_PRESETS.get(network_type, (None, {}))[1].get(
+        num_blocks, {})
     if K not in presets:
         raise ValueError(
             f'EcoTTANetwork: no K={K} preset for {network_type} with '
@@ -56,16 +53,8 @@ def ecotta_network(network: dict,
         blocks (str, optional): Regex of the blocks' names.
             Default: the preset's.
         input_size (Sequence[int]): ``(C, H, W)`` of one input.
-            Default: (3, 32, 32).
         allow_cold_start (bool): Whether weights without meta networks may
-            load. Default: False.
-
-    Returns:
-        nn.Module: The network with meta networks.
-
-    Raises:
-        ValueError: If neither or both of ``K`` and ``parts`` are given or
-            no preset fits.
+            load.
     """
     net_type = network.get('type')
     if blocks is None:
@@ -80,9 +69,6 @@ def ecotta_network(network: dict,
                          f'got K={K!r}, parts={parts!r}')
     model = CLS_MODELS.build(dict(network))
     if parts is None:
-        if net_type not in ECOTTA_PRESETS:
-            raise ValueError(f'EcoTTANetwork: K={K} needs a preset, and '
-                             f'{net_type!r} has none; give parts=[...]')
         parts = preset_partition(net_type, len(find_blocks(model, blocks)),
                                  int(K))
     meta = attach_meta_networks(model, blocks, parts, input_size)

@@ -1,16 +1,12 @@
-"""EcoTTA's warm-up of the meta networks on the source training set.
-
-Follows ``warmup_train`` of ``main.py`` in ``Lily-Le/EcoTTA``;
-:func:`warm_up_checkpoint` is the whole of ``tools/ecotta_warmup.py``: an
-EcoTTA config and the source weights in, the warmed-up checkpoint out.
-"""
+"""EcoTTA's warm-up of the meta networks on the source training set
+(``warmup_train`` of ``main.py`` in ``Lily-Le/EcoTTA``)."""
 import bisect
 import copy
 import hashlib
 import os
 import os.path as osp
 import pickle
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -86,18 +82,8 @@ def _read_cifar_batch(path: str, label_key: bytes):
 
 def read_training_set(path: str, labels: Optional[str] = None
                       ) -> Tuple[np.ndarray, np.ndarray]:
-    """Read the source training set as uint8 ``[N, H, W, 3]`` and labels.
-
-    Args:
-        path (str): A CIFAR python folder, its parent, or an images ``.npy``.
-        labels (str, optional): The labels ``.npy`` for an images ``.npy``.
-
-    Returns:
-        tuple[np.ndarray, np.ndarray]: The images and labels.
-
-    Raises:
-        ValueError: If an ``.npy`` comes without ``labels``.
-        FileNotFoundError: If nothing of these layouts is at ``path``.
+    """Return the uint8 ``[N, H, W, 3]`` images and the labels of a CIFAR
+    python folder (or its parent), or of an images ``.npy`` and ``labels``.
     """
     if path.endswith('.npy'):
         if labels is None:
@@ -123,52 +109,25 @@ def read_training_set(path: str, labels: Optional[str] = None
         '(with --train-labels)')
 
 
-def _meta_parameters(network: nn.Module):
-    for name, p in network.named_parameters():
-        p.requires_grad_(name.startswith('ecotta.'))
-    return [p for n, p in network.named_parameters()
-            if n.startswith('ecotta.')]
-
-
 def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
-            work_dir: str, epochs: int = 10, lr: float = 0.05,
-            batch_size: int = 64, seed: int = 0, resume: bool = False,
-            settings: Optional[dict] = None,
-            progress: Optional[Callable[[int], Callable]] = None
-            ) -> Dict[str, list]:
-    """Train the meta networks of ``model``, saving the state every epoch.
-
-    Args:
-        model (nn.Module): An ``OnlineClassifier`` with an EcoTTA network.
-        images (np.ndarray): uint8 ``[N, H, W, 3]`` training images.
-        labels (np.ndarray): Their labels.
-        work_dir (str): Where the per-epoch state is saved.
-        epochs (int): Number of epochs. Default: 10.
-        lr (float): Base learning rate. Default: 0.05.
-        batch_size (int): Batch size. Default: 64.
-        seed (int): Seed of the order and augmentations. Default: 0.
-        resume (bool): Whether to continue from the saved state.
-            Default: False.
-        settings (dict, optional): What must match to resume. Default: None.
-        progress (callable, optional): Returns a per-batch callback for a
-            number of batches. Default: None.
-
-    Returns:
-        dict[str, list]: Loss and accuracy per epoch so far.
-
-    Raises:
-        ValueError: If the network has no meta networks or the saved state
-            is another warm-up's.
+            work_dir: str, epochs: int, lr: float, batch_size: int,
+            seed: int, resume: bool, settings: dict) -> Dict[str, list]:
+    """Train the meta networks of ``model`` (an ``OnlineClassifier`` over an
+    ``EcoTTANetwork``), saving the state in ``work_dir`` every epoch; the
+    ``settings`` must match to resume. Returns loss and accuracy per epoch.
     """
+    from mmengine.utils import ProgressBar
     network = model.network
     if not hasattr(network, 'ecotta'):
         raise ValueError('the warm-up needs an EcoTTA network (model.network'
                          " type='EcoTTANetwork')")
-    params = _meta_parameters(network)
+    for name, p in network.named_parameters():
+        p.requires_grad_(name.startswith('ecotta.'))
+    params = [p for p in network.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
     state_path = osp.join(work_dir, STATE_FILE)
     history, start = dict(loss=[], acc=[]), 1
-    settings = dict(settings or {}, lr=lr, batch_size=batch_size, seed=seed)
+    settings = dict(settings, lr=lr, batch_size=batch_size, seed=seed)
     if resume and osp.isfile(state_path):
         state = torch.load(state_path, map_location='cpu', weights_only=True)
         if state['settings'] != settings:
@@ -187,7 +146,7 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
     for epoch in range(start, epochs + 1):
         g = torch.Generator().manual_seed(seed * 1000 + epoch)
         order = torch.randperm(len(x_all), generator=g)
-        tick = progress(iters) if progress else None
+        bar = ProgressBar(iters)  # elapsed and ETA per epoch
         total = correct = 0.
         for b in range(iters):
             idx = order[b * batch_size:(b + 1) * batch_size]
@@ -203,8 +162,7 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
             optimizer.step()
             total += loss.item() * len(idx)
             correct += float((logits.argmax(1) == y_all[idx]).sum())
-            if tick:
-                tick(b)
+            bar.update()
         history['loss'].append(total / len(x_all))
         history['acc'].append(correct / len(x_all))
         os.makedirs(work_dir, exist_ok=True)
@@ -233,11 +191,7 @@ def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
 
 
 def build_ecotta_classifier(config: str, cfg_options: dict) -> nn.Module:
-    """Return the config's ``OnlineClassifier`` (built in the mmseg_stag
-    scope).
-
-    Raises:
-        ValueError: If its network is no ``EcoTTANetwork``.
+    """Return the config's ``OnlineClassifier`` over an ``EcoTTANetwork``.
     """
     from mmengine.config import Config
 
@@ -269,32 +223,11 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
                        lr: float = 0.05, batch_size: int = 64, seed: int = 0,
                        limit: Optional[int] = None, resume: bool = False,
                        trust_pickle: bool = False,
-                       cfg_options: Optional[dict] = None,
-                       log: Callable[[str], None] = print) -> dict:
-    """Warm up the meta networks of an EcoTTA config and save them.
-
-    Args:
-        config (str): The EcoTTA test config (an ``OnlineClassifier`` over
-            an ``EcoTTANetwork``).
-        checkpoint (str): The source network's weights (the frozen part).
-        out (str): The warmed-up checkpoint: ``state_dict`` (the network
-            with its meta networks) and plain ``meta``, loadable with
-            ``weights_only=True``.
-        train_data (str): See :func:`read_training_set`.
-        work_dir (str): The per-epoch state (see :func:`warm_up`).
-        train_labels (str, optional): The labels of an images ``.npy``.
-        epochs, lr, batch_size, seed, resume: See :func:`warm_up`.
-        limit (int, optional): Use the first ``limit`` images only.
-        trust_pickle (bool): Load a checkpoint that needs unsafe
-            unpickling. Default: False.
-        cfg_options (dict, optional): Settings of the config.
-        log (callable): Where the progress lines go. Default: print.
-
-    Returns:
-        dict: ``history`` (loss and accuracy per epoch), and the source
-        cross-entropy ``before`` and ``after`` the warm-up.
-    """
-    from mmengine.utils import ProgressBar
+                       cfg_options: Optional[dict] = None) -> dict:
+    """``tools/ecotta_warmup.py`` (its options are the arguments): warm up
+    the meta networks of an EcoTTA config from the source weights, save
+    them to ``out``; return ``history`` and the source cross-entropy
+    ``before`` and ``after``."""
     cfg_options = dict(cfg_options or {})
     torch.manual_seed(seed)  # the meta networks' initialisation
     model = build_ecotta_classifier(config, cfg_options)
@@ -305,28 +238,23 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
     images, labels = read_training_set(train_data, train_labels)
     if limit:
         images, labels = images[:limit], labels[:limit]
-    log(f'EcoTTA warm-up: {len(images)} images, {epochs} epochs, '
-        f'batch {batch_size}, lr {lr}, meta networks '
-        f'{list(meta.blocks_per_part)} -> {out}')
+    print(f'EcoTTA warm-up: {len(images)} images, {epochs} epochs, '
+          f'batch {batch_size}, lr {lr}, meta networks '
+          f'{list(meta.blocks_per_part)} -> {out}')
     settings = dict(config=osp.abspath(config),
                     cfg_options=repr(sorted(cfg_options.items())),
                     source=file_digest(checkpoint),
                     data=hashlib.sha1(np.ascontiguousarray(images)).hexdigest()
                     + hashlib.sha1(np.asarray(labels)).hexdigest())
     before = source_loss(model, images, labels)
-
-    def progress(n):
-        bar = ProgressBar(n)  # elapsed and ETA per epoch
-        return lambda _: bar.update()
-
     history = warm_up(model, images, labels, work_dir, epochs, lr,
-                      batch_size, seed, resume, settings, progress)
+                      batch_size, seed, resume, settings)
     after = source_loss(model, images, labels)
     for epoch, (loss, acc) in enumerate(zip(history['loss'],
                                             history['acc']), 1):
-        log(f'epoch {epoch}: train loss {loss:.4f}, acc {acc:.4f}')
-    log(f'source cross-entropy (no augmentation): {before:.4f} before, '
-        f'{after:.4f} after the warm-up')
+        print(f'epoch {epoch}: train loss {loss:.4f}, acc {acc:.4f}')
+    print(f'source cross-entropy (no augmentation): {before:.4f} before, '
+          f'{after:.4f} after the warm-up')
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     save_atomic(dict(state_dict=model.network.state_dict(),
                       meta=dict(ecotta_warmup=dict(
@@ -334,5 +262,5 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
                           seed=seed, images=len(images),
                           source_loss_before=before,
                           source_loss_after=after, history=history))), out)
-    log(f'wrote {out}; run: python tools/test.py {config} {out}')
+    print(f'wrote {out}; run: python tools/test.py {config} {out}')
     return dict(history=history, before=before, after=after)

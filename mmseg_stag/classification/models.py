@@ -1,31 +1,26 @@
 """Source models of the classification benchmarks and strict weight loading."""
 import importlib
-import os.path as osp
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch.nn as nn
+from mmengine.utils import check_file_exist
 
 from mmseg_stag.checkpoint import (check_state_dict, extract_state_dict,
                                    load_checkpoint_file)
 from mmseg_stag.core import HeadProbe
 from .registry import CLS_MODELS
 
-EXTRA_HINT = ('install the classification extras with `pip install -e '
-              '.[cls]` (torchvision/timm matching your torch)')
-
 
 def import_optional(name: str):
-    """Import ``name``.
-
-    Raises:
-        ImportError: If it cannot be imported, naming the install command.
-    """
+    """Import ``name``, or raise an ImportError naming the install."""
     try:
         return importlib.import_module(name)
     except Exception as err:  # torchvision fails with RuntimeError too
         raise ImportError(f'{name} is needed for this model but cannot be '
-                          f'imported ({type(err).__name__}: {err}); '
-                          f'{EXTRA_HINT}') from err
+                          f'imported ({type(err).__name__}: {err}); install '
+                          'the classification extras with `pip install -e '
+                          '.[cls]` (torchvision/timm matching your torch)'
+                          ) from err
 
 
 @CLS_MODELS.register_module(name='TorchvisionResNet50')
@@ -38,11 +33,7 @@ def torchvision_resnet50(num_classes: int = 1000) -> nn.Module:
 @CLS_MODELS.register_module(name='TimmModel')
 def timm_model(model_name: str, num_classes: int = 1000,
                **kwargs) -> nn.Module:
-    """Build ``timm.create_model(model_name, pretrained=False)``.
-
-    Raises:
-        ValueError: If timm has no such model.
-    """
+    """Build ``timm.create_model(model_name, pretrained=False)``."""
     timm = import_optional('timm')
     if not timm.is_model(model_name):
         close = [m for m in timm.list_models(f'*{model_name.split("_")[0]}*')
@@ -57,48 +48,38 @@ def timm_model(model_name: str, num_classes: int = 1000,
 def read_state_dict(path: str, allow_unsafe_pickle: bool = False):
     """Return the state dict of a ``.pth``/``.bin``/``.safetensors`` file."""
     if path.endswith('.safetensors'):
-        if not osp.isfile(path):
-            raise FileNotFoundError(f'checkpoint file not found: {path}')
+        check_file_exist(path, 'checkpoint file not found: {}')
         st = import_optional('safetensors.torch')
         return extract_state_dict(st.load_file(path), path)
     return extract_state_dict(load_checkpoint_file(path, allow_unsafe_pickle),
                               path)
 
 
-def non_persistent_buffers(model: nn.Module) -> set:
-    """Return the full names of the non-persistent buffers of ``model``."""
-    names = set()
-    for mod_name, module in model.named_modules():
-        for buf in module._non_persistent_buffers_set:
-            names.add(f'{mod_name}.{buf}' if mod_name else buf)
-    return names
-
-
 def load_weights(model: nn.Module, path: str,
                  allow_unsafe_pickle: bool = False) -> None:
-    """Strictly load a weight file into ``model``.
-
-    Args:
-        model (nn.Module): The model.
-        path (str): The weight file; a ``.npz`` is an original ViT.
-        allow_unsafe_pickle (bool): Whether to trust the pickle.
-            Default: False.
-
-    Raises:
-        FileNotFoundError: If there is no such file.
-        ValueError: If the keys or shapes do not match the model.
-    """
+    """Strictly load a weight file (a ``.npz``: an original ViT) into
+    ``model``; a mismatch is a ValueError naming the keys."""
     if path.endswith('.npz'):
         load_vit_npz(model, path)
         return
     state = read_state_dict(path, allow_unsafe_pickle)
-    for key in non_persistent_buffers(model):
-        state.pop(key, None)
+    for prefix, module in model.named_modules():  # not in the state dict
+        for buf in module._non_persistent_buffers_set:
+            state.pop(f'{prefix}.{buf}' if prefix else buf, None)
     own = model.state_dict()
     cold_start = hasattr(model, 'ecotta') and not any(
         k.startswith('ecotta.') for k in state)
     if cold_start:
-        own = source_keys_of_ecotta(model, path, own)
+        if not getattr(model.ecotta, 'allow_cold_start', False):
+            raise ValueError(
+                f'{path} has no EcoTTA meta networks (ecotta.*): it is a '
+                'source checkpoint. Warm the meta networks up on the source '
+                'training set first (python tools/ecotta_warmup.py CONFIG '
+                f'{path} --train-data ... --out WARM.pth, then test '
+                'WARM.pth), or set model.network.allow_cold_start=True to '
+                'adapt freshly initialised meta networks (not EcoTTA as '
+                'published)')
+        own = {k: v for k, v in own.items() if not k.startswith('ecotta.')}
     check_state_dict(own, state, path, type(model).__name__)
     # a cold start leaves the meta networks as initialised (checked above)
     model.load_state_dict(state, strict=not cold_start)
@@ -137,14 +118,9 @@ def npz_mismatches(model: nn.Module, files, prefix: str) -> list:
 
 
 def load_vit_npz(model: nn.Module, path: str) -> None:
-    """Fill a timm ViT from an original ``.npz`` with ``load_pretrained``.
-
-    Raises:
-        FileNotFoundError: If there is no such file.
-        ValueError: If the file or the model does not fit.
-    """
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'checkpoint file not found: {path}')
+    """Fill a timm ViT from an original ``.npz`` with ``load_pretrained``
+    once the file is checked to fit it."""
+    check_file_exist(path, 'checkpoint file not found: {}')
     if not (hasattr(model, 'load_pretrained') and
             hasattr(model, 'pos_embed') and hasattr(model, 'blocks')):
         raise ValueError(
@@ -175,47 +151,15 @@ def load_vit_npz(model: nn.Module, path: str) -> None:
                          f'{type(err).__name__}: {err}') from err
 
 
-def source_keys_of_ecotta(model: nn.Module, path: str, own: dict) -> dict:
-    """Return the non-meta-network keys of an EcoTTA network for a cold start.
-
-    Raises:
-        ValueError: If the network does not allow a cold start.
-    """
-    if not getattr(model.ecotta, 'allow_cold_start', False):
-        raise ValueError(
-            f'{path} has no EcoTTA meta networks (ecotta.*): it is a source '
-            'checkpoint. Warm the meta networks up on the source training '
-            'set first (python tools/ecotta_warmup.py CONFIG '
-            f'{path} --train-data ... --out WARM.pth, then test WARM.pth), '
-            'or set model.network.allow_cold_start=True to adapt freshly '
-            'initialised meta networks (not EcoTTA as published)')
-    return {k: v for k, v in own.items() if not k.startswith('ecotta.')}
-
-
-def build_cls_model(cfg: dict,
-                    checkpoint: Optional[str] = None,
-                    allow_unsafe_pickle: bool = False
-                    ) -> Tuple[nn.Module, str]:
-    """Build a source model, load its weights, find its classifier.
-
-    Args:
-        cfg (dict): ``type``, optional ``checkpoint`` and ``head_layer``
-            (the classifier's module name; default: the last
-            ``nn.Linear``) and the model's arguments.
-        checkpoint (str, optional): Overrides ``cfg['checkpoint']``.
-        allow_unsafe_pickle (bool): Whether to trust the file.
-            Default: False.
-
-    Returns:
-        tuple[nn.Module, str]: The model in eval mode and the classifier's
-        name.
-    """
+def build_cls_model(cfg: dict) -> Tuple[nn.Module, str]:
+    """Return the model of ``cfg`` in eval mode, its weights loaded from
+    ``cfg['checkpoint']``, and the name of its classifier (``head_layer``,
+    default: the last ``nn.Linear``)."""
     cfg = dict(cfg)
-    path = checkpoint or cfg.pop('checkpoint', None)
-    cfg.pop('checkpoint', None)
+    path = cfg.pop('checkpoint', None)
     head_layer = cfg.pop('head_layer', None)
     model = CLS_MODELS.build(cfg)
     if path:
-        load_weights(model, path, allow_unsafe_pickle)
+        load_weights(model, path)
     name, _ = HeadProbe(head_layer).find(model)
     return model.eval(), name

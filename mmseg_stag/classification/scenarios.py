@@ -12,14 +12,8 @@ ORDERS = ('shuffle', 'file', 'class')
 
 @dataclass
 class Stage:
-    """One stream segment.
-
-    Args:
-        name (str): The corruption, or ``'mixed'``.
-        indices (np.ndarray): Global indices, in stream order.
-        from_source (bool): Whether the stage starts from the source
-            model (``StreamStage.from_source``).
-    """
+    """One stream segment: its corruption (or ``'mixed'``), its global
+    indices in stream order, and ``StreamStage.from_source``."""
     name: str
     indices: np.ndarray = field(
         default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -34,22 +28,9 @@ def stage_rng(seed: int, stage: int) -> np.random.Generator:
 def order_indices(indices: np.ndarray, labels: np.ndarray, order: str,
                   rng: np.random.Generator,
                   shuffle_class_order: bool = False) -> np.ndarray:
-    """Arrange one stage's indices.
-
-    Args:
-        indices (np.ndarray): Global indices in file order.
-        labels (np.ndarray): Their labels.
-        order (str): ``'shuffle'``, ``'file'`` or ``'class'``.
-        rng (np.random.Generator): The stage's generator.
-        shuffle_class_order (bool): Whether ``'class'`` orders the classes
-            randomly, as SAR's label-shift streams. Default: False.
-
-    Returns:
-        np.ndarray: The indices in stream order.
-
-    Raises:
-        ValueError: If ``order`` is unknown or the labels are missing.
-    """
+    """Return one stage's indices (file order) in ``order``: ``'file'``,
+    ``'shuffle'`` or ``'class'`` (the classes in random order if
+    ``shuffle_class_order``, as SAR's label-shift streams)."""
     if order not in ORDERS:
         raise ValueError(f'order must be one of {ORDERS}, got {order!r}')
     if order == 'file':
@@ -75,22 +56,9 @@ def per_corruption(data: StreamData,
                    from_source: bool = True,
                    shuffle_class_order: bool = False,
                    n_per_corruption: Optional[int] = None) -> List[Stage]:
-    """One stage per corruption, in the data's corruption order.
-
-    Args:
-        data (StreamData): The corruption sets.
-        seed (int): Seed of the shuffles. Default: 0.
-        order (str): See :func:`order_indices`. Default: 'shuffle'.
-        from_source (bool): Whether every stage starts from the source
-            model, not only the first. Default: True.
-        shuffle_class_order (bool): See :func:`order_indices`.
-            Default: False.
-        n_per_corruption (int, optional): Samples kept per stage after
-            ordering. Default: None (all).
-
-    Returns:
-        list[Stage]: The stream.
-    """
+    """One stage per corruption, in the data's order, each ordered by
+    :func:`order_indices` and cut to ``n_per_corruption``; every stage from
+    the source if ``from_source``, else only the first."""
     stages = []
     for k, name in enumerate(data.names):
         idx = data.indices_of(name)

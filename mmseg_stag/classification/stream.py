@@ -42,8 +42,6 @@ class CorruptionStream(Dataset):
                  corruptions: Sequence[str] = CORRUPTIONS,
                  scenario: Optional[dict] = None,
                  shuffle_seed: int = 1):
-        if not corruptions:
-            raise ValueError('test_dataloader.dataset.corruptions is empty')
         self.data = StreamData(build_corruption_sets(
             dict(corruption_set, corruptions=list(corruptions))))
         self.stages = build_stream(dict(scenario or dict(type='mild')),

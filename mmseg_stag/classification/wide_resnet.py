@@ -13,17 +13,10 @@ from .registry import CLS_MODELS
 
 
 class BasicBlock(nn.Module):
-    """Pre-activation residual unit ``BN-ReLU-conv3x3-BN-ReLU-conv3x3``.
+    """Pre-activation residual unit ``BN-ReLU-conv3x3-BN-ReLU-conv3x3``;
+    ``stride`` is the first convolution's and the shortcut's."""
 
-    Args:
-        in_planes (int): Input channels.
-        out_planes (int): Output channels.
-        stride (int): Stride of the first convolution and the shortcut.
-        drop_rate (float): Dropout between the convolutions. Default: 0.
-    """
-
-    def __init__(self, in_planes: int, out_planes: int, stride: int,
-                 drop_rate: float = 0.0):
+    def __init__(self, in_planes: int, out_planes: int, stride: int):
         super().__init__()
         self.bn1 = nn.BatchNorm2d(in_planes)
         self.relu1 = nn.ReLU(inplace=True)
@@ -32,7 +25,6 @@ class BasicBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_planes)
         self.relu2 = nn.ReLU(inplace=True)
         self.conv2 = nn.Conv2d(out_planes, out_planes, 3, 1, 1, bias=False)
-        self.drop_rate = drop_rate
         self.equal_in_out = in_planes == out_planes
         self.convShortcut = None if self.equal_in_out else nn.Conv2d(
             in_planes, out_planes, 1, stride, 0, bias=False)
@@ -42,8 +34,6 @@ class BasicBlock(nn.Module):
         # width-changing units project the pre-activated input
         shortcut = x if self.equal_in_out else self.convShortcut(pre)
         out = self.relu2(self.bn2(self.conv1(pre)))
-        if self.drop_rate > 0:
-            out = F.dropout(out, p=self.drop_rate, training=self.training)
         return shortcut + self.conv2(out)
 
 
@@ -51,11 +41,11 @@ class NetworkBlock(nn.Module):
     """A stack of ``num_layers`` units; the first changes width and stride."""
 
     def __init__(self, num_layers: int, in_planes: int, out_planes: int,
-                 stride: int, drop_rate: float = 0.0):
+                 stride: int):
         super().__init__()
         self.layer = nn.Sequential(*[
             BasicBlock(in_planes if i == 0 else out_planes, out_planes,
-                       stride if i == 0 else 1, drop_rate)
+                       stride if i == 0 else 1)
             for i in range(num_layers)
         ])
 
@@ -75,10 +65,6 @@ class WideResNet(nn.Module):
             kept as a non-persistent buffer. Default: None.
         input_std (Sequence[float], optional): Input normalisation std,
             kept as a non-persistent buffer. Default: None.
-        drop_rate (float): Dropout inside the units. Default: 0.
-
-    Raises:
-        ValueError: If ``depth`` is not ``6n + 4``.
     """
 
     def __init__(self,
@@ -86,8 +72,7 @@ class WideResNet(nn.Module):
                  widen_factor: int = 10,
                  num_classes: int = 10,
                  input_mean: Optional[Sequence[float]] = None,
-                 input_std: Optional[Sequence[float]] = None,
-                 drop_rate: float = 0.0):
+                 input_std: Optional[Sequence[float]] = None):
         super().__init__()
         if (depth - 4) % 6:
             raise ValueError(f'WideResNet depth must be 6n + 4, got {depth}')
@@ -95,9 +80,9 @@ class WideResNet(nn.Module):
         widths = [16, 16 * widen_factor, 32 * widen_factor,
                   64 * widen_factor]
         self.conv1 = nn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
-        self.block1 = NetworkBlock(n, widths[0], widths[1], 1, drop_rate)
-        self.block2 = NetworkBlock(n, widths[1], widths[2], 2, drop_rate)
-        self.block3 = NetworkBlock(n, widths[2], widths[3], 2, drop_rate)
+        self.block1 = NetworkBlock(n, widths[0], widths[1], 1)
+        self.block2 = NetworkBlock(n, widths[1], widths[2], 2)
+        self.block3 = NetworkBlock(n, widths[2], widths[3], 2)
         self.bn1 = nn.BatchNorm2d(widths[3])
         self.relu = nn.ReLU(inplace=True)
         self.fc = nn.Linear(widths[3], num_classes)
