@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the tested stack into a virtualenv, idempotently (the recipe docs/getting-started.md describes).
+# Install the tested stack into a virtualenv, idempotently (the recipe docs/get-started.md describes).
 #
 #   bash tools/install_env.sh [VENV_DIR] [PYTHON]
 #

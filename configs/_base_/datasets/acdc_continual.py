@@ -25,5 +25,6 @@ test_dataloader = dict(
         conditions=('fog', 'night', 'rain', 'snow'),
         split='train',
         rounds=10,
+        images_per_condition=None,  # N: the first N of each (a smoke test)
         pipeline=test_pipeline))
 test_evaluator = dict(type='ContinualIoUMetric')

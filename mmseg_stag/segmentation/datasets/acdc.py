@@ -1,7 +1,7 @@
 """The continual ACDC stream as one MMSeg dataset."""
 import os
 import os.path as osp
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from mmseg.datasets import BaseSegDataset, CityscapesDataset
 from mmseg.registry import DATASETS
@@ -18,6 +18,8 @@ class ACDCContinualDataset(BaseSegDataset):
             Default: ('fog', 'night', 'rain', 'snow').
         split (str): The split read. Default: 'train'.
         rounds (int): Repetitions of the condition cycle. Default: 10.
+        images_per_condition (int, optional): Keep the first N sorted
+            images of each condition (a smoke test). Default: None, all.
         img_dir (str): Image folder under ``data_root``. Default: 'rgb_anon'.
         ann_dir (str): Label folder under ``data_root``. Default: 'gt'.
         img_suffix (str): Image file suffix. Default: '_rgb_anon.png'.
@@ -28,8 +30,8 @@ class ACDCContinualDataset(BaseSegDataset):
     Raises:
         FileNotFoundError: If ``data_root``, a condition folder, its images
             or an image's label is missing.
-        ValueError: If ``rounds < 1``, ``conditions`` is empty or
-            ``reduce_zero_label=True``.
+        ValueError: If ``rounds < 1``, ``images_per_condition < 1``,
+            ``conditions`` is empty or ``reduce_zero_label=True``.
     """
 
     METAINFO = CityscapesDataset.METAINFO
@@ -42,6 +44,7 @@ class ACDCContinualDataset(BaseSegDataset):
                  conditions: Sequence[str] = ('fog', 'night', 'rain', 'snow'),
                  split: str = 'train',
                  rounds: int = 10,
+                 images_per_condition: Optional[int] = None,
                  img_dir: str = 'rgb_anon',
                  ann_dir: str = 'gt',
                  img_suffix: str = '_rgb_anon.png',
@@ -54,6 +57,10 @@ class ACDCContinualDataset(BaseSegDataset):
         if int(rounds) < 1:
             raise ValueError(f'ACDCContinualDataset: rounds must be >= 1, '
                              f'got {rounds}')
+        if images_per_condition is not None and int(images_per_condition) < 1:
+            raise ValueError(f'ACDCContinualDataset: images_per_condition '
+                             f'must be >= 1 or None, got '
+                             f'{images_per_condition}')
         if kwargs.pop('reduce_zero_label', False):
             raise ValueError('ACDCContinualDataset: reduce_zero_label must '
                              'be False (ACDC labels are train IDs, 255 is '
@@ -67,6 +74,7 @@ class ACDCContinualDataset(BaseSegDataset):
         self.conditions = tuple(conditions)
         self.split = split
         self.rounds = int(rounds)
+        self.images_per_condition = images_per_condition
         self.acdc_img_dir, self.acdc_ann_dir = img_dir, ann_dir
         super().__init__(
             data_root=data_root,
@@ -110,7 +118,8 @@ class ACDCContinualDataset(BaseSegDataset):
             list[dict]: Data infos with the paths and the tags ``stage``,
             ``round`` and ``condition``.
         """
-        per_condition = [self._condition_files(c) for c in self.conditions]
+        per_condition = [self._condition_files(c)[:self.images_per_condition]
+                         for c in self.conditions]
         data_list = []
         self._stream_stages = None
         for round_idx in range(self.rounds):
