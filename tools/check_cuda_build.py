@@ -2,25 +2,15 @@
 
     python tools/check_cuda_build.py [--gpu | --no-gpu] [--torch-cuda X.Y|none]
 
-MMCV 2.1.0's ``setup.py`` compiles its CUDA ops whenever torch sees a GPU
-(``torch.cuda.is_available()``) or ``FORCE_CUDA=1``; ``FORCE_CUDA=0`` does
-not stop it. torch's extension builder then runs ``nvcc`` from
-``CUDA_HOME`` (else ``CUDA_PATH``, else the ``nvcc`` on ``PATH``, else
-``/usr/local/cuda``) and stops when its major version differs from the
-CUDA torch was built with (``torch.version.cuda``; a different minor
-version only warns). This script follows the same rules and prints one word
-on stdout for ``tools/install_env.sh``:
-
-- ``cpu``: torch sees no GPU, MMCV builds its CPU ops;
-- ``cuda``: the nvcc found matches torch's CUDA, MMCV builds its CUDA ops;
-- ``rocm``: a ROCm torch sees a GPU (MMCV builds HIP ops; not checked).
-
-When the CUDA build cannot work it exits 1 with one message on stderr: what
-to install, and the way out that SegFormer needs (MMCV's CPU ops, built
-with the GPU hidden: ``MMCV_OPS=cpu make install``).
-
-``--gpu``/``--no-gpu`` and ``--torch-cuda`` replace what torch reports (the
-tests use them; with both given, torch is not imported).
+Follows MMCV's ``setup.py`` (CUDA ops whenever torch sees a GPU or
+``FORCE_CUDA=1``; ``FORCE_CUDA=0`` does not stop it) and torch's extension
+builder (``nvcc`` from ``CUDA_HOME``, ``CUDA_PATH``, ``PATH``, then
+``/usr/local/cuda``; its major version must be ``torch.version.cuda``'s)
+and prints one word for ``tools/install_env.sh``: ``cpu``, ``cuda`` or
+``rocm`` (HIP ops, not checked). A CUDA build that cannot work exits 1 with
+one message: what to install, and the CPU route (docs/get-started.md).
+``--gpu``/``--no-gpu`` and ``--torch-cuda`` replace what torch reports
+(the tests use them; with both given, torch is not imported).
 """
 import argparse
 import os
@@ -53,17 +43,16 @@ def parse_args(argv=None):
 
 def torch_facts(gpu=None, torch_cuda=None):
     """``(gpu, torch_cuda, is_rocm)``: what torch reports, unless given."""
-    if torch_cuda is not None and gpu is not None:
-        cuda = None if torch_cuda.lower() == 'none' else torch_cuda
-        return gpu, cuda, False
-    import torch
-    if gpu is None:
-        gpu = torch.cuda.is_available()
-    if torch_cuda is None:
-        torch_cuda = torch.version.cuda
-    elif torch_cuda.lower() == 'none':
+    is_rocm = False
+    if gpu is None or torch_cuda is None:
+        import torch
+        gpu = torch.cuda.is_available() if gpu is None else gpu
+        if torch_cuda is None:
+            torch_cuda = torch.version.cuda
+        is_rocm = getattr(torch.version, 'hip', None) is not None
+    if torch_cuda is not None and torch_cuda.lower() == 'none':
         torch_cuda = None
-    return gpu, torch_cuda, getattr(torch.version, 'hip', None) is not None
+    return gpu, torch_cuda, is_rocm
 
 
 def find_nvcc(environ, default_home=DEFAULT_CUDA_HOME):
@@ -122,17 +111,10 @@ def refusal(problem, torch_cuda, gpu=True):
 
 def plan(gpu, torch_cuda, environ, is_rocm=False,
          default_home=DEFAULT_CUDA_HOME):
-    """How MMCV's ops will build.
-
-    Args:
-        gpu (bool): Whether torch sees a GPU.
-        torch_cuda (str | None): ``torch.version.cuda``.
-        environ (Mapping[str, str]): ``CUDA_HOME``, ``PATH``, ``FORCE_CUDA``.
-        is_rocm (bool): Whether torch is a ROCm build. Default: False.
-        default_home (str): torch's last guess for the toolkit.
-
-    Returns:
-        tuple[str, str]: ``'cpu'``, ``'cuda'`` or ``'rocm'``, and a note.
+    """How MMCV's ops will build: ``'cpu'``, ``'cuda'`` or ``'rocm'``, and
+    a note. ``gpu``: whether torch sees one; ``torch_cuda``:
+    ``torch.version.cuda``; ``environ``: ``CUDA_HOME``, ``PATH``,
+    ``FORCE_CUDA``.
 
     Raises:
         SystemExit: If MMCV would compile CUDA ops that cannot build here.

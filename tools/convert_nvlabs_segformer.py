@@ -4,13 +4,11 @@
         segformer.b5.1024x1024.city.160k.pth \
         checkpoints/segformer_b5_nvlabs_city_mmseg.pth
 
-The source is read with ``torch.load(weights_only=True)``; a legacy pickle
-that needs more is refused unless ``--trust-pickle`` is given (only for a file
-you trust). The output (``state_dict`` + plain ``meta``) loads with
-``weights_only=True`` into an ``EncoderDecoder`` with
-``NVMixVisionTransformer`` (MMSeg's MiT with NVlabs' LayerNorm eps values)
-and ``NVSegformerHead``. The key mapping is documented in
-``mmseg_stag/segmentation/models/nvlabs_convert.py``.
+Reads the source with ``torch.load(weights_only=True)`` (``--trust-pickle``
+only for a legacy pickle you trust) and writes ``state_dict`` + plain
+``meta`` for MMSeg's MiT with NVlabs' LayerNorm eps values
+(``NVMixVisionTransformer``) and ``NVSegformerHead``; the key mapping is
+documented in ``mmseg_stag/segmentation/models/nvlabs_convert.py``.
 """
 import argparse
 import sys

@@ -3,25 +3,10 @@
     python tools/demo.py [--work-dir work_dirs/demo] [--rounds 10]
         [--methods source bn-adapt bn-adapt-stag tent tent-stag]
 
-Steps (each is skipped when its result is already in the work dir):
-
-1. write the stand-in benchmark (``tools/make_demo_data.py``): clean
-   Cityscapes-style scenes and an ACDC-layout target set (fog, night, rain,
-   snow), in the real layouts;
-2. train a small SegFormer on the clean scenes with MMSeg's training loop
-   (``tools/train.py``) and publish it as a safe checkpoint;
-3. choose STAG's beta0 for each +STAG method on the first condition of the
-   first round only (as the paper does), gamma as in the paper;
-4. run the continual evaluation of every method through ``tools/test.py``
-   with the ``configs/demo/`` configs (the real configs on a small model),
-   painting the last round's predictions;
-5. print the paper-style table per method and a final comparison, and write
-   ``demo_summary.json`` / ``demo_summary.md`` and one figure of all
-   methods per condition across rounds, ``demo_comparison.png`` (with
-   ``demo_comparison.{csv,json,md}``).
-
-This is a stand-in, not the paper's benchmark: small synthetic scenes with
-real photographic textures and real corruption code.
+Writes the stand-in data, trains the source model, chooses each +STAG
+method's beta0 on round-1 fog, runs every method through ``tools/test.py``
+and writes the tables and the comparison figure; a step whose result is in
+the work dir is skipped. Steps, outputs and results: docs/demo.md.
 """
 import argparse
 import glob
@@ -83,26 +68,25 @@ def train_source(args, data_root):
     return ckpt
 
 
-def test_options(args, method, data_root, rounds, extra=()):
+def test_options(args, method, data_root, rounds):
     opts = [f'test_dataloader.dataset.data_root={data_root}/acdc',
             f'test_dataloader.dataset.rounds={rounds}',
             f'default_hooks.logger.interval={args.log_interval}']
     if method not in ('source', 'bn-adapt'):  # the ones with an optimizer
         opts.append(f'test_cfg.method.optimizer.lr={args.lr}')
-    return opts + list(extra)
+    return opts
 
 
-def evaluate(args, method, ckpt, data_root, work_dir, rounds, extra=(),
-             show=False, quiet=False):
-    cmd = ['tools/test.py', TEST_CFG.format(method), ckpt, '--work-dir',
-           work_dir]
-    opts = test_options(args, method, data_root, rounds, extra)
-    if show:  # the last image of each condition (painting costs 4x a step)
-        cmd += ['--show-dir', osp.join(work_dir, 'segmaps')]
-        opts.append('default_hooks.visualization.interval='
-                    f'{args.per_condition}')
+def evaluate(args, method, ckpt, data_root, work_dir, extra):
+    """The whole stream, painting the last round's maps in work_dir."""
     from mmseg_stag.engine.report import read_results
-    run(cmd + ['--cfg-options'] + opts, quiet=quiet)
+    shutil.rmtree(osp.join(work_dir, 'segmaps'), ignore_errors=True)
+    # the last image of each condition (painting costs 4x a step)
+    opts = test_options(args, method, data_root, args.rounds) + extra + [
+        f'default_hooks.visualization.interval={args.per_condition}']
+    run(['tools/test.py', TEST_CFG.format(method), ckpt, '--work-dir',
+         work_dir, '--show-dir', osp.join(work_dir, 'segmaps'),
+         '--cfg-options'] + opts)
     return read_results(work_dir)
 
 
@@ -134,6 +118,18 @@ def select_beta(args, method, ckpt, data_root):
     return best
 
 
+def label(method, betas):
+    """The method's name with its chosen beta0, if any."""
+    return method + (f' (beta0={betas[method]:g})' if method in betas
+                     else '')
+
+
+def mean_score(stages, key, value):
+    """The mean score of the stages whose ``key`` is ``value``."""
+    vals = [s['score'] for s in stages if s[key] == value]
+    return sum(vals) / len(vals)
+
+
 def summarise(results, betas, seconds, path_json, path_md):
     conditions = results[next(iter(results))]['conditions']
     rounds = sorted({s['round'] for r in results.values()
@@ -141,25 +137,15 @@ def summarise(results, betas, seconds, path_json, path_md):
     lines = ['| method | ' + ' | '.join(f'round {r}' for r in rounds) +
              ' | mean mIoU |', '|---' * (len(rounds) + 2) + '|']
     for method, res in results.items():
-        per_round = []
-        for r in rounds:
-            vals = [s['score'] for s in res['stages'] if s['round'] == r]
-            per_round.append(sum(vals) / len(vals))
-        label = method + (f' (beta0={betas[method]:g})'
-                          if method in betas else '')
-        lines.append(f'| {label} | ' + ' | '.join(f'{v:.1f}'
-                                                 for v in per_round) +
-                     f" | **{res['mean_over_stages']:.1f}** |")
+        lines.append(f'| {label(method, betas)} | ' + ' | '.join(
+            f"{mean_score(res['stages'], 'round', r):.1f}" for r in rounds)
+            + f" | **{res['mean_over_stages']:.1f}** |")
     lines += ['', '| method | ' + ' | '.join(conditions) + ' |',
               '|---' * (len(conditions) + 1) + '|']
     for method, res in results.items():
-        per_cond = []
-        for c in conditions:
-            vals = [s['score'] for s in res['stages']
-                    if s['condition'] == c]
-            per_cond.append(sum(vals) / len(vals))
-        lines.append(f'| {method} | ' + ' | '.join(f'{v:.1f}'
-                                                  for v in per_cond) + ' |')
+        lines.append(f'| {method} | ' + ' | '.join(
+            f"{mean_score(res['stages'], 'condition', c):.1f}"
+            for c in conditions) + ' |')
     table = '\n'.join(lines)
     with open(path_md, 'w') as f:
         f.write('Continual stand-in benchmark (mIoU %, mean over stages); '
@@ -174,13 +160,11 @@ def summarise(results, betas, seconds, path_json, path_md):
 
 
 def compare(results, betas, work_dir):
-    """All methods in one figure (mIoU per condition across rounds, a line
-    per method, like the paper's Figure continual_graph) and one table:
-    ``demo_comparison.{png,csv,json,md}``."""
+    """All methods in one figure and table (the paper's Figure
+    continual_graph): ``demo_comparison.{png,csv,json,md}``."""
     from mmseg_stag.engine.comparison import write_comparison
-    runs = [dict(name=method + (f' (beta0={betas[method]:g})'
-                                if method in betas else ''),
-                 stages=res['stages']) for method, res in results.items()]
+    runs = [dict(name=label(method, betas), stages=res['stages'])
+            for method, res in results.items()]
     return write_comparison(work_dir, runs, prefix='demo_comparison',
                             title='make demo: mIoU per condition across '
                             'rounds')['png']
@@ -233,12 +217,10 @@ def main():
         print(f'[4/5] {method}: {args.rounds} rounds x '
               f'{len(glob.glob(osp.join(data_root, "acdc/rgb_anon/*")))} '
               'conditions', flush=True)
-        wd = osp.join(args.work_dir, method)
-        shutil.rmtree(osp.join(wd, 'segmaps'), ignore_errors=True)
         extra = [f'test_cfg.method.stag.beta0={betas[method]}'] \
             if method in betas else []
-        results[method] = evaluate(args, method, ckpt, data_root, wd,
-                                   args.rounds, extra=extra, show=True)
+        results[method] = evaluate(args, method, ckpt, data_root,
+                                   osp.join(args.work_dir, method), extra)
 
     seconds = time.time() - start
     table = summarise(results, betas, seconds,

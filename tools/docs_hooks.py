@@ -18,14 +18,12 @@ def beta_gamma_page() -> str:
         'paper_hparams', osp.join(REPO, 'mmseg_stag', 'paper_hparams.py'))
     hparams = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hparams)
-    markdown_table = hparams.markdown_table
-    our_markdown_table = hparams.our_markdown_table
     return ('# β0 and γ\n\n'
             'Generated from `mmseg_stag/paper_hparams.py` (the tests check '
             'every config against it).\n\n'
-            "## The paper's Table appendix_hp\n\n" + markdown_table() +
-            '\n\n## Settings the paper has no row for\n\n' +
-            our_markdown_table() + '\n')
+            "## The paper's Table appendix_hp\n\n" + hparams.markdown_table()
+            + '\n\n## Settings the paper has no row for\n\n' +
+            hparams.our_markdown_table() + '\n')
 
 
 def config_summary(path: str) -> str:

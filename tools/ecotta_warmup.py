@@ -7,15 +7,10 @@ identity).
         [--seed 0] [--work-dir DIR] [--resume]
     python tools/test.py CONFIG WARM.pth
 
-CONFIG is the EcoTTA test config (its model an ``OnlineClassifier`` over
-an ``EcoTTANetwork``), SOURCE_CKPT the source network's weights (e.g.
-RobustBench's ``Hendrycks2020AugMix_WRN.pt``), PATH CIFAR-10/100's python
-folder (``cifar-10-batches-py``, ``cifar-100-python``) or an ``.npy`` of
-uint8 HWC images with ``--train-labels``. The state is saved after every
-epoch in ``--work-dir``; ``--resume`` continues from it (the same settings
-are required). WARM.pth holds ``state_dict`` (the network with its meta
-networks) and plain ``meta``: it loads with ``weights_only=True``. The
-warm-up is :func:`mmseg_stag.classification.ecotta_warmup.warm_up_checkpoint`.
+The state is saved per epoch in ``--work-dir`` (``--resume`` continues);
+WARM.pth loads with ``weights_only=True``. Inputs and the training recipe:
+docs/classification.md; the warm-up is
+:func:`mmseg_stag.classification.ecotta_warmup.warm_up_checkpoint`.
 """
 import argparse
 import os.path as osp

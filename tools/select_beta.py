@@ -1,11 +1,7 @@
-"""Choose STAG's beta0 (and gamma) on the stream's first stage only.
-
-The paper chooses STAG's hyper-parameters on the first condition (ACDC:
-round-1 fog; classification: the first corruption). This runs a STAG config
-on that first stage alone for every (beta0, gamma) of a grid
-(``tools/test.py``'s run, in this process) and keeps the best score (mIoU
-or accuracy; ties: the smaller beta0, then the smaller gamma). Both demos
-use it::
+"""Choose STAG's beta0 (and gamma) on the stream's first stage only, as
+the paper does (ACDC: round-1 fog; classification: the first corruption):
+every (beta0, gamma) of the grid runs alone on that stage; the best score
+wins (ties: the smaller beta0, then gamma). Both demos use it::
 
     python tools/select_beta.py CONFIG CKPT --beta-grid 50 250 500 1000 \\
         [--gamma-grid 10 100] --work-dir work_dirs/beta_<method> \\

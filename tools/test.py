@@ -1,21 +1,15 @@
 """Test (and adapt online) a segmentor or a classifier: MMSeg's test entry
 point for STAG, for both tasks (a classification config needs neither MMSeg
-nor MMCV).
-
-Same usage and flags as MMSegmentation's ``tools/test.py``::
+nor MMCV). Same usage and flags as MMSegmentation's ``tools/test.py``::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out DIR]
         [--show] [--show-dir DIR] [--cfg-options k=v ...] [--launcher none]
         [--save-adapted FILE] [--resume] [--seed N] [--deterministic]
 
-Differences: the checkpoint is loaded with PyTorch's safe
-``weights_only=True`` loader and checked strictly against the config (a
-class-count or head mismatch is an error naming the key); ``--trust-pickle``
-is the explicit opt-in for trusted legacy pickles. The online-adaptation
-method (if any) comes from the config's ``test_cfg``
-(``OnlineAdaptationLoop``), which saves the run state at every stage
-boundary: ``--resume`` continues a killed run from its last finished stage
-in ``--work-dir``.
+The checkpoint loads with the safe, strict loader (``--trust-pickle`` for
+trusted legacy pickles); the method comes from the config's ``test_cfg``.
+Resuming and reproducibility: docs/running.md; the loop:
+docs/segmentation.md.
 """
 import argparse
 import os
@@ -33,84 +27,58 @@ if REPO not in sys.path:
 def parse_args():
     parser = argparse.ArgumentParser(
         description='MMSeg test (and online test-time adaptation)')
-    parser.add_argument('config', help='test config file path')
-    parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument(
-        '--work-dir',
-        help='directory for logs and results (default: '
+    add = parser.add_argument
+    add('config', help='test config file path')
+    add('checkpoint', help='checkpoint file')
+    add('--work-dir', help='directory for logs and results (default: '
         './work_dirs/<config name>)')
-    parser.add_argument(
-        '--out',
-        type=str,
-        help='directory to save output predictions for offline evaluation')
-    parser.add_argument(
-        '--show', action='store_true', help='show prediction results')
-    parser.add_argument(
-        '--show-dir',
-        help='directory where painted predictions are saved (under '
-        'DIR/vis_data/vis_image/, one every '
+    add('--out', type=str, help='directory to save output predictions for '
+        'offline evaluation')
+    add('--show', action='store_true', help='show prediction results')
+    add('--show-dir', help='directory where painted predictions are saved '
+        '(under DIR/vis_data/vis_image/, one every '
         'default_hooks.visualization.interval images; a later round '
         'overwrites the same file name, so the last round remains)')
-    parser.add_argument(
-        '--wait-time', type=float, default=2, help='the interval of show (s)')
-    parser.add_argument(
-        '--trust-pickle',
-        action='store_true',
-        help='allow unsafe unpickling of a trusted legacy checkpoint '
-        '(torch.load weights_only=False); off by default')
-    parser.add_argument(
-        '--save-adapted',
-        metavar='FILE',
-        help='after the stream, save the adapted model\'s state dict to '
-        'FILE (a plain {"state_dict", "meta"} checkpoint, loadable with '
-        'weights_only=True)')
-    parser.add_argument(
-        '--resume',
-        action='store_true',
-        help='continue the online run in --work-dir from its last finished '
-        'stage (online_adaptation_state.pth); refused if that run had '
-        'another config or checkpoint')
-    parser.add_argument(
-        '--seed',
-        type=int,
+    add('--wait-time', type=float, default=2,
+        help='the interval of show (s)')
+    add('--trust-pickle', action='store_true', help='allow unsafe '
+        'unpickling of a trusted legacy checkpoint (torch.load '
+        'weights_only=False); off by default')
+    add('--save-adapted', metavar='FILE', help='after the stream, save the '
+        'adapted model\'s state dict to FILE (a plain {"state_dict", '
+        '"meta"} checkpoint, loadable with weights_only=True)')
+    add('--resume', action='store_true', help='continue the online run in '
+        '--work-dir from its last finished stage '
+        '(online_adaptation_state.pth); refused if that run had another '
+        'config or checkpoint')
+    add('--seed', type=int,
         help='random seed (default: the config\'s randomness.seed)')
-    parser.add_argument(
-        '--deterministic',
-        action='store_true',
-        help='PyTorch\'s deterministic algorithms (and cuDNN\'s, and a '
-        'fixed cuBLAS workspace): repeatable runs on a GPU; the few '
-        'operations without a deterministic CUDA kernel are warned about '
-        'and named in the log (docs/running.md, Reproducibility)')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override settings of the config, key=value pairs, e.g. '
+    add('--deterministic', action='store_true', help='PyTorch\'s '
+        'deterministic algorithms (and cuDNN\'s, and a fixed cuBLAS '
+        'workspace): repeatable runs on a GPU; the few operations without '
+        'a deterministic CUDA kernel are warned about and named in the log '
+        '(docs/running.md, Reproducibility)')
+    add('--cfg-options', nargs='+', action=DictAction, help='override '
+        'settings of the config, key=value pairs, e.g. '
         'test_dataloader.dataset.data_root=data/acdc '
         'test_dataloader.dataset.rounds=1')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    add('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none', help='job launcher')
+    add('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args()
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
 
 def trigger_visualization_hook(cfg, args):
-    default_hooks = cfg.default_hooks
-    if 'visualization' not in default_hooks:
+    if 'visualization' not in cfg.default_hooks:
         raise RuntimeError(
             'VisualizationHook must be included in default_hooks, e.g. '
             "visualization=dict(type='SegVisualizationHook')")
-    visualization_hook = default_hooks['visualization']
-    visualization_hook['draw'] = True
+    hook = cfg.default_hooks['visualization']
+    hook['draw'] = True
     if args.show:
-        visualization_hook['show'] = True
-        visualization_hook['wait_time'] = args.wait_time
+        hook.update(show=True, wait_time=args.wait_time)
     if args.show_dir:
         cfg.visualizer['save_dir'] = args.show_dir
     return cfg

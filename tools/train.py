@@ -4,8 +4,7 @@ usage)::
     python tools/train.py CONFIG [--work-dir DIR] [--resume] [--amp]
         [--cfg-options k=v ...] [--launcher none]
 
-The demo's source model is trained with it; publish the final checkpoint
-with ``tools/publish_checkpoint.py`` so that it loads with the safe
+``tools/publish_checkpoint.py`` makes its checkpoint load with the safe
 ``weights_only=True`` loader.
 """
 import argparse
@@ -31,8 +30,7 @@ def parse_args():
                         default='none', help='job launcher')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = parser.parse_args()
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
 
