@@ -74,7 +74,8 @@ class ACDCContinualDataset(BaseSegDataset):
         self.conditions = tuple(conditions)
         self.split = split
         self.rounds = int(rounds)
-        self.images_per_condition = images_per_condition
+        self.images_per_condition = None if images_per_condition is None \
+            else int(images_per_condition)
         self.acdc_img_dir, self.acdc_ann_dir = img_dir, ann_dir
         super().__init__(
             data_root=data_root,
