@@ -25,7 +25,7 @@ demo-cls: $(STAMP)
 
 # Table label_shifts_bs1's scenarios: label shift (ratio inf), batch size 1
 demo-cls-hard: $(STAMP)
-	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls --scenarios label_shift bs1
+	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls --scenarios label-shift bs1
 
 $(STAMP_REAL): setup.py tools/install_real_models_env.sh
 	rm -f $(STAMP_REAL)

@@ -2,7 +2,7 @@
 MNIST.
 
     python tools/demo_cls.py [--work-dir work_dirs/demo_cls]
-        [--scenarios continual mild label_shift bs1] [--nets bn gn ln]
+        [--scenarios continual mild label-shift bs1] [--nets bn gn ln]
         [--methods bn_adapt tent eata sar deyo cotta] [--n-test 1000]
 
 Writes the corrupted digits (CIFAR-10-C's layout), trains the source
@@ -38,14 +38,14 @@ SCENARIOS = {
     'mild': ('mnist-c_mild', 'acc',
              ('bn_adapt', 'tent', 'eata', 'sar', 'deyo'), ('bn', 'gn', 'ln'),
              None),
-    'label_shift': ('mnist-c_label-shift', 'acc',
+    'label-shift': ('mnist-c_label-shift', 'acc',
                     ('tent', 'eata', 'sar', 'deyo'), ('gn', 'ln'),
                     'label-shift'),
     'bs1': ('mnist-c_bs1', 'acc', ('tent', 'eata', 'sar', 'deyo'),
             ('gn', 'ln'), 'bs1'),
 }
 SCENARIO_TITLES = {'continual': 'Continual', 'mild': 'Mild',
-                   'label_shift': 'Label shift (ratio inf)',
+                   'label-shift': 'Label shift (ratio inf)',
                    'bs1': 'Batch size 1'}
 #: the paper's ImageNet-C model a demo net stands in for
 PAPER_MODELS = {'bn': 'resnet50-bn', 'gn': 'resnet50-gn', 'ln': 'vit-b16'}
@@ -73,7 +73,7 @@ def parse_args(argv=None):
     p.add_argument('--work-dir', default='work_dirs/demo_cls')
     p.add_argument('--scenarios', nargs='+', default=['continual', 'mild'],
                    choices=list(SCENARIOS),
-                   help='label_shift and bs1 are Table label_shifts_bs1\'s '
+                   help='label-shift and bs1 are Table label_shifts_bs1\'s '
                    'scenarios on the GN and LN models (make demo-cls-hard)')
     p.add_argument('--nets', nargs='+', default=list(NETS),
                    choices=list(NETS),

@@ -77,7 +77,7 @@ def mild(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
                           **kwargs)
 
 
-@CLS_SCENARIOS.register_module(name='label_shift')
+@CLS_SCENARIOS.register_module(name='label-shift')
 def label_shift(data: StreamData, seed: int = 0,
                 shuffle_class_order: bool = True, **kwargs) -> List[Stage]:
     """Imbalance ratio inf: each corruption's stream sorted by class."""
@@ -110,5 +110,9 @@ def mixed(data: StreamData, seed: int = 0,
 def build_stream(cfg: dict, data: StreamData, seed: int) -> List[Stage]:
     """Build the stages of ``cfg`` (``dict(type='mild', ...)``)."""
     cfg = dict(cfg)
+    if cfg.get('type') == 'label_shift':  # the spelling before 0.4
+        raise KeyError("scenario type 'label_shift' is spelt 'label-shift' "
+                       '(as in the config file names); rename it in '
+                       'test_dataloader.dataset.scenario.type')
     cfg.setdefault('seed', seed)
     return CLS_SCENARIOS.build(cfg, default_args=dict(data=data))

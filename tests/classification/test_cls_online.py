@@ -157,7 +157,7 @@ def test_bad_input_fails_before_the_first_batch(tmp_path, stream, names,
     np.save(osp.join(root, 'labels.npy'), np.full_like(labels, -1))
     with pytest.raises(ValueError, match='needs the labels'):
         run(CIFAR.format('tent'), checkpoint, tmp_path / 'b', options(
-            root, names, scenario='label_shift'))
+            root, names, scenario='label-shift'))
     np.save(osp.join(root, 'labels.npy'), labels)
     with pytest.raises(ValueError, match='test_cfg.task'):
         run(CIFAR.format('tent'), checkpoint, tmp_path / 'c', dict(

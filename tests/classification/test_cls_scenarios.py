@@ -10,7 +10,7 @@ from mmseg_stag.classification import build_stream
 
 def test_label_shift_stream_is_sorted_by_class(stream, names):
     data, _ = stream
-    stages = build_stream(dict(type='label_shift'), data, 3)
+    stages = build_stream(dict(type='label-shift'), data, 3)
     assert [s.name for s in stages] == list(names)
     assert all(s.from_source for s in stages)
     for s in stages:
@@ -20,9 +20,9 @@ def test_label_shift_stream_is_sorted_by_class(stream, names):
         # each class forms one contiguous run (imbalance ratio inf)
         runs = labels[np.r_[True, labels[1:] != labels[:-1]]]
         assert len(runs) == len(set(labels.tolist()))
-    again = build_stream(dict(type='label_shift'), data, 3)
+    again = build_stream(dict(type='label-shift'), data, 3)
     np.testing.assert_array_equal(stages[0].indices, again[0].indices)
-    plain = build_stream(dict(type='label_shift',
+    plain = build_stream(dict(type='label-shift',
                               shuffle_class_order=False), data, 3)
     lab = data.labels[plain[0].indices]
     assert np.all(np.diff(lab) >= 0)
@@ -86,3 +86,9 @@ def test_stream_dataset_stages_and_stage_aligned_batches(stream, names):
     # batch size 1: one image per step
     assert len(StageBatchSampler(DefaultSampler(ds, shuffle=False), 1)) \
         == 120
+
+
+def test_the_old_label_shift_spelling_names_the_new_one(stream):
+    data, _ = stream
+    with pytest.raises(KeyError, match="spelt 'label-shift'"):
+        build_stream(dict(type='label_shift'), data, 0)

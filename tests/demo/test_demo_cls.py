@@ -172,15 +172,15 @@ def test_reduced_demo_cls_hard_scenarios(tmp_path):
     proc = subprocess.run(
         [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
          str(tmp_path), '--n-test', '30', '--nets', 'gn', '--scenarios',
-         'label_shift', 'bs1', '--methods', 'tent', 'eata', '--epochs', '1',
+         'label-shift', 'bs1', '--methods', 'tent', 'eata', '--epochs', '1',
          '--beta-grid', '10', '--gamma-grid', '10', '--workers', '1'],
         capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     settings = json.load(open(tmp_path / 'summary.json'))['settings']
-    for key in ('label_shift_gn', 'bs1_gn'):
+    for key in ('label-shift_gn', 'bs1_gn'):
         assert [r['name'] for r in settings[key]['rows']] == [
             'Source', 'TENT', 'EATA', 'EATA+STAG'], key
-    cfg = Config.fromfile(tmp_path / 'label_shift_gn/tent/row_config.py')
+    cfg = Config.fromfile(tmp_path / 'label-shift_gn/tent/row_config.py')
     assert cfg.test_dataloader.batch_size == 64
     stream = CorruptionStream(**{k: v for k, v in
                                  cfg.test_dataloader.dataset.items()
