@@ -165,6 +165,27 @@ def test_configs_page_lists_every_config():
         assert f'`{osp.basename(path)}`' in page, path
 
 
+def test_support_matrix_lists_every_benchmark_config():
+    module = hooks()
+    page = module.support_matrix_page()
+    demo = {'configs/demo', 'configs/cls/demo'}  # stand-ins: configs.md
+    for path in glob.glob(osp.join(REPO, 'configs', '**', '*.py'),
+                          recursive=True):
+        folder = osp.relpath(osp.dirname(path), REPO)
+        if '_base_' in folder or folder in demo:
+            continue
+        assert folder in module.MATRIX_FOLDERS, folder
+        assert f'`{osp.basename(path)}`' in page, path
+    # every paper score is in it, and each +STAG config's beta0/gamma
+    from mmseg_stag.paper_results import PAPER_RESULTS
+    for *_, plain, stag in PAPER_RESULTS:
+        assert f'{plain:.1f}' in page
+    assert '| TENT | resnet50-gn | – | – |  | 24.9 |' in page
+    assert ('`imagenet-c_bs1_vit-b16_sar-stag.py` | 1000 / 10000 (paper) | '
+            '56.6 → 65.5 |') in page
+    assert '| 500 / 35 (ours) | – → – |' in page
+
+
 def test_readme_is_short_and_links_every_page():
     with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
         readme = f.read()
@@ -203,3 +224,47 @@ def test_package_says_what_it_does_briefly():
     """Docstrings and comments stay 15-25 % of the package (the narrative
     lives in docs/)."""
     assert 0.15 <= prose_share(osp.join(REPO, 'mmseg_stag')) <= 0.25
+
+
+LINK = re.compile(r'\]\(([^)\s]+)\)')
+CODE_PATH = re.compile(
+    r'`((?:mmseg_stag|tools|configs|tests|demo_data|docs|\.ci)/[^`\s<>*]*)`')
+
+
+def expand_braces(path):
+    """``a_{x,y}.py`` -> ``a_x.py``, ``a_y.py``."""
+    match = re.search(r'\{([^{}]*)\}', path)
+    if not match:
+        return [path]
+    return [p for alt in match.group(1).split(',') for p in expand_braces(
+        path[:match.start()] + alt + path[match.end():])]
+
+
+GENERATED = ('beta-gamma.md', 'configs.md', 'support-matrix.md')
+#: paths of the authors' code that the docs quote: CoTTA's ACDC fork's
+#: entry points (acdc-protocol.md)
+AUTHORS_PATHS = {'tools/cotta.py', 'tools/tent.py'}
+
+
+def test_every_repository_path_in_the_docs_exists():
+    """Every relative link, and every quoted repository path of the user
+    pages (the changelog's are history), names a file that exists."""
+    changelog = osp.join(REPO, 'CHANGELOG.md')
+    missing = []
+    for page in PAGES + [changelog]:
+        with open(page, encoding='utf-8') as f:
+            text = f.read()
+        for target in LINK.findall(text):
+            path = target.split('#')[0]
+            if re.match(r'^(https?:|mailto:)', target) or not path or \
+                    osp.basename(path) in GENERATED:
+                continue
+            if not osp.exists(osp.join(osp.dirname(page), path)):
+                missing.append((osp.relpath(page, REPO), target))
+        for quoted in CODE_PATH.findall(text) if page != changelog else []:
+            for path in expand_braces(quoted.split('::')[0].rstrip('.,:')):
+                if path not in AUTHORS_PATHS and \
+                        osp.basename(path) not in GENERATED and \
+                        not osp.exists(osp.join(REPO, path)):
+                    missing.append((osp.relpath(page, REPO), quoted))
+    assert not missing, missing

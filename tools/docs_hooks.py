@@ -1,8 +1,10 @@
 """MkDocs hook: the pages generated from the repository, so that the docs
-cannot drift from it: ``beta-gamma.md`` from ``mmseg_stag/paper_hparams.py``
-and ``configs.md`` from ``configs/``."""
+cannot drift from it: ``beta-gamma.md`` from ``mmseg_stag/paper_hparams.py``,
+``configs.md`` from ``configs/`` and ``support-matrix.md`` from ``configs/``,
+the paper's scores and the recorded stand-in scores."""
 import ast
 import importlib.util
+import json
 import os
 import os.path as osp
 
@@ -11,13 +13,19 @@ from mkdocs.structure.files import File
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
+def package_module(name: str):
+    """A torch-free module of the package, loaded by its path (the
+    package's ``__init__`` would import torch)."""
+    spec = importlib.util.spec_from_file_location(
+        name, osp.join(REPO, 'mmseg_stag', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def beta_gamma_page() -> str:
     """The β0/γ tables of ``paper_hparams.py``."""
-    # by its path: the package's __init__ would import torch
-    spec = importlib.util.spec_from_file_location(
-        'paper_hparams', osp.join(REPO, 'mmseg_stag', 'paper_hparams.py'))
-    hparams = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hparams)
+    hparams = package_module('paper_hparams')
     return ('# β0 and γ\n\n'
             'Generated from `mmseg_stag/paper_hparams.py` (the tests check '
             'every config against it).\n\n'
@@ -60,9 +68,163 @@ def configs_page() -> str:
     return '\n'.join(lines)
 
 
+def literal(node):
+    """The value of a literal or of nested ``dict(k=v)`` calls."""
+    if isinstance(node, ast.Call) and getattr(node.func, 'id', '') == 'dict':
+        return {k.arg: literal(k.value) for k in node.keywords}
+    return ast.literal_eval(node)
+
+
+def leaf_stag(path: str):
+    """``test_cfg.method.stag`` as a leaf config sets it, else None."""
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, 'id', None) == 'test_cfg' for t in node.targets):
+            return literal(node.value).get('method', {}).get('stag')
+    return None
+
+
+#: leaf config folders, each with how its file names read: (benchmark,
+#: scenario, the paper's model, method, config model) from the name's fields
+MATRIX_FOLDERS = {
+    'configs/stag_acdc': lambda f: ('acdc', 'continual', 'segformer-b5',
+                                    f[3], f[1]),
+    'configs/cls/imagenet-c': lambda f: tuple(f[:4]) + (f[2], ),
+    'configs/cls/cifar-c': lambda f: tuple(f[:4]) + (f[2], ),
+}
+BENCHMARKS = {'acdc': 'Cityscapes → ACDC', 'imagenet-c': 'ImageNet-C',
+              'cifar10-c': 'CIFAR-10-C', 'cifar100-c': 'CIFAR-100-C'}
+SCENARIOS = ('continual', 'mild', 'label-shift', 'bs1', 'mixed')
+METHODS = {'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
+           'cotta': 'CoTTA', 'ecotta-k4': 'EcoTTA (K=4)',
+           'ecotta-k5': 'EcoTTA (K=5)', 'eata': 'EATA', 'sar': 'SAR',
+           'deyo': 'DeYO'}
+
+
+def matrix_settings(paper_rows):
+    """``{(benchmark, scenario): {(model, method, config model): {False:
+    config, True: +STAG config}}}`` over :data:`MATRIX_FOLDERS`, and an
+    empty entry for each of ``paper_rows`` that no config runs."""
+    settings = {}
+    for folder, fields_of in MATRIX_FOLDERS.items():
+        for name in sorted(os.listdir(osp.join(REPO, folder))):
+            if not name.endswith('.py'):
+                continue
+            stem = name[:-3]
+            stag = stem.endswith('-stag')
+            fields = stem[:-len('-stag')].split('_') if stag else \
+                stem.split('_')
+            bench, scenario, model, method, cfg_model = fields_of(fields)
+            # the paper's tables and paper_hparams spell it bn_adapt
+            method = 'bn_adapt' if method == 'bn-adapt' else method
+            key = (model, method, cfg_model)
+            settings.setdefault((bench, scenario), {}).setdefault(
+                key, {})[stag] = f'{folder}/{name}'
+    for bench, scenario, model, method, *_ in paper_rows:
+        rows = settings.setdefault((bench, scenario), {})
+        if not any(k[:2] == (model, method) for k in rows):
+            rows[(model, method, model)] = {}
+    order = list(METHODS)
+    return {setting: dict(sorted(
+        rows.items(), key=lambda kv: (kv[0][0], kv[0][2],
+                                      order.index(kv[0][1]))))
+            for setting, rows in sorted(
+                settings.items(), key=lambda kv: (
+                    list(BENCHMARKS).index(kv[0][0]),
+                    SCENARIOS.index(kv[0][1])))}
+
+
+def stand_in_scores():
+    """``docs/results/stand-in.json``: its ``measured`` line and the
+    scores keyed (benchmark, scenario, model, method, stag)."""
+    with open(osp.join(REPO, 'docs', 'results', 'stand-in.json')) as f:
+        record = json.load(f)
+    return record['measured'], {
+        (r['benchmark'], r['scenario'], r['model'], r['method'], r['stag']):
+        (r['score'], r['stand_in']) for r in record['rows']}
+
+
+def pair(base, stag, with_stag: bool) -> str:
+    """'base → +STAG' (only 'base' without a +STAG row), '–' for a
+    missing score."""
+    def cell(v):
+        return '–' if v is None else f'{v:.1f}'
+    return f'{cell(base)} → {cell(stag)}' if with_stag else cell(base)
+
+
+def name(config) -> str:
+    """A config's file name as code, '–' for none."""
+    return f'`{osp.basename(config)}`' if config else '–'
+
+
+def support_matrix_page() -> str:
+    """Method × benchmark × model: the configs, β0/γ, the paper's score and
+    ours (stand-in), one table per benchmark and scenario."""
+    results = package_module('paper_results')
+    hparams = package_module('paper_hparams')
+    ours_beta = {row[:4]: row[6] for row in hparams.OUR_STAG}
+    measured, stand_in = stand_in_scores()
+    lines = [
+        '# Support matrix', '',
+        'Generated from `configs/` (every leaf config of the paper\'s '
+        'benchmarks), the paper\'s scores (`mmseg_stag/paper_results.py`: '
+        'the Avg. column of its tables) and the demos\' scores '
+        '(`docs/results/stand-in.json`, written by '
+        '`tools/record_stand_in.py`).', '',
+        '- **β0 / γ**: the +STAG config\'s; "paper" where Table '
+        'appendix_hp has the row, "ours" where it has none '
+        '([β0 and γ](beta-gamma.md)).',
+        '- **paper**: the paper\'s score, baseline → +STAG ("–": no such '
+        'row in the paper). A paper row without a config here (a baseline '
+        'the paper ran without a +STAG row) is listed with "–": compose it '
+        'from `configs/cls/_base_/` as the shipped configs do.',
+        '- **ours, real**: no real run of these configs has been recorded '
+        'yet (this project\'s machines have neither a GPU nor the real '
+        'data); [Get started](get-started.md) runs one.',
+        f'- **ours, stand-in**: the demos\' score of the setting that '
+        f'stands in for this one (tiny models, generated data; '
+        f'[Demos](demo.md)), measured {measured}. A stand-in shows that the '
+        'pipeline runs end to end, not the paper\'s number.',
+        '- **GPU time / memory**: not yet measured: `make gpu-check` has '
+        'not run on a GPU ([Benchmarks](benchmark.md)).', '']
+    for (bench, scenario), rows in matrix_settings(
+            results.PAPER_RESULTS).items():
+        metric, lower = results.METRICS[bench]
+        lines += [f'## {BENCHMARKS[bench]}, {scenario} ({metric} %, '
+                  f'{"lower" if lower else "higher"} is better)', '',
+                  '| method | model | config | +STAG config | β0 / γ | '
+                  'paper | ours, stand-in |', '|---|---|---|---|---|---|---|']
+        for (model, method, cfg_model), configs in rows.items():
+            stag_cfg = configs.get(True)
+            beta = ''
+            if stag_cfg:
+                stag = leaf_stag(osp.join(REPO, stag_cfg))
+                origin = 'ours' if (bench, scenario, model, method) in \
+                    ours_beta else 'paper'
+                beta = f'{stag["beta0"]:g} / {stag["gamma"]:g} ({origin})'
+            paper = pair(*(results.paper_result(bench, scenario, model,
+                                                method, s)
+                           for s in (False, True)), bool(stag_cfg))
+            ours = [stand_in.get((bench, scenario, model, method, s))
+                    for s in (False, True)]
+            demo = '–' if ours[0] is None else pair(
+                ours[0][0], ours[1][0] if ours[1] else None,
+                ours[1] is not None) + f' ({ours[0][1]})'
+            title = f'{model} (`{cfg_model}`)' if cfg_model != model \
+                else model
+            lines.append(
+                f'| {METHODS[method]} | {title} | {name(configs.get(False))} '
+                f'| {name(stag_cfg)} | {beta} | {paper} | {demo} |')
+        lines.append('')
+    return '\n'.join(lines)
+
+
 def on_files(files, config):
     """Add the generated pages to the site."""
     for name, content in (('beta-gamma.md', beta_gamma_page()),
-                          ('configs.md', configs_page())):
+                          ('configs.md', configs_page()),
+                          ('support-matrix.md', support_matrix_page())):
         files.append(File.generated(config, name, content=content))
     return files
