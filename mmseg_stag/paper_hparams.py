@@ -54,7 +54,7 @@ PAPER_STAG: List[Tuple[str, str, str, str, float, float]] = [
 OUR_STAG: List[Tuple[str, str, str, str, float, float, str]] = [
     ('acdc', 'continual', 'segformer-b5', method, 500, 35,
      "TENT+STAG's ACDC values; not yet chosen on real round-1 fog")
-    for method in ('cotta', 'eata', 'sar', 'deyo')
+    for method in ('cotta', 'eata', 'sar', 'deyo', 'hybrid_tta')
 ]
 
 

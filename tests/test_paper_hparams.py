@@ -78,7 +78,7 @@ def test_acdc_configs_use_the_table():
     # MMSeg's and NVlabs' heads, each with every method
     assert seen == {(h, t) for h in ('mit-b5', 'mit-b5-nvlabs')
                     for t in ('tent', 'bn_adapt', 'cotta', 'eata', 'sar',
-                              'deyo')}
+                              'deyo', 'hybrid_tta')}
     with pytest.raises(KeyError, match='appendix_hp'):
         paper_stag(*ACDC, 'cotta')  # not the paper's: ours, and said so
 

@@ -100,7 +100,7 @@ SCENARIOS = ('continual', 'mild', 'label-shift', 'bs1', 'mixed')
 METHODS = {'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
            'cotta': 'CoTTA', 'ecotta-k4': 'EcoTTA (K=4)',
            'ecotta-k5': 'EcoTTA (K=5)', 'eata': 'EATA', 'sar': 'SAR',
-           'deyo': 'DeYO'}
+           'deyo': 'DeYO', 'hybrid_tta': 'Hybrid-TTA'}
 
 
 def matrix_settings(paper_rows):
@@ -117,8 +117,9 @@ def matrix_settings(paper_rows):
             fields = stem[:-len('-stag')].split('_') if stag else \
                 stem.split('_')
             bench, scenario, model, method, cfg_model = fields_of(fields)
-            # the paper's tables and paper_hparams spell it bn_adapt
-            method = 'bn_adapt' if method == 'bn-adapt' else method
+            # the method's type, as the paper_* tables key it
+            method = {'bn-adapt': 'bn_adapt',
+                      'hybrid-tta': 'hybrid_tta'}.get(method, method)
             key = (model, method, cfg_model)
             settings.setdefault((bench, scenario), {}).setdefault(
                 key, {})[stag] = f'{folder}/{name}'

@@ -14,7 +14,8 @@ import mmseg_stag
 from mmseg_stag.core import METHODS, STAGLoss
 from mmseg_stag.engine import (OnlineAdaptationLogProcessor,
                                OnlineAdaptationLoop)
-from mmseg_stag.segmentation import (ACDCContinualDataset,
+from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
+                                     ACDCContinualDataset,
                                      ContinualIoUMetric,
                                      NVMixVisionTransformer, NVSegformerHead)
 from seg_helpers import REPO
@@ -42,9 +43,9 @@ def test_registered_types():
 
 
 def test_there_is_a_config_per_checkpoint_and_method():
-    # Source, BN Adapt, TENT, CoTTA, EATA, SAR, DeYO (all but Source also
-    # with STAG) x MMSeg's and NVlabs' B5
-    assert len(STAG_CONFIGS) == 13 * 2
+    # Source, BN Adapt, TENT, CoTTA, EATA, SAR, DeYO, Hybrid-TTA (all but
+    # Source also with STAG) x MMSeg's and NVlabs' B5
+    assert len(STAG_CONFIGS) == 15 * 2
 
 
 @pytest.mark.parametrize('path', STAG_CONFIGS, ids=osp.basename)
@@ -58,7 +59,9 @@ def test_stag_configs_use_the_online_loop(path):
     method = cfg.test_cfg['method']
     name = osp.basename(path)[:-3].rsplit('_', 1)[1]
     assert method['type'] == name.replace('-stag', '').replace('-', '_')
-    assert method['type'] in METHODS.module_dict
+    # the core's methods, or the segmentation-only ones (Hybrid-TTA)
+    assert method['type'] in {**METHODS.module_dict,
+                              **SEGMENTATION_METHODS.module_dict}
     # (beta0, gamma) against the paper's table: tests/test_paper_hparams.py
     assert ('stag' in method) == name.endswith('-stag')
     head = cfg.model['decode_head']['type']

@@ -13,6 +13,17 @@ from .base import BaseMethod
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
 
 
+@torch.no_grad()
+def ema_update_(teacher: nn.Module, student: nn.Module, a: float) -> None:
+    """``theta_t <- a theta_t + (1 - a) theta_s`` over every parameter."""
+    ema = list(teacher.parameters())
+    # the same roundings as a * ema + (1 - a) * param, for all at once
+    mixed = torch._foreach_add(torch._foreach_mul(ema, a),
+                               torch._foreach_mul(list(student.parameters()),
+                                                  1 - a))
+    torch._foreach_copy_(ema, mixed)
+
+
 @METHODS.register_module(name='cotta')
 class CoTTA(BaseMethod):
     """CoTTA: a student trained on an EMA teacher, with stochastic restore.
@@ -144,16 +155,9 @@ class CoTTA(BaseMethod):
                      augmented=float(use_augs))
         return teacher.detach()
 
-    @torch.no_grad()
     def update_teacher(self) -> None:
         """Update the teacher: ``theta_t <- a theta_t + (1 - a) theta_s``."""
-        a = self.ema_momentum
-        ema = list(self.teacher.parameters())
-        # the same roundings as a * ema + (1 - a) * param, for all at once
-        mixed = torch._foreach_add(torch._foreach_mul(ema, a),
-                                   torch._foreach_mul(
-                                       list(self.model.parameters()), 1 - a))
-        torch._foreach_copy_(ema, mixed)
+        ema_update_(self.teacher, self.model, self.ema_momentum)
 
     @torch.no_grad()
     def stochastic_restore(self) -> None:

@@ -27,6 +27,22 @@ class TokenMLP(nn.Module):
         return tokens.transpose(1, 2).reshape(n, -1, h, w)
 
 
+def embed_and_fuse(module: nn.Module,
+                   levels: Sequence[torch.Tensor]) -> torch.Tensor:
+    """NVlabs' MLP decoder: each level through ``module.linear_c{i}``,
+    resized to the first level's size, concatenated c4..c1 and fused by
+    ``module.linear_fuse``."""
+    c1, c2, c3, c4 = levels
+    size = c1.shape[2:]
+    embedded = []
+    for level, feat in ((4, c4), (3, c3), (2, c2), (1, c1)):
+        x = getattr(module, f'linear_c{level}')(feat)
+        if level != 1:
+            x = resize(x, size=size, mode='bilinear', align_corners=False)
+        embedded.append(x)
+    return module.linear_fuse(torch.cat(embedded, dim=1))
+
+
 @MODELS.register_module()
 class NVSegformerHead(BaseDecodeHead):
     """SegFormer's all-MLP decode head as released by NVlabs.
@@ -91,13 +107,5 @@ class NVSegformerHead(BaseDecodeHead):
 
     def forward(self, inputs: List[torch.Tensor]) -> torch.Tensor:
         """Return logits ``[N, num_classes, H/4, W/4]`` at ``c1``'s size."""
-        c1, c2, c3, c4 = self._transform_inputs(inputs)
-        size = c1.shape[2:]
-        embedded = []
-        for level, feat in ((4, c4), (3, c3), (2, c2), (1, c1)):
-            x = getattr(self, f'linear_c{level}')(feat)
-            if level != 1:
-                x = resize(x, size=size, mode='bilinear', align_corners=False)
-            embedded.append(x)
-        fused = self.linear_fuse(torch.cat(embedded, dim=1))
+        fused = embed_and_fuse(self, self._transform_inputs(inputs))
         return self.cls_seg(fused)  # dropout, then conv_seg

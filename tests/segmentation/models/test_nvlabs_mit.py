@@ -143,7 +143,7 @@ def test_eps_options():
 
 @pytest.mark.parametrize('path', NVLABS_CONFIGS, ids=osp.basename)
 def test_nvlabs_configs_build_the_nvlabs_backbone(path, tiny_acdc):
-    assert len(NVLABS_CONFIGS) == 13  # every method, +STAG
+    assert len(NVLABS_CONFIGS) == 15  # every method, +STAG
     model, cfg = build_from_config(osp.relpath(path, REPO),
                                    tiny_options(tiny_acdc, head='nvlabs'))
     assert cfg.model.backbone.type == 'NVMixVisionTransformer'

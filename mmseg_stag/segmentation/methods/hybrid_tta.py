@@ -1,0 +1,233 @@
+"""Hybrid-TTA (Park et al., ICCV 2025): an EMA teacher labels each image;
+the student learns from a masked view (SimMIM) and switches between full
+and efficient tuning by its segmentation loss.
+
+Follows hhhyyeee/Hybrid-TTA: mmseg/apis/test_feat.py (single_gpu_our),
+mmseg/ood/base.py (FreezeController, mode loss_seg_with_wma) and the
+modules of :mod:`..models.hybrid_tta_modules` (docs/methods.md).
+"""
+import copy
+import re
+from typing import List, Optional
+
+import numpy as np
+import torch
+from mmengine.logging import print_log
+
+from mmseg_stag.core.methods.base import BaseMethod
+from mmseg_stag.core.methods.cotta import ema_update_
+from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
+                                         masked_l1)
+from ..task_adapter import SegmentationAdapter
+from .full_resolution import full_resolution_cross_entropy, whole_image_logits
+from .registry import SEGMENTATION_METHODS
+
+#: what efficient tuning freezes: the MiT blocks (the authors' "block1" ..
+#: "block4"), not their adapters; patch embeddings, stage norms, the mask
+#: token, the decode head and the neck keep training (ood/base.py:24-26)
+BLOCK_PARAM = re.compile(r'^backbone\.layers\.\d+\.1\.')
+
+
+class TuningSwitch:
+    """Full or efficient tuning, from the student's segmentation loss.
+
+    Efficient when the mean of the last ``window`` losses is below
+    ``(1 + margin) * threshold``; the threshold is then an EMA of the loss
+    (ood/base.py:242-266). Neither the window nor the threshold restart at
+    a new stage; the tuning does (full).
+
+    Args:
+        window (int): Default: 10 (``wma_window_size``).
+        margin (float): Default: 0.1 (``wma_perc``).
+        momentum (float): Of the threshold. Default: 0.999
+            (``loss_seg_alpha``).
+        threshold (float): Its start. Default: 0.0 (``loss_seg_threshold``).
+    """
+
+    def __init__(self, window: int = 10, margin: float = 0.1,
+                 momentum: float = 0.999, threshold: float = 0.0):
+        if int(window) != window or window < 1:
+            raise ValueError(f'switch window must be an integer >= 1, got '
+                             f'{window}')
+        self.window, self.margin = int(window), float(margin)
+        self.momentum, self.threshold = float(momentum), float(threshold)
+        self.losses: List[float] = []
+        self.efficient = False
+
+    def decide(self, loss: float) -> bool:
+        """Add one loss; return whether to tune efficiently."""
+        self.losses = (self.losses + [float(loss)])[-self.window:]
+        self.efficient = bool(len(self.losses) == self.window and np.mean(
+            self.losses) < (1 + self.margin) * self.threshold)
+        self.threshold = (self.threshold * self.momentum +
+                          float(loss) * (1 - self.momentum))
+        return self.efficient
+
+    def state_dict(self) -> dict:
+        return dict(losses=list(self.losses), threshold=self.threshold,
+                    efficient=self.efficient)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.losses = list(state['losses'])
+        self.threshold, self.efficient = state['threshold'], state['efficient']
+
+
+@SEGMENTATION_METHODS.register_module(name='hybrid_tta')
+class HybridTTA(BaseMethod):
+    """Hybrid-TTA on an MMSeg SegFormer (MiT backbone).
+
+    Per image, every model in eval mode: the EMA teacher predicts the image
+    (its labels at the original size are scored and are the pseudo-labels);
+    the student sees the image with 60 % of its 32-px patches masked at the
+    first level and minimises the cross-entropy to the teacher's labels at
+    the original size plus ``recon_weight`` times the masked L1 of its
+    reconstruction; the switch decides full or efficient tuning after the
+    forward, before the backward; then the step and the EMA update.
+
+    Args:
+        ema_momentum (float): Teacher EMA. Default: 0.999.
+        recon_weight (float): Default: 0.3 (``recon_lambda``).
+        mask_ratio (float): Default: 0.6.
+        mask_patch_size (int): Default: 32.
+        mask_seed (int): Of the mask generator. Default: 42.
+        adapter_hidden (int): Default: 5.
+        adapter_init (str): ``'backbone'`` (the authors' effective init) or
+            ``'zero_up'``. Default: ``'backbone'``.
+        neck_embed_dim (int): Default: 768.
+        switch (dict, optional): :class:`TuningSwitch` arguments.
+        optimizer (dict, optional): Default: Adam, lr 7.5e-5 (6e-4 / 8).
+        trainable (dict, optional): Default: ``dict(kind='all')``.
+        fresh_optimizer_per_stage (bool): Default: True.
+        **kwargs: See :class:`BaseMethod` (``stag``).
+    """
+
+    supported_prediction_kinds = ('per_pixel', )
+    prediction_is_labels = True
+
+    def __init__(self,
+                 ema_momentum: float = 0.999,
+                 recon_weight: float = 0.3,
+                 mask_ratio: float = 0.6,
+                 mask_patch_size: int = 32,
+                 mask_seed: int = 42,
+                 adapter_hidden: int = 5,
+                 adapter_init: str = 'backbone',
+                 neck_embed_dim: int = 768,
+                 switch: Optional[dict] = None,
+                 optimizer: Optional[dict] = None,
+                 trainable: Optional[dict] = None,
+                 fresh_optimizer_per_stage: bool = True,
+                 **kwargs):
+        if not 0.0 <= ema_momentum <= 1.0:
+            raise ValueError(
+                f'ema_momentum must be in [0, 1], got {ema_momentum}')
+        super().__init__(
+            optimizer=optimizer or dict(type='Adam', lr=7.5e-5,
+                                        betas=(0.9, 0.999)),
+            trainable=trainable or dict(kind='all'),
+            fresh_optimizer_per_stage=fresh_optimizer_per_stage, **kwargs)
+        self.ema_momentum = float(ema_momentum)
+        self.recon_weight = float(recon_weight)
+        self.masks = PatchMaskGenerator(mask_patch_size, 4, mask_ratio,
+                                        mask_seed)
+        self.module_cfg = dict(adapter_hidden=int(adapter_hidden),
+                               adapter_init=adapter_init,
+                               neck_embed_dim=int(neck_embed_dim))
+        self.switch = TuningSwitch(**(switch or {}))
+        self.teacher = None
+        self.features = None  # the student's backbone levels, last forward
+
+    def configure(self, model, adapter):
+        if not isinstance(adapter, SegmentationAdapter):
+            raise ValueError('Hybrid-TTA needs the segmentation task (labels '
+                             'at the original image size)')
+        counts = attach_modules(model, **self.module_cfg)
+        print_log(
+            'Hybrid-TTA adds modules the source checkpoint does not have, '
+            f'from their initialisation: {counts["num_adapters"]} adapters '
+            f'({counts["adapters"]:,} parameters, adapter_init='
+            f'{self.module_cfg["adapter_init"]!r}), the mask token '
+            f'({counts["mask_token"]}), the reconstruction neck '
+            f'({counts["recon_neck"]:,})', logger='current')
+        super().configure(model, adapter)
+        # the authors' create_ema_model: the teacher starts as the student
+        self.teacher = copy.deepcopy(model)
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        # hooks on the student only: the teacher sees unmasked images
+        backbone = model.backbone
+        backbone.layers[0][0].register_forward_hook(
+            backbone.mask_token_embed.hook)
+        backbone.register_forward_hook(self.keep_features)
+
+    def keep_features(self, module, inputs, output):
+        self.features = output
+
+    def set_efficient(self, efficient: bool) -> None:
+        """Freeze (efficient) or unfreeze the MiT blocks but their adapters."""
+        for name, p in self.model.named_parameters():
+            if BLOCK_PARAM.match(name) and '.adapter.' not in name:
+                p.requires_grad_(not efficient)
+
+    def start_stage(self, stage: int) -> None:
+        # every stage starts fully trainable (test_feat.py:118)
+        if stage != self.stage:
+            self.switch.efficient = False
+            self.set_efficient(False)
+        super().start_stage(stage)
+
+    def state_dict(self) -> dict:
+        return dict(super().state_dict(), teacher=self.teacher.state_dict(),
+                    switch=self.switch.state_dict(),
+                    mask_rng=self.masks.rng_state())
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.teacher.load_state_dict(state['teacher'])
+        self.switch.load_state_dict(state['switch'])
+        self.masks.load_rng_state(state['mask_rng'])
+        self.set_efficient(self.switch.efficient)
+
+    def masked_forward(self, batch):
+        """The student's forward with masked first-level tokens."""
+        mask = self.masks(tuple(batch.inputs.shape[-2:]))
+        embed = self.model.backbone.mask_token_embed
+        embed.mask = mask.to(batch.inputs.device)
+        try:
+            return self.adapter.forward(self.model, batch), mask
+        finally:
+            embed.mask = None
+
+    def adapt(self, batch):
+        """Label with the teacher, train the student on its masked view,
+        update the teacher; return the teacher's labels."""
+        self.check_configured()
+        with torch.no_grad():
+            teacher_logits = self.adapter.forward(self.teacher, batch).logits
+            labels = self.adapter.labels_at_original_size(batch,
+                                                          teacher_logits)
+        student, mask = self.masked_forward(batch)
+        loss_seg = full_resolution_cross_entropy(
+            whole_image_logits(student, 'Hybrid-TTA'), labels)
+        loss_recon = masked_l1(
+            self.model.recon_neck(self.features), batch.inputs,
+            mask.to(batch.inputs.device))
+        self.features = None
+        # the switch reads the cross-entropy alone (STAG-free, as theirs),
+        # after the forward and before the backward (test_feat.py:334-355)
+        self.set_efficient(self.switch.decide(loss_seg.item()))
+        student.stats.update(loss_seg=loss_seg.detach(),
+                             loss_recon=loss_recon.detach(),
+                             efficient=float(self.switch.efficient))
+        self.update(self.add_stag(loss_seg + self.recon_weight * loss_recon,
+                                  student))
+        ema_update_(self.teacher, self.model, self.ema_momentum)
+        return labels, student.stats
+
+    def __repr__(self) -> str:
+        return (super().__repr__()[:-1] +
+                f', ema_momentum={self.ema_momentum}, recon_weight='
+                f'{self.recon_weight}, mask_ratio={self.masks.mask_ratio}, '
+                f'{self.module_cfg}, switch=(window={self.switch.window}, '
+                f'margin={self.switch.margin}, momentum='
+                f'{self.switch.momentum}))')
