@@ -72,6 +72,20 @@ def paper_stag(benchmark: str, scenario: str, model: str,
                    f'{(benchmark, scenario, model, method)}')
 
 
+def stag_hparams(benchmark: str, scenario: str, model: str,
+                 method: str) -> Dict[str, float]:
+    """The paper's ``dict(beta0, gamma)`` for one setting, else ours
+    (:data:`OUR_STAG`), as the configs take them.
+
+    Raises:
+        KeyError: If neither table has the setting.
+    """
+    for b, s, m, base, beta0, gamma, _ in OUR_STAG:
+        if (b, s, m, base) == (benchmark, scenario, model, method):
+            return dict(beta0=beta0, gamma=gamma)
+    return paper_stag(benchmark, scenario, model, method)
+
+
 def markdown_table() -> str:
     """:data:`PAPER_STAG` as a Markdown table."""
     lines = ['| benchmark | scenario | model | method | β0 | γ |',

@@ -12,7 +12,7 @@ from mmengine.config import Config
 
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper_hparams import (OUR_STAG, PAPER_STAG, markdown_table,
-                                     paper_stag)
+                                      paper_stag, stag_hparams)
 from mmseg_stag.analysis import step_benchmark as benchmark
 from mmseg_stag.classification import OnlineClassifier
 from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
@@ -34,6 +34,12 @@ def test_table_rows_and_lookup():
     assert paper_stag(*ACDC, 'tent') == dict(beta0=500, gamma=35)
     with pytest.raises(KeyError, match='appendix_hp'):
         paper_stag(*ACDC, 'sar')
+    # the paper's row, else ours
+    assert stag_hparams(*ACDC, 'tent') == dict(beta0=500, gamma=35)
+    assert stag_hparams(*ACDC, 'bn_adapt') == dict(beta0=250, gamma=25)
+    assert stag_hparams(*ACDC, 'hybrid_tta') == dict(beta0=500, gamma=35)
+    with pytest.raises(KeyError, match='appendix_hp'):
+        stag_hparams('acdc', 'mild', 'segformer-b5', 'tent')
     lines = markdown_table().splitlines()
     assert len(lines) == 2 + len(PAPER_STAG)
     assert lines[2] == '| acdc | continual | segformer-b5 | bn_adapt | 250 ' \

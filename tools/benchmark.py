@@ -10,7 +10,7 @@ the STAG term timed alone. The models and arms are
 :mod:`mmseg_stag.analysis.meters`.
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
-        [--size 960 540] [--cls-size 224] [--batch-size 64]
+        [--methods tent bn_adapt hybrid_tta ...] [--size 960 540] [--cls-size 224] [--batch-size 64]
         [--steps 5] [--warmup 2] [--mixed-precision bf16|fp16]
         [--out benchmark.json]
 """
@@ -28,6 +28,8 @@ from mmseg_stag.analysis.step_benchmark import (CIFAR_MODELS,
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta']
+#: run when asked: its 32-px mask patches need a --size multiple of 32
+OPTIONAL_METHODS = ['hybrid_tta']
 
 
 def parse_args():
@@ -38,10 +40,10 @@ def parse_args():
                         choices=sorted(SEG_MODELS) +
                         sorted(IMAGENET_MODELS) + sorted(CIFAR_MODELS))
     parser.add_argument('--methods', nargs='+', default=METHODS,
-                        choices=METHODS,
+                        choices=METHODS + OPTIONAL_METHODS,
                         help='baselines of each model that it has '
-                        '(bn_adapt: segmentation; eata: ImageNet; cotta, '
-                        'ecotta: the CIFAR WideResNets)')
+                        '(bn_adapt, hybrid_tta: segmentation; eata: '
+                        'ImageNet; cotta, ecotta: the CIFAR WideResNets)')
     parser.add_argument('--size', type=int, nargs=2, default=(960, 540),
                         metavar=('W', 'H'), help='segmentation input size '
                         '(paper: 960 540)')
@@ -59,7 +61,14 @@ def parse_args():
     parser.add_argument('--skip-reference', action='store_true',
                         help='do not time the two-forward reference loop')
     parser.add_argument('--out', default='work_dirs/benchmark.json')
-    return parser.parse_args()
+    args = parser.parse_args()
+    if 'hybrid_tta' in args.methods and any(
+            m in SEG_MODELS for m in args.models) and any(
+            side % 32 for side in args.size):
+        parser.error(f'--size {args.size[0]} {args.size[1]}: hybrid_tta masks'
+                     ' 32-px patches, so both sides must be multiples of 32 '
+                     '(its authors run 960 544)')
+    return args
 
 
 def main():

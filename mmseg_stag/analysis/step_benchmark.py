@@ -53,7 +53,8 @@ REFERENCE = 'tent two-forward reference'
 PAPER_ROW = {'ecotta': 'ecotta-k4'}
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
-    'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt')},
+    'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
+            'hybrid_tta': dict(type='hybrid_tta')},
     'cls': {'tent': dict(type='tent', optimizer=dict(
         type='SGD', lr=0.00025, momentum=0.9)),
         # random weights: EATA's filters would reject every sample
@@ -133,7 +134,7 @@ class BenchTask:
 
     def __init__(self, name, args, device, root='.'):
         from mmseg_stag.engine.online_task import build_task
-        from mmseg_stag.paper_hparams import paper_stag
+        from mmseg_stag.paper_hparams import stag_hparams
         self.name = name
         self.kind = 'cls' if name in IMAGENET_MODELS else \
             'cifar' if name in CIFAR_MODELS else 'seg'
@@ -146,7 +147,7 @@ class BenchTask:
         self.probe = self.online.probe  # its autocast_dtype: mixed precision
         self.base = self.online.adapted_module(model)
         setting = STAG_SETTING[name if self.kind != 'seg' else 'seg']
-        self.stag = {m: {k: float(v) for k, v in paper_stag(
+        self.stag = {m: {k: float(v) for k, v in stag_hparams(
             *setting, PAPER_ROW.get(m, m)).items()}
                      for m in BASELINES[self.kind]}
         self.methods = BASELINES[self.kind]
@@ -158,7 +159,7 @@ class BenchTask:
 
     def make_method(self, kind, stag):
         """A configured method on a fresh copy of the model."""
-        from mmseg_stag.core import build_method, use_batch_statistics
+        from mmseg_stag.core import use_batch_statistics
         model = copy.deepcopy(self.base)
         if kind == 'ecotta':  # EcoTTA's network: K=4 meta networks
             from mmseg_stag.classification.ecotta_network import (
@@ -172,7 +173,8 @@ class BenchTask:
         elif self.kind != 'seg':
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
-        method = build_method(dict(self.methods[kind], stag=stag))
+        # the task's registry: Hybrid-TTA is segmentation's own
+        method = self.online.build_method(dict(self.methods[kind], stag=stag))
         method.configure(model, self.adapter)
         if method.needs_source_data:  # EATA's Fisher, not timed
             method.fit_source([self.batch])

@@ -162,3 +162,27 @@ def test_benchmark_on_cuda(tmp_path):
     assert (tent['tent+stag']['forwards'], tent['tent+stag']['backwards']) \
         == (1, 1)
     assert tent['tent+stag']['peak_mb'] > 0
+
+
+def test_benchmark_hybrid_tta_beside_tent(tmp_path):
+    """Hybrid-TTA's step (teacher, masked student, one backward) and its
+    +STAG arm beside TENT's; its mask patches need a size multiple of 32."""
+    out = tmp_path / 'bench.json'
+    cmd = [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+           'b0', '--methods', 'tent', 'hybrid_tta', '--steps', '1',
+           '--warmup', '0', '--skip-reference', '--out', str(out)]
+    proc = subprocess.run(cmd + ['--size', '64', '32'], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())['models']['b0']
+    assert set(res) == {'tent', 'hybrid_tta'}
+    hybrid = res['hybrid_tta']
+    # the student's classifier runs once (the teacher is another module)
+    assert (hybrid['hybrid_tta']['forwards'],
+            hybrid['hybrid_tta']['backwards']) == (1, 1)
+    assert hybrid['hybrid_tta']['peak_mb'] > 0
+    assert hybrid['stag_time_ratio']['median'] > 0
+    proc = subprocess.run(cmd + ['--size', '960', '540'],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert 'multiples of 32' in proc.stderr
