@@ -9,7 +9,7 @@ STAMP := $(VENV)/.mmseg_stag_installed
 VENV_REAL ?= .venv-real
 STAMP_REAL := $(VENV_REAL)/.real_models_installed
 
-.PHONY: install demo demo-cls demo-cls-hard docs test clean-venv gpu-check
+.PHONY: install demo demo-hybrid demo-cls demo-cls-hard docs test clean-venv gpu-check
 
 install: $(STAMP)
 
@@ -19,6 +19,10 @@ $(STAMP): setup.py tools/install_env.sh
 
 demo: $(STAMP)
 	$(PY) tools/demo.py --work-dir work_dirs/demo
+
+# beyond the paper: Hybrid-TTA +/- STAG beside Source and TENT +/- STAG
+demo-hybrid: $(STAMP)
+	$(PY) tools/demo.py --work-dir work_dirs/demo_hybrid --methods source tent tent-stag hybrid-tta hybrid-tta-stag
 
 demo-cls: $(STAMP)
 	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls

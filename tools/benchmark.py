@@ -10,7 +10,8 @@ the STAG term timed alone. The models and arms are
 :mod:`mmseg_stag.analysis.meters`.
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
-        [--methods tent bn_adapt hybrid_tta ...] [--size 960 540] [--cls-size 224] [--batch-size 64]
+        [--methods tent bn_adapt hybrid_tta ...] [--size 960 540]
+        [--cls-size 224] [--batch-size 64]
         [--steps 5] [--warmup 2] [--mixed-precision bf16|fp16]
         [--out benchmark.json]
 """

@@ -2,7 +2,8 @@
 matrix (``docs/results/stand-in.json``, read by ``tools/docs_hooks.py``).
 
     python tools/record_stand_in.py --measured "2026-11-26, 2 CPU cores" \
-        [--demo work_dirs/demo] [--demo-cls work_dirs/demo_cls] \
+        [--demo work_dirs/demo [work_dirs/demo_hybrid]] \
+        [--demo-cls work_dirs/demo_cls] \
         [--out docs/results/stand-in.json]
 
 Each demo setting stands in for one of the paper's: the demo's tiny
@@ -72,11 +73,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--measured', required=True,
                    help='when and on what machine the demos ran')
-    p.add_argument('--demo', default='work_dirs/demo')
+    p.add_argument('--demo', nargs='+', default=['work_dirs/demo'],
+                   help='make demo work dirs (make demo-hybrid\'s too)')
     p.add_argument('--demo-cls', default='work_dirs/demo_cls')
     p.add_argument('--out', default='docs/results/stand-in.json')
     args = p.parse_args(argv)
-    rows = segmentation_rows(args.demo) + classification_rows(args.demo_cls)
+    rows = [row for demo in args.demo for row in segmentation_rows(demo)]
+    rows += classification_rows(args.demo_cls)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
         json.dump(dict(measured=args.measured, rows=rows), f, indent=1)

@@ -11,19 +11,22 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 def test_reduced_demo_end_to_end(tmp_path):
     """The demo script itself, tiny: 64x32 images, 5 training iterations,
-    2 rounds, three methods, one beta0 candidate."""
+    2 rounds, four methods (Hybrid-TTA+STAG, make demo-hybrid's, too),
+    one beta0 candidate."""
     work = tmp_path / 'demo'
     cmd = [sys.executable, osp.join(REPO, 'tools/demo.py'), '--work-dir',
            str(work), '--size', '64', '32', '--train-images', '4',
            '--per-condition', '2', '--train-iters', '5', '--rounds', '2',
-           '--methods', 'source', 'tent', 'tent-stag', '--beta-grid', '100',
+           '--methods', 'source', 'tent', 'tent-stag', 'hybrid-tta-stag',
+           '--beta-grid', '100',
            '--log-interval', '4']
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((work / 'demo_summary.json').read_text())
-    assert set(summary['methods']) == {'source', 'tent', 'tent-stag'}
-    assert summary['betas'] == {'tent-stag': 100.0}
-    for method in ('source', 'tent', 'tent-stag'):
+    methods = ('source', 'tent', 'tent-stag', 'hybrid-tta-stag')
+    assert set(summary['methods']) == set(methods)
+    assert summary['betas'] == {'tent-stag': 100.0, 'hybrid-tta-stag': 100.0}
+    for method in methods:
         stages = summary['methods'][method]['stages']
         assert len(stages) == 8
         assert (work / method / 'continual_results.csv').is_file()
@@ -38,5 +41,6 @@ def test_reduced_demo_end_to_end(tmp_path):
     assert (work / 'demo_comparison.png').stat().st_size > 0
     comparison = json.loads((work / 'demo_comparison.json').read_text())
     assert [r['name'] for r in comparison['runs']] == \
-        ['source', 'tent', 'tent-stag (beta0=100)']
+        ['source', 'tent', 'tent-stag (beta0=100)',
+         'hybrid-tta-stag (beta0=100)']
     assert all(r['stages_done'] == 8 for r in comparison['runs'])
