@@ -38,7 +38,7 @@ def segmentation_rows(demo_dir):
                  model='segformer-b5',
                  method=name.replace('-stag', '').replace('-', '_'),
                  stag=name.endswith('-stag'),
-                 score=round(r['mIoU_mean_over_stages'], 2),
+                 score=r['mIoU_mean_over_stages'],
                  stand_in='make demo: tiny SegFormer, synthetic ACDC')
             for name, r in zip(names, runs)]
 
@@ -53,7 +53,9 @@ def classification_rows(demo_cls_dir):
     for path in paths:
         with open(path) as f:
             table = json.load(f)
-        scenario, net = table['meta']['scenario'], table['meta']['net']
+        # work dirs of mmseg_stag 0.3 spell label-shift label_shift
+        scenario = table['meta']['scenario'].replace('_', '-')
+        net = table['meta']['net']
         benchmark, model = (('cifar10-c', 'wrn-28-10')
                             if scenario == 'continual' else
                             ('imagenet-c', PAPER_MODELS[net]))
@@ -63,7 +65,7 @@ def classification_rows(demo_cls_dir):
             rows.append(dict(
                 benchmark=benchmark, scenario=scenario, model=model,
                 method=TITLES[title], stag=r['base'] is not None,
-                score=round(r[f'avg_{metric}'], 2),
+                score=r[f'avg_{metric}'],
                 stand_in=f'make demo-cls: {DEMO_NETS[net]}, corrupted '
                 'MNIST'))
     return rows
