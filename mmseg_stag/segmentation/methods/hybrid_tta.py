@@ -190,9 +190,10 @@ class HybridTTA(BaseMethod):
 
     def masked_forward(self, batch):
         """The student's forward with masked first-level tokens."""
-        mask = self.masks(tuple(batch.inputs.shape[-2:]))
+        mask = self.masks(tuple(batch.inputs.shape[-2:])).to(
+            batch.inputs.device)
         embed = self.model.backbone.mask_token_embed
-        embed.mask = mask.to(batch.inputs.device)
+        embed.mask = mask
         try:
             return self.adapter.forward(self.model, batch), mask
         finally:
@@ -209,9 +210,8 @@ class HybridTTA(BaseMethod):
         student, mask = self.masked_forward(batch)
         loss_seg = full_resolution_cross_entropy(
             whole_image_logits(student, 'Hybrid-TTA'), labels)
-        loss_recon = masked_l1(
-            self.model.recon_neck(self.features), batch.inputs,
-            mask.to(batch.inputs.device))
+        loss_recon = masked_l1(self.model.recon_neck(self.features),
+                               batch.inputs, mask)
         self.features = None
         # the switch reads the cross-entropy alone (STAG-free, as theirs),
         # after the forward and before the backward (test_feat.py:334-355)

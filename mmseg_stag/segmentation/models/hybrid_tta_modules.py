@@ -104,47 +104,6 @@ class StageOneMaskToken(nn.Module):
         return x * (1. - w) + self.mask_token.expand_as(x) * w, hw_shape
 
 
-def attach_modules(model: nn.Module, adapter_hidden: int = 5,
-                   adapter_init: str = 'backbone',
-                   neck_embed_dim: int = 768) -> Dict[str, int]:
-    """Attach the adapters, the mask token and the reconstruction neck to an
-    MMSeg segmentor with a MiT backbone; return their parameter counts.
-
-    Raises:
-        ValueError: If the backbone is not a ``MixVisionTransformer``.
-    """
-    backbone = model.backbone
-    if not isinstance(backbone, MixVisionTransformer):
-        raise ValueError('Hybrid-TTA needs a MiT backbone '
-                         '(MixVisionTransformer, SegFormer), got '
-                         f'{type(backbone).__name__}')
-    adapters = []
-    for stage in backbone.layers:
-        for block in stage[1]:
-            dims = block.norm2.normalized_shape[0]
-            adapter = ParallelAdapter(dims, adapter_hidden, adapter_init)
-            block.ffn = AdaptedMixFFN(block.ffn, adapter)
-            adapters.append(adapter)
-    first_dims = backbone.layers[0][1][0].norm2.normalized_shape[0]
-    backbone.mask_token_embed = StageOneMaskToken(first_dims)
-    model.recon_neck = ReconstructionNeck(
-        model.decode_head.in_channels, neck_embed_dim,
-        norm_cfg=dict(type='BN', requires_grad=True))
-
-    # on the model's device and dtype, as the checkpoint's weights are
-    like = next(backbone.parameters())
-    for module in adapters + [backbone.mask_token_embed, model.recon_neck]:
-        module.to(device=like.device, dtype=like.dtype)
-
-    def count(modules):
-        return sum(p.numel() for m in modules for p in m.parameters())
-
-    return dict(adapters=count(adapters),
-                mask_token=count([backbone.mask_token_embed]),
-                recon_neck=count([model.recon_neck]),
-                num_adapters=len(adapters))
-
-
 class ReconstructionNeck(nn.Module):
     """SimMIM's SegFormer decoder: NVlabs' per-level MLPs and fusion, then
     a 1x1 conv to ``stride**2 * 3`` channels and a PixelShuffle to the
@@ -244,3 +203,44 @@ def masked_l1(reconstruction: torch.Tensor, image: torch.Tensor,
     mask = token_mask.repeat_interleave(stride, 1).repeat_interleave(
         stride, 2).unsqueeze(1).to(reconstruction)
     return ((reconstruction - image).abs() * mask).sum() / mask.sum() / 3
+
+
+def attach_modules(model: nn.Module, adapter_hidden: int = 5,
+                   adapter_init: str = 'backbone',
+                   neck_embed_dim: int = 768) -> Dict[str, int]:
+    """Attach the adapters, the mask token and the reconstruction neck to an
+    MMSeg segmentor with a MiT backbone; return their parameter counts.
+
+    Raises:
+        ValueError: If the backbone is not a ``MixVisionTransformer``.
+    """
+    backbone = model.backbone
+    if not isinstance(backbone, MixVisionTransformer):
+        raise ValueError('Hybrid-TTA needs a MiT backbone '
+                         '(MixVisionTransformer, SegFormer), got '
+                         f'{type(backbone).__name__}')
+    adapters = []
+    for stage in backbone.layers:
+        for block in stage[1]:
+            dims = block.norm2.normalized_shape[0]
+            adapter = ParallelAdapter(dims, adapter_hidden, adapter_init)
+            block.ffn = AdaptedMixFFN(block.ffn, adapter)
+            adapters.append(adapter)
+    first_dims = backbone.layers[0][1][0].norm2.normalized_shape[0]
+    backbone.mask_token_embed = StageOneMaskToken(first_dims)
+    model.recon_neck = ReconstructionNeck(
+        model.decode_head.in_channels, neck_embed_dim,
+        norm_cfg=dict(type='BN', requires_grad=True))
+
+    # on the model's device and dtype, as the checkpoint's weights are
+    like = next(backbone.parameters())
+    for module in adapters + [backbone.mask_token_embed, model.recon_neck]:
+        module.to(device=like.device, dtype=like.dtype)
+
+    def count(modules):
+        return sum(p.numel() for m in modules for p in m.parameters())
+
+    return dict(adapters=count(adapters),
+                mask_token=count([backbone.mask_token_embed]),
+                recon_neck=count([model.recon_neck]),
+                num_adapters=len(adapters))
