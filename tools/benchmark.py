@@ -10,7 +10,7 @@ the STAG term timed alone. The models and arms are
 :mod:`mmseg_stag.analysis.meters`.
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
-        [--methods tent bn_adapt hybrid_tta ...] [--size 960 540]
+        [--methods tent bn_adapt cotta hybrid_tta ...] [--size 960 540]
         [--cls-size 224] [--batch-size 64]
         [--steps 5] [--warmup 2] [--mixed-precision bf16|fp16]
         [--out benchmark.json]
@@ -25,12 +25,15 @@ import torch
 
 from mmseg_stag.analysis.step_benchmark import (CIFAR_MODELS,
                                                 IMAGENET_MODELS, SEG_MODELS,
-                                                run_model)
+                                                SEG_VIEWS, run_model)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta']
 #: run when asked: its 32-px mask patches need a --size multiple of 32
 OPTIONAL_METHODS = ['hybrid_tta']
+#: a MiT's first stage reduces its keys by an 8x8 convolution of the 1/4
+#: map: each side of an input needs 32 px
+MIT_MIN_SIDE = 32
 
 
 def parse_args():
@@ -44,7 +47,8 @@ def parse_args():
                         choices=METHODS + OPTIONAL_METHODS,
                         help='baselines of each model that it has '
                         '(bn_adapt, hybrid_tta: segmentation; eata: '
-                        'ImageNet; cotta, ecotta: the CIFAR WideResNets)')
+                        'ImageNet; cotta: segmentation and the CIFAR '
+                        'WideResNets; ecotta: the CIFAR WideResNets)')
     parser.add_argument('--size', type=int, nargs=2, default=(960, 540),
                         metavar=('W', 'H'), help='segmentation input size '
                         '(paper: 960 540)')
@@ -69,7 +73,23 @@ def parse_args():
         parser.error(f'--size {args.size[0]} {args.size[1]}: hybrid_tta masks'
                      ' 32-px patches, so both sides must be multiples of 32 '
                      '(its authors run 960 544)')
+    if 'cotta' in args.methods and any(m in SEG_MODELS for m in args.models):
+        smallest = smallest_view(args.size)
+        if min(smallest) < MIT_MIN_SIDE:
+            parser.error(
+                f'--size {args.size[0]} {args.size[1]}: segmentation CoTTA\'s '
+                f'smallest teacher view ({SEG_VIEWS}) is {smallest[0]}x'
+                f'{smallest[1]}, below the {MIT_MIN_SIDE} px a MiT needs '
+                'on each side')
     return args
+
+
+def smallest_view(size):
+    """``(w, h)`` of CoTTA's smallest teacher view of a ``size`` image."""
+    from mmengine.config import Config
+    ratios = Config.fromfile(osp.join(REPO, SEG_VIEWS)).test_pipeline[-1][
+        'ratios']
+    return tuple(int(side * min(ratios)) for side in size)
 
 
 def main():

@@ -4,8 +4,10 @@ its own model copy and the same input, driven by the model's online task
 and measured by :mod:`mmseg_stag.analysis.meters`."""
 import contextlib
 import copy
+import functools
 import os.path as osp
 import statistics
+import types
 
 import torch
 import torch.nn as nn
@@ -49,12 +51,17 @@ STAG_RATIOS = {'stag_time_ratio': 'seconds', 'stag_memory_ratio': 'peak_mb',
                'stag_saved_ratio': 'saved_mb'}
 #: TENT as CoTTA's code runs it (two forwards), its speed reference
 REFERENCE = 'tent two-forward reference'
+#: segmentation CoTTA's teacher views: the ACDC config's ScaleFlipViews
+#: (its ratios and flips) at ``--size``
+SEG_VIEWS = 'configs/_base_/datasets/acdc_continual_views.py'
 #: the paper's row of a method whose name there differs
 PAPER_ROW = {'ecotta': 'ecotta-k4'}
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
-            'hybrid_tta': dict(type='hybrid_tta')},
+            'hybrid_tta': dict(type='hybrid_tta'),
+            # the ACDC config's (Adam 7.5e-6, ap 0.69, restore 0.01)
+            'cotta': 'configs/_base_/methods/cotta.py'},
     'cls': {'tent': dict(type='tent', optimizer=dict(
         type='SGD', lr=0.00025, momentum=0.9)),
         # random weights: EATA's filters would reject every sample
@@ -127,6 +134,34 @@ def random_batch(kind, args):
                               for _ in range(args.batch_size)])
 
 
+def config_method(path, root='.'):
+    """``test_cfg.method`` of the config ``path`` (under ``root``)."""
+    from mmengine.config import Config
+    return Config.fromfile(osp.join(root, path)).test_cfg.method.to_dict()
+
+
+def view_batch(model, image, root='.'):
+    """The uint8 ``image`` (C, H, W) through the ACDC config's teacher
+    views (``SEG_VIEWS``' ``ScaleFlipViews`` at the image's size), as the
+    loop batches it: its main view is the unflipped one at ratio 1."""
+    from mmengine.config import Config
+    from mmengine.dataset import pseudo_collate
+    from mmseg.registry import TRANSFORMS
+
+    from mmseg_stag.engine.online_task import build_task
+    cfg = Config.fromfile(osp.join(root, SEG_VIEWS)).test_pipeline[-1]
+    height, width = image.shape[-2:]
+    views = TRANSFORMS.build(dict(cfg.to_dict(), scale=(width, height),
+                                  load_label=False))
+    data = views(dict(img=image.permute(1, 2, 0).numpy(),
+                      img_shape=(height, width),
+                      ori_shape=(height, width), img_path=None))
+    task = build_task(model, None, None)
+    task.setup(types.SimpleNamespace(
+        pipeline=types.SimpleNamespace(transforms=[views])))
+    return task.batch(model, pseudo_collate([data]))
+
+
 class BenchTask:
     """One model driven by its online task on one preprocessed batch:
     the baselines on fresh copies of its adapted module. ``args``:
@@ -141,7 +176,8 @@ class BenchTask:
         model = build_model(name, root=root).to(device)
         self.online = build_task(model, None, None)
         self.online.setup(None)
-        self.batch = self.online.batch(model, random_batch(self.kind, args))
+        self.raw = random_batch(self.kind, args)  # the loader's batch
+        self.batch = self.online.batch(model, self.raw)
         self.inputs = self.batch.inputs
         self.adapter = self.online.adapter
         self.probe = self.online.probe  # its autocast_dtype: mixed precision
@@ -150,7 +186,20 @@ class BenchTask:
         self.stag = {m: {k: float(v) for k, v in stag_hparams(
             *setting, PAPER_ROW.get(m, m)).items()}
                      for m in BASELINES[self.kind]}
-        self.methods = BASELINES[self.kind]
+        self.methods = {m: config_method(cfg, root) if isinstance(cfg, str)
+                        else cfg for m, cfg in BASELINES[self.kind].items()}
+        self.model, self.root = model, root
+        self.batches = {}  # method -> its own batch (CoTTA's views)
+
+    def batch_for(self, kind):
+        """The batch ``kind`` steps on: segmentation CoTTA's has the
+        teacher's views (built once, not timed), the others ``batch``."""
+        if kind == 'cotta' and self.kind == 'seg':
+            if kind not in self.batches:
+                self.batches[kind] = view_batch(
+                    self.model, self.raw['inputs'][0], self.root)
+            return self.batches[kind]
+        return self.batch
 
     def counted(self, model):
         """The module whose calls are forward passes: the decode head's
@@ -180,9 +229,9 @@ class BenchTask:
             method.fit_source([self.batch])
         return method, PassCounter(self.counted(model))
 
-    def ours_step(self, method):
+    def ours_step(self, method, batch=None):
         with torch.set_grad_enabled(method.updates):
-            return method.adapt(self.batch)[0]
+            return method.adapt(self.batch if batch is None else batch)[0]
 
     def two_forward_step(self, method):
         """CoTTA-style: predict under no_grad, then forward for the loss."""
@@ -288,8 +337,9 @@ def build_arms(task, kind, skip_reference):
     reference unless ``skip_reference``): label -> (step, method,
     counter)."""
     arms = {}
+    step = functools.partial(task.ours_step, batch=task.batch_for(kind))
     for label, stag in ((kind, None), (f'{kind}+stag', task.stag[kind])):
-        arms[label] = (task.ours_step, *task.make_method(kind, stag))
+        arms[label] = (step, *task.make_method(kind, stag))
     if kind == 'tent' and not skip_reference:
         arms[REFERENCE] = (task.two_forward_step,
                            *task.make_method('tent', None))

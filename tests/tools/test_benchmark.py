@@ -19,7 +19,7 @@ def test_benchmark_counts_passes(tmp_path):
     out = tmp_path / 'bench.json'
     proc = subprocess.run(
         [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
-         'b0', '--size', '64', '32', '--steps', '2', '--warmup', '0',
+         'b0', '--size', '128', '64', '--steps', '2', '--warmup', '0',
          '--out', str(out)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())['models']['b0']
@@ -29,11 +29,13 @@ def test_benchmark_counts_passes(tmp_path):
     assert passes == {
         'tent': (1, 1), 'tent+stag': (1, 1),
         'tent two-forward reference': (2, 1),
-        'bn_adapt': (1, 0), 'bn_adapt+stag': (1, 1)}
-    for kind in ('tent', 'bn_adapt'):
+        'bn_adapt': (1, 0), 'bn_adapt+stag': (1, 1),
+        # the student's classifier (the teacher's views: the test below)
+        'cotta': (1, 1), 'cotta+stag': (1, 1)}
+    for kind in ('tent', 'bn_adapt', 'cotta'):
         assert res[kind]['stag_time_ratio']['median'] > 0
     assert 'stag_time_ratio' in proc.stdout
-    for kind in ('tent', 'bn_adapt'):
+    for kind in ('tent', 'bn_adapt', 'cotta'):
         assert res[kind]['stag_term']['seconds'] > 0
     # STAG keeps its few per-pixel maps for the backward, never less
     tent = res['tent']
@@ -57,6 +59,34 @@ def test_benchmark_classification_arms(tmp_path):
         'tent': (1, 1), 'tent+stag': (1, 1),
         'tent two-forward reference': (2, 1),
         'eata': (1, 1), 'eata+stag': (1, 1)}
+
+
+def test_segmentation_cotta_steps_on_the_teacher_views():
+    """Segmentation CoTTA's arm steps as the ACDC config runs it: its
+    teacher on the 14 views (7 ratios x 2 flips) of one image, the source
+    model on the main view (ratio 1, unflipped), the student once; the
+    other arms keep the single-view batch."""
+    from mmseg_stag.analysis.meters import PassCounter
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
+    assert task.methods['cotta']['restore_prob'] == 0.01
+    assert task.methods['cotta']['ap'] == 0.69
+    batch = task.batch_for('cotta')
+    assert len(batch.views) == 14 and batch.main_view == 4
+    assert [tuple(v.inputs.shape[-2:]) for v in batch.views[::2]] == [
+        (32, 64), (48, 96), (64, 128), (80, 160), (96, 192), (112, 224),
+        (128, 256)]
+    assert [m['flip'] for v in batch.views for m in v.metas] == \
+        [False, True] * 7
+    assert torch.equal(batch.inputs, task.batch.inputs)
+    assert task.batch_for('tent') is task.batch
+    method, student = task.make_method('cotta', None)
+    teacher = PassCounter(task.counted(method.teacher))
+    source = PassCounter(task.counted(method.source_model))
+    with student, teacher, source:
+        task.ours_step(method, task.batch_for('cotta'))
+    assert (student.forwards, student.backwards) == (1, 1)
+    assert teacher.forwards == 14 and source.forwards == 1
 
 
 def test_ecotta_memory_against_tent_and_cotta(monkeypatch, capsys):
@@ -186,3 +216,13 @@ def test_benchmark_hybrid_tta_beside_tent(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert 'multiples of 32' in proc.stderr
+
+
+def test_benchmark_refuses_a_size_too_small_for_cottas_views(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
+         'b0', '--methods', 'cotta', '--size', '64', '32', '--out',
+         str(tmp_path / 'b.json')], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert 'smallest teacher view' in proc.stderr and '32x16' in proc.stderr
+    assert not (tmp_path / 'b.json').exists()
