@@ -6,7 +6,8 @@ report (docs/benchmark.md#gpu-check).
         [--pairs 30] [--precisions fp32 tf32 bf16] [--workers 2 8] ...
 
 On one CUDA device (random weights, a generated stream) it runs the steps
-``tests`` (``pytest -m cuda``), ``step_cost`` (TENT vs TENT+STAG), ``loader``,
+``tests`` (``pytest -m cuda``), ``step_cost`` (TENT, CoTTA and Hybrid-TTA on
+SegFormer-B5, TENT on ResNet-50, each against its +STAG arm), ``loader``,
 ``loop`` and ``profile``, each timed, a failing one reported while the next
 still runs, into ``gpu_check.{json,md}`` in ``--out-dir``. Exit status: 0
 when the tests passed and every step ran, 1 otherwise, 2 without CUDA
@@ -38,6 +39,10 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
+#: step_cost's SegFormer baselines, each against its +STAG arm
+SEG_METHODS = ('tent', 'cotta', 'hybrid_tta')
+#: Hybrid-TTA masks 32-px patches: its input's sides are multiples of 32
+MASK_PATCH = 32
 PRECISIONS = ('fp32', 'tf32', 'bf16')
 #: the paper's segmentation config (NVlabs head, D = 768) and its pattern
 NVLABS_CFG = ('configs/stag_acdc/'
@@ -55,6 +60,8 @@ COUNTS = (
     ('--tests-timeout', 900, None, 'seconds before the tests step is '
      'stopped'),
     ('--pairs', 30, 1, 'measured TENT / TENT+STAG step pairs (step_cost)'),
+    ('--method-pairs', 10, 1, 'measured step pairs of the costlier '
+     'segmentation baselines, CoTTA / Hybrid-TTA ± STAG (step_cost)'),
     ('--warmup', 3, None, 'untimed step pairs first (step_cost)'),
     ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
      'measured'),
@@ -79,9 +86,9 @@ SCALAR_READ = 'aten::_local_scalar_dense'
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        description='CUDA tests and GPU measurements (TENT vs TENT+STAG '
-        'step cost and memory, loader, whole loop, profile) into one '
-        'report; needs a CUDA device')
+        description='CUDA tests and GPU measurements (step cost and '
+        'memory of each baseline vs +STAG, loader, whole loop, profile) '
+        'into one report; needs a CUDA device')
     p.add_argument('--out-dir', default='work_dirs/gpu_check',
                    help='where gpu_check.{md,json} and the tests\' log go')
     p.add_argument('--only', nargs='+', choices=STEPS, default=list(STEPS),
@@ -90,6 +97,9 @@ def parse_args(argv=None):
                    help='what pytest -m cuda collects (default: tests)')
     p.add_argument('--precisions', nargs='+', choices=PRECISIONS,
                    default=list(PRECISIONS), help='step_cost precisions')
+    p.add_argument('--seg-methods', nargs='+', choices=SEG_METHODS,
+                   default=list(SEG_METHODS), help='step_cost\'s '
+                   'SegFormer baselines (ResNet-50: TENT)')
     for flag, default, _, text in COUNTS:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
@@ -124,13 +134,14 @@ def parse_args(argv=None):
 def make_quick(args):
     """Tiny sizes and counts (``--quick``): the pipeline in seconds."""
     args.test_paths = ['tests/cuda']
-    args.seg_size, args.cls_batch, args.cls_size = (64, 32), 2, 32
+    # CoTTA's smallest teacher view (ratio 0.5) needs 32 px a side
+    args.seg_size, args.cls_batch, args.cls_size = (128, 64), 2, 32
     args.image_size, args.images_per_condition = (96, 48), 2
     # bf16 convolutions are ~25x slower than fp32 on a CPU without bf16
     # units, TF32 is a GPU flag: fp32 only (tests/tools cover the others)
     args.precisions = ['fp32']
-    args.pairs, args.warmup, args.memory_warmup, args.term_repeats = \
-        1, 0, 0, 1
+    args.pairs = args.method_pairs = 1
+    args.warmup, args.memory_warmup, args.term_repeats = 0, 0, 1
     args.workers = [1, 2]
     args.loop_images, args.loop_warmup = 3, 1
     args.profile_steps = args.profile_iters = args.profile_warmup = 1
@@ -393,25 +404,32 @@ def precision(task, name):
             before
 
 
-def task_args(ctx):
+def task_args(ctx, size=None):
     """The options the step benchmark's ``BenchTask`` reads."""
-    return argparse.Namespace(size=tuple(ctx.args.seg_size),
+    return argparse.Namespace(size=tuple(size or ctx.args.seg_size),
                               cls_size=ctx.args.cls_size,
                               batch_size=ctx.args.cls_batch)
 
 
-def seg_task(ctx):
+def mask_size(size):
+    """``size`` with each side rounded up to a multiple of ``MASK_PATCH``:
+    Hybrid-TTA's input (its authors: 960x540 -> 960x544)."""
+    return tuple(-(-side // MASK_PATCH) * MASK_PATCH for side in size)
+
+
+def seg_task(ctx, size=None):
     """``(label, BenchTask, settings, batch)``: SegFormer-B5 with the
-    NVlabs head (a tiny MiT under ``--quick``)."""
+    NVlabs head (a tiny MiT under ``--quick``) at ``size`` (default
+    ``--seg-size``)."""
     from mmseg_stag.analysis import step_benchmark as benchmark
     name, label = 'b5-nvlabs', 'SegFormer-B5 NVlabs head'
     if ctx.args.quick:  # a tiny stand-in, in the benchmark's own table
         name, label = 'quick-nvlabs', 'tiny SegFormer NVlabs head (--quick)'
         benchmark.SEG_MODELS[name] = (
             NVLABS_CFG.format('tent'), dict(QUICK_SEG), QUICK_SEG_CHANNELS)
-    w, h = ctx.args.seg_size
-    return (label, benchmark.BenchTask(name, task_args(ctx), ctx.device,
-                                       REPO),
+    w, h = size or ctx.args.seg_size
+    return (label, benchmark.BenchTask(name, task_args(ctx, (w, h)),
+                                       ctx.device, REPO),
             f'batch 1, {w}x{h}, random weights', 1)
 
 
@@ -447,18 +465,32 @@ def cls_task(ctx):
     return label, task, note, args.cls_batch
 
 
-def time_arms(task, ctx, stag):
-    """Whole-step seconds of TENT and TENT+STAG, interleaved (A B, B A,
-    ...), CUDA events around each step and nothing inside it."""
+def step_cost_plan(ctx):
+    """``(build the task, its baselines)`` in turn: the SegFormer at
+    ``--seg-size`` (TENT, CoTTA with the ACDC config's 14 teacher views),
+    at the size Hybrid-TTA's masks need, and the ResNet-50 (TENT)."""
+    methods = ctx.args.seg_methods
+    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'])]
+    if 'hybrid_tta' in methods:
+        plan.append((lambda c: seg_task(c, mask_size(c.args.seg_size)),
+                     ['hybrid_tta']))
+    return [(build, kinds) for build, kinds in plan if kinds] + [
+        (cls_task, ['tent'])]
+
+
+def time_arms(task, ctx, kind, stag, pairs):
+    """Whole-step seconds of ``kind`` and ``kind+stag``, interleaved (A B,
+    B A, ...), CUDA events around each step and nothing inside it."""
     from mmseg_stag.analysis.meters import StepTimer
-    arms = {'tent': task.make_method('tent', None)[0],
-            'tent+stag': task.make_method('tent', stag)[0]}
+    arms = {kind: task.make_method(kind, None)[0],
+            f'{kind}+stag': task.make_method(kind, stag)[0]}
+    batch = task.batch_for(kind)
     times = {label: [] for label in arms}
-    for i in range(ctx.args.warmup + ctx.args.pairs):
+    for i in range(ctx.args.warmup + pairs):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
         for label in order:
             with StepTimer(cuda=ctx.cuda) as timer:
-                task.ours_step(arms[label])
+                task.ours_step(arms[label], batch)
             if i >= ctx.args.warmup:
                 times[label].append(timer.seconds)
     del arms
@@ -466,20 +498,21 @@ def time_arms(task, ctx, stag):
     return times
 
 
-def arm_memory(task, ctx, stag):
+def arm_memory(task, ctx, kind, stag):
     """Peak memory of one step of one arm, alone on the device (the
     benchmark's source copy of the model moved off for the step)."""
     from mmseg_stag.analysis.meters import PeakMemory
+    batch = task.batch_for(kind)
     task.base.to(ctx.device)
-    method, _ = task.make_method('tent', stag)
+    method, _ = task.make_method(kind, stag)
     task.base.to('cpu')
     free_memory()
     try:
         for _ in range(ctx.args.memory_warmup):
-            task.ours_step(method)
+            task.ours_step(method, batch)
         free_memory()
         with PeakMemory() as mem:
-            task.ours_step(method)
+            task.ours_step(method, batch)
     finally:
         del method
         free_memory()
@@ -500,46 +533,58 @@ def arm_figures(seconds, batch, memory):
                 images_per_s=batch / median, **memory)
 
 
-def cost_row(model, note, batch, name, times, memory, term):
-    """One model x precision: both arms' figures and STAG's share."""
+def cost_row(model, note, batch, name, kind, times, memory, term):
+    """One model x baseline x precision: both arms' figures and STAG's
+    share."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
-    tent, stag = (statistics.median(times[k]) for k in ('tent', 'tent+stag'))
-    key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory['tent'] \
+    plus = f'{kind}+stag'
+    base, stag = (statistics.median(times[k]) for k in (kind, plus))
+    key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory[kind] \
         else 'peak_rss_mb'
     return dict(
-        model=model, settings=note, precision=name, batch=batch,
-        pairs=len(times['tent']),
+        model=model, settings=note, method=kind, precision=name,
+        batch=batch, pairs=len(times[kind]),
         arms={label: arm_figures(times[label], batch, memory[label])
               for label in times},
-        stag_time_share_pct=100 * (stag - tent) / tent,
-        stag_pair_ratio=ratio_stats(times['tent'], times['tent+stag']),
-        stag_term_ms=1e3 * term, stag_term_share_pct=100 * term / tent,
+        stag_time_share_pct=100 * (stag - base) / base,
+        stag_pair_ratio=ratio_stats(times[kind], times[plus]),
+        stag_term_ms=1e3 * term, stag_term_share_pct=100 * term / base,
         stag_memory_share_pct=100 * (
-            memory['tent+stag'][key] / memory['tent'][key] - 1),
+            memory[plus][key] / memory[kind][key] - 1),
         memory_key=key)
 
 
-def measure_step_cost(ctx):
+def method_cost(ctx, built, kind):
+    """:func:`cost_row` of baseline ``kind`` at each ``--precisions``."""
     from mmseg_stag.analysis.step_benchmark import time_stag_term
+    model, task, note, batch = built
+    stag = task.stag[kind]
+    pairs = ctx.args.pairs if kind == 'tent' else ctx.args.method_pairs
     rows = []
-    for build in (seg_task, cls_task):
-        model, task, note, batch = build(ctx)
-        stag = task.stag['tent']
-        for name in ctx.args.precisions:
-            with precision(task, name):
-                times = time_arms(task, ctx, stag)
-                memory = {'tent': arm_memory(task, ctx, None),
-                          'tent+stag': arm_memory(task, ctx, stag)}
-                term = time_stag_term(
-                    task, 'tent', stag, repeats=ctx.args.term_repeats)
-            row = cost_row(model, note, batch, name, times, memory, term)
-            rows.append(row)
-            print(f"[gpu_check] {model} {name}: TENT "
-                  f"{row['arms']['tent']['step_ms']:.1f} ms, TENT+STAG "
-                  f"{row['arms']['tent+stag']['step_ms']:.1f} ms "
-                  f"({row['stag_time_share_pct']:+.2f} %), memory "
-                  f"{row['stag_memory_share_pct']:+.3f} %", flush=True)
-        del task
+    for name in ctx.args.precisions:
+        with precision(task, name):
+            times = time_arms(task, ctx, kind, stag, pairs)
+            memory = {kind: arm_memory(task, ctx, kind, None),
+                      f'{kind}+stag': arm_memory(task, ctx, kind, stag)}
+            term = time_stag_term(
+                task, kind, stag, repeats=ctx.args.term_repeats)
+        row = cost_row(model, note, batch, name, kind, times, memory, term)
+        rows.append(row)
+        print(f"[gpu_check] {model} {kind} {name}: "
+              f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
+              f"{row['arms'][kind + '+stag']['step_ms']:.1f} ms "
+              f"({row['stag_time_share_pct']:+.2f} %), memory "
+              f"{row['stag_memory_share_pct']:+.3f} %", flush=True)
+    return rows
+
+
+def measure_step_cost(ctx):
+    rows = []
+    for build, kinds in step_cost_plan(ctx):
+        built = build(ctx)
+        for kind in kinds:
+            rows += method_cost(ctx, built, kind)
+        del built
         free_memory()
     return dict(rows=rows)
 
@@ -825,7 +870,7 @@ def md_tests(r):
 
 def share_cells(row):
     pr = row['stag_pair_ratio']
-    return (row['model'], row['precision'], row['pairs'],
+    return (row['model'], row['method'], row['precision'], row['pairs'],
             f"{row['stag_time_share_pct']:+.2f}",
             f"{pr['median']:.4f} ({pr['min']:.4f}–{pr['max']:.4f})",
             f"{row['stag_term_ms']:.2f} ({row['stag_term_share_pct']:.2f} %)",
@@ -833,7 +878,7 @@ def share_cells(row):
 
 
 def md_step_cost(r):
-    out = ['## Step cost: TENT vs TENT+STAG', '',
+    out = ['## Step cost: each baseline vs +STAG', '',
            'Median whole-step time over interleaved pairs (CUDA events, '
            'nothing timed inside a step); memory: one step of each arm '
            'alone on the device (its model, optimizer state and input '
@@ -848,14 +893,20 @@ def md_step_cost(r):
           fmt(a.get('peak_reserved_mb')), fmt(a['step_increase_mb']))
          for row in r['rows'] for label, a in row['arms'].items()])
     out += [''] + md_table(
-        ('model', 'precision', 'pairs', 'STAG time share (%)',
+        ('model', 'baseline', 'precision', 'pairs', 'STAG time share (%)',
          'per-pair ratio (median, min–max)',
-         'STAG term alone (ms, % of TENT step)', 'STAG memory share (%)'),
+         'STAG term alone (ms, % of the baseline step)',
+         'STAG memory share (%)'),
         map(share_cells, r['rows']))
     out.append('')
-    for model, settings in {row['model']: row['settings']
-                            for row in r['rows']}.items():
-        out.append(f'- {model}: {settings}.')
+    for (model, kind), settings in {
+            (row['model'], row['method']): row['settings']
+            for row in r['rows']}.items():
+        out.append(f'- {model}, {kind}: {settings}.')
+    out.append('- cotta: the ACDC config\'s teacher on 14 views (ratios '
+               '0.5–2.0, each flipped), the source model on the main view; '
+               'hybrid_tta: the sides rounded up to multiples of its 32-px '
+               'mask patches, as its authors run 960x544.')
     out.append('- fp32: TF32 off for matmuls and cuDNN; tf32: on for both; '
                'bf16: `torch.autocast(bfloat16)` around the forward passes, '
                'TF32 off. Paper (Table efficiency, ImageNet, 50,000 images): '

@@ -62,9 +62,13 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     assert osp.isfile(tests['log']) and osp.isfile(tests['junit'])
 
     rows = steps['step_cost']['result']['rows']
-    assert [r['precision'] for r in rows] == ['fp32', 'fp32']
+    # the SegFormer's three baselines, then the ResNet's TENT
+    assert [(r['method'], r['precision']) for r in rows] == [
+        ('tent', 'fp32'), ('cotta', 'fp32'), ('hybrid_tta', 'fp32'),
+        ('tent', 'fp32')]
+    assert rows[2]['settings'].startswith('batch 1, 128x64')
     for row in rows:
-        assert set(row['arms']) == {'tent', 'tent+stag'}
+        assert set(row['arms']) == {row['method'], row['method'] + '+stag'}
         for arm in row['arms'].values():
             assert arm['step_ms'] > 0 and arm['images_per_s'] > 0
             assert arm['peak_rss_mb'] > 0
@@ -92,7 +96,7 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
 
     text = (out / 'gpu_check.md').read_text()
     for heading in ('# GPU check', '## Steps', '## CUDA tests',
-                    '## Step cost: TENT vs TENT+STAG', '## Loader',
+                    '## Step cost: each baseline vs +STAG', '## Loader',
                     '## Whole loop', '## Profile (torch.profiler)'):
         assert heading in text, heading
     assert 'not a measurement' in text
