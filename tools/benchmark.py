@@ -28,9 +28,10 @@ from mmseg_stag.analysis.step_benchmark import (CIFAR_MODELS,
                                                 SEG_VIEWS, run_model)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta']
-#: run when asked: its 32-px mask patches need a --size multiple of 32
-OPTIONAL_METHODS = ['hybrid_tta']
+METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta', 'hybrid_tta']
+#: segmentation baselines run only when --methods names them: their steps
+#: cost many of TENT's (CoTTA's 14 teacher views, Hybrid-TTA's 3 passes)
+SEG_ON_REQUEST = ('cotta', 'hybrid_tta')
 #: a MiT's first stage reduces its keys by an 8x8 convolution of the 1/4
 #: map: each side of an input needs 32 px
 MIT_MIN_SIDE = 32
@@ -43,12 +44,13 @@ def parse_args():
     parser.add_argument('--models', nargs='+', default=['b0', 'b5'],
                         choices=sorted(SEG_MODELS) +
                         sorted(IMAGENET_MODELS) + sorted(CIFAR_MODELS))
-    parser.add_argument('--methods', nargs='+', default=METHODS,
-                        choices=METHODS + OPTIONAL_METHODS,
+    parser.add_argument('--methods', nargs='+', choices=METHODS,
                         help='baselines of each model that it has '
                         '(bn_adapt, hybrid_tta: segmentation; eata: '
                         'ImageNet; cotta: segmentation and the CIFAR '
-                        'WideResNets; ecotta: the CIFAR WideResNets)')
+                        'WideResNets; ecotta: the CIFAR WideResNets); '
+                        "default: all, but segmentation's cotta and "
+                        'hybrid_tta only when named')
     parser.add_argument('--size', type=int, nargs=2, default=(960, 540),
                         metavar=('W', 'H'), help='segmentation input size '
                         '(paper: 960 540)')
@@ -67,13 +69,13 @@ def parse_args():
                         help='do not time the two-forward reference loop')
     parser.add_argument('--out', default='work_dirs/benchmark.json')
     args = parser.parse_args()
-    if 'hybrid_tta' in args.methods and any(
-            m in SEG_MODELS for m in args.models) and any(
-            side % 32 for side in args.size):
+    args.named = args.methods is not None
+    args.methods = args.methods or METHODS
+    if seg_runs('hybrid_tta', args) and any(side % 32 for side in args.size):
         parser.error(f'--size {args.size[0]} {args.size[1]}: hybrid_tta masks'
                      ' 32-px patches, so both sides must be multiples of 32 '
                      '(its authors run 960 544)')
-    if 'cotta' in args.methods and any(m in SEG_MODELS for m in args.models):
+    if seg_runs('cotta', args):
         smallest = smallest_view(args.size)
         if min(smallest) < MIT_MIN_SIDE:
             parser.error(
@@ -82,6 +84,20 @@ def parse_args():
                 f'{smallest[1]}, below the {MIT_MIN_SIDE} px a MiT needs '
                 'on each side')
     return args
+
+
+def model_methods(name, args):
+    """``--methods`` for the model ``name``: a segmentor's default skips
+    ``SEG_ON_REQUEST``."""
+    if name in SEG_MODELS and not args.named:
+        return [m for m in args.methods if m not in SEG_ON_REQUEST]
+    return args.methods
+
+
+def seg_runs(method, args):
+    """Whether a segmentation model of ``--models`` runs ``method``."""
+    return any(name in SEG_MODELS and method in model_methods(name, args)
+               for name in args.models)
 
 
 def smallest_view(size):
@@ -109,8 +125,9 @@ def main():
     results = dict(machine=machine, size=list(args.size),
                    cls_size=args.cls_size, batch_size=args.batch_size,
                    steps=args.steps, mixed_precision=args.mixed_precision,
-                   models={name: run_model(name, args, device, REPO)
-                           for name in args.models})
+                   models={name: run_model(name, argparse.Namespace(
+                       **dict(vars(args), methods=model_methods(name, args))),
+                       device, REPO) for name in args.models})
     if osp.dirname(args.out):
         os.makedirs(osp.dirname(args.out), exist_ok=True)
     with open(args.out, 'w') as f:
