@@ -188,7 +188,9 @@ class BenchTask:
                      for m in BASELINES[self.kind]}
         self.methods = {m: config_method(cfg, root) if isinstance(cfg, str)
                         else cfg for m, cfg in BASELINES[self.kind].items()}
-        self.model, self.root = model, root
+        # a segmentor is its adapted module: no second copy stays alive
+        self.segmentor = model if self.kind == 'seg' else None
+        self.root = root
         self.batches = {}  # method -> its own batch (CoTTA's views)
 
     def batch_for(self, kind):
@@ -197,7 +199,7 @@ class BenchTask:
         if kind == 'cotta' and self.kind == 'seg':
             if kind not in self.batches:
                 self.batches[kind] = view_batch(
-                    self.model, self.raw['inputs'][0], self.root)
+                    self.segmentor, self.raw['inputs'][0], self.root)
             return self.batches[kind]
         return self.batch
 
