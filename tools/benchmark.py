@@ -25,7 +25,8 @@ import torch
 
 from mmseg_stag.analysis.step_benchmark import (CIFAR_MODELS,
                                                 IMAGENET_MODELS, SEG_MODELS,
-                                                SEG_VIEWS, run_model)
+                                                SEG_VIEWS, run_model,
+                                                seg_views_cfg)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta', 'hybrid_tta']
@@ -102,9 +103,7 @@ def seg_runs(method, args):
 
 def smallest_view(size):
     """``(w, h)`` of CoTTA's smallest teacher view of a ``size`` image."""
-    from mmengine.config import Config
-    ratios = Config.fromfile(osp.join(REPO, SEG_VIEWS)).test_pipeline[-1][
-        'ratios']
+    ratios = seg_views_cfg(REPO)['ratios']
     return tuple(int(side * min(ratios)) for side in size)
 
 

@@ -140,18 +140,23 @@ def config_method(path, root='.'):
     return Config.fromfile(osp.join(root, path)).test_cfg.method.to_dict()
 
 
+def seg_views_cfg(root='.'):
+    """The ``ScaleFlipViews`` of ``SEG_VIEWS`` (under ``root``), a dict."""
+    from mmengine.config import Config
+    return Config.fromfile(osp.join(root, SEG_VIEWS)).test_pipeline[-1] \
+        .to_dict()
+
+
 def view_batch(model, image, root='.'):
     """The uint8 ``image`` (C, H, W) through the ACDC config's teacher
     views (``SEG_VIEWS``' ``ScaleFlipViews`` at the image's size), as the
     loop batches it: its main view is the unflipped one at ratio 1."""
-    from mmengine.config import Config
     from mmengine.dataset import pseudo_collate
     from mmseg.registry import TRANSFORMS
 
     from mmseg_stag.engine.online_task import build_task
-    cfg = Config.fromfile(osp.join(root, SEG_VIEWS)).test_pipeline[-1]
     height, width = image.shape[-2:]
-    views = TRANSFORMS.build(dict(cfg.to_dict(), scale=(width, height),
+    views = TRANSFORMS.build(dict(seg_views_cfg(root), scale=(width, height),
                                   load_label=False))
     data = views(dict(img=image.permute(1, 2, 0).numpy(),
                       img_shape=(height, width),
