@@ -5,7 +5,13 @@ boolean-mask index or any op whose output size depends on the data waits
 until the device has run everything queued. The CPU has no queue, so these
 tests count the operations that would wait instead: the aten ops below,
 seen by a ``TorchDispatchMode``, and the Python-side reads (``tolist``,
-``numpy``, ``cpu``) that never reach the dispatcher on a CPU tensor."""
+``numpy``, ``cpu``) that never reach the dispatcher on a CPU tensor.
+
+Some reads are of tensors that stay on the host on a GPU too: an
+optimizer's ``step`` count (torch's Adam, AdamW and SGD keep it on the CPU
+unless ``fused`` or ``capturable``). They never wait for the device but
+cost the host a call each; the counter records them apart
+(``host_reads``), so a test can tell the two kinds."""
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -19,16 +25,19 @@ HOST_READS = ('tolist', 'numpy', 'cpu', 'item')
 
 
 class HostSyncCounter(TorchDispatchMode):
-    """Records the would-be synchronisations while active and not paused."""
+    """Records, while active and not paused, the would-be synchronisations
+    (``calls``) and the reads of host-resident tensors (``host_reads``)."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
+        self.host_reads = []
         self.paused = 0
+        self.on_host = 0  # > 0 while reading a host-resident tensor
 
     def record(self, name):
         if not self.paused:
-            self.calls.append(name)
+            (self.host_reads if self.on_host else self.calls).append(name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -50,17 +59,27 @@ def patch_host_reads(monkeypatch, counter, active):
         monkeypatch.setattr(torch.Tensor, name, wrapper)
 
 
-def pause_optimizer_step_counts(monkeypatch, counter):
-    """Do not count torch's reads of an optimizer's ``step``: it is a CPU
-    tensor on a GPU too (unless ``capturable``), so reading it never
-    waits for the device; on the CPU it would look like a read."""
+def optimizer_step_counts_on_host(monkeypatch, counter):
+    """Record torch's reads of an optimizer's ``step`` as host reads: it
+    is a CPU tensor on a GPU too (unless ``fused`` or ``capturable``), so
+    reading it never waits for the device."""
     import importlib
     import pkgutil
+
+    def on_host(fn):
+        def run(*args, **kwargs):
+            counter.on_host += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counter.on_host -= 1
+        return run
+
     for info in pkgutil.iter_modules(torch.optim.__path__):
         module = importlib.import_module(f'torch.optim.{info.name}')
         if hasattr(module, '_get_value'):
             monkeypatch.setattr(module, '_get_value',
-                                paused(counter, module._get_value))
+                                on_host(module._get_value))
 
 
 def paused(counter, fn):
@@ -74,19 +93,20 @@ def paused(counter, fn):
     return run
 
 
-def count_loop_syncs(loop, monkeypatch):
+def count_loop_syncs(loop, monkeypatch, host_reads=None):
     """Wrap ``loop.run_iter``: returns ``{batch index: [sync names]}``,
     filled as the loop runs, without the metric (``task.outputs`` and
-    ``evaluator.process``)."""
+    ``evaluator.process``); ``host_reads``, a dict if given, gets the
+    batch's reads of host-resident tensors the same way."""
     counter = HostSyncCounter()
     state = dict(active=False)
     per_batch = {}
     patch_host_reads(monkeypatch, counter, lambda: state['active'])
-    pause_optimizer_step_counts(monkeypatch, counter)
+    optimizer_step_counts_on_host(monkeypatch, counter)
     run_iter = loop.run_iter
     loop.evaluator.process = paused(counter, loop.evaluator.process)
     def counted(idx, data_batch):
-        counter.calls = []
+        counter.calls, counter.host_reads = [], []
         state['active'] = True
         try:
             with counter:
@@ -94,8 +114,32 @@ def count_loop_syncs(loop, monkeypatch):
         finally:
             state['active'] = False
         per_batch[idx] = list(counter.calls)
+        if host_reads is not None:
+            host_reads[idx] = list(counter.host_reads)
 
     monkeypatch.setattr(loop.task, 'outputs',
                         paused(counter, loop.task.outputs))
     monkeypatch.setattr(loop, 'run_iter', counted)
     return per_batch
+
+
+class OpCounter(TorchDispatchMode):
+    """Records the name of every dispatched op that is not a view: on a
+    GPU each is a kernel launch (a view is metadata only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ != 'detach':
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def count_dispatched_ops(fn):
+    """The non-view ops that ``fn()`` dispatches, autograd's included."""
+    counter = OpCounter()
+    with counter:
+        fn()
+    return counter.ops

@@ -134,6 +134,15 @@ def fresh_model(config, method, tiny_acdc, checkpoint, device, extra=None):
     return model.to(device).eval(), cfg
 
 
+def python_path(*dirs):
+    """``dirs`` before the inherited ``PYTHONPATH``: a child process finds
+    the test hooks and still the packages the parent found there (an
+    install with ``pip --target``, as on a GPU machine without network)."""
+    import os
+    inherited = os.environ.get('PYTHONPATH')
+    return os.pathsep.join(list(dirs) + ([inherited] if inherited else []))
+
+
 def run_script(cmd, cwd, timeout=300, **env):
     """Run a script on the CPU with one thread: fast on a shared machine,
     and two runs of the same stream give the same numbers."""

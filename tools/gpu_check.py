@@ -7,9 +7,12 @@ report (docs/benchmark.md#gpu-check).
 
 On one CUDA device (random weights, a generated stream) it runs the steps
 ``tests`` (``pytest -m cuda``), ``step_cost`` (TENT, CoTTA and Hybrid-TTA on
-SegFormer-B5, TENT on ResNet-50, each against its +STAG arm), ``loader``,
-``loop`` and ``profile``, each timed, a failing one reported while the next
-still runs, into ``gpu_check.{json,md}`` in ``--out-dir``. Exit status: 0
+SegFormer-B5 with MMSeg's attention and through SDPA, TENT on ResNet-50,
+each against its +STAG arm), ``loader``, ``loop`` and ``profile``, each
+timed, a failing one reported while the next still runs, into
+``gpu_check.{json,md}`` in ``--out-dir``, rewritten after every step and
+every step-cost row (a run killed at its time limit keeps what it
+measured). ``--budget`` (minutes) picks the counts left open. Exit status: 0
 when the tests passed and every step ran, 1 otherwise, 2 without CUDA
 (nothing runs). ``--allow-cpu --quick`` (development only) checks the tool
 on the CPU with tiny sizes; it measures nothing.
@@ -47,8 +50,16 @@ PRECISIONS = ('fp32', 'tf32', 'bf16')
 #: the paper's segmentation config (NVlabs head, D = 768) and its pattern
 NVLABS_CFG = ('configs/stag_acdc/'
               'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
-#: what the default run should take on one H100 (minutes): the budget
-BUDGET_MIN = 20.0
+#: what the default run should take (minutes): a 10-minute GPU slot
+BUDGET_MIN = 9.0
+#: shares of the budget: the tests (their time limit) and what loader,
+#: loop and profile took on one H100 (75 s, shared/gpu-reports 2026-11-27)
+TESTS_SHARE, FIXED_STEPS_S = 0.35, 90.0
+#: of step_cost's share, what the timed pairs get (the rest: building the
+#: models, each arm's memory, the STAG term alone)
+PAIRS_SHARE = 0.6
+#: MiT attention modes of the SegFormer rows (segmentation/models)
+ATTENTIONS = ('mmseg', 'sdpa')
 #: --quick: tiny stand-ins of the measured models (development only)
 QUICK_SEG = dict(embed_dims=8, num_layers=[1, 1, 1, 1],
                  num_heads=[1, 2, 2, 2])
@@ -57,15 +68,20 @@ QUICK_CLS = dict(type='ResNet', depth=18, out_indices=(3, ),
                  style='pytorch', norm_cfg=dict(type='BN'))
 #: integer options: (flag, default, least value allowed or None, help)
 COUNTS = (
-    ('--tests-timeout', 900, None, 'seconds before the tests step is '
-     'stopped'),
-    ('--pairs', 30, 1, 'measured TENT / TENT+STAG step pairs (step_cost)'),
-    ('--method-pairs', 10, 1, 'measured step pairs of the costlier '
-     'segmentation baselines, CoTTA / Hybrid-TTA ± STAG (step_cost)'),
+    ('--tests-timeout', None, None, 'seconds before the tests step is '
+     'stopped (default: its share of --budget)'),
+    ('--pairs', None, 1, 'measured TENT / TENT+STAG step pairs '
+     '(step_cost; default: as many as the budget gives each row, at least '
+     '--min-pairs, at most --max-pairs)'),
+    ('--method-pairs', None, 1, 'measured step pairs of the costlier '
+     'segmentation baselines, CoTTA / Hybrid-TTA ± STAG (step_cost; '
+     'default: as --pairs)'),
+    ('--min-pairs', 5, 1, 'fewest step pairs of a row the budget picks'),
+    ('--max-pairs', 400, 1, 'most step pairs of a row the budget picks'),
     ('--warmup', 3, None, 'untimed step pairs first (step_cost)'),
     ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
      'measured'),
-    ('--term-repeats', 10, 1, 'timings of the STAG term alone (step_cost)'),
+    ('--term-repeats', 50, 1, 'timings of the STAG term alone (step_cost)'),
     ('--cls-batch', 64, None, 'ResNet-50 batch size (paper: 64)'),
     ('--cls-size', 224, None, 'ResNet-50 input side (224)'),
     ('--images-per-condition', 16, 1, 'generated images per ACDC '
@@ -96,7 +112,11 @@ def parse_args(argv=None):
     p.add_argument('--test-paths', nargs='+', default=['tests'],
                    help='what pytest -m cuda collects (default: tests)')
     p.add_argument('--precisions', nargs='+', choices=PRECISIONS,
-                   default=list(PRECISIONS), help='step_cost precisions')
+                   default=['fp32', 'bf16'], help='step_cost precisions '
+                   '(default: fp32 bf16)')
+    p.add_argument('--attention', nargs='+', choices=ATTENTIONS,
+                   default=list(ATTENTIONS), help="step_cost's MiT "
+                   'attention: MMSeg\'s, SDPA (default: both)')
     p.add_argument('--seg-methods', nargs='+', choices=SEG_METHODS,
                    default=list(SEG_METHODS), help='step_cost\'s '
                    'SegFormer baselines (ResNet-50: TENT)')
@@ -112,9 +132,10 @@ def parse_args(argv=None):
                    help='loader worker counts to compare')
     p.add_argument('--trace', action='store_true',
                    help='also write the profiles as Chrome traces')
-    p.add_argument('--budget-min', type=float, default=BUDGET_MIN,
-                   help='minutes the whole check should take (a warning '
-                   'when over)')
+    p.add_argument('--budget', '--budget-min', type=float,
+                   default=BUDGET_MIN, help='minutes the whole check may '
+                   'take: the tests get 35 %%, the step-cost pairs what is '
+                   'left after the fixed steps (default: %(default)s)')
     # development only: the pipeline on the CPU with tiny sizes
     p.add_argument('--allow-cpu', action='store_true',
                    help=argparse.SUPPRESS)
@@ -122,8 +143,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     for flag, _, least, _ in COUNTS:
         value = getattr(args, flag[2:].replace('-', '_'))
-        if least is not None and value < least:
+        if least is not None and value is not None and value < least:
             p.error(f'{flag} must be >= {least}')
+    if args.budget <= 0:
+        p.error('--budget must be > 0 minutes')
+    if args.min_pairs > args.max_pairs:
+        p.error('need --min-pairs <= --max-pairs')
     if not 0 <= args.loop_warmup < args.loop_images:
         p.error('need 0 <= --loop-warmup < --loop-images')
     if args.quick:
@@ -139,7 +164,7 @@ def make_quick(args):
     args.image_size, args.images_per_condition = (96, 48), 2
     # bf16 convolutions are ~25x slower than fp32 on a CPU without bf16
     # units, TF32 is a GPU flag: fp32 only (tests/tools cover the others)
-    args.precisions = ['fp32']
+    args.precisions, args.attention = ['fp32'], ['mmseg', 'sdpa']
     args.pairs = args.method_pairs = 1
     args.warmup, args.memory_warmup, args.term_repeats = 0, 0, 1
     args.workers = [1, 2]
@@ -214,6 +239,8 @@ class Context:
 
     def __init__(self, args, device):
         self.args, self.device = args, device
+        self.t0 = time.perf_counter()  # the budget's start
+        self.save_partial = lambda result: None  # run_step sets it
         self.tmp = tempfile.mkdtemp(prefix='gpu_check_')
         self._data_root = self._checkpoint = None
 
@@ -298,10 +325,20 @@ def free_memory():
 
 
 def run_step(name, fn, ctx, report):
-    """Run one step, time it, keep its result or its error."""
+    """Run one step, time it, keep its result or its error; the report is
+    rewritten as the step goes (``ctx.save_partial``) and after it."""
     print(f'\n[gpu_check] === {name} ===', flush=True)
     t0 = time.perf_counter()
-    entry = dict(name=name)
+    entry = dict(name=name, status='running')
+    report['steps'].append(entry)
+
+    def save_partial(result):
+        entry['result'] = result
+        entry['seconds'] = round(time.perf_counter() - t0, 1)
+        write_report(report, ctx.args.out_dir)
+
+    ctx.save_partial = save_partial
+    save_partial(None)
     try:
         entry['result'] = fn(ctx)
         entry['status'] = 'ok'
@@ -317,7 +354,7 @@ def run_step(name, fn, ctx, report):
             entry.setdefault('error', f'{type(err).__name__}: {err}')
             entry['status'] = 'failed'
     entry['seconds'] = round(time.perf_counter() - t0, 1)
-    report['steps'].append(entry)
+    write_report(report, ctx.args.out_dir)
     print(f'[gpu_check] {name}: {entry["status"]} in {entry["seconds"]} s '
           f'(total {time.perf_counter() - report["_t0"]:.0f} s)', flush=True)
     return entry
@@ -363,13 +400,14 @@ def run_tests(ctx):
            *args.test_paths]
     if osp.exists(xml):
         os.remove(xml)
+    timeout = args.tests_timeout or TESTS_SHARE * 60 * args.budget
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                              timeout=args.tests_timeout)
+                              timeout=timeout)
         output, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as err:
         output = f'{err.stdout or ""}{err.stderr or ""}\nTIMEOUT after ' \
-            f'{args.tests_timeout} s'
+            f'{timeout:.0f} s'
         code = None
     with open(log, 'w') as f:
         f.write(output if isinstance(output, str) else output.decode())
@@ -466,33 +504,55 @@ def cls_task(ctx):
 
 
 def step_cost_plan(ctx):
-    """``(build the task, its baselines)`` in turn: the SegFormer at
-    ``--seg-size`` (TENT, CoTTA with the ACDC config's 14 teacher views),
-    at the size Hybrid-TTA's masks need, and the ResNet-50 (TENT)."""
-    methods = ctx.args.seg_methods
-    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'])]
+    """``(build the task, its baselines, its attention modes)`` in turn:
+    the SegFormer at ``--seg-size`` (TENT, CoTTA with the ACDC config's 14
+    teacher views), at the size Hybrid-TTA's masks need, and the ResNet-50
+    (TENT)."""
+    methods, attention = ctx.args.seg_methods, ctx.args.attention
+    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'],
+             attention)]
     if 'hybrid_tta' in methods:
         plan.append((lambda c: seg_task(c, mask_size(c.args.seg_size)),
-                     ['hybrid_tta']))
-    return [(build, kinds) for build, kinds in plan if kinds] + [
-        (cls_task, ['tent'])]
+                     ['hybrid_tta'], attention))
+    return [entry for entry in plan if entry[1]] + [
+        (cls_task, ['tent'], [None])]
+
+
+def pair_seconds(ctx, plan):
+    """Seconds of timed pairs each step-cost row gets from the budget:
+    its share of what is left once the later steps' time is set aside."""
+    rows = len(ctx.args.precisions) * sum(
+        len(kinds) * len(modes) for _, kinds, modes in plan)
+    later = FIXED_STEPS_S if {'loader', 'loop', 'profile'} & set(
+        ctx.args.only) else 0.0
+    left = ctx.t0 + 60 * ctx.args.budget - time.perf_counter() - later
+    return PAIRS_SHARE * max(left, 0.0) / max(rows, 1)
 
 
 def time_arms(task, ctx, kind, stag, pairs):
     """Whole-step seconds of ``kind`` and ``kind+stag``, interleaved (A B,
-    B A, ...), CUDA events around each step and nothing inside it."""
+    B A, ...), CUDA events around each step and nothing inside it:
+    ``pairs`` pairs, or (None) as many as ``ctx.pair_seconds`` allows
+    within ``--min-pairs`` .. ``--max-pairs``."""
     from mmseg_stag.analysis.meters import StepTimer
+    args = ctx.args
     arms = {kind: task.make_method(kind, None)[0],
             f'{kind}+stag': task.make_method(kind, stag)[0]}
     batch = task.batch_for(kind)
     times = {label: [] for label in arms}
-    for i in range(ctx.args.warmup + pairs):
+    for _ in range(args.warmup):
+        for label in arms:
+            task.ours_step(arms[label], batch)
+    t0, i = time.perf_counter(), 0
+    while i < (pairs or args.max_pairs) and (
+            pairs or i < args.min_pairs
+            or time.perf_counter() - t0 < ctx.pair_seconds):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
         for label in order:
             with StepTimer(cuda=ctx.cuda) as timer:
                 task.ours_step(arms[label], batch)
-            if i >= ctx.args.warmup:
-                times[label].append(timer.seconds)
+            times[label].append(timer.seconds)
+        i += 1
     del arms
     free_memory()
     return times
@@ -534,8 +594,8 @@ def arm_figures(seconds, batch, memory):
 
 
 def cost_row(model, note, batch, name, kind, times, memory, term):
-    """One model x baseline x precision: both arms' figures and STAG's
-    share."""
+    """One model x baseline x precision (x attention): both arms' figures
+    and STAG's share."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
     plus = f'{kind}+stag'
     base, stag = (statistics.median(times[k]) for k in (kind, plus))
@@ -554,8 +614,9 @@ def cost_row(model, note, batch, name, kind, times, memory, term):
         memory_key=key)
 
 
-def method_cost(ctx, built, kind):
-    """:func:`cost_row` of baseline ``kind`` at each ``--precisions``."""
+def method_cost(ctx, built, kind, save):
+    """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
+    each passed to ``save`` as it is measured."""
     from mmseg_stag.analysis.step_benchmark import time_stag_term
     model, task, note, batch = built
     stag = task.stag[kind]
@@ -570,6 +631,7 @@ def method_cost(ctx, built, kind):
                 task, kind, stag, repeats=ctx.args.term_repeats)
         row = cost_row(model, note, batch, name, kind, times, memory, term)
         rows.append(row)
+        save(row)
         print(f"[gpu_check] {model} {kind} {name}: "
               f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
               f"{row['arms'][kind + '+stag']['step_ms']:.1f} ms "
@@ -579,14 +641,30 @@ def method_cost(ctx, built, kind):
 
 
 def measure_step_cost(ctx):
+    from mmseg_stag.segmentation.models import use_attention
     rows = []
-    for build, kinds in step_cost_plan(ctx):
-        built = build(ctx)
-        for kind in kinds:
-            rows += method_cost(ctx, built, kind)
-        del built
+
+    def save(row):
+        rows.append(row)
+        ctx.save_partial(dict(rows=rows))
+
+    plan = step_cost_plan(ctx)
+    ctx.pair_seconds = pair_seconds(ctx, plan)
+    print(f'[gpu_check] step_cost: {ctx.pair_seconds:.1f} s of timed pairs '
+          'per row from the budget', flush=True)
+    for build, kinds, modes in plan:
+        label, task, note, batch = build(ctx)
+        for mode in modes:
+            if mode is not None:  # the same weights, another attention
+                use_attention(task.base, mode)
+                label = label.split(',')[0] + (
+                    ', SDPA attention' if mode == 'sdpa' else '')
+            for kind in kinds:
+                method_cost(ctx, (label, task, note, batch), kind,
+                            lambda row: save(dict(row, attention=mode)))
+        del task
         free_memory()
-    return dict(rows=rows)
+    return dict(rows=rows, pair_seconds=ctx.pair_seconds)
 
 
 # ------------------------------------------------------------ 3. loader
@@ -718,10 +796,21 @@ def sync(ctx):
         torch.cuda.synchronize()
 
 
-def profile_steps(ctx, task):
-    """TENT+STAG steps alone (no loader, no metric)."""
-    method, _ = task.make_method('tent', task.stag['tent'])
+def profile_steps(ctx, task, fused=False):
+    """TENT+STAG steps alone (no loader, no metric), its Adam as the
+    config's or ``fused``; then one step counting its transfers between
+    device and host by kind and call site."""
+    from mmseg_stag.analysis.meters import HostTransfers
+    optimizer = dict(task.methods['tent'].get('optimizer') or dict(
+        type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
+    if fused:
+        optimizer['fused'] = True
+    method, _ = task.make_method('tent', task.stag['tent'],
+                                 optimizer=optimizer)
     for _ in range(ctx.args.profile_warmup):
+        task.ours_step(method)
+    sync(ctx)
+    with HostTransfers() as transfers:
         task.ours_step(method)
     sync(ctx)
     prof = profiler(ctx)
@@ -736,7 +825,9 @@ def profile_steps(ctx, task):
                                           'profile_step.json'))
     own = 'one device synchronisation per profile is the tool\'s own'
     return summarize_profile(prof, ctx.args.profile_steps, wall, ctx.cuda,
-                             dict(note=own))
+                             dict(note=own, optimizer=optimizer,
+                                  transfers=transfers.counts(),
+                                  transfer_sites=transfers.top_sites()))
 
 
 def iteration_profiler(ctx, start, count):
@@ -797,9 +888,10 @@ def measure_profile(ctx):
     model, task, note, _ = seg_task(ctx)
     with precision(task, 'fp32'):
         steps = profile_steps(ctx, task)
+        fused = profile_steps(ctx, task, fused=True)
     del task
     free_memory()
-    return dict(model=model, settings=note, step=steps,
+    return dict(model=model, settings=note, step=steps, step_fused=fused,
                 loop=profile_loop(ctx))
 
 
@@ -842,10 +934,14 @@ def markdown(report):
                                     else ''), s['seconds'])
          for s in report['steps']])
     lines += ['', f"Total {report['total_minutes']:.1f} min (budget "
-              f"{report['budget_minutes']:.0f} min on one GPU)"
-              + (' — **over budget**' if report['over_budget'] else '') + '.',
-              '']
-    steps = {s['name']: s for s in report['steps'] if s['status'] == 'ok'}
+              f"{report['budget_minutes']:g} min)"
+              + (' — **over budget**' if report['over_budget'] else '')
+              + ('' if report.get('finished') else ' — **the run had not '
+                 'finished when this was written** (a step still running, '
+                 'or the run was stopped): what it measured so far')
+              + '.', '']
+    # a step stopped part-way shows what it measured
+    steps = {s['name']: s for s in report['steps'] if s.get('result')}
     for name, writer in (('tests', md_tests), ('step_cost', md_step_cost),
                          ('loader', md_loader), ('loop', md_loop),
                          ('profile', md_profile)):
@@ -951,21 +1047,40 @@ def md_profile(r):
         ('what', 'per', 'wall (ms)', 'CUDA kernels (ms)', 'GPU busy (%)',
          'host sync calls', 'host sync (ms)', 'scalar reads',
          'loader wait (ms)'),
-        [profile_cells('step alone', 'step', r['step']),
-         profile_cells('loop', 'iteration', r['loop'])])
+        [profile_cells('step alone', 'step', r['step'])]
+        + ([profile_cells('step alone, fused Adam', 'step',
+                          r['step_fused'])] if 'step_fused' in r else [])
+        + [profile_cells('loop', 'iteration', r['loop'])])
     out += ['', 'Host sync calls: ' + ', '.join(SYNC_EVENTS) + '; scalar '
-            f'reads: `{SCALAR_READ}` (`.item()`, `float(t)`: each waits '
-            'for the GPU). Loader wait: from the end of an iteration to the '
+            f'reads: `{SCALAR_READ}` (`.item()`, `float(t)`, of a device or '
+            'a CPU tensor). Loader wait: from the end of an iteration to the '
             'start of the next. Operators with the most kernel time, per '
             'step alone:', '']
     out += [f"- `{op['op']}`: {op['kernel_ms']:.2f} ms "
             f"({op['calls']:.0f} calls)" for op in r['step']['top_kernel_ops']]
+    out += ['', 'What one step moves between device and host '
+            '(`HostTransfers`: device_read waits for the GPU, host_read reads '
+            'a CPU tensor, to_device / to_host are copies), by call site:',
+            '']
+    for label, key in (('config\'s Adam', 'step'),
+                       ('fused Adam', 'step_fused')):
+        if key in r:
+            counts = ', '.join(f'{k} {v}' for k, v in
+                               sorted(r[key]['transfers'].items())) or 'none'
+            out.append(f'- {label}: {counts}')
+            out += [f'  - {kind} × {n}: `{site}`'
+                    for kind, site, n in r[key]['transfer_sites']]
     return out
 
 
 def write_report(report, out_dir):
+    """``gpu_check.{json,md}``: after every step and step-cost row, and at
+    the end (``finished``)."""
     os.makedirs(out_dir, exist_ok=True)
     base = osp.join(out_dir, 'gpu_check')
+    total = (time.perf_counter() - report['_t0']) / 60
+    report.update(total_minutes=total,
+                  over_budget=total > report['budget_minutes'])
     public = {k: v for k, v in report.items() if not k.startswith('_')}
     with open(base + '.json', 'w') as f:
         json.dump(public, f, indent=1)
@@ -987,9 +1102,10 @@ def main(argv=None):
         ['python', 'tools/gpu_check.py'] + list(argv if argv is not None
                                                 else sys.argv[1:])),
         quick=bool(args.quick), environment=environment(device),
-        budget_minutes=args.budget_min, steps=[])
+        budget_minutes=args.budget, finished=False, steps=[])
     print(f"[gpu_check] {report['environment']}", flush=True)
     ctx = Context(args, device)
+    ctx.t0 = report['_t0']
     try:
         if 'tests' in args.only:
             run_step('tests', run_tests, ctx, report)
@@ -998,16 +1114,16 @@ def main(argv=None):
                 run_step(name, MEASURES[name], ctx, report)
     finally:
         ctx.close()
-    total = (time.perf_counter() - report['_t0']) / 60
-    report.update(total_minutes=total, over_budget=total > args.budget_min)
+    report['finished'] = True
     base = write_report(report, args.out_dir)
+    total = report['total_minutes']
     failed = [s['name'] for s in report['steps'] if s['status'] != 'ok']
     tests = next((s for s in report['steps'] if s['name'] == 'tests'), None)
     if tests and tests['status'] == 'ok' and \
             not tests['result']['passed_all']:
         failed.append('tests (failures)')
     print(f'\n[gpu_check] wrote {base}.md and {base}.json in {total:.1f} min'
-          + (f' (over the {args.budget_min:.0f} min budget)'
+          + (f' (over the {args.budget:g} min budget)'
              if report['over_budget'] else '')
           + (f"; FAILED: {', '.join(failed)}" if failed else '; all ok'))
     return 1 if failed else 0

@@ -1,11 +1,15 @@
 """Meters of one step or one run: time, peak memory, autograd's saved
 tensors, forward and backward passes (``tools/benchmark.py``,
 ``tools/gpu_check.py``, ``tools/analysis/efficiency.py``)."""
+import collections
 import os
+import os.path as osp
 import threading
 import time
+import traceback
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def release_freed_memory():
@@ -174,3 +178,69 @@ class StepTimer:
             self.seconds = self.events[0].elapsed_time(self.events[1]) / 1e3
         else:
             self.seconds = time.perf_counter() - self.start
+
+
+class HostTransfers(TorchDispatchMode):
+    """Counts, while active, what moves values between the device and the
+    host, by kind and by call site (``file:line function`` of the first
+    frame outside torch):
+
+    * ``device_read``: a value read from a device tensor (``.item()``,
+      ``bool(t)``, ``.tolist()``; aten ``_local_scalar_dense``) or an op
+      whose output size depends on device data (``nonzero``, ...): each
+      makes the host wait for the device;
+    * ``host_read``: a value read from a tensor on the CPU (an optimizer's
+      ``step`` count unless ``fused`` or ``capturable``): no wait, a call;
+    * ``to_device`` / ``to_host``: a copy between the two (``.to``,
+      ``copy_``); one to the host waits, one to the device from pageable
+      memory may.
+
+    On the CPU every tensor is a host tensor: the counts say ``host_read``
+    only (``tests/host_syncs.py`` is the CPU's proxy for device reads).
+    """
+
+    DATA_DEPENDENT = frozenset({'nonzero', 'masked_select', 'unique',
+                                '_unique2', 'unique_consecutive',
+                                'repeat_interleave', 'bincount', 'histc'})
+
+    def __init__(self):
+        super().__init__()
+        self.sites = collections.Counter()
+
+    def _record(self, kind):
+        here = osp.dirname(torch.__file__)
+        for frame in reversed(traceback.extract_stack()[:-2]):
+            if not frame.filename.startswith(here) and \
+                    frame.filename != __file__:
+                site = (f'{osp.relpath(frame.filename)}:{frame.lineno} '
+                        f'{frame.name}')
+                break
+        else:
+            site = 'torch'
+        self.sites[(kind, site)] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name == '_local_scalar_dense' or name in self.DATA_DEPENDENT:
+            self._record('host_read' if args[0].device.type == 'cpu'
+                         else 'device_read')
+        elif name in ('_to_copy', 'copy_'):
+            src = args[1] if name == 'copy_' else args[0]
+            dst = args[0].device if name == 'copy_' else torch.device(
+                kwargs.get('device') or src.device)
+            if (src.device.type == 'cpu') != (dst.type == 'cpu'):
+                self._record('to_host' if dst.type == 'cpu' else 'to_device')
+        return func(*args, **kwargs)
+
+    def counts(self):
+        """``{kind: count}`` over every site."""
+        out = collections.Counter()
+        for (kind, _), n in self.sites.items():
+            out[kind] += n
+        return dict(out)
+
+    def top_sites(self, count=10):
+        """The ``count`` busiest ``(kind, site, calls)``."""
+        return [(kind, site, n) for (kind, site), n in
+                self.sites.most_common(count)]

@@ -213,8 +213,9 @@ class BenchTask:
         classifier (MMSeg skips the head's hooks), or the network."""
         return self.probe.classifier(model) if self.kind == 'seg' else model
 
-    def make_method(self, kind, stag):
-        """A configured method on a fresh copy of the model."""
+    def make_method(self, kind, stag, **overrides):
+        """A configured method on a fresh copy of the model; ``overrides``
+        replace keys of the method's settings (``optimizer=...``)."""
         from mmseg_stag.core import use_batch_statistics
         model = copy.deepcopy(self.base)
         if kind == 'ecotta':  # EcoTTA's network: K=4 meta networks
@@ -230,7 +231,8 @@ class BenchTask:
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
         # the task's registry: Hybrid-TTA is segmentation's own
-        method = self.online.build_method(dict(self.methods[kind], stag=stag))
+        method = self.online.build_method(dict(self.methods[kind], stag=stag,
+                                               **overrides))
         method.configure(model, self.adapter)
         if method.needs_source_data:  # EATA's Fisher, not timed
             method.fit_source([self.batch])
@@ -316,24 +318,23 @@ def arm_ratio(records, base, other, key):
 def time_stag_term(task, kind, stag, repeats=10):
     """Median seconds of the STAG term alone (forward and backward) on the
     classifier inputs/outputs of one real forward of ``kind``'s model:
-    what +STAG adds, without the noise of a whole step."""
-    from mmseg_stag.core import STAGLoss, mean_over_outputs
+    what +STAG adds, without the noise of a whole step. The term is the
+    method's own (its ``STAGLoss`` options; no finiteness check, which
+    would wait for the device), as a step runs it."""
+    from mmseg_stag.core import mean_over_outputs
     method, _ = task.make_method(kind, stag)
-    model = method.model
     with torch.no_grad():
-        head_outputs = task.adapter.forward(model, task.batch).head_outputs
-    classifier = task.probe.classifier(model)
-    loss_fn = STAGLoss()
-    beta = stag['beta0']
+        head_outputs = task.adapter.forward(method.model,
+                                            task.batch).head_outputs
+    weight, bias = method.classifier.weight, method.classifier.bias
     times = []
     for i in range(repeats + 1):
         leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
                   for f, z in head_outputs]
         with StepTimer() as timer:
             loss = mean_over_outputs(
-                lambda f, z: loss_fn(f, z, classifier.weight,
-                                     classifier.bias), leaves)
-            (beta * loss).backward()
+                lambda f, z: method.stag_loss(f, z, weight, bias), leaves)
+            (method.beta * loss).backward()
         if i:  # the first call computes the (cached) anchors
             times.append(timer.seconds)
     return statistics.median(times)

@@ -280,6 +280,179 @@ def stag_alignment(features: torch.Tensor,
     return -(probs * cosine).sum(dim=1)
 
 
+class HardAlignment(torch.autograd.Function):
+    """``mean L_STAG(x)`` with hard labels, its backward written out.
+
+    The value of ``stag_alignment(...).mean()`` for ``label='hard'``; the
+    gradients are autograd's through the same formula, derived once
+    (docs/stag-loss.md, "The analytic backward") so that a step costs a few
+    whole-tensor ops instead of one autograd node per small op: on a GPU
+    each op is a kernel launch, and the term's cost was those launches.
+
+    With ``r = s P / (|s| n alpha + eps)`` per sample (pixel), ``s`` the
+    predicted class's sensitivity (eq:sample_sensitivity), ``P = h . a_y``,
+    ``n = ||h||``, ``alpha = ||a_y||``, ``D`` the denominator, the loss is
+    ``-mean(r)`` and (``sn = -s``, ``rho = sn P / D = -r``)::
+
+        d rho / d sn = P eps / D^2        d rho / d P = sn / D
+        d rho / d n  = -rho |sn| alpha / D
+        d sn / d z_j = p_y [(d_yj - p_j)(t + 1) - p_j (log p_j + H)],
+                       t = log p_y + H
+
+    so ``dL/dz = -p * (e log p + v) + onehot(y) w`` and ``dL/dh = c h``
+    with one coefficient of each per sample (pixel).
+
+    Args (of ``apply``):
+        features (Tensor): ``h``, ``[N, D, M]``.
+        logits (Tensor): ``z``, ``[N, C, M]``, float32 or float64.
+        table (Tensor): ``[C, 3]`` per class: ``(s_k, b_k, ||a_k||)``;
+            ``P = s_y (z_y - b_y)`` when ``matrix`` is None (a frozen ``W``
+            with diagonal anchors), else ``P = (matrix @ (z - b))_y`` or
+            ``P = (matrix @ h)_y``.
+        eps (float): The ``epsilon`` of eq:stag_loss.
+        eps_tensor (Tensor): The same as a 0-d tensor of the logits' dtype
+            and device (made once, with the table).
+        matrix (Tensor, optional): ``[C, D]`` anchors (applied to the
+            features) or ``[C, C]`` coefficients (applied to the logits).
+        on_features (bool): Which of the two ``matrix`` is applied to.
+    """
+
+    @staticmethod
+    def forward(ctx, features, logits, table, eps, eps_tensor, matrix=None,
+                on_features=False, bias=None):
+        log_p = torch.log_softmax(logits, 1)
+        p = log_p.exp()
+        neg_h = (p * log_p).sum(1, keepdim=True)  # -H(p), eq:ent
+        z_y, pred = logits.max(1, keepdim=True)  # argmax's index, first on ties
+        log_py = log_p.gather(1, pred)
+        norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
+        scale, bias, anchor_norm = F.embedding(pred, table).unbind(-1)
+        # P = h . a_y; from the logits as V (z - b), centred first as in
+        # projections_from_logits: where h = 0, P is 0 exactly (over eps)
+        if matrix is None:
+            proj = (z_y - bias) * scale
+        elif on_features:  # matrix: the anchors, in the features' dtype
+            proj = torch.matmul(matrix, features).gather(1, pred)
+        else:
+            proj = torch.matmul(
+                matrix, logits - table[:, 1].view(1, -1, 1)).gather(1, pred)
+        t = log_py - neg_h  # log p_y + H
+        p_y = log_py.exp()
+        sn = p_y * t  # -s, eq:sample_sensitivity
+        abs_sn_alpha = sn.abs() * anchor_norm
+        inv_d = torch.addcmul(eps_tensor, abs_sn_alpha, norm).reciprocal()
+        q = proj * inv_d
+        rho = sn * q  # -cos(g, a_y), eq:stag_loss
+        cos = sn * inv_d  # d rho / d P
+        inv_size = 1.0 / rho.numel()
+        # per sample, over the batch size: e and v (the logits through s),
+        # w (the label's logit), c (the features through ||h||)
+        e = (q * (p_y * inv_d)).mul_(eps * inv_size)
+        e_t1 = torch.addcmul(e, e, t)
+        v = torch.addcmul(e_t1, e, neg_h, value=-1)
+        w = e_t1 if matrix is not None else torch.addcmul(
+            e_t1, cos, scale, value=inv_size)
+        c = (rho / norm.clamp_min(torch.finfo(norm.dtype).tiny)).mul_(
+            abs_sn_alpha * inv_d).mul_(-inv_size)
+        # dL/dP over the batch size; for a trainable b, what P's z - b
+        # takes back from b (z reaches b outside, P does not depend on it)
+        bias_grad = bias is not None and ctx.needs_input_grad[7]
+        dp = cos * inv_size if matrix is not None or bias_grad else None
+        ctx.save_for_backward(features, log_p, p, pred, e, v, w, c, dp,
+                              matrix,
+                              scale if bias_grad and matrix is None else None)
+        ctx.on_features, ctx.bias_grad = on_features, bias_grad
+        return rho.mean()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (features, log_p, p, pred, e, v, w, c, dp, matrix,
+         scale) = ctx.saved_tensors
+        # dL/dz = -p (e log p + v) + onehot(y) w;  dL/dh = c h
+        grad_z = (p * torch.addcmul(v, e, log_p).neg_()).scatter_add_(
+            1, pred, w).mul_(grad)
+        grad_h = features * (c * grad).to(features.dtype)
+        if matrix is not None:  # P = (matrix @ x)_y
+            onehot = torch.zeros_like(grad_z).scatter_(1, pred, dp * grad)
+            back = torch.matmul(matrix.t(), onehot.to(matrix.dtype))
+            if ctx.on_features:
+                grad_h += back.to(grad_h.dtype)
+            else:
+                grad_z += back.to(grad_z.dtype)
+        grad_b = None
+        if ctx.bias_grad:  # -dL/dP dP/dz, summed over the batch
+            per_class = torch.zeros(
+                p.shape[1], dtype=dp.dtype, device=dp.device).scatter_add_(
+                    0, pred.flatten(), (dp if scale is None
+                                        else dp * scale).flatten())
+            if matrix is not None:
+                per_class = matrix.t().to(dp.dtype) @ per_class
+            grad_b = per_class.mul_(-grad)
+        return grad_h, grad_z, None, None, None, None, None, grad_b
+
+
+def hard_alignment_inputs(weight: torch.Tensor,
+                          coefficients: torch.Tensor,
+                          bias: Optional[torch.Tensor] = None,
+                          frozen: bool = True
+                          ) -> Tuple[torch.Tensor, Optional[torch.Tensor],
+                                     bool]:
+    """What :class:`HardAlignment` needs of a classifier, once per update.
+
+    Args:
+        weight (Tensor): ``W``, ``[C, D]`` or ``[C, D, 1, 1]``, detached.
+        coefficients (Tensor): ``V`` of :func:`anchor_coefficients`.
+        bias (Tensor, optional): ``b`` ``[C]``, detached.
+        frozen (bool): Whether ``W`` is constant during the step: then the
+            projections come from the logits (``h . a_k = (V (z - b))_k``)
+            and the ``D``-sized features are only read for ``||h||``.
+
+    Returns:
+        tuple: ``(table, matrix, on_features)`` for ``HardAlignment``.
+    """
+    weight = flatten_classifier_weight(weight)
+    anchors = anchors_from_coefficients(weight, coefficients)
+    zeros = anchors.new_zeros(anchors.shape[0])
+    bias = zeros if bias is None or not frozen else bias
+    if frozen and coefficients.dim() == 1:
+        scale, matrix, on_features = coefficients, None, False
+    else:
+        scale, on_features = zeros, not frozen
+        matrix = anchors if on_features else coefficients
+    table = torch.stack(
+        [scale, bias, torch.linalg.vector_norm(anchors, dim=1)], 1)
+    return table, matrix, on_features
+
+
+def hard_alignment(features: torch.Tensor,
+                   logits: torch.Tensor,
+                   table: torch.Tensor,
+                   eps: float,
+                   eps_tensor: torch.Tensor,
+                   matrix: Optional[torch.Tensor] = None,
+                   on_features: bool = False,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``L_STAG(B)``, hard labels, per sample or pixel (eq:stag_batch_loss).
+
+    The value of ``stag_alignment(..., label='hard').mean()`` through
+    :class:`HardAlignment`'s analytic backward; ``table``, ``matrix`` and
+    ``on_features`` from :func:`hard_alignment_inputs` in the logits'
+    dtype (``matrix`` in the dtype of what it is applied to). ``bias``:
+    the classifier's live bias, where it is trained and ``W`` is not (its
+    values are the table's; autograd gets its gradient).
+    """
+    if features.dim() == 2:
+        if not features.is_contiguous():
+            # a strided view (ViT class token) would keep the token map alive
+            features = features.contiguous()
+        features, logits = features.unsqueeze(-1), logits.unsqueeze(-1)
+    else:
+        features, logits = features.flatten(2), logits.flatten(2)
+    return HardAlignment.apply(features, logits, table, eps, eps_tensor,
+                               matrix, on_features, bias)
+
+
 def reduce_batch_loss(per_sample: torch.Tensor,
                       valid_mask: Optional[torch.Tensor] = None
                       ) -> torch.Tensor:

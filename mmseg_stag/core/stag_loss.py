@@ -19,6 +19,16 @@ class STAGLoss(nn.Module):
             the loss. Each check waits for the device; the online methods
             turn it off and the loop checks ``loss_stag`` when it reads it.
             Default: True.
+        analytic_backward (bool): Hard labels through
+            :class:`~mmseg_stag.core.stag.HardAlignment` (a few whole-tensor
+            ops, its gradient written out) instead of autograd through
+            :func:`~mmseg_stag.core.stag.stag_alignment` (one node per small
+            op). Equal up to rounding; soft labels always use autograd.
+            Default: True.
+        compile (bool): Run the hard-label term through ``torch.compile``
+            (its elementwise ops fused into a few kernels; the first call
+            of each input shape compiles, seconds to a minute). Needs
+            ``analytic_backward``. Default: False.
 
     Raises:
         ValueError: If ``anchor``, ``label`` or ``eps`` is invalid.
@@ -28,7 +38,9 @@ class STAGLoss(nn.Module):
                  eps: float = 1e-8,
                  anchor: str = 'diagonal',
                  label: str = 'hard',
-                 check_finite: bool = True):
+                 check_finite: bool = True,
+                 analytic_backward: bool = True,
+                 compile: bool = False):
         super().__init__()
         if anchor not in stag.ANCHOR_MODES:
             raise ValueError(
@@ -44,10 +56,19 @@ class STAGLoss(nn.Module):
         self.anchor = anchor
         self.label = label
         self.check_finite = bool(check_finite)
+        self.analytic_backward = bool(analytic_backward)
+        if compile and not self.analytic_backward:
+            raise ValueError('STAGLoss: compile=True needs '
+                             'analytic_backward=True')
+        self.compile = bool(compile)
+        self._hard_alignment = torch.compile(stag.hard_alignment) \
+            if self.compile else stag.hard_alignment
         self._anchor_key: Optional[Tuple] = None
         self._anchors: Optional[torch.Tensor] = None
         self._coefficients: Optional[torch.Tensor] = None
         self.anchor_computations = 0
+        self._hard_key: Optional[Tuple] = None
+        self._hard_inputs: Optional[Tuple] = None
 
     @staticmethod
     def _tensor_key(tensor: Optional[torch.Tensor]) -> Tuple:
@@ -84,6 +105,28 @@ class STAGLoss(nn.Module):
             self._anchor_key = key
             self.anchor_computations += 1
 
+    def _hard_alignment_inputs(self, cls_weight, cls_bias, dtype,
+                               feature_dtype) -> Tuple:
+        """``HardAlignment``'s classifier inputs, cached with the anchors."""
+        self._update_anchors(cls_weight, cls_bias)
+        frozen = not cls_weight.requires_grad
+        key = (self._anchor_key, frozen, dtype, feature_dtype)
+        if key != self._hard_key:
+            with torch.no_grad():
+                table, matrix, on_features = stag.hard_alignment_inputs(
+                    cls_weight.detach(), self._coefficients,
+                    None if cls_bias is None else cls_bias.detach(), frozen)
+                if matrix is not None:
+                    matrix = matrix.to(feature_dtype if on_features
+                                       else dtype)
+                table = table.to(dtype)
+                # made on the device: no copy from the host
+                eps_tensor = table.new_full((), self.eps)
+            self._hard_inputs = (table, self.eps, eps_tensor, matrix,
+                                 on_features)
+            self._hard_key = key
+        return self._hard_inputs
+
     def forward(self,
                 features: torch.Tensor,
                 logits: torch.Tensor,
@@ -109,22 +152,38 @@ class STAGLoss(nn.Module):
             torch.float16, torch.bfloat16) else features.dtype
         with torch.autocast(device_type=features.device.type, enabled=False):
             logits = logits.to(dtype)
-            anchors = self.anchors(cls_weight, cls_bias).to(dtype)
-            if not cls_weight.requires_grad:
-                # a frozen W lets the logits stand in for the features
-                projections = stag.projections_from_logits(
-                    logits, self._coefficients, cls_bias)
+            if self.analytic_backward and self.label == 'hard':
+                # a bias trained beside a frozen W: its gradient
+                bias = cls_bias if cls_bias is not None and \
+                    cls_bias.requires_grad and \
+                    not cls_weight.requires_grad else None
+                loss = self._hard_alignment(
+                    features, logits, *self._hard_alignment_inputs(
+                        cls_weight, cls_bias, dtype, features.dtype),
+                    bias=bias)
             else:
-                projections = stag.project_on_anchors(
-                    features, anchors.to(features.dtype)).to(dtype)
-            per_sample = stag.stag_alignment(features, logits, anchors,
-                                             eps=self.eps, label=self.label,
-                                             projections=projections)
-            loss = stag.reduce_batch_loss(per_sample)
+                loss = self._autograd_loss(features, logits, cls_weight,
+                                           cls_bias, dtype)
             if self.check_finite:
                 stag.check_finite_loss(loss, features=features, logits=logits)
         return loss
 
+    def _autograd_loss(self, features, logits, cls_weight, cls_bias, dtype):
+        """The loss through autograd (soft labels; the reference)."""
+        anchors = self.anchors(cls_weight, cls_bias).to(dtype)
+        if not cls_weight.requires_grad:
+            # a frozen W lets the logits stand in for the features
+            projections = stag.projections_from_logits(
+                logits, self._coefficients, cls_bias)
+        else:
+            projections = stag.project_on_anchors(
+                features, anchors.to(features.dtype)).to(dtype)
+        return stag.reduce_batch_loss(stag.stag_alignment(
+            features, logits, anchors, eps=self.eps, label=self.label,
+            projections=projections))
+
     def extra_repr(self) -> str:
         return (f'eps={self.eps}, anchor={self.anchor!r}, '
-                f'label={self.label!r}')
+                f'label={self.label!r}, '
+                f'analytic_backward={self.analytic_backward}, '
+                f'compile={self.compile}')

@@ -17,6 +17,7 @@ from mmseg_stag.core import EATA
 from mmseg_stag.engine import OnlineAdaptationLoop
 from mmseg_stag.engine.comparison import (format_corruption_table, read_run,
                                           write_corruption_table)
+from seg_helpers import python_path
 from cls_helpers import (CIFAR, IMAGENET, REPO, assert_same_run,
                          killable_config, options, run, run_tool)
 
@@ -256,8 +257,8 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path, stream, names,
     if method == 'cotta':
         opts.update({'test_cfg.method.restore_prob': 0.3,
                      'test_cfg.method.num_augs': 2})
-    env = dict(os.environ, PYTHONPATH=osp.join(REPO, 'tests') + os.pathsep +
-               REPO)
+    env = dict(os.environ, PYTHONPATH=python_path(
+        osp.join(REPO, 'tests'), REPO))
     config = killable_config(CIFAR.format(method), opts, tmp_path)
     whole, cut = tmp_path / 'whole', tmp_path / 'cut'
     for work in (whole, cut):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from seg_helpers import python_path
 from cls_helpers import (REPO, assert_same_run, killable_config, options,
                          run_tool)
 from run_helpers import run_config
@@ -99,8 +100,8 @@ def test_stream_from_the_warmed_up_file_resumes_exactly(tmp_path, stream,
     warmed = tmp_path / 'warm.pth'
     warm(config, checkpoint, source_set, warmed, '--epochs', '1',
          '--work-dir', str(tmp_path / 'wd'))
-    env = dict(os.environ, PYTHONPATH=osp.join(REPO, 'tests') + os.pathsep +
-               REPO)
+    env = dict(os.environ, PYTHONPATH=python_path(
+        osp.join(REPO, 'tests'), REPO))
     whole, cut = tmp_path / 'whole', tmp_path / 'cut'
     proc = run_tool(config, str(warmed), '--work-dir', str(whole),
                     '--save-adapted', str(whole / 'adapted.pth'), env=env)

@@ -20,7 +20,7 @@ import torch
 from cls_helpers import options
 from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
-                         tiny_options)
+                         python_path, tiny_options)
 
 #: the device parameter: the CPU always, CUDA where there is one
 DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
@@ -171,7 +171,7 @@ def run_command(cmd, device: str, timeout=600, **env):
     CPU), one CPU thread, the test-only hooks importable (``env`` adds
     or replaces variables)."""
     full_env = dict(os.environ, OMP_NUM_THREADS='1',
-                    PYTHONPATH=osp.join(REPO, 'tests') + os.pathsep + REPO)
+                    PYTHONPATH=python_path(osp.join(REPO, 'tests'), REPO))
     full_env.update(env)
     if device == 'cpu':
         full_env['CUDA_VISIBLE_DEVICES'] = ''

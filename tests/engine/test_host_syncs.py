@@ -29,3 +29,31 @@ def test_segmentation_step_never_waits_between_reads(
     # and the log still has every batch's values
     scalars = runner.message_hub.log_scalars
     assert len(scalars['test/loss_stag'].data[0]) == 8
+
+
+
+def test_optimizer_reads_host_tensors_only_unless_fused(
+        tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch):
+    """TENT+STAG's Adam reads the step count of each adapted tensor (a CPU
+    tensor on a GPU too, unless fused: no wait for the device, but one
+    host call each); with ``optimizer.fused=True`` it reads nothing, and
+    the run's numbers are the same."""
+    metrics = {}
+    for fused in (False, True):
+        extra = {'default_hooks.logger.interval': 50}
+        if fused:
+            extra['test_cfg.method.optimizer.fused'] = True
+        runner = make_runner('tent-stag', tiny_acdc, tiny_checkpoint,
+                             tmp_path / str(fused), extra=extra)
+        host = {}
+        with monkeypatch.context() as patch:
+            per_batch = count_loop_syncs(runner.test_loop, patch, host)
+            metrics[fused] = runner.test()
+        method = runner.test_loop.method
+        assert method.optimizer.defaults['fused'] is (fused or None)
+        reads = [] if fused else ['item', '_local_scalar_dense'] * len(
+            method.params)
+        for idx, calls in per_batch.items():
+            assert calls in ([], ['tolist']), (idx, calls)  # as above
+            assert host[idx] == reads, (idx, host[idx])
+    assert metrics[True] == metrics[False]

@@ -14,7 +14,7 @@ import torch
 
 from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
-                         run_script, tiny_options)
+                         python_path, run_script, tiny_options)
 
 from mmseg_stag.engine.online_loop import STATE_FILE
 
@@ -26,7 +26,7 @@ KILL = '3,2'  # before the 2nd batch of the 4th stage (3 stages saved)
 
 
 def run_test_py(config, checkpoint, work_dir, opts, *extra, kill=None):
-    env = dict(PYTHONPATH=osp.join(REPO, 'tests'))
+    env = dict(PYTHONPATH=python_path(osp.join(REPO, 'tests')))
     if kill:
         env['KILL_AT_STAGE'] = kill
     return run_script(

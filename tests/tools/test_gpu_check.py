@@ -52,7 +52,8 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     assert list(steps) == list(gpu_check.STEPS)
     assert all(s['status'] == 'ok' and s['seconds'] >= 0
                for s in steps.values())
-    assert report['total_minutes'] > 0 and report['budget_minutes'] == 20
+    assert report['total_minutes'] > 0 and report['budget_minutes'] == 9
+    assert report['finished'] is True
 
     tests = steps['tests']['result']
     assert tests['passed_all'] and tests['failed'] == tests['errors'] == 0
@@ -62,11 +63,15 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     assert osp.isfile(tests['log']) and osp.isfile(tests['junit'])
 
     rows = steps['step_cost']['result']['rows']
-    # the SegFormer's three baselines, then the ResNet's TENT
-    assert [(r['method'], r['precision']) for r in rows] == [
-        ('tent', 'fp32'), ('cotta', 'fp32'), ('hybrid_tta', 'fp32'),
-        ('tent', 'fp32')]
-    assert rows[2]['settings'].startswith('batch 1, 128x64')
+    # the SegFormer's three baselines with MMSeg's attention and SDPA, then
+    # the ResNet's TENT
+    assert [(r['method'], r['attention']) for r in rows] == [
+        ('tent', 'mmseg'), ('cotta', 'mmseg'), ('tent', 'sdpa'),
+        ('cotta', 'sdpa'), ('hybrid_tta', 'mmseg'), ('hybrid_tta', 'sdpa'),
+        ('tent', None)]
+    assert {r['precision'] for r in rows} == {'fp32'}
+    assert 'SDPA attention' in rows[2]['model']
+    assert rows[4]['settings'].startswith('batch 1, 128x64')
     for row in rows:
         assert set(row['arms']) == {row['method'], row['method'] + '+stag'}
         for arm in row['arms'].values():
@@ -88,10 +93,16 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
                for r in loop.values())
 
     profile = steps['profile']['result']
-    for part in ('step', 'loop'):
+    for part in ('step', 'step_fused', 'loop'):
         assert profile[part]['wall_ms'] > 0
         assert profile[part]['cuda_kernel_ms'] is None  # no CUDA here
         assert profile[part]['scalar_reads'] >= 0
+    # on the CPU every read is a host read; the fused Adam reads no step
+    # count, the config's reads one per norm tensor at least
+    assert profile['step_fused']['optimizer']['fused'] is True
+    assert 'device_read' not in profile['step']['transfers']
+    assert profile['step']['transfers'].get('host_read', 0) > \
+        profile['step_fused']['transfers'].get('host_read', 0)
     assert profile['loop']['loader_wait_wall_ms'] >= 0
 
     text = (out / 'gpu_check.md').read_text()
@@ -140,6 +151,56 @@ def test_precision_switches_and_restores(name, tf32, dtype, gpu_check):
     assert (torch.backends.cuda.matmul.allow_tf32,
             torch.backends.cudnn.allow_tf32) == flags
     assert task.probe.autocast_dtype is None
+
+
+def test_partial_report_of_a_stopped_run(tmp_path, gpu_check):
+    """A run stopped in its second step: the report written after the
+    first step and during the second says what was measured and that the
+    run had not finished."""
+    args = gpu_check.parse_args(['--allow-cpu', '--quick', '--out-dir',
+                                 str(tmp_path)])
+    report = dict(_t0=0.0, command='c', quick=True, budget_minutes=1.0,
+                  finished=False, steps=[], environment=dict(
+                      date='d', gpu=None, torch='t', cuda_runtime=None,
+                      cudnn=None, mmengine='m', mmcv='m',
+                      mmsegmentation='m', cpus=2))
+    ctx = SimpleNamespace(args=args)
+    gpu_check.run_step('loader', lambda c: dict(
+        images=dict(count=1, size=(4, 2), format='PNG', mean_mb=0.1),
+        pipeline='p', rows=[]), ctx, report)
+
+    class Stopped(BaseException):  # as a time limit's signal would
+        pass
+
+    def stopped(c):
+        c.save_partial(dict(rows=[]))
+        raise Stopped
+
+    with pytest.raises(Stopped):
+        gpu_check.run_step('step_cost', stopped, ctx, report)
+    saved = json.loads((tmp_path / 'gpu_check.json').read_text())
+    assert [(s['name'], s['status']) for s in saved['steps']] == [
+        ('loader', 'ok'), ('step_cost', 'running')]
+    assert saved['finished'] is False
+    text = (tmp_path / 'gpu_check.md').read_text()
+    assert 'had not finished' in text and '## Loader' in text
+
+
+def test_budget_picks_the_pairs(gpu_check):
+    """Each step-cost row gets its share of the budget left after the
+    fixed steps; explicit counts stay as given."""
+    args = gpu_check.parse_args(['--budget', '10', '--only', 'step_cost',
+                                 '--precisions', 'fp32', 'bf16'])
+    ctx = SimpleNamespace(args=args, t0=gpu_check.time.perf_counter())
+    plan = gpu_check.step_cost_plan(ctx)
+    # B5 TENT, CoTTA and Hybrid-TTA x 2 attentions, ResNet TENT: x 2
+    rows = 2 * (3 * 2 + 1)
+    seconds = gpu_check.pair_seconds(ctx, plan)
+    assert seconds == pytest.approx(gpu_check.PAIRS_SHARE * 600 / rows,
+                                    rel=1e-3)
+    assert args.pairs is None and args.tests_timeout is None
+    fixed = gpu_check.parse_args(['--pairs', '7', '--method-pairs', '3'])
+    assert (fixed.pairs, fixed.method_pairs) == (7, 3)
 
 
 def test_bad_counts_are_refused(capsys, gpu_check):

@@ -3,6 +3,8 @@ from mmseg.models.backbones import MixVisionTransformer
 from mmseg.registry import MODELS
 from torch import nn
 
+from .sdpa_attention import use_attention
+
 
 @MODELS.register_module()
 class NVMixVisionTransformer(MixVisionTransformer):
@@ -17,6 +19,10 @@ class NVMixVisionTransformer(MixVisionTransformer):
             norms. Default: 1e-5.
         norm_cfg (dict): The other norms, a LayerNorm.
             Default: ``dict(type='LN', eps=1e-6)``.
+        attention (str): ``'mmseg'``: MMSeg's attention (PyTorch's
+            ``nn.MultiheadAttention``); ``'sdpa'``: the same through
+            ``scaled_dot_product_attention`` (equal up to rounding; faster
+            on a GPU). Default: ``'mmseg'``.
         **kwargs: The other arguments of ``MixVisionTransformer``.
     """
 
@@ -24,8 +30,11 @@ class NVMixVisionTransformer(MixVisionTransformer):
                  patch_embed_norm_eps: float = 1e-5,
                  sr_norm_eps: float = 1e-5,
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
+                 attention: str = 'mmseg',
                  **kwargs):
         super().__init__(norm_cfg=norm_cfg, **kwargs)
+        use_attention(self, attention)
+        self.attention = attention
         self.patch_embed_norm_eps = patch_embed_norm_eps
         self.sr_norm_eps = sr_norm_eps
         for patch_embed, blocks, _ in self.layers:

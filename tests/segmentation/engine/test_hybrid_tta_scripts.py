@@ -15,8 +15,8 @@ import torch
 
 from mmseg_stag.engine.online_loop import STATE_FILE
 from run_helpers import killable_config
-from seg_helpers import (REPO, SEG_CFG, as_cli, mmseg_test_py, run_script,
-                         tiny_options)
+from seg_helpers import (REPO, SEG_CFG, as_cli, mmseg_test_py, python_path,
+                         run_script, tiny_options)
 
 CONFIG = osp.join(REPO, SEG_CFG.format('hybrid-tta-stag'))
 #: 64x32 inputs: 8-px mask patches; a small neck; a switch that tunes
@@ -36,7 +36,7 @@ def options(tiny_acdc, rounds=1):
 
 def run_test_py(script, config, checkpoint, work_dir, opts, *extra,
                 kill=None):
-    env = dict(PYTHONPATH=osp.join(REPO, 'tests'))
+    env = dict(PYTHONPATH=python_path(osp.join(REPO, 'tests')))
     if kill:
         env['KILL_AT_STAGE'] = kill
     return run_script([sys.executable, script, config, checkpoint,

@@ -14,7 +14,7 @@ import torch
 
 from mmseg_stag.engine.online_loop import DISTRIBUTED_ERROR
 from seg_helpers import (REPO, SEG_CFG, as_cli, free_port, mmseg_test_py,
-                         run_script, tiny_options)
+                         python_path, run_script, tiny_options)
 
 TENT_STAG = osp.join(REPO, SEG_CFG.format('tent-stag'))
 STAGES = ['fog', 'night', 'rain', 'snow'] * 2
@@ -141,7 +141,7 @@ def test_distributed_guard_with_two_cpu_ranks(script, tiny_acdc,
         shim = tmp_path / 'shim'
         shim.mkdir()
         (shim / 'sitecustomize.py').write_text(CPU_RANKS_SITECUSTOMIZE)
-        env['PYTHONPATH'] = str(shim)
+        env['PYTHONPATH'] = python_path(str(shim))
         test_py = MMSEG_TEST_PY
     torchrun = osp.join(osp.dirname(sys.executable), 'torchrun')
     work_dir = tmp_path / 'wd'
