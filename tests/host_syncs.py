@@ -65,32 +65,27 @@ def optimizer_step_counts_on_host(monkeypatch, counter):
     reading it never waits for the device."""
     import importlib
     import pkgutil
-
-    def on_host(fn):
-        def run(*args, **kwargs):
-            counter.on_host += 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                counter.on_host -= 1
-        return run
-
     for info in pkgutil.iter_modules(torch.optim.__path__):
         module = importlib.import_module(f'torch.optim.{info.name}')
         if hasattr(module, '_get_value'):
-            monkeypatch.setattr(module, '_get_value',
-                                on_host(module._get_value))
+            monkeypatch.setattr(module, '_get_value', flagged(
+                counter, 'on_host', module._get_value))
+
+
+def flagged(counter, flag, fn):
+    """``fn`` with the counter's ``flag`` raised while it runs."""
+    def run(*args, **kwargs):
+        setattr(counter, flag, getattr(counter, flag) + 1)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            setattr(counter, flag, getattr(counter, flag) - 1)
+    return run
 
 
 def paused(counter, fn):
     """``fn`` with the counter paused (the metric's own reads)."""
-    def run(*args, **kwargs):
-        counter.paused += 1
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            counter.paused -= 1
-    return run
+    return flagged(counter, 'paused', fn)
 
 
 def count_loop_syncs(loop, monkeypatch, host_reads=None):

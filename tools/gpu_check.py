@@ -42,8 +42,9 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
-#: step_cost's SegFormer baselines, each against its +STAG arm
-SEG_METHODS = ('tent', 'cotta', 'hybrid_tta')
+#: step_cost's SegFormer baselines, each against its +STAG arm; cotta_fast
+#: is CoTTA with restore_on_device and batch_views
+SEG_METHODS = ('tent', 'cotta', 'cotta_fast', 'hybrid_tta')
 #: Hybrid-TTA masks 32-px patches: its input's sides are multiples of 32
 MASK_PATCH = 32
 PRECISIONS = ('fp32', 'tf32', 'bf16')
@@ -608,7 +609,9 @@ def cost_row(model, note, batch, name, kind, times, memory, term):
               for label in times},
         stag_time_share_pct=100 * (stag - base) / base,
         stag_pair_ratio=ratio_stats(times[kind], times[plus]),
-        stag_term_ms=1e3 * term, stag_term_share_pct=100 * term / base,
+        stag_term_ms=1e3 * term['analytic'],
+        stag_term_share_pct=100 * term['analytic'] / base,
+        stag_term_variants_ms={k: 1e3 * v for k, v in term.items()},
         stag_memory_share_pct=100 * (
             memory[plus][key] / memory[kind][key] - 1),
         memory_key=key)
@@ -617,7 +620,8 @@ def cost_row(model, note, batch, name, kind, times, memory, term):
 def method_cost(ctx, built, kind, save):
     """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
     each passed to ``save`` as it is measured."""
-    from mmseg_stag.analysis.step_benchmark import time_stag_term
+    from mmseg_stag.analysis.step_benchmark import (TERM_VARIANTS,
+                                                    time_stag_term)
     model, task, note, batch = built
     stag = task.stag[kind]
     pairs = ctx.args.pairs if kind == 'tent' else ctx.args.method_pairs
@@ -627,8 +631,13 @@ def method_cost(ctx, built, kind, save):
             times = time_arms(task, ctx, kind, stag, pairs)
             memory = {kind: arm_memory(task, ctx, kind, None),
                       f'{kind}+stag': arm_memory(task, ctx, kind, stag)}
-            term = time_stag_term(
-                task, kind, stag, repeats=ctx.args.term_repeats)
+            variants = dict(TERM_VARIANTS)
+            if kind == 'tent' and name == ctx.args.precisions[0] and \
+                    not ctx.args.quick:
+                # compiled once per model and shape (seconds to a minute)
+                variants['compiled'] = dict(compile=True)
+            term = time_stag_term(task, kind, stag, ctx.args.term_repeats,
+                                  variants)
         row = cost_row(model, note, batch, name, kind, times, memory, term)
         rows.append(row)
         save(row)
@@ -970,6 +979,9 @@ def share_cells(row):
             f"{row['stag_time_share_pct']:+.2f}",
             f"{pr['median']:.4f} ({pr['min']:.4f}–{pr['max']:.4f})",
             f"{row['stag_term_ms']:.2f} ({row['stag_term_share_pct']:.2f} %)",
+            ', '.join(f'{k} {v:.2f}' for k, v in
+                      row['stag_term_variants_ms'].items()
+                      if k != 'analytic'),
             f"{row['stag_memory_share_pct']:+.3f}")
 
 
@@ -992,6 +1004,7 @@ def md_step_cost(r):
         ('model', 'baseline', 'precision', 'pairs', 'STAG time share (%)',
          'per-pair ratio (median, min–max)',
          'STAG term alone (ms, % of the baseline step)',
+         'the term through autograd / compiled (ms)',
          'STAG memory share (%)'),
         map(share_cells, r['rows']))
     out.append('')
@@ -1001,8 +1014,11 @@ def md_step_cost(r):
         out.append(f'- {model}, {kind}: {settings}.')
     out.append('- cotta: the ACDC config\'s teacher on 14 views (ratios '
                '0.5–2.0, each flipped), the source model on the main view; '
-               'hybrid_tta: the sides rounded up to multiples of its 32-px '
-               'mask patches, as its authors run 960x544.')
+               'cotta_fast: the same with `restore_on_device=True` and '
+               '`batch_views=True` (7 teacher passes); hybrid_tta: the sides '
+               'rounded up to multiples of its 32-px mask patches, as its '
+               'authors run 960x544; SDPA attention: '
+               '`model.backbone.attention=sdpa`.')
     out.append('- fp32: TF32 off for matmuls and cuDNN; tf32: on for both; '
                'bf16: `torch.autocast(bfloat16)` around the forward passes, '
                'TF32 off. Paper (Table efficiency, ImageNet, 50,000 images): '

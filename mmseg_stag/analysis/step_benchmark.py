@@ -55,13 +55,17 @@ REFERENCE = 'tent two-forward reference'
 #: (its ratios and flips) at ``--size``
 SEG_VIEWS = 'configs/_base_/datasets/acdc_continual_views.py'
 #: the paper's row of a method whose name there differs
-PAPER_ROW = {'ecotta': 'ecotta-k4'}
+PAPER_ROW = {'ecotta': 'ecotta-k4', 'cotta_fast': 'cotta'}
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
             'hybrid_tta': dict(type='hybrid_tta'),
             # the ACDC config's (Adam 7.5e-6, ap 0.69, restore 0.01)
-            'cotta': 'configs/_base_/methods/cotta.py'},
+            'cotta': 'configs/_base_/methods/cotta.py',
+            # the same with its GPU options: the restore mask drawn on the
+            # device, a scale's two views in one teacher pass
+            'cotta_fast': ('configs/_base_/methods/cotta.py', dict(
+                restore_on_device=True, batch_views=True))},
     'cls': {'tent': dict(type='tent', optimizer=dict(
         type='SGD', lr=0.00025, momentum=0.9)),
         # random weights: EATA's filters would reject every sample
@@ -140,6 +144,17 @@ def config_method(path, root='.'):
     return Config.fromfile(osp.join(root, path)).test_cfg.method.to_dict()
 
 
+def method_settings(entry, root='.'):
+    """A :data:`BASELINES` entry as a method's settings: a dict as it is,
+    a config's ``test_cfg.method`` (its path), or such a path with
+    overrides."""
+    if isinstance(entry, str):
+        return config_method(entry, root)
+    if isinstance(entry, tuple):
+        return dict(config_method(entry[0], root), **entry[1])
+    return entry
+
+
 def seg_views_cfg(root='.'):
     """The ``ScaleFlipViews`` of ``SEG_VIEWS`` (under ``root``), a dict."""
     from mmengine.config import Config
@@ -191,8 +206,8 @@ class BenchTask:
         self.stag = {m: {k: float(v) for k, v in stag_hparams(
             *setting, PAPER_ROW.get(m, m)).items()}
                      for m in BASELINES[self.kind]}
-        self.methods = {m: config_method(cfg, root) if isinstance(cfg, str)
-                        else cfg for m, cfg in BASELINES[self.kind].items()}
+        self.methods = {m: method_settings(cfg, root)
+                        for m, cfg in BASELINES[self.kind].items()}
         # a segmentor is its adapted module: no second copy stays alive
         self.segmentor = model if self.kind == 'seg' else None
         self.root = root
@@ -201,7 +216,7 @@ class BenchTask:
     def batch_for(self, kind):
         """The batch ``kind`` steps on: segmentation CoTTA's has the
         teacher's views (built once, not timed), the others ``batch``."""
-        if kind == 'cotta' and self.kind == 'seg':
+        if self.methods[kind]['type'] == 'cotta' and self.kind == 'seg':
             if kind not in self.batches:
                 self.batches[kind] = view_batch(
                     self.segmentor, self.raw['inputs'][0], self.root)
@@ -315,29 +330,40 @@ def arm_ratio(records, base, other, key):
                        [r[key] for r in records[other]])
 
 
-def time_stag_term(task, kind, stag, repeats=10):
+#: the STAG term's implementations timed side by side: STAGLoss options
+TERM_VARIANTS = {'analytic': {}, 'autograd': dict(analytic_backward=False)}
+
+
+def time_stag_term(task, kind, stag, repeats=10, variants=None):
     """Median seconds of the STAG term alone (forward and backward) on the
     classifier inputs/outputs of one real forward of ``kind``'s model:
     what +STAG adds, without the noise of a whole step. The term is the
     method's own (its ``STAGLoss`` options; no finiteness check, which
-    would wait for the device), as a step runs it."""
-    from mmseg_stag.core import mean_over_outputs
+    would wait for the device), as a step runs it; ``variants``
+    (``{label: STAGLoss options}``, default ``{'analytic': {}}``) are
+    timed in turn on the same outputs. Returns ``{label: seconds}``."""
+    from mmseg_stag.core import STAGLoss, mean_over_outputs
+    from mmseg_stag.core.methods.base import stag_loss_options
     method, _ = task.make_method(kind, stag)
     with torch.no_grad():
         head_outputs = task.adapter.forward(method.model,
                                             task.batch).head_outputs
     weight, bias = method.classifier.weight, method.classifier.bias
-    times = []
+    losses = {label: STAGLoss(**dict(stag_loss_options(method.stag_cfg),
+                                     **options))
+              for label, options in (variants or {'analytic': {}}).items()}
+    times = {label: [] for label in losses}
     for i in range(repeats + 1):
-        leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
-                  for f, z in head_outputs]
-        with StepTimer() as timer:
-            loss = mean_over_outputs(
-                lambda f, z: method.stag_loss(f, z, weight, bias), leaves)
-            (method.beta * loss).backward()
-        if i:  # the first call computes the (cached) anchors
-            times.append(timer.seconds)
-    return statistics.median(times)
+        for label, loss_fn in losses.items():
+            leaves = [(f.detach().requires_grad_(),
+                       z.detach().requires_grad_()) for f, z in head_outputs]
+            with StepTimer() as timer:
+                loss = mean_over_outputs(
+                    lambda f, z: loss_fn(f, z, weight, bias), leaves)
+                (method.beta * loss).backward()
+            if i:  # the first call computes the (cached) anchors
+                times[label].append(timer.seconds)
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def build_arms(task, kind, skip_reference):
@@ -361,9 +387,11 @@ def compare_arms(task, kind, records):
            for label, recs in records.items()}
     for ratio, key in STAG_RATIOS.items():
         res[ratio] = arm_ratio(records, kind, f'{kind}+stag', key)
-    term = time_stag_term(task, kind, task.stag[kind])
-    res['stag_term'] = dict(seconds=term,
-                            fraction_of_step=term / res[kind]['seconds'])
+    terms = time_stag_term(task, kind, task.stag[kind],
+                           variants=TERM_VARIANTS)
+    res['stag_term'] = dict(
+        seconds=terms['analytic'], autograd_seconds=terms['autograd'],
+        fraction_of_step=terms['analytic'] / res[kind]['seconds'])
     if REFERENCE in records:
         res['speedup_vs_two_forward'] = arm_ratio(
             records, 'tent', REFERENCE, 'seconds')
@@ -418,4 +446,5 @@ def print_table(name, kind, res):
                   f'max {r["max"]:.4f})')
     term = res['stag_term']
     print(f"{'STAG term alone (fwd+bwd)':32s} {term['seconds']:.4f} s = "
-          f"{100 * term['fraction_of_step']:.2f} % of the baseline step")
+          f"{100 * term['fraction_of_step']:.2f} % of the baseline step "
+          f"(autograd through the formula: {term['autograd_seconds']:.4f} s)")

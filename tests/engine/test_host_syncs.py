@@ -1,7 +1,8 @@
 """A TENT+STAG step waits for the device zero times between log intervals:
 its statistics stay 0-d tensors until the loop reads them all at once, at
 the logger's interval or a stage end (see tests/host_syncs.py for what is
-counted). Classification's step likewise."""
+counted); BN Adapt and CoTTA likewise, Hybrid-TTA once a step (its tuning
+switch). Classification's step likewise."""
 import pytest
 
 from host_syncs import count_loop_syncs
@@ -14,18 +15,32 @@ def syncs_per_batch(runner, monkeypatch):
     return per_batch, runner.test_loop.schedule
 
 
-@pytest.mark.parametrize('method', ['tent-stag', 'bn-adapt-stag'])
+#: CoTTA's teacher views at the tiny size; Hybrid-TTA's modules at it
+COTTA = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),
+         'test_dataloader.dataset.pipeline.1.ratios': [0.5, 1.0, 1.5]}
+HYBRID = {'test_cfg.method.mask_patch_size': 8,
+          'test_cfg.method.neck_embed_dim': 16}
+#: Hybrid-TTA's tuning switch reads its window's loss every step (the
+#: authors' FreezeController decides on the host)
+SWITCH_READ = ['item', '_local_scalar_dense']
+
+
+@pytest.mark.parametrize('method,extra,step_reads', [
+    ('tent-stag', {}, []), ('bn-adapt-stag', {}, []),
+    ('cotta-stag', COTTA, []), ('hybrid-tta-stag', HYBRID, SWITCH_READ)])
 def test_segmentation_step_never_waits_between_reads(
-        method, tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch):
+        method, extra, step_reads, tiny_acdc, tiny_checkpoint, tmp_path,
+        monkeypatch):
     runner = make_runner(method, tiny_acdc, tiny_checkpoint, tmp_path,
-                         extra={'default_hooks.logger.interval': 50})
+                         extra={'default_hooks.logger.interval': 50,
+                                **extra})
     per_batch, stages = syncs_per_batch(runner, monkeypatch)
     assert len(per_batch) == len(stages) == 8
     for idx, calls in per_batch.items():
         if stages[idx].ends:  # the statistics are read: once
-            assert calls == ['tolist'], (idx, calls)
+            assert calls == step_reads + ['tolist'], (idx, calls)
         else:
-            assert calls == [], (idx, calls)
+            assert calls == step_reads, (idx, calls)
     # and the log still has every batch's values
     scalars = runner.message_hub.log_scalars
     assert len(scalars['test/loss_stag'].data[0]) == 8

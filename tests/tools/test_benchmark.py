@@ -35,6 +35,7 @@ def test_benchmark_counts_passes(tmp_path):
     assert 'stag_time_ratio' in proc.stdout
     for kind in ('tent', 'bn_adapt'):
         assert res[kind]['stag_term']['seconds'] > 0
+        assert res[kind]['stag_term']['autograd_seconds'] > 0
     # STAG keeps its few per-pixel maps for the backward, never less
     tent = res['tent']
     assert tent['tent+stag']['saved_mb'] > tent['tent']['saved_mb']
@@ -85,6 +86,45 @@ def test_segmentation_cotta_steps_on_the_teacher_views():
         task.ours_step(method, task.batch_for('cotta'))
     assert (student.forwards, student.backwards) == (1, 1)
     assert teacher.forwards == 14 and source.forwards == 1
+
+
+def test_segmentation_cotta_batched_views_equal_one_at_a_time():
+    """``batch_views=True``: the 14 views in 7 teacher passes (a scale and
+    its flip together), the same labels and statistics as one pass per
+    view, and in float64 the same averaged probabilities to 1e-12."""
+    import dataclasses
+
+    from mmseg_stag.analysis.meters import PassCounter
+    from mmseg_stag.segmentation.methods import cotta
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
+    batch = task.batch_for('cotta')
+    method, _ = task.make_method('cotta', None, batch_views=True)
+    assert method.batch_views
+    teacher, source = method.teacher.double(), method.source_model.double()
+    views = [dataclasses.replace(v, inputs=v.inputs.double())
+             for v in batch.views]
+    assert cotta.view_groups(views, True) == [[2 * i, 2 * i + 1]
+                                              for i in range(7)]
+    results = {}
+    for batched in (True, False):
+        counter = PassCounter(task.counted(teacher))
+        with counter:
+            results[batched] = cotta.teacher_labels(
+                task.adapter, teacher, source, views, batch.main_view,
+                method.ap, batched)
+        assert counter.forwards == (7 if batched else 14)
+    (got, got_stats), (ref, ref_stats) = results[True], results[False]
+    assert torch.equal(got, ref)
+    assert {k: float(v) for k, v in got_stats.items()} == \
+        {k: float(v) for k, v in ref_stats.items()}
+    mean = {batched: sum(
+        cotta.view_probabilities(task.adapter, teacher, cotta.merge_views(
+            [views[i] for i in group])).sum(0)
+        for group in cotta.view_groups(views, batched))
+        for batched in (True, False)}
+    torch.testing.assert_close(mean[True], mean[False], rtol=1e-12,
+                               atol=1e-12)
 
 
 def test_ecotta_memory_against_tent_and_cotta(monkeypatch, capsys):

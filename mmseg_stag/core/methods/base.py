@@ -59,11 +59,7 @@ class BaseMethod:
             if missing:
                 raise ValueError(f'stag config needs {sorted(missing)}, got '
                                  f'{self.stag_cfg}')
-            # the loop checks loss_stag when it reads it: no sync a step
-            self.stag_loss = STAGLoss(**{'check_finite': False, **{
-                k: v for k, v in self.stag_cfg.items()
-                if k not in ('beta0', 'gamma', 'type',
-                             'restart_beta_per_stage')}})
+            self.stag_loss = STAGLoss(**stag_loss_options(self.stag_cfg))
             stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'], 0)
         self.optimizer_cfg = dict(optimizer or dict(
             type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
@@ -360,6 +356,15 @@ class BaseMethod:
                  if self.fresh_optimizer_per_stage else '')
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
                 f'trainable={self.trainable_cfg}{fresh})')
+
+
+def stag_loss_options(stag_cfg: dict) -> dict:
+    """The ``STAGLoss`` arguments of a method's ``stag`` config; the loop
+    checks ``loss_stag`` when it reads it, so the loss does not (no wait
+    for the device a step)."""
+    return {'check_finite': False, **{
+        k: v for k, v in stag_cfg.items()
+        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage')}}
 
 
 @torch.no_grad()

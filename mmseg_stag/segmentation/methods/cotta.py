@@ -1,11 +1,11 @@
-from typing import Dict, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 from mmseg_stag.core import CoTTA
 from .full_resolution import full_resolution_cross_entropy, whole_image_logits
-from ..task_adapter import SegmentationAdapter
+from ..task_adapter import SegmentationAdapter, SegmentationBatch
 from .registry import SEGMENTATION_METHODS
 
 
@@ -14,10 +14,23 @@ class SegmentationCoTTA(CoTTA):
     """CoTTA per pixel: a multi-view teacher label at full size.
 
     Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta).
+
+    Args:
+        batch_views (bool): Run consecutive teacher views of one input size
+            (a scale and its flip) as one batch: 7 forward passes for the
+            ACDC config's 14 views instead of one per view, as the authors
+            run them. The same function of the views; batched kernels round
+            differently, so labels can differ where two classes tie.
+            Default: False.
+        **kwargs: :class:`~mmseg_stag.core.CoTTA`'s arguments.
     """
 
     supported_prediction_kinds = ('per_pixel', )
     prediction_is_labels = True
+
+    def __init__(self, batch_views: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.batch_views = bool(batch_views)
 
     def configure(self, model, adapter):
         if not isinstance(adapter, SegmentationAdapter):
@@ -35,7 +48,7 @@ class SegmentationCoTTA(CoTTA):
                 'datasets/acdc_continual_views.py); this batch has one view')
         labels, view_stats = teacher_labels(
             self.adapter, self.teacher, self.source_model, batch.views,
-            batch.main_view, self.ap)
+            batch.main_view, self.ap, self.batch_views)
         stats.update(view_stats)
         return labels
 
@@ -51,10 +64,34 @@ def view_probabilities(adapter, model: nn.Module, view) -> torch.Tensor:
     return adapter.logits_at_original_size(view, logits).softmax(dim=1)
 
 
+def view_groups(views: Sequence, batch_views: bool) -> List[List[int]]:
+    """Indices of the views run together: runs of consecutive views with
+    one input shape if ``batch_views``, else one view each."""
+    groups: List[List[int]] = []
+    for idx, view in enumerate(views):
+        if batch_views and groups and views[groups[-1][0]].inputs.shape \
+                == view.inputs.shape:
+            groups[-1].append(idx)
+        else:
+            groups.append([idx])
+    return groups
+
+
+def merge_views(views: Sequence) -> SegmentationBatch:
+    """Views of one input shape as one batch (images in view order)."""
+    if len(views) == 1:
+        return views[0]
+    return SegmentationBatch(
+        inputs=torch.cat([v.inputs for v in views]),
+        data_samples=[s for v in views for s in v.data_samples],
+        metas=[m for v in views for m in v.metas])
+
+
 @torch.no_grad()
 def teacher_labels(adapter, teacher: nn.Module, source_model: nn.Module,
-                   views: Sequence, main_view: int,
-                   threshold: float) -> Tuple[torch.Tensor, Dict[str, float]]:
+                   views: Sequence, main_view: int, threshold: float,
+                   batch_views: bool = False
+                   ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Return the label map CoTTA trains on and evaluates, and stats.
 
     Args:
@@ -64,13 +101,17 @@ def teacher_labels(adapter, teacher: nn.Module, source_model: nn.Module,
         views (list[SegmentationBatch]): The batch's views.
         main_view (int): The unflipped view at scale 1.
         threshold (float): CoTTA's ``ap``.
+        batch_views (bool): Views of one size in one forward pass.
     """
     total = None
-    for idx, view in enumerate(views):
-        probs = view_probabilities(adapter, teacher, view)
-        if idx == main_view:
-            single = probs.argmax(dim=1)
-        total = probs if total is None else total + probs
+    for group in view_groups(views, batch_views):
+        # each view's probabilities added in view order, as one at a time
+        for idx, probs in zip(group, view_probabilities(
+                adapter, teacher, merge_views([views[i] for i in group]))
+                .chunk(len(group))):
+            if idx == main_view:
+                single = probs.argmax(dim=1)
+            total = probs if total is None else total + probs
     multi = (total / len(views)).argmax(dim=1)
     # CoTTA's anchor model predicts every view but uses only the main one
     confidence = view_probabilities(adapter, source_model,
