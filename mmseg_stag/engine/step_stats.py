@@ -6,8 +6,9 @@ import torch
 
 Stat = Union[float, torch.Tensor]
 
-#: statistics whose non-finite value stops the run (STAG's inputs went bad)
-FINITE_STATS = ('loss_stag', )
+#: statistics whose non-finite value stops the run (STAG's inputs went
+#: bad): ``loss_stag`` and a method's per-pass ``loss_stag1``, ``loss_stag2``
+FINITE_PREFIXES = ('loss_stag', )
 
 
 class StepStats:
@@ -40,12 +41,13 @@ class StepStats:
         """Log the pending statistics under ``test/`` in batch order.
 
         Raises:
-            ValueError: If a statistic of :data:`FINITE_STATS` is not
-                finite.
+            ValueError: If a statistic named with a prefix of
+                :data:`FINITE_PREFIXES` is not finite.
         """
         for idx, stats in self.read():
-            for key in FINITE_STATS:
-                if key in stats and not math.isfinite(stats[key]):
+            for key in stats:
+                if key.startswith(FINITE_PREFIXES) and \
+                        not math.isfinite(stats[key]):
                     raise ValueError(
                         f'{key} is {stats[key]} at batch {idx}: the STAG '
                         'loss is not finite (its features, logits or the '
