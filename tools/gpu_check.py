@@ -7,7 +7,8 @@ report (docs/benchmark.md#gpu-check).
 
 On one CUDA device (random weights, a generated stream) it runs the steps
 ``tests`` (``pytest -m cuda``), ``step_cost`` (TENT, CoTTA and Hybrid-TTA on
-SegFormer-B5 with MMSeg's attention and through SDPA, TENT on ResNet-50,
+SegFormer-B5 as MMSeg runs its MiT and with its GPU options, TENT on
+ResNet-50,
 each against its +STAG arm), ``loader``, ``loop`` and ``profile``, each
 timed, a failing one reported while the next still runs, into
 ``gpu_check.{json,md}`` in ``--out-dir``, rewritten after every step and
@@ -59,8 +60,10 @@ TESTS_SHARE, FIXED_STEPS_S = 0.35, 90.0
 #: of step_cost's share, what the timed pairs get (the rest: building the
 #: models, each arm's memory, the STAG term alone)
 PAIRS_SHARE = 0.6
-#: MiT attention modes of the SegFormer rows (segmentation/models)
-ATTENTIONS = ('mmseg', 'sdpa')
+#: the SegFormer rows' MiT: (attention, token_maps) of
+#: segmentation/models/fast_mit.py, by name
+MIT_MODES = {'mmseg': ('mmseg', 'copy'), 'sdpa': ('sdpa', 'copy'),
+             'sdpa-views': ('sdpa', 'view')}
 #: --quick: tiny stand-ins of the measured models (development only)
 QUICK_SEG = dict(embed_dims=8, num_layers=[1, 1, 1, 1],
                  num_heads=[1, 2, 2, 2])
@@ -115,9 +118,11 @@ def parse_args(argv=None):
     p.add_argument('--precisions', nargs='+', choices=PRECISIONS,
                    default=['fp32', 'bf16'], help='step_cost precisions '
                    '(default: fp32 bf16)')
-    p.add_argument('--attention', nargs='+', choices=ATTENTIONS,
-                   default=list(ATTENTIONS), help="step_cost's MiT "
-                   'attention: MMSeg\'s, SDPA (default: both)')
+    p.add_argument('--mit', nargs='+', choices=list(MIT_MODES),
+                   default=['mmseg', 'sdpa-views'], help="step_cost's MiT: "
+                   "MMSeg's, its attention through SDPA, and also its "
+                   'convolutions on views of the tokens (default: mmseg '
+                   'sdpa-views)')
     p.add_argument('--seg-methods', nargs='+', choices=SEG_METHODS,
                    default=list(SEG_METHODS), help='step_cost\'s '
                    'SegFormer baselines (ResNet-50: TENT)')
@@ -165,7 +170,7 @@ def make_quick(args):
     args.image_size, args.images_per_condition = (96, 48), 2
     # bf16 convolutions are ~25x slower than fp32 on a CPU without bf16
     # units, TF32 is a GPU flag: fp32 only (tests/tools cover the others)
-    args.precisions, args.attention = ['fp32'], ['mmseg', 'sdpa']
+    args.precisions, args.mit = ['fp32'], ['mmseg', 'sdpa-views']
     args.pairs = args.method_pairs = 1
     args.warmup, args.memory_warmup, args.term_repeats = 0, 0, 1
     args.workers = [1, 2]
@@ -505,16 +510,15 @@ def cls_task(ctx):
 
 
 def step_cost_plan(ctx):
-    """``(build the task, its baselines, its attention modes)`` in turn:
+    """``(build the task, its baselines, its MiT modes)`` in turn:
     the SegFormer at ``--seg-size`` (TENT, CoTTA with the ACDC config's 14
     teacher views), at the size Hybrid-TTA's masks need, and the ResNet-50
     (TENT)."""
-    methods, attention = ctx.args.seg_methods, ctx.args.attention
-    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'],
-             attention)]
+    methods, mit = ctx.args.seg_methods, ctx.args.mit
+    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'], mit)]
     if 'hybrid_tta' in methods:
         plan.append((lambda c: seg_task(c, mask_size(c.args.seg_size)),
-                     ['hybrid_tta'], attention))
+                     ['hybrid_tta'], mit))
     return [entry for entry in plan if entry[1]] + [
         (cls_task, ['tent'], [None])]
 
@@ -595,7 +599,7 @@ def arm_figures(seconds, batch, memory):
 
 
 def cost_row(model, note, batch, name, kind, times, memory, term):
-    """One model x baseline x precision (x attention): both arms' figures
+    """One model x baseline x precision (x MiT mode): both arms' figures
     and STAG's share."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
     plus = f'{kind}+stag'
@@ -664,13 +668,13 @@ def measure_step_cost(ctx):
     for build, kinds, modes in plan:
         label, task, note, batch = build(ctx)
         for mode in modes:
-            if mode is not None:  # the same weights, another attention
-                use_attention(task.base, mode)
+            if mode is not None:  # the same weights, other forwards
+                use_attention(task.base, *MIT_MODES[mode])
                 label = label.split(',')[0] + (
-                    ', SDPA attention' if mode == 'sdpa' else '')
+                    f', MiT {mode}' if mode != 'mmseg' else '')
             for kind in kinds:
                 method_cost(ctx, (label, task, note, batch), kind,
-                            lambda row: save(dict(row, attention=mode)))
+                            lambda row: save(dict(row, mit=mode)))
         del task
         free_memory()
     return dict(rows=rows, pair_seconds=ctx.pair_seconds)
@@ -1017,8 +1021,9 @@ def md_step_cost(r):
                'cotta_fast: the same with `restore_on_device=True` and '
                '`batch_views=True` (7 teacher passes); hybrid_tta: the sides '
                'rounded up to multiples of its 32-px mask patches, as its '
-               'authors run 960x544; SDPA attention: '
-               '`model.backbone.attention=sdpa`.')
+               'authors run 960x544; MiT sdpa: '
+               '`model.backbone.attention=sdpa`, sdpa-views: and '
+               '`model.backbone.token_maps=view`.')
     out.append('- fp32: TF32 off for matmuls and cuDNN; tf32: on for both; '
                'bf16: `torch.autocast(bfloat16)` around the forward passes, '
                'TF32 off. Paper (Table efficiency, ImageNet, 50,000 images): '

@@ -65,12 +65,13 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     rows = steps['step_cost']['result']['rows']
     # the SegFormer's three baselines with MMSeg's attention and SDPA, then
     # the ResNet's TENT
-    assert [(r['method'], r['attention']) for r in rows] == [
+    assert [(r['method'], r['mit']) for r in rows] == [
         ('tent', 'mmseg'), ('cotta', 'mmseg'), ('cotta_fast', 'mmseg'),
-        ('tent', 'sdpa'), ('cotta', 'sdpa'), ('cotta_fast', 'sdpa'),
-        ('hybrid_tta', 'mmseg'), ('hybrid_tta', 'sdpa'), ('tent', None)]
+        ('tent', 'sdpa-views'), ('cotta', 'sdpa-views'),
+        ('cotta_fast', 'sdpa-views'), ('hybrid_tta', 'mmseg'),
+        ('hybrid_tta', 'sdpa-views'), ('tent', None)]
     assert {r['precision'] for r in rows} == {'fp32'}
-    assert 'SDPA attention' in rows[3]['model']
+    assert 'MiT sdpa-views' in rows[3]['model']
     assert rows[6]['settings'].startswith('batch 1, 128x64')
     for row in rows:
         assert set(row['arms']) == {row['method'], row['method'] + '+stag'}
@@ -195,7 +196,7 @@ def test_budget_picks_the_pairs(gpu_check):
                                  '--precisions', 'fp32', 'bf16'])
     ctx = SimpleNamespace(args=args, t0=gpu_check.time.perf_counter())
     plan = gpu_check.step_cost_plan(ctx)
-    # B5 TENT, CoTTA (two ways) and Hybrid-TTA x 2 attentions, ResNet
+    # B5 TENT, CoTTA (two ways) and Hybrid-TTA x 2 MiT modes, ResNet
     # TENT: x 2 precisions
     rows = 2 * (4 * 2 + 1)
     seconds = gpu_check.pair_seconds(ctx, plan)

@@ -2,7 +2,7 @@ from .nvlabs_convert import (convert_nvlabs_checkpoint, convert_nvlabs_mit,
                              convert_nvlabs_segformer)
 from .nvlabs_mit import NVMixVisionTransformer
 from .nvlabs_segformer_head import NVSegformerHead
-from .sdpa_attention import SDPAMixVisionTransformer, use_attention
+from .fast_mit import SDPAMixVisionTransformer, use_attention
 
 __all__ = [
     'NVMixVisionTransformer', 'NVSegformerHead', 'SDPAMixVisionTransformer',

@@ -3,7 +3,7 @@ from mmseg.models.backbones import MixVisionTransformer
 from mmseg.registry import MODELS
 from torch import nn
 
-from .sdpa_attention import use_attention
+from .fast_mit import use_attention
 
 
 @MODELS.register_module()
@@ -21,8 +21,12 @@ class NVMixVisionTransformer(MixVisionTransformer):
             Default: ``dict(type='LN', eps=1e-6)``.
         attention (str): ``'mmseg'``: MMSeg's attention (PyTorch's
             ``nn.MultiheadAttention``); ``'sdpa'``: the same through
-            ``scaled_dot_product_attention`` (equal up to rounding; faster
-            on a GPU). Default: ``'mmseg'``.
+            ``scaled_dot_product_attention`` (equal up to rounding; meant
+            to be faster on a GPU). Default: ``'mmseg'``.
+        token_maps (str): ``'copy'``: MMSeg's copies of the tokens into a
+            map for each convolution and back; ``'view'``: the
+            convolutions on channels-last views of the tokens (no copies;
+            equal up to rounding). Default: ``'copy'``.
         **kwargs: The other arguments of ``MixVisionTransformer``.
     """
 
@@ -31,10 +35,11 @@ class NVMixVisionTransformer(MixVisionTransformer):
                  sr_norm_eps: float = 1e-5,
                  norm_cfg: dict = dict(type='LN', eps=1e-6),
                  attention: str = 'mmseg',
+                 token_maps: str = 'copy',
                  **kwargs):
         super().__init__(norm_cfg=norm_cfg, **kwargs)
-        use_attention(self, attention)
-        self.attention = attention
+        use_attention(self, attention, token_maps)
+        self.attention, self.token_maps = attention, token_maps
         self.patch_embed_norm_eps = patch_embed_norm_eps
         self.sr_norm_eps = sr_norm_eps
         for patch_embed, blocks, _ in self.layers:
