@@ -6,7 +6,12 @@ import pytest
 
 from mmseg_stag.engine.comparison import (write_comparison,
                                           write_corruption_table)
-from tools.record_stand_in import main
+
+
+@pytest.fixture
+def main(load_tool):
+    """The command's ``main``, the script loaded by its path."""
+    return load_tool('record_stand_in').main
 
 
 def stage(score, condition='fog'):
@@ -21,7 +26,7 @@ def cls_row(name, base, acc):
                 avg_err=100 - acc, num_updates=3)
 
 
-def test_demo_outputs_become_matrix_rows(tmp_path):
+def test_demo_outputs_become_matrix_rows(tmp_path, main):
     demo, demo_cls = tmp_path / 'demo', tmp_path / 'demo_cls'
     write_comparison(str(demo), [
         dict(name='tent', stages=[stage(40.0), stage(42.0, 'night')]),
@@ -52,7 +57,7 @@ def test_demo_outputs_become_matrix_rows(tmp_path):
         ('imagenet-c', 'mild', 'resnet50-gn', 'eata', True): 61.0}
 
 
-def test_missing_demo_outputs_are_named(tmp_path):
+def test_missing_demo_outputs_are_named(tmp_path, main):
     with pytest.raises(FileNotFoundError, match='demo_comparison.json'):
         main(['--measured', 'x', '--demo', str(tmp_path), '--demo-cls',
               str(tmp_path), '--out', str(tmp_path / 'o.json')])
