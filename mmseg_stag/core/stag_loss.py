@@ -19,16 +19,18 @@ class STAGLoss(nn.Module):
             the loss. Each check waits for the device; the online methods
             turn it off and the loop checks ``loss_stag`` when it reads it.
             Default: True.
-        analytic_backward (bool): Hard labels through
-            :class:`~mmseg_stag.core.stag.HardAlignment` (a few whole-tensor
-            ops, its gradient written out) instead of autograd through
-            :func:`~mmseg_stag.core.stag.stag_alignment` (one node per small
-            op). Equal up to rounding; soft labels always use autograd.
-            Default: True.
+        analytic_backward (bool, optional): Hard labels through
+            :class:`~mmseg_stag.core.stag.HardAlignment` (40 ops, its
+            gradient written out) instead of autograd through
+            :func:`~mmseg_stag.core.stag.stag_alignment` (65 ops, a node
+            each). Equal up to rounding; soft labels always use autograd.
+            None: on a CUDA device (where launches are the term's cost);
+            autograd on the CPU, whose demos keep their float32 numbers to
+            the last digit. Default: None.
         compile (bool): Run the hard-label term through ``torch.compile``
             (its elementwise ops fused into a few kernels; the first call
-            of each input shape compiles, seconds to a minute). Needs
-            ``analytic_backward``. Default: False.
+            of each input shape compiles, seconds to a minute); implies
+            the analytic backward. Default: False.
 
     Raises:
         ValueError: If ``anchor``, ``label`` or ``eps`` is invalid.
@@ -39,7 +41,7 @@ class STAGLoss(nn.Module):
                  anchor: str = 'diagonal',
                  label: str = 'hard',
                  check_finite: bool = True,
-                 analytic_backward: bool = True,
+                 analytic_backward: Optional[bool] = None,
                  compile: bool = False):
         super().__init__()
         if anchor not in stag.ANCHOR_MODES:
@@ -56,10 +58,11 @@ class STAGLoss(nn.Module):
         self.anchor = anchor
         self.label = label
         self.check_finite = bool(check_finite)
-        self.analytic_backward = bool(analytic_backward)
-        if compile and not self.analytic_backward:
-            raise ValueError('STAGLoss: compile=True needs '
-                             'analytic_backward=True')
+        if compile and analytic_backward is False:
+            raise ValueError('STAGLoss: compile=True needs the analytic '
+                             'backward (analytic_backward True or None)')
+        self.analytic_backward = None if analytic_backward is None \
+            else bool(analytic_backward)
         self.compile = bool(compile)
         self._hard_alignment = torch.compile(stag.hard_alignment) \
             if self.compile else stag.hard_alignment
@@ -152,7 +155,10 @@ class STAGLoss(nn.Module):
             torch.float16, torch.bfloat16) else features.dtype
         with torch.autocast(device_type=features.device.type, enabled=False):
             logits = logits.to(dtype)
-            if self.analytic_backward and self.label == 'hard':
+            analytic = self.compile or (features.is_cuda
+                                        if self.analytic_backward is None
+                                        else self.analytic_backward)
+            if analytic and self.label == 'hard':
                 # a bias trained beside a frozen W: its gradient
                 bias = cls_bias if cls_bias is not None and \
                     cls_bias.requires_grad and \

@@ -61,8 +61,9 @@ def rel(a, b):
 def test_analytic_equals_autograd_in_float64(per_pixel, trainable, anchor,
                                              eps):
     feats, weight, bias = make_inputs(per_pixel, trainable)
-    got = value_and_grads(STAGLoss(eps=eps, anchor=anchor), feats, weight,
-                          bias, tie=True)
+    got = value_and_grads(STAGLoss(eps=eps, anchor=anchor,
+                                   analytic_backward=True),
+                          feats, weight, bias, tie=True)
     ref = value_and_grads(STAGLoss(eps=eps, anchor=anchor,
                                    analytic_backward=False),
                           feats, weight, bias, tie=True)
@@ -118,7 +119,7 @@ def test_few_dispatched_ops_and_no_host_read(per_pixel):
     gathers, 4 write the gradients, and the per-sample chain of
     eq:sample_sensitivity and eq:stag_loss with its derivative is ~27
     elementwise ops deep; ``compile=True`` fuses that chain.)"""
-    loss = STAGLoss(check_finite=False)
+    loss = STAGLoss(check_finite=False, analytic_backward=True)
     ops = count_dispatched_ops(one_step(loss, per_pixel))
     assert len(ops) <= 40, ops
     reference = count_dispatched_ops(one_step(
@@ -131,7 +132,7 @@ def test_few_dispatched_ops_and_no_host_read(per_pixel):
 
 
 def test_trainable_classifier_recomputes_its_inputs_once_per_update():
-    loss = STAGLoss(check_finite=False)
+    loss = STAGLoss(check_finite=False, analytic_backward=True)
     fc = torch.nn.Linear(4, 3)
     optim = torch.optim.SGD(fc.parameters(), lr=0.1)
     feats = torch.randn(5, 4)
@@ -153,9 +154,47 @@ def test_compiled_term_equals_eager():
     feats, weight, bias = make_inputs(True, False)
     feats, weight, bias = feats.float(), weight.float(), bias.float()
     got = value_and_grads(STAGLoss(compile=True), feats, weight, bias)
-    ref = value_and_grads(STAGLoss(), feats, weight, bias)
+    ref = value_and_grads(STAGLoss(analytic_backward=True), feats, weight,
+                          bias)
     torch.testing.assert_close(got[0], ref[0])
     for a, b in zip(got[1], ref[1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-    with pytest.raises(ValueError, match='analytic_backward'):
+    with pytest.raises(ValueError, match='analytic backward'):
         STAGLoss(compile=True, analytic_backward=False)
+
+
+def test_default_is_analytic_on_a_gpu_only():
+    """``analytic_backward=None``: autograd on the CPU (the demos' float32
+    numbers to the last digit), the written-out backward on CUDA (tests/
+    cuda); the same value either way."""
+    feats, weight, bias = make_inputs(True, False)
+    loss = STAGLoss()
+    assert loss.analytic_backward is None
+    ops = count_dispatched_ops(one_step(loss, True))
+    assert len(ops) > 60  # autograd's
+    value, _ = value_and_grads(loss, feats, weight, bias)
+    ref, _ = value_and_grads(STAGLoss(analytic_backward=True), feats,
+                             weight, bias)
+    assert rel(value, ref) <= 1e-12
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('per_pixel', [False, True])
+def test_default_on_cuda_is_the_analytic_backward(per_pixel):
+    """On a GPU the default runs ``HardAlignment`` (40 ops), equal to
+    autograd on the GPU in float64, with no host read."""
+    feats, weight, bias = (t.cuda() for t in make_inputs(per_pixel, False))
+    got = value_and_grads(STAGLoss(), feats, weight, bias, tie=True)
+    ref = value_and_grads(STAGLoss(analytic_backward=False), feats, weight,
+                          bias, tie=True)
+    for a, b in zip((got[0], ) + got[1], (ref[0], ) + ref[1]):
+        assert rel(a, b) <= 1e-12
+    loss = STAGLoss(check_finite=False)
+    h = feats.float().requires_grad_()
+    z = logits_of(h, weight.float(), bias.float()).detach().requires_grad_()
+    loss(h, z, weight.float(), bias.float())  # the anchors, once
+    counter = HostSyncCounter()
+    with counter:
+        ops = count_dispatched_ops(
+            lambda: loss(h, z, weight.float(), bias.float()).backward())
+    assert len(ops) <= 40 and counter.calls == []
