@@ -315,6 +315,9 @@ class HardAlignment(torch.autograd.Function):
         matrix (Tensor, optional): ``[C, D]`` anchors (applied to the
             features) or ``[C, C]`` coefficients (applied to the logits).
         on_features (bool): Which of the two ``matrix`` is applied to.
+        bias (Tensor, optional): The classifier's live ``b`` where it is
+            trained beside a frozen ``W``: not read (the table has its
+            values), given its gradient.
     """
 
     @staticmethod
@@ -326,11 +329,11 @@ class HardAlignment(torch.autograd.Function):
         z_y, pred = logits.max(1, keepdim=True)  # argmax's index, first on ties
         log_py = log_p.gather(1, pred)
         norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
-        scale, bias, anchor_norm = F.embedding(pred, table).unbind(-1)
+        scale, b_y, anchor_norm = F.embedding(pred, table).unbind(-1)
         # P = h . a_y; from the logits as V (z - b), centred first as in
         # projections_from_logits: where h = 0, P is 0 exactly (over eps)
         if matrix is None:
-            proj = (z_y - bias) * scale
+            proj = (z_y - b_y) * scale
         elif on_features:  # matrix: the anchors, in the features' dtype
             proj = torch.matmul(matrix, features).gather(1, pred)
         else:
