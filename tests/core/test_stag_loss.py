@@ -115,7 +115,9 @@ def test_custom_imports_in_config_registers_loss(tmp_path):
 @pytest.mark.parametrize('anchor', ['diagonal', 'full'])
 @pytest.mark.parametrize('label', ['hard', 'soft'])
 @pytest.mark.parametrize('per_pixel', [False, True])
-def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel):
+@pytest.mark.parametrize('analytic', [False, True])
+def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel,
+                                                analytic):
     """With a frozen classifier weight the projections come from the logits:
     same loss and same gradients on every upstream parameter as projecting
     the features (the reference ``stag.stag_loss``), a trainable bias
@@ -128,7 +130,7 @@ def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel):
     head.weight.requires_grad_(False)
     x = torch.randn(3, 5, 2, 3, dtype=dtype) if per_pixel else \
         torch.randn(6, 5, dtype=dtype)
-    loss = STAGLoss(anchor=anchor, label=label)
+    loss = STAGLoss(anchor=anchor, label=label, analytic_backward=analytic)
 
     def features(x):
         if per_pixel:
