@@ -15,11 +15,10 @@ cost the host a call each; the counter records them apart
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mmseg_stag.analysis.meters import HostTransfers
+
 #: aten ops that read a value or a data-dependent size back to the host
-SYNC_OPS = frozenset({
-    '_local_scalar_dense', 'nonzero', 'nonzero_static', 'masked_select',
-    'unique', '_unique', '_unique2', 'unique_consecutive', 'unique_dim',
-    'repeat_interleave', 'histc', 'bincount'})
+SYNC_OPS = HostTransfers.READ_OPS
 #: ``torch.Tensor`` methods that copy to the host
 HOST_READS = ('tolist', 'numpy', 'cpu', 'item')
 

@@ -199,9 +199,11 @@ class HostTransfers(TorchDispatchMode):
     only (``tests/host_syncs.py`` is the CPU's proxy for device reads).
     """
 
-    DATA_DEPENDENT = frozenset({'nonzero', 'masked_select', 'unique',
-                                '_unique2', 'unique_consecutive',
-                                'repeat_interleave', 'bincount', 'histc'})
+    #: aten ops that read a value or a data-dependent size to the host
+    READ_OPS = frozenset({
+        '_local_scalar_dense', 'nonzero', 'nonzero_static', 'masked_select',
+        'unique', '_unique', '_unique2', 'unique_consecutive', 'unique_dim',
+        'repeat_interleave', 'histc', 'bincount'})
 
     def __init__(self):
         super().__init__()
@@ -222,7 +224,7 @@ class HostTransfers(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if name == '_local_scalar_dense' or name in self.DATA_DEPENDENT:
+        if name in self.READ_OPS:
             self._record('host_read' if args[0].device.type == 'cpu'
                          else 'device_read')
         elif name in ('_to_copy', 'copy_'):

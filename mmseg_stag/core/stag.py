@@ -395,7 +395,7 @@ class HardAlignment(torch.autograd.Function):
         return grad_h, grad_z, None, None, None, None, None, grad_b
 
 
-def hard_alignment_inputs(weight: torch.Tensor,
+def hard_alignment_inputs(anchors: torch.Tensor,
                           coefficients: torch.Tensor,
                           bias: Optional[torch.Tensor] = None,
                           frozen: bool = True
@@ -404,7 +404,8 @@ def hard_alignment_inputs(weight: torch.Tensor,
     """What :class:`HardAlignment` needs of a classifier, once per update.
 
     Args:
-        weight (Tensor): ``W``, ``[C, D]`` or ``[C, D, 1, 1]``, detached.
+        anchors (Tensor): ``[C, D]``, of :func:`anchors_from_coefficients`
+            (detached).
         coefficients (Tensor): ``V`` of :func:`anchor_coefficients`.
         bias (Tensor, optional): ``b`` ``[C]``, detached.
         frozen (bool): Whether ``W`` is constant during the step: then the
@@ -414,8 +415,6 @@ def hard_alignment_inputs(weight: torch.Tensor,
     Returns:
         tuple: ``(table, matrix, on_features)`` for ``HardAlignment``.
     """
-    weight = flatten_classifier_weight(weight)
-    anchors = anchors_from_coefficients(weight, coefficients)
     zeros = anchors.new_zeros(anchors.shape[0])
     bias = zeros if bias is None or not frozen else bias
     if frozen and coefficients.dim() == 1:

@@ -116,8 +116,9 @@ class STAGLoss(nn.Module):
         key = (self._anchor_key, frozen, dtype, feature_dtype)
         if key != self._hard_key:
             with torch.no_grad():
+                # the cached anchors: not computed a second time
                 table, matrix, on_features = stag.hard_alignment_inputs(
-                    cls_weight.detach(), self._coefficients,
+                    self._anchors, self._coefficients,
                     None if cls_bias is None else cls_bias.detach(), frozen)
                 if matrix is not None:
                     matrix = matrix.to(feature_dtype if on_features
