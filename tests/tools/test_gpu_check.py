@@ -212,3 +212,9 @@ def test_bad_counts_are_refused(capsys, gpu_check):
     assert '--pairs must be >= 1' in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gpu_check.parse_args(['--loop-images', '4', '--loop-warmup', '4'])
+    for bad, message in ((['--budget', '0'], '--budget must be > 0'),
+                         (['--min-pairs', '9', '--max-pairs', '3'],
+                          '--min-pairs <= --max-pairs')):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(bad)
+        assert message in capsys.readouterr().err
