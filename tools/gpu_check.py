@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import os.path as osp
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -44,8 +45,9 @@ if REPO not in sys.path:
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
 #: step_cost's SegFormer baselines, each against its +STAG arm; cotta_fast
-#: is CoTTA with restore_on_device and batch_views
-SEG_METHODS = ('tent', 'cotta', 'cotta_fast', 'hybrid_tta')
+#: is CoTTA with restore_on_device and batch_views, tent_graph TENT with
+#: cuda_graph=True (the ResNet-50 runs it too when it is named)
+SEG_METHODS = ('tent', 'tent_graph', 'cotta', 'cotta_fast', 'hybrid_tta')
 #: Hybrid-TTA masks 32-px patches: its input's sides are multiples of 32
 MASK_PATCH = 32
 PRECISIONS = ('fp32', 'tf32', 'bf16')
@@ -124,10 +126,12 @@ def parse_args(argv=None):
                    'convolutions on views of the tokens (default: mmseg '
                    'sdpa-views)')
     p.add_argument('--seg-methods', nargs='+', choices=SEG_METHODS,
-                   default=['tent', 'cotta_fast', 'hybrid_tta'],
+                   default=['tent', 'tent_graph', 'cotta_fast',
+                            'hybrid_tta'],
                    help="step_cost's SegFormer baselines (default: tent "
-                   "cotta_fast hybrid_tta; cotta, the authors' way, was "
-                   'measured on the H100 on 2026-11-27; ResNet-50: TENT)')
+                   "tent_graph cotta_fast hybrid_tta; cotta, the authors' "
+                   'way, was measured on the H100 on 2026-11-27; '
+                   'ResNet-50: TENT, and tent_graph when named)')
     for flag, default, _, text in COUNTS:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
@@ -398,38 +402,75 @@ def junit_summary(path):
 
 
 def run_tests(ctx):
-    """``pytest -m cuda`` in a process of its own."""
+    """``pytest -m cuda`` in a process of its own, its output streamed into
+    the log (one line per test: a stopped run's log says what ran).
+
+    Raises:
+        TimeoutError: If the tests ran past their time limit (the step is
+            reported failed, with what had run by then).
+    """
     args = ctx.args
     os.makedirs(args.out_dir, exist_ok=True)
     xml = osp.join(args.out_dir, 'cuda_tests.xml')
     log = osp.join(args.out_dir, 'cuda_tests.log')
     cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
-           'no:cacheprovider', '-rfEs', f'--junitxml={xml}',
+           'no:cacheprovider', '-v', '-rfEs', f'--junitxml={xml}',
            *args.test_paths]
     if osp.exists(xml):
         os.remove(xml)
     timeout = args.tests_timeout or TESTS_SHARE * 60 * args.budget
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout)
-        output, code = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as err:
-        output = f'{err.stdout or ""}{err.stderr or ""}\nTIMEOUT after ' \
-            f'{timeout:.0f} s'
-        code = None
-    with open(log, 'w') as f:
-        f.write(output if isinstance(output, str) else output.decode())
+    with open(log, 'w') as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
     result = dict(command=' '.join(['python'] + cmd[1:]), returncode=code,
                   log=log, junit=xml)
     if osp.exists(xml):
         result.update(junit_summary(xml))
+    else:  # stopped before pytest wrote it: count the log's verdicts
+        result.update(log_summary(log))
     # pytest: 0 all passed, 5 none collected (no test marked cuda)
     result['passed_all'] = code in (0, 5) and not result.get('failed') \
         and not result.get('errors')
     print(f"[gpu_check] tests: {result.get('passed', 0)} passed, "
           f"{result.get('failed', 0)} failed, {result.get('errors', 0)} "
           f"errors, {result.get('skipped', 0)} skipped (log: {log})")
+    if code is None:
+        ctx.save_partial(result)
+        raise TimeoutError(
+            f'the CUDA tests ran past their {timeout:.0f} s (--tests-timeout,'
+            f' or {TESTS_SHARE:.0%} of --budget): what had run is counted '
+            f'above, the rest did not run (log {log})')
     return result
+
+
+#: pytest -v's verdict at the end of a test's line
+VERDICT = re.compile(r'^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)')
+
+
+def log_summary(path):
+    """Counts and failed tests from the ``pytest -v`` lines of ``path``:
+    the summary of a run stopped before its JUnit file."""
+    out = dict(passed=0, failed=0, errors=0, skipped=0, failures=[],
+               skip_reasons={}, properties=[])
+    key = dict(PASSED='passed', XPASS='passed', FAILED='failed',
+               ERROR='errors', SKIPPED='skipped', XFAIL='skipped')
+    with open(path, errors='replace') as f:
+        for line in f:
+            match = VERDICT.match(line)
+            if match:
+                test, verdict = match.groups()
+                out[key[verdict]] += 1
+                if verdict in ('FAILED', 'ERROR'):
+                    out['failures'].append(dict(
+                        test=test, kind=verdict.lower(),
+                        message='(the run was stopped: see the log)'))
+    return out
 
 
 # --------------------------------------------------------- 2. step cost
@@ -517,12 +558,16 @@ def step_cost_plan(ctx):
     teacher views), at the size Hybrid-TTA's masks need, and the ResNet-50
     (TENT)."""
     methods, mit = ctx.args.seg_methods, ctx.args.mit
+    if not ctx.cuda and 'tent_graph' in methods:  # --allow-cpu
+        print('[gpu_check] tent_graph (CUDA graphs) needs a CUDA device: '
+              'not run', flush=True)
+        methods = [m for m in methods if m != 'tent_graph']
     plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'], mit)]
     if 'hybrid_tta' in methods:
         plan.append((lambda c: seg_task(c, mask_size(c.args.seg_size)),
                      ['hybrid_tta'], mit))
-    return [entry for entry in plan if entry[1]] + [
-        (cls_task, ['tent'], [None])]
+    cls = ['tent'] + [m for m in methods if m == 'tent_graph']
+    return [entry for entry in plan if entry[1]] + [(cls_task, cls, [None])]
 
 
 def pair_seconds(ctx, plan):
@@ -630,7 +675,8 @@ def method_cost(ctx, built, kind, save):
                                                     time_stag_term)
     model, task, note, batch = built
     stag = task.stag[kind]
-    pairs = ctx.args.pairs if kind == 'tent' else ctx.args.method_pairs
+    pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
+        else ctx.args.method_pairs
     rows = []
     for name in ctx.args.precisions:
         with precision(task, name):
@@ -968,8 +1014,10 @@ def markdown(report):
 def md_tests(r):
     out = ['## CUDA tests', '', f"`{r['command']}`: **{r.get('passed', 0)} "
            f"passed, {r.get('failed', 0)} failed, {r.get('errors', 0)} "
-           f"errors, {r.get('skipped', 0)} skipped** (exit status "
-           f"{r['returncode']}; log `{r['log']}`)."]
+           f"errors, {r.get('skipped', 0)} skipped** (" + (
+               'stopped at its time limit: the rest did not run'
+               if r['returncode'] is None else
+               f"exit status {r['returncode']}") + f"; log `{r['log']}`)."]
     out += [f'- skipped ({n}): {reason}'
             for reason, n in r.get('skip_reasons', {}).items()]
     out += [f"- {f['kind']}: `{f['test']}`: {f['message']}"

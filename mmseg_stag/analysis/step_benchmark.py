@@ -55,10 +55,13 @@ REFERENCE = 'tent two-forward reference'
 #: (its ratios and flips) at ``--size``
 SEG_VIEWS = 'configs/_base_/datasets/acdc_continual_views.py'
 #: the paper's row of a method whose name there differs
-PAPER_ROW = {'ecotta': 'ecotta-k4', 'cotta_fast': 'cotta'}
+PAPER_ROW = {'ecotta': 'ecotta-k4', 'cotta_fast': 'cotta',
+             'tent_graph': 'tent'}
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
+            # the whole step replayed as a CUDA graph (a CUDA device only)
+            'tent_graph': dict(type='tent', cuda_graph=True),
             'hybrid_tta': dict(type='hybrid_tta'),
             # the ACDC config's (Adam 7.5e-6, ap 0.69, restore 0.01)
             'cotta': 'configs/_base_/methods/cotta.py',
@@ -68,6 +71,8 @@ BASELINES = {
                 restore_on_device=True, batch_views=True))},
     'cls': {'tent': dict(type='tent', optimizer=dict(
         type='SGD', lr=0.00025, momentum=0.9)),
+        'tent_graph': dict(type='tent', cuda_graph=True, optimizer=dict(
+            type='SGD', lr=0.00025, momentum=0.9)),
         # random weights: EATA's filters would reject every sample
         'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
     'cifar': {'tent': dict(type='tent', optimizer=dict(

@@ -1,6 +1,6 @@
 """What a method may ask of its task: a batch and named operations on it."""
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Hashable, Optional
 
 import torch
 import torch.nn as nn
@@ -60,3 +60,16 @@ class TaskAdapter:
         logits, head_outputs = self.probe(
             model, batch.inputs if inputs is None else inputs)
         return ForwardPass(logits, head_outputs)
+
+    def graph_key(self, batch: Batch) -> Hashable:
+        """What a step captured as a CUDA graph was made for besides its
+        input values: the inputs' shape, dtype and device.
+
+        Raises:
+            ValueError: If the inputs are not one tensor.
+        """
+        inputs = batch.inputs
+        if not torch.is_tensor(inputs):
+            raise ValueError('cuda_graph=True needs a batch whose inputs are '
+                             f'one tensor, got {type(inputs).__name__}')
+        return (tuple(inputs.shape), inputs.dtype, inputs.device)

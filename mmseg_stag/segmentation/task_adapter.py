@@ -46,6 +46,17 @@ class SegmentationAdapter(TaskAdapter):
             run=lambda m, x: m.inference(x, metas))
         return ForwardPass(logits, head_outputs)
 
+    #: the metainfo a forward pass and its post-processing depend on
+    GRAPH_META_KEYS = ('img_shape', 'ori_shape', 'pad_shape', 'padding_size',
+                       'flip', 'flip_direction')
+
+    def graph_key(self, batch: SegmentationBatch):
+        """The inputs' shape, dtype and device, and each image's sizes and
+        flip: ``model.inference`` resizes by them."""
+        metas = tuple(tuple(repr(meta.get(k)) for k in self.GRAPH_META_KEYS)
+                      for meta in batch.metas)
+        return super().graph_key(batch) + (metas, )
+
     @torch.no_grad()
     def postprocess(self, batch: SegmentationBatch,
                     seg_logits: torch.Tensor) -> list:

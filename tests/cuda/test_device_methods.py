@@ -80,3 +80,27 @@ def test_method_runs_finite_on_the_device(method, device, precision, request,
     if run.method.updates:
         assert run.method.num_updates > 0
         assert any(key.startswith('test/loss') for key in scalars)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('precision', [None, 'bf16'])
+def test_tent_stag_replayed_as_a_cuda_graph(precision, request, tmp_path,
+                                           monkeypatch):
+    """tent-stag's config with ``test_cfg.method.cuda_graph=True`` through
+    the Runner: its steps replayed from captured graphs, the metrics of the
+    eager run with the same optimizer (Adam, ``capturable=True``) within
+    float32 rounding's flips of a few pixels."""
+    use_device(monkeypatch, 'cuda')
+    checkpoint, opts = build_options('tent-stag', request)
+    opts['test_cfg.mixed_precision'] = precision
+    eager = Run(config_of('tent-stag'), checkpoint, tmp_path / 'eager',
+                dict(opts, **{'test_cfg.method.optimizer.capturable': True}))
+    graphed = Run(config_of('tent-stag'), checkpoint, tmp_path / 'graph',
+                  dict(opts, **{'test_cfg.method.cuda_graph': True}))
+    graphs = graphed.method.graphs
+    assert graphs.graphs, graphs.eager_steps  # something was captured
+    assert graphed.method.num_updates == eager.method.num_updates
+    assert_finite_on(graphed.model, 'cuda')
+    for key, value in eager.metrics.items():
+        if isinstance(value, float):
+            assert graphed.metrics[key] == pytest.approx(value, abs=1.0), key

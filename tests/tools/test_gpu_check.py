@@ -137,6 +137,32 @@ def test_junit_summary(tmp_path, gpu_check):
     assert [f['test'] for f in res['failures']] == ['a::bad', 'a::err']
 
 
+def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
+    """A stopped test run: the step fails naming its limit, and the tests
+    that had finished are counted from the streamed log."""
+    tests = tmp_path / 'suite' / 'test_slow.py'
+    tests.parent.mkdir()
+    tests.write_text(
+        'import time\nimport pytest\n\n\n@pytest.mark.cuda\n'
+        'def test_a():\n    pass\n\n\n@pytest.mark.cuda\n'
+        'def test_b():\n    assert False\n\n\n@pytest.mark.cuda\n'
+        'def test_c():\n    time.sleep(120)\n')
+    saved = []
+    ctx = SimpleNamespace(
+        args=SimpleNamespace(out_dir=str(tmp_path / 'out'),
+                             test_paths=[str(tests)], tests_timeout=25,
+                             budget=9),
+        save_partial=saved.append)
+    with pytest.raises(TimeoutError, match='past their 25 s'):
+        gpu_check.run_tests(ctx)
+    res = saved[-1]
+    assert res['returncode'] is None and not res['passed_all']
+    assert (res['passed'], res['failed']) == (1, 1)
+    assert res['failures'][0]['test'].endswith('test_slow.py::test_b')
+    text = '\n'.join(gpu_check.md_tests(res))
+    assert 'stopped at its time limit' in text
+
+
 @pytest.mark.parametrize('name,tf32,dtype', [
     ('fp32', False, None), ('tf32', True, None),
     ('bf16', False, torch.bfloat16)])
@@ -193,14 +219,20 @@ def test_budget_picks_the_pairs(gpu_check):
     fixed steps; explicit counts stay as given."""
     args = gpu_check.parse_args(['--budget', '10', '--only', 'step_cost',
                                  '--precisions', 'fp32', 'bf16'])
-    ctx = SimpleNamespace(args=args, t0=gpu_check.time.perf_counter())
+    ctx = SimpleNamespace(args=args, t0=gpu_check.time.perf_counter(),
+                          cuda=True)
     plan = gpu_check.step_cost_plan(ctx)
-    # B5 TENT, CoTTA with its device options and Hybrid-TTA x 2 MiT
-    # modes, ResNet TENT: x 2 precisions
-    rows = 2 * (3 * 2 + 1)
+    # B5 TENT, TENT as CUDA graphs, CoTTA with its device options and
+    # Hybrid-TTA x 2 MiT modes, ResNet TENT eager and graphed: x 2
+    # precisions
+    rows = 2 * (4 * 2 + 2)
     seconds = gpu_check.pair_seconds(ctx, plan)
     assert seconds == pytest.approx(gpu_check.PAIRS_SHARE * 600 / rows,
                                     rel=1e-3)
+    # no CUDA (--allow-cpu): no graphs
+    ctx.cuda = False
+    assert [kinds for _, kinds, _ in gpu_check.step_cost_plan(ctx)] == [
+        ['tent', 'cotta_fast'], ['hybrid_tta'], ['tent']]
     assert args.pairs is None and args.tests_timeout is None
     fixed = gpu_check.parse_args(['--pairs', '7', '--method-pairs', '3'])
     assert (fixed.pairs, fixed.method_pairs) == (7, 3)

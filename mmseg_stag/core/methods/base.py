@@ -15,6 +15,7 @@ from ..probe import PREDICTION_KINDS, check_prediction_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
 from ..task_adapter import Batch, ForwardPass, TaskAdapter
+from .step_graph import StepGraphs, check_capturable_optimizer
 
 
 class BaseMethod:
@@ -30,9 +31,19 @@ class BaseMethod:
             Default: ``dict(kind='norm_affine')``.
         fresh_optimizer_per_stage (bool): Build a fresh optimizer when the
             stage changes. Default: False.
+        cuda_graph (bool): Replay the whole step (forward, loss, backward,
+            optimizer step) as a CUDA graph per input shape
+            (:class:`StepGraphs`), for the methods whose step reads nothing
+            back (:attr:`graph_capturable`); Adam/AdamW run with
+            ``capturable=True`` (the same update, its step count on the
+            device). The model must be on a CUDA device. Default: False.
+        graph_warmup (int): Eager steps per input shape before the
+            capture (cuda_graph). Default: 2.
 
     Raises:
-        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``.
+        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``; if
+            ``cuda_graph`` is set for a method whose step cannot be
+            captured, or with an optimizer other than Adam, AdamW or SGD.
     """
 
     #: whether the method has a loss of its own (``L_base``)
@@ -46,12 +57,17 @@ class BaseMethod:
     #: whether :meth:`adapt` predicts labels at the original image size
     #: (CoTTA's multi-view teacher) instead of the batch's logits
     prediction_is_labels = False
+    #: whether the step (:meth:`forward_and_adapt`) can be replayed as a
+    #: CUDA graph: no host read, no host-side branch on a device value
+    graph_capturable = False
 
     def __init__(self,
                  stag: Optional[dict] = None,
                  optimizer: Optional[dict] = None,
                  trainable: Optional[dict] = None,
-                 fresh_optimizer_per_stage: bool = False):
+                 fresh_optimizer_per_stage: bool = False,
+                 cuda_graph: bool = False,
+                 graph_warmup: int = 2):
         self.stag_cfg = None if stag is None else dict(stag)
         self.stag_loss = None
         if self.stag_cfg is not None:
@@ -67,6 +83,15 @@ class BaseMethod:
         self.restart_beta_per_stage = bool(
             (self.stag_cfg or {}).get('restart_beta_per_stage', False))
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
+        self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
+        if self.cuda_graph:
+            if not self.graph_capturable:
+                raise ValueError(
+                    f'{self.name}: cuda_graph=True is for methods whose step '
+                    'reads nothing back to the host (TENT, BN Adapt); this '
+                    "one's step reads or branches on device values")
+            self.optimizer_cfg = check_capturable_optimizer(
+                self.optimizer_cfg)
 
         self.model: Optional[nn.Module] = None
         self.adapter: Optional[TaskAdapter] = None
@@ -77,6 +102,7 @@ class BaseMethod:
         self.num_updates = 0
         self.stage = None
         self.grad_scaler: Optional[torch.amp.GradScaler] = None
+        self.graphs: Optional[StepGraphs] = None
 
     @property
     def name(self) -> str:
@@ -121,6 +147,15 @@ class BaseMethod:
                 prediction kind is not supported.
         """
         self.check_supports(adapter.prediction_kind)
+        if self.cuda_graph:
+            devices = {p.device.type for p in model.parameters()}
+            if devices != {'cuda'}:
+                raise ValueError(f'{self.name}: cuda_graph=True needs the '
+                                 'model on a CUDA device, its parameters are '
+                                 f'on {sorted(devices)}')
+            self.graphs = StepGraphs(
+                self.forward_and_adapt, self.graph_warmup,
+                zero_grad=self.zero_grad)
         self.model, self.adapter = model, adapter
         self.classifier = adapter.classifier(model)
         for p in model.parameters():
@@ -148,6 +183,9 @@ class BaseMethod:
         if not self.supports_grad_scaler:
             raise ValueError(f'{self.name} cannot scale its gradients (a '
                              'GradScaler); use bfloat16 or float32')
+        if self.cuda_graph:
+            raise ValueError(f'{self.name}: cuda_graph=True replays no '
+                             'GradScaler (float16); use bfloat16 or float32')
         self.grad_scaler = torch.amp.GradScaler(device_type)
 
     def build_optimizer(self):
@@ -197,6 +235,8 @@ class BaseMethod:
                 self.step = 0
             if self.fresh_optimizer_per_stage and self.optimizer is not None:
                 self.optimizer = self.build_optimizer()
+                if self.graphs is not None:  # they update the old state
+                    self.graphs.reset()
         self.stage = stage
 
     def state_dict(self) -> dict:
@@ -263,6 +303,8 @@ class BaseMethod:
                                            else '') + f' {what}')
             if current is not None:
                 current.load_state_dict(state[key])
+        if self.graphs is not None:  # the optimizer's state tensors are new
+            self.graphs.reset()
         self.step, self.num_updates = state['step'], state['num_updates']
         self.stage = state['stage']
 
@@ -275,19 +317,22 @@ class BaseMethod:
         """
         raise TypeError(f'{self.name} has no base_loss')
 
-    def loss(self, batch: Batch,
-             fwd: ForwardPass) -> Optional[torch.Tensor]:
-        """Return ``L_base + beta_t L_STAG`` (eq:total_objective).
+    def loss(self, batch: Batch, fwd: ForwardPass,
+             beta: Any = None) -> Optional[torch.Tensor]:
+        """Return ``L_base + beta_t L_STAG`` (eq:total_objective);
+        ``beta``: ``beta_t`` (a float or a 0-d tensor; default
+        :attr:`beta`).
 
         Returns:
             Tensor | None: The loss; None if there is nothing to minimise.
         """
         base = self.base_loss(batch, fwd) if self.has_base_loss else None
-        return self.add_stag(base, fwd)
+        return self.add_stag(base, fwd, beta)
 
-    def add_stag(self, base: Optional[torch.Tensor],
-                 fwd: ForwardPass) -> Optional[torch.Tensor]:
-        """Return ``base + beta_t L_STAG`` (just ``base`` without STAG)."""
+    def add_stag(self, base: Optional[torch.Tensor], fwd: ForwardPass,
+                 beta: Any = None) -> Optional[torch.Tensor]:
+        """Return ``base + beta_t L_STAG`` (just ``base`` without STAG);
+        ``beta`` as in :meth:`loss`."""
         stats, total = fwd.stats, base
         if base is not None:
             stats['loss_base'] = base.detach()
@@ -297,12 +342,17 @@ class BaseMethod:
             l_stag = mean_over_outputs(
                 lambda f, z: self.stag_loss(f, z, weight, bias),
                 fwd.head_outputs)
-            beta = self.beta
+            beta = self.beta if beta is None else beta
             stats.update(loss_stag=l_stag.detach(), beta=beta)
             total = beta * l_stag if total is None else total + beta * l_stag
         if total is not None:
             stats['loss'] = total.detach()
         return total
+
+    def zero_grad(self) -> None:
+        """Set the adapted parameters' gradients to None."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def backward_step(self, loss: torch.Tensor) -> None:
         """Zero the gradients, backward ``loss``, step (scaled under fp16).
@@ -345,9 +395,28 @@ class BaseMethod:
             RuntimeError: If the method is not configured.
         """
         self.check_configured()
+        if self.graphs is None:
+            fwd = self.adapter.forward(self.model, batch)
+            if self.updates:
+                self.update(self.loss(batch, fwd))
+            return fwd.logits.detach(), fwd.stats
+        beta = None if self.stag_loss is None else self.beta
+        prediction, stats = self.graphs(batch, self.adapter.graph_key(batch),
+                                        beta)
+        if self.updates:  # the graph's step always updates
+            self.step += 1
+            self.num_updates += 1
+        return prediction, stats
+
+    def forward_and_adapt(self, batch: Batch, beta: Any
+                          ) -> Tuple[torch.Tensor, Dict[str, Any]]:
+        """:meth:`adapt`'s step with ``beta_t`` given and no counting:
+        what :class:`StepGraphs` runs and captures (``beta`` a 0-d device
+        tensor there)."""
         fwd = self.adapter.forward(self.model, batch)
-        if self.updates:
-            self.update(self.loss(batch, fwd))
+        total = self.loss(batch, fwd, beta) if self.updates else None
+        if total is not None:
+            self.backward_step(total)
         return fwd.logits.detach(), fwd.stats
 
     def __repr__(self) -> str:

@@ -11,6 +11,7 @@ class BNAdapt(BaseMethod):
     """
 
     has_base_loss = False
+    graph_capturable = True
 
     def set_modes(self, model):
         model.eval()

@@ -20,6 +20,7 @@ class TENT(BaseMethod):
     """
 
     LOSSES = ('entropy', 'pseudo_ce')
+    graph_capturable = True
 
     def __init__(self, loss: str = 'entropy', **kwargs):
         if loss not in self.LOSSES:

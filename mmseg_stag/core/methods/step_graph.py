@@ -1,0 +1,155 @@
+"""A method's whole adaptation step replayed as a CUDA graph.
+
+An eager SegFormer-B5 step launches thousands of kernels, one by one from
+the host; on a fast GPU the host cannot keep up and the GPU waits
+(docs/benchmark.md). A captured graph (``torch.cuda.graphs``) launches
+them all at once. What it needs of the step:
+
+- nothing read back to the host and no host-side branch on a device value
+  (a captured step replays the value read at capture);
+- an optimizer whose state lives on the device (Adam/AdamW with
+  ``capturable=True``: its step counts and bias corrections on the device);
+- ``beta_t`` (eq:adaptive_decay), which the host changes every step, fed
+  through a device tensor filled before each replay;
+- one input shape per graph: a graph is captured per :meth:`key` (input
+  shape, dtype, device and the task's metainfo shapes).
+"""
+import dataclasses
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+
+import torch
+
+#: (batch, beta) -> (prediction, stats): the method's step
+Step = Callable[[Any, Any], Tuple[torch.Tensor, Dict[str, Any]]]
+
+
+@dataclasses.dataclass
+class Captured:
+    """One captured step: its graph, its inputs and its outputs."""
+    graph: Any  # torch.cuda.CUDAGraph
+    inputs: torch.Tensor
+    beta: Optional[torch.Tensor]
+    prediction: torch.Tensor
+    stats: Dict[str, Any]
+
+
+class StepGraphs:
+    """Run ``step`` eagerly for the first batches of an input key, then as
+    a captured CUDA graph.
+
+    Per key, the first ``warmup`` batches run eagerly on a side stream
+    (they are real steps: they adapt the model and give their predictions;
+    they also create the optimizer's state, which the graph then updates in
+    place); the next batch is captured and replayed; every later batch of
+    that key is copied into the captured inputs and replayed. Every batch
+    is stepped on exactly once, as in eager mode. The graphs share one
+    memory pool.
+
+    Args:
+        step (callable): ``step(batch, beta) -> (prediction, stats)``; beta
+            a float or a 0-d device tensor (None without STAG).
+        warmup (int): Eager batches per key before the capture. Default: 2.
+        zero_grad (callable): Sets the adapted parameters' gradients to
+            None before a capture, so that the graph's backward writes
+            (not adds) them.
+    """
+
+    def __init__(self, step: Step, warmup: int = 2,
+                 zero_grad: Optional[Callable[[], None]] = None):
+        if warmup < 1:
+            raise ValueError(f'cuda_graph warmup must be >= 1 (the '
+                             "optimizer's state is made by an eager step), "
+                             f'got {warmup}')
+        self.step = step
+        self.warmup = int(warmup)
+        self.zero_grad = zero_grad or (lambda: None)
+        self.graphs: Dict[Hashable, Captured] = {}
+        self.eager_steps: Dict[Hashable, int] = {}
+        self.stream = None
+        self.pool = None
+
+    def reset(self) -> None:
+        """Forget every graph (the optimizer was rebuilt or reloaded: its
+        state tensors are new)."""
+        self.graphs.clear()
+        self.eager_steps.clear()
+
+    def __call__(self, batch, key: Hashable,
+                 beta: Optional[float]) -> Tuple[torch.Tensor, dict]:
+        captured = self.graphs.get(key)
+        if captured is None:
+            if self.eager_steps.get(key, 0) < self.warmup:
+                self.eager_steps[key] = self.eager_steps.get(key, 0) + 1
+                return self.eager(batch, beta)
+            captured = self.graphs[key] = self.capture(batch, beta)
+        captured.inputs.copy_(batch.inputs)
+        if captured.beta is not None:
+            captured.beta.fill_(beta)
+        captured.graph.replay()
+        # the next replay overwrites the graph's outputs; the loop reads
+        # the statistics batches later
+        return copy_outputs(captured.prediction, captured.stats)
+
+    def side_stream(self):
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
+        return self.stream
+
+    def eager(self, batch, beta):
+        """One eager step on the capture's stream (its lazily made cuBLAS
+        workspaces and optimizer state ready before the capture)."""
+        main, side = torch.cuda.current_stream(), self.side_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            prediction, stats = self.step(batch, beta)
+            prediction, stats = copy_outputs(prediction, stats)
+        main.wait_stream(side)
+        for value in (prediction, *stats.values()):
+            if torch.is_tensor(value) and value.is_cuda:
+                # made on the side stream, used on the main one
+                value.record_stream(main)
+        return prediction, stats
+
+    def capture(self, batch, beta) -> Captured:
+        """Capture one step on a static copy of ``batch`` (nothing runs)."""
+        inputs = batch.inputs.clone()
+        static = dataclasses.replace(batch, inputs=inputs)
+        beta_buffer = None if beta is None else torch.full(
+            (), float(beta), device=inputs.device)
+        self.zero_grad()
+        graph = torch.cuda.CUDAGraph()
+        side = self.side_stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, pool=self.pool, stream=side):
+            prediction, stats = self.step(static, beta_buffer)
+        torch.cuda.current_stream().wait_stream(side)
+        self.pool = graph.pool()
+        return Captured(graph, inputs, beta_buffer, prediction, stats)
+
+
+def copy_outputs(prediction: torch.Tensor,
+                 stats: Dict[str, Any]) -> Tuple[torch.Tensor, dict]:
+    """The prediction and the tensor statistics copied (on the device)."""
+    return prediction.clone(), {
+        k: v.clone() if torch.is_tensor(v) else v for k, v in stats.items()}
+
+
+def check_capturable_optimizer(optimizer_cfg: dict) -> dict:
+    """``optimizer_cfg`` as a graph can replay it: Adam/AdamW with
+    ``capturable=True`` (same update; its step count on the device), SGD
+    as it is.
+
+    Raises:
+        ValueError: For another optimizer, or ``capturable=False`` set.
+    """
+    kind = optimizer_cfg.get('type')
+    name = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
+    if name in ('Adam', 'AdamW'):
+        if optimizer_cfg.get('capturable') is False:
+            raise ValueError(f'cuda_graph=True needs {name}(capturable=True);'
+                             ' the config sets capturable=False')
+        return dict(optimizer_cfg, capturable=True)
+    if name == 'SGD':
+        return dict(optimizer_cfg)
+    raise ValueError(f'cuda_graph=True supports the optimizers Adam, AdamW '
+                     f'and SGD, got {kind!r}')

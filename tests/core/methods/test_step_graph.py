@@ -1,0 +1,216 @@
+"""``cuda_graph=True``: the whole step replayed as a CUDA graph
+(``StepGraphs``). On the CPU: what is refused, and the bookkeeping around
+the graph (warm-up per input shape, ``beta_t`` fed each replay, outputs
+copied, graphs dropped with the optimizer) through a stand-in graph that
+replays the step's Python on the captured inputs. On CUDA: real graphs
+against the eager step."""
+import copy
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from mmseg_stag.core import Batch, BNAdapt, TENT, build_method
+from mmseg_stag.core.methods.step_graph import (Captured, StepGraphs,
+                                                check_capturable_optimizer)
+
+from test_base_method import ADAPTER, configured, images, make_model
+
+STAG = dict(beta0=5.0, gamma=3.0)
+
+
+def test_methods_that_read_back_refuse_it():
+    for kind in ('eata', 'sar', 'deyo', 'cotta', 'ecotta'):
+        with pytest.raises(ValueError, match='cuda_graph=True is for'):
+            build_method(dict(type=kind, cuda_graph=True))
+    assert TENT.graph_capturable and BNAdapt.graph_capturable
+
+
+def test_optimizers():
+    tent = TENT(cuda_graph=True)  # the default Adam
+    assert tent.optimizer_cfg['capturable'] is True
+    assert check_capturable_optimizer(dict(type='AdamW', lr=1))[
+        'capturable'] is True
+    sgd = dict(type='SGD', lr=0.1, momentum=0.9)
+    assert check_capturable_optimizer(sgd) == sgd
+    with pytest.raises(ValueError, match="got 'RMSprop'"):
+        TENT(cuda_graph=True, optimizer=dict(type='RMSprop', lr=1))
+    with pytest.raises(ValueError, match='capturable=False'):
+        TENT(cuda_graph=True,
+             optimizer=dict(type='Adam', lr=1, capturable=False))
+    # off: the optimizer as configured
+    assert 'capturable' not in TENT().optimizer_cfg
+
+
+def test_a_model_off_the_gpu_and_fp16_are_refused():
+    method = TENT(cuda_graph=True, optimizer=dict(type='SGD', lr=0.1))
+    with pytest.raises(ValueError, match=r"CUDA device.*\['cpu'\]"):
+        configured(method, make_model())
+    with pytest.raises(ValueError, match='GradScaler'):
+        method.use_grad_scaler()
+    with pytest.raises(ValueError, match='warmup must be >= 1'):
+        StepGraphs(lambda b, beta: None, warmup=0)
+    batch = type('B', (), {'inputs': [torch.zeros(1)]})()
+    with pytest.raises(ValueError, match='one tensor, got list'):
+        ADAPTER.graph_key(batch)
+
+
+class StandInGraph:
+    """A captured step on the CPU: at capture the step's Python runs with
+    its effects undone (a real capture runs no kernel); each replay runs it
+    again on the captured inputs and writes the captured outputs in place,
+    as a real replay writes the same memory."""
+
+    def __init__(self):
+        self.run = None
+
+    def pool(self):
+        return 'pool'
+
+    def replay(self):
+        self.replays += 1
+        prediction, stats = self.run()
+        self.outputs[0].copy_(prediction)
+        for key, value in stats.items():
+            if torch.is_tensor(value):
+                self.outputs[1][key].copy_(value)
+
+
+def stand_in_capture(method):
+    """``StepGraphs.capture`` with a :class:`StandInGraph`."""
+
+    def capture(self, batch, beta):
+        inputs = batch.inputs.clone()
+        static = copy.copy(batch)
+        static.inputs = inputs
+        beta_buffer = None if beta is None else torch.full((), float(beta))
+        self.zero_grad()
+        state = copy.deepcopy((method.model.state_dict(),
+                               method.optimizer.state_dict()))
+        prediction, stats = self.step(static, beta_buffer)
+        method.model.load_state_dict(state[0])  # nothing ran
+        method.optimizer.load_state_dict(state[1])
+        graph = StandInGraph()
+        graph.run = lambda: self.step(static, beta_buffer)
+        graph.outputs, graph.replays = (prediction, stats), 0
+        self.captures.append(graph)
+        return Captured(graph, inputs, beta_buffer, prediction, stats)
+
+    return capture
+
+
+class StandInStream:
+
+    def wait_stream(self, other):
+        pass
+
+
+@contextmanager
+def same_stream(stream):
+    yield
+
+
+@pytest.fixture
+def stand_in_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'current_stream', StandInStream)
+    monkeypatch.setattr(torch.cuda, 'Stream', StandInStream)
+    monkeypatch.setattr(torch.cuda, 'stream', same_stream)
+
+
+def graphed(method, model):
+    """``method`` configured on the CPU, then given :class:`StepGraphs`
+    with the stand-in capture (``configure`` wants a CUDA model)."""
+    configured(method, model)
+    graphs = StepGraphs(method.forward_and_adapt, warmup=2,
+                        zero_grad=method.zero_grad)
+    graphs.captures = []
+    graphs.capture = stand_in_capture(method).__get__(graphs)
+    method.graphs = graphs
+    return graphs
+
+
+def stream_of_batches():
+    """Seven batches: a shape, a second shape, the first again."""
+    small = [images(seed) for seed in range(4)]
+    large = [torch.randn(2, 3, 8, 5,
+                         generator=torch.Generator().manual_seed(9 + i))
+             for i in range(3)]
+    return small[:3] + large + small[3:]
+
+
+@pytest.mark.parametrize('kind', ['tent', 'bn_adapt'])
+def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
+    cls = TENT if kind == 'tent' else BNAdapt
+    opt = dict(type='SGD', lr=0.1, momentum=0.9)
+    eager = configured(cls(stag=STAG, optimizer=opt), make_model())
+    method = cls(stag=STAG, optimizer=opt)
+    graphs = graphed(method, make_model())
+    for i, x in enumerate(stream_of_batches()):
+        method.start_stage(i // 4)  # beta restarts: no (default)
+        eager.start_stage(i // 4)
+        want, want_stats = eager.adapt(Batch(x))
+        got, got_stats = method.adapt(Batch(x))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert set(got_stats) == set(want_stats)
+        for key, value in want_stats.items():
+            assert float(got_stats[key]) == pytest.approx(float(value),
+                                                          rel=1e-6), key
+    # 2 eager batches of each shape, then one capture each; the captured
+    # outputs copied, not handed out
+    assert len(graphs.captures) == 2
+    assert [g.replays for g in graphs.captures] == [2, 1]
+    assert got is not graphs.captures[0].outputs[0]
+    assert method.step == eager.step == 7
+    assert method.num_updates == 7
+    for (name, p), (_, q) in zip(method.model.named_parameters(),
+                                 eager.model.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    for (name, b), (_, c) in zip(method.model.named_buffers(),
+                                 eager.model.named_buffers()):
+        torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
+
+
+def test_a_fresh_optimizer_or_a_loaded_state_drops_the_graphs(
+        stand_in_cuda):
+    method = TENT(stag=STAG, optimizer=dict(type='SGD', lr=0.1),
+                  fresh_optimizer_per_stage=True)
+    graphs = graphed(method, make_model())
+    method.start_stage(0)
+    for seed in range(3):
+        method.adapt(Batch(images(seed)))
+    assert len(graphs.graphs) == 1
+    method.start_stage(1)  # a new optimizer: the graph stepped the old one
+    assert graphs.graphs == {} and graphs.eager_steps == {}
+    method.adapt(Batch(images(5)))
+    state = method.state_dict()
+    method.load_state_dict(state)
+    assert graphs.eager_steps == {}
+
+
+# ------------------------------------------------------------------ CUDA
+def cuda_model():
+    return make_model().cuda()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('stag', [None, STAG])
+def test_cuda_graph_equals_the_eager_step(stag):
+    """Real graphs: TENT (+STAG) with capturable Adam, eager against
+    graphed, over two input shapes; the same predictions, statistics and
+    parameters to float32 rounding."""
+    opt = dict(type='Adam', lr=1e-3, capturable=True)
+    eager = TENT(stag=stag, optimizer=opt)
+    eager.configure(cuda_model(), ADAPTER)
+    method = TENT(stag=stag, optimizer=opt, cuda_graph=True)
+    method.configure(cuda_model(), ADAPTER)
+    for x in stream_of_batches():
+        x = x.cuda()
+        want, want_stats = eager.adapt(Batch(x))
+        got, got_stats = method.adapt(Batch(x))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for key, value in want_stats.items():
+            assert float(got_stats[key]) == pytest.approx(float(value),
+                                                          rel=1e-5), key
+    assert len(method.graphs.graphs) == 2
+    for p, q in zip(method.model.parameters(), eager.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
