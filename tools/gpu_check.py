@@ -413,9 +413,10 @@ def run_tests(ctx):
     os.makedirs(args.out_dir, exist_ok=True)
     xml = osp.join(args.out_dir, 'cuda_tests.xml')
     log = osp.join(args.out_dir, 'cuda_tests.log')
+    # -v without pytest.ini's -q: one line per test as it ends
     cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
-           'no:cacheprovider', '-v', '-rfEs', f'--junitxml={xml}',
-           *args.test_paths]
+           'no:cacheprovider', '-o', 'addopts=', '-v', '-rfEs',
+           f'--junitxml={xml}', *args.test_paths]
     if osp.exists(xml):
         os.remove(xml)
     timeout = args.tests_timeout or TESTS_SHARE * 60 * args.budget

@@ -142,6 +142,8 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
     that had finished are counted from the streamed log."""
     tests = tmp_path / 'suite' / 'test_slow.py'
     tests.parent.mkdir()
+    # the project's pytest.ini has -q, which -v alone cancels
+    (tests.parent / 'pytest.ini').write_text('[pytest]\naddopts = -q\n')
     tests.write_text(
         'import time\nimport pytest\n\n\n@pytest.mark.cuda\n'
         'def test_a():\n    pass\n\n\n@pytest.mark.cuda\n'
