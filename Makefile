@@ -13,9 +13,17 @@ STAMP_REAL := $(VENV_REAL)/.real_models_installed
 
 install: $(STAMP)
 
+# The stamp holds the torch version the stack was installed for: a changed
+# torch, or an MMCV whose compiled ops no longer load, installs again
+# (docs/faq.md, "mmcv._ext").
+ENV_OK := $(shell test -f $(STAMP) && $(PY) -c "import sys, torch, mmcv._ext; sys.exit(open('$(STAMP)').read().strip() != torch.__version__)" >/dev/null 2>&1 && echo ok)
+ifneq ($(ENV_OK),ok)
+.PHONY: $(STAMP)
+endif
+
 $(STAMP): setup.py tools/install_env.sh
 	bash tools/install_env.sh $(VENV) $(PYTHON)
-	touch $(STAMP)
+	$(PY) -c "import torch; print(torch.__version__)" > $(STAMP)
 
 demo: $(STAMP)
 	$(PY) tools/demo.py --work-dir work_dirs/demo

@@ -46,6 +46,23 @@ else
   "${PIP[@]}" torch==2.13.0
 fi
 
+# MMCV 2.1.0's setup.py compiles its ops as C++17, and torch 2.14's headers
+# stop a C++17 compile ("#error C++20 or later compatible compiler is
+# required to use PyTorch"): with a newer torch, stop before that build
+# unless an MMCV whose ops load is already there. Tested: torch 2.11 and
+# 2.13 build it (docs/get-started.md, "What ran where").
+TORCH_BUILD_MAX=2.14
+if ! version_ok mmcv 2.0.0 2.2.0 && ! version_ok torch 1.13 "$TORCH_BUILD_MAX"; then
+  torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
+  echo "[install] error: torch $torch_version is in $VENV, and MMCV 2.1.0 has" \
+    "to be built, which fails with torch >= $TORCH_BUILD_MAX (its headers need" \
+    "C++20; MMCV compiles as C++17). Install a torch below $TORCH_BUILD_MAX" \
+    "first, then run this again: the CPU wheel" \
+    "'$PY -m pip install torch==2.13.0', or a CUDA build of torch 2.11 to 2.13" \
+    "from download.pytorch.org (docs/faq.md, \"The MMCV build stops: C++20\")." >&2
+  exit 1
+fi
+
 if version_ok setuptools 64 81; then
   echo "[install] keeping setuptools (< 81)"
 else
@@ -78,6 +95,14 @@ if version_ok mmcv 2.0.0 2.2.0; then
 else
   ops=$(mmcv_ops) || exit 1  # its message said what to do
   build_env=(MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}")
+  cache=()
+  if "$PY" -c 'import mmcv' >/dev/null 2>&1; then
+    # an MMCV whose compiled ops no longer load (built against another
+    # torch): pip's cache would hand back that same build
+    echo "[install] mmcv is installed but its ops do not load (built for" \
+      "another torch?): rebuilding it without pip's cached wheel"
+    cache=(--no-cache-dir --force-reinstall --no-deps)
+  fi
   if [ "$ops" = cpu ]; then
     echo "[install] mmcv 2.1.0 with CPU ops (first build ~13 min, then cached)"
     build_env+=(FORCE_CUDA=0)
@@ -88,7 +113,7 @@ else
   else
     echo "[install] mmcv 2.1.0 with $ops ops (a long build; pip caches the wheel)"
   fi
-  env "${build_env[@]}" "${PIP[@]}" --no-build-isolation mmcv==2.1.0
+  env "${build_env[@]}" "${PIP[@]}" ${cache[@]+"${cache[@]}"} --no-build-isolation mmcv==2.1.0
   built=$("$PY" -c 'from mmcv.ops import get_compiling_cuda_version as v
 print(v())' 2>/dev/null || true)
   if [ "$ops" = cuda ] && [ "$built" = "not available" ]; then

@@ -1,4 +1,5 @@
-"""``tools/install_env.sh`` on a GPU machine, before the long MMCV build.
+"""``tools/install_env.sh`` on a GPU machine, before the long MMCV build,
+and ``make install``'s re-check of a changed torch.
 
 MMCV 2.1.0's setup.py compiles CUDA ops whenever torch sees a GPU, so the
 build needs an nvcc whose major version is torch's CUDA.
@@ -12,6 +13,8 @@ import os.path as osp
 import stat
 import subprocess
 import sys
+
+import pytest
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CHECK = osp.join(REPO, 'tools', 'check_cuda_build.py')
@@ -132,7 +135,8 @@ case "$1" in
   -m) echo "$* | CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" \
         "FORCE_CUDA=${FORCE_CUDA-unset}" \
         "MMCV_WITH_OPS=${MMCV_WITH_OPS-unset}" >> "$STUB_LOG"; exit 0 ;;
-  -c) [ -n "${STUB_PRINTS:-}" ] && echo "$STUB_PRINTS"; exit 0 ;;
+  -c) [ "$2" = 'import mmcv' ] && exit "${STUB_MMCV_IMPORTS:-1}"
+      [ -n "${STUB_PRINTS:-}" ] && echo "$STUB_PRINTS"; exit 0 ;;
   *check_cuda_build.py) exec "$REAL_PYTHON" "$@" $STUB_TORCH ;;
 esac
 '''
@@ -195,3 +199,81 @@ def test_install_without_a_gpu_builds_the_cpu_ops_as_before(tmp_path):
     assert 'mmcv 2.1.0 with CPU ops' in done.stdout
     [build] = mmcv_builds(calls)
     assert 'CUDA_VISIBLE_DEVICES=unset FORCE_CUDA=0 MMCV_WITH_OPS=1' in build
+
+
+def test_install_rebuilds_an_mmcv_whose_ops_fail_without_the_cache(
+        tmp_path):
+    """MMCV imports but its compiled ops do not (built for another torch):
+    rebuilt, not handed back from pip's cache."""
+    done, calls = install(tmp_path, '--no-gpu --torch-cuda none',
+                          STUB_MMCV_IMPORTS='0')
+    assert done.returncode == 0, done.stderr
+    assert 'its ops do not load' in done.stdout
+    [build] = mmcv_builds(calls)
+    assert '--no-cache-dir --force-reinstall --no-deps' in build
+    _, calls = install(tmp_path / 'fresh', '--no-gpu --torch-cuda none')
+    assert '--no-cache-dir' not in mmcv_builds(calls)[0]
+
+
+# -- with faked package versions in a real interpreter --------------------
+def fake_venv(tmp_path, torch_version=None, broken_mmcv=False):
+    """A virtualenv folder whose ``bin/python`` is this interpreter, with a
+    stand-in ``torch`` of ``torch_version`` and an MMCV whose ops do not
+    import shadowing the real ones when asked."""
+    venv = tmp_path / 'venv'
+    fakes = tmp_path / 'fakes'
+    (venv / 'bin').mkdir(parents=True)
+    fakes.mkdir()
+    if torch_version:
+        (fakes / 'torch').mkdir()
+        (fakes / 'torch' / '__init__.py').write_text(
+            f'__version__ = {torch_version!r}\n')
+    if broken_mmcv:
+        (fakes / 'mmcv' / 'ops').mkdir(parents=True)
+        (fakes / 'mmcv' / '__init__.py').write_text("__version__ = '2.1.0'\n")
+        for module in ('ops/__init__.py', '_ext.py'):
+            (fakes / 'mmcv' / module).write_text(
+                "raise ImportError('undefined symbol: _ZN3c10...')\n")
+    executable(venv / 'bin' / 'python', (
+        f'#!/bin/sh\nPYTHONPATH={fakes}${{PYTHONPATH:+:$PYTHONPATH}} '
+        f'exec {sys.executable} "$@"\n'))
+    return venv
+
+
+def make_install(venv, stamp):
+    """``make -n install`` for ``venv`` (what make would run), the stamp
+    written first unless None."""
+    if stamp is not None:
+        (venv / '.mmseg_stag_installed').write_text(stamp + '\n')
+    proc = subprocess.run(['make', '-n', 'install', f'VENV={venv}'],
+                          cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_make_install_again_when_torch_or_mmcv_changed(tmp_path):
+    import torch
+    venv = fake_venv(tmp_path)
+    current = torch.__version__
+    assert 'install_env.sh' not in make_install(venv, current)
+    # torch changed since the install, an old empty stamp, no stamp
+    for stamp in ('2.11.0', ''):
+        assert 'bash tools/install_env.sh' in make_install(venv, stamp)
+    os.remove(venv / '.mmseg_stag_installed')
+    assert 'bash tools/install_env.sh' in make_install(venv, None)
+    # the same torch, but MMCV's compiled ops fail to load
+    broken = fake_venv(tmp_path / 'b', broken_mmcv=True)
+    assert 'bash tools/install_env.sh' in make_install(broken, current)
+
+
+@pytest.mark.parametrize('version', ['2.14.1', '2.15.0+cu130'])
+def test_install_stops_before_building_mmcv_for_torch_2_14(tmp_path,
+                                                           version):
+    venv = fake_venv(tmp_path, torch_version=version, broken_mmcv=True)
+    done = subprocess.run(['bash', INSTALL, str(venv)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f'torch {version} is in {venv}' in done.stderr
+    assert 'C++20' in done.stderr and 'torch==2.13.0' in done.stderr
+    assert 'mmcv 2.1.0 with' not in done.stdout  # no build started
