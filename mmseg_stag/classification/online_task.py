@@ -1,7 +1,7 @@
 """Classification task of ``OnlineAdaptationLoop``."""
 import torch
 
-from mmseg_stag.core import Batch
+from mmseg_stag.core import Batch, Logits, Prediction
 from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
 from .classifier import OnlineClassifier
 
@@ -26,11 +26,11 @@ class ClassificationTask(OnlineTask):
             data = model.data_preprocessor(data_batch, False)
         return Batch(data['inputs'], data['data_samples'])
 
-    def outputs(self, batch: Batch, prediction: torch.Tensor,
-                labels: bool) -> list:
-        if labels:
-            raise ValueError('a classification method predicts logits')
+    def outputs(self, batch: Batch, prediction: Prediction) -> list:
+        if not isinstance(prediction, Logits):
+            raise ValueError('a classification method predicts logits, got '
+                             f'{type(prediction).__name__}')
         for sample, label in zip(batch.data_samples,
-                                 prediction.argmax(1).tolist()):
+                                 prediction.value.argmax(1).tolist()):
             sample.set_metainfo(dict(pred_label=label))
         return batch.data_samples

@@ -1,6 +1,6 @@
 """What a method may ask of its task: a batch and named operations on it."""
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, Optional
+from typing import Any, Dict, Hashable, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -33,6 +33,40 @@ class ForwardPass:
     logits: torch.Tensor
     head_outputs: HeadOutputs
     stats: Dict[str, Any] = field(default_factory=dict)
+    #: the task's post-processed data samples of ``logits``, once made
+    #: (segmentation: ``SegmentationAdapter.postprocessed``)
+    postprocessed: Optional[list] = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Logits:
+    """A method's prediction as the batch's logits, which the task turns
+    into its outputs (segmentation: resized to each image's original size).
+
+    Args:
+        value (Tensor): The logits, as ``ForwardPass.logits``.
+        postprocessed (list, optional): Their post-processed data samples,
+            where the method made them already (its loss needed them).
+    """
+    value: torch.Tensor
+    postprocessed: Optional[list] = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, fwd: ForwardPass) -> 'Logits':
+        """The prediction of forward pass ``fwd``."""
+        return cls(fwd.logits.detach(), fwd.postprocessed)
+
+
+@dataclass(frozen=True)
+class Labels:
+    """A method's prediction as labels at each image's original size,
+    ``[N, H0, W0]`` (segmentation CoTTA's multi-view teacher,
+    Hybrid-TTA's teacher)."""
+    value: torch.Tensor
+
+
+#: what :meth:`BaseMethod.adapt` returns as its prediction
+Prediction = Union[Logits, Labels]
 
 
 class TaskAdapter:

@@ -357,8 +357,7 @@ class OnlineAdaptationLoop(TestLoop):
         # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
         with torch.set_grad_enabled(self.method.updates):
             prediction, stats = self.method.adapt(batch)
-        outputs = self.task.outputs(batch, prediction,
-                                    self.method.prediction_is_labels)
+        outputs = self.task.outputs(batch, prediction)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         self.step_stats.append(idx, stats)
         if self.reads_stats(idx):

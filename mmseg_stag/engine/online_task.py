@@ -6,7 +6,8 @@ import torch
 import torch.nn as nn
 from mmengine.registry import Registry
 
-from mmseg_stag.core import Batch, HeadProbe, TaskAdapter, build_method
+from mmseg_stag.core import (Batch, HeadProbe, Prediction, TaskAdapter,
+                             build_method)
 
 #: ``segmentation`` (``mmseg_stag.segmentation``) and ``classification``
 ONLINE_TASKS = Registry('online adaptation task', scope='mmseg_stag')
@@ -78,10 +79,9 @@ class OnlineTask(ABC):
         """Return the preprocessed batch the method adapts on."""
 
     @abstractmethod
-    def outputs(self, batch: Batch, prediction: torch.Tensor,
-                labels: bool) -> list:
-        """Return the data samples with ``prediction`` set (``labels``: it
-        is labels at the original size, else the batch's logits)."""
+    def outputs(self, batch: Batch, prediction: Prediction) -> list:
+        """Return the data samples with ``prediction`` (``Logits`` or
+        ``Labels``) set."""
 
     def source_batches(self, model: nn.Module, dataloader) -> Iterator[Batch]:
         """Yield the clean source batches of the method's ``fit_source``."""

@@ -4,7 +4,7 @@ from typing import Optional
 import torch
 from mmseg.models.segmentors import BaseSegmentor
 
-from mmseg_stag.core import build_method
+from mmseg_stag.core import Labels, Prediction, build_method
 from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
 from .methods import SEGMENTATION_METHODS
 from .task_adapter import SegmentationAdapter, SegmentationBatch, set_labels
@@ -78,11 +78,13 @@ class SegmentationTask(OnlineTask):
             views=views if len(views) > 1 else None,
             main_view=self.main_view)
 
-    def outputs(self, batch: SegmentationBatch, prediction: torch.Tensor,
-                labels: bool) -> list:
-        if labels:  # CoTTA's teacher: labels at the original size
-            return set_labels(batch.data_samples, prediction)
-        return self.adapter.postprocess(batch, prediction)
+    def outputs(self, batch: SegmentationBatch,
+                prediction: Prediction) -> list:
+        if isinstance(prediction, Labels):  # already at the original size
+            return set_labels(batch.data_samples, prediction.value)
+        if prediction.postprocessed is not None:  # made by the loss
+            return prediction.postprocessed
+        return self.adapter.postprocess(batch, prediction.value)
 
     def source_batch(self, inputs) -> SegmentationBatch:
         """Whole-image metainfo, as the clean images come."""

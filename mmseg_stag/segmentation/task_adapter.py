@@ -21,8 +21,6 @@ class SegmentationBatch(Batch):
     metas: List[dict] = field(default_factory=list)
     views: Optional[List['SegmentationBatch']] = None
     main_view: int = 0
-    #: ``model.postprocess_result`` of the last logits asked for
-    postprocessed: Optional[tuple] = field(default=None, repr=False)
 
 
 class SegmentationAdapter(TaskAdapter):
@@ -60,27 +58,28 @@ class SegmentationAdapter(TaskAdapter):
     @torch.no_grad()
     def postprocess(self, batch: SegmentationBatch,
                     seg_logits: torch.Tensor) -> list:
-        """Return the data samples of ``postprocess_result``, once per
-        prediction (the same storage and version: the same prediction)."""
-        key = (seg_logits.data_ptr(), tuple(seg_logits.shape),
-               seg_logits._version)
-        done = batch.postprocessed
-        if done is None or key != done[0]:
-            outputs = self.segmentor.postprocess_result(seg_logits.detach(),
-                                                        batch.data_samples)
-            # keeping the logits keeps their storage from being reused
-            batch.postprocessed = done = (key, seg_logits, outputs)
-        return done[2]
+        """Return the batch's data samples with ``postprocess_result`` of
+        ``seg_logits`` set (each image's size, flip undone)."""
+        return self.segmentor.postprocess_result(seg_logits.detach(),
+                                                 batch.data_samples)
+
+    def postprocessed(self, batch: SegmentationBatch,
+                      fwd: ForwardPass) -> list:
+        """:meth:`postprocess` of ``fwd``'s logits, made once per forward
+        pass and kept on it (a loss and the outputs share it)."""
+        if fwd.postprocessed is None:
+            fwd.postprocessed = self.postprocess(batch, fwd.logits)
+        return fwd.postprocessed
 
     def labels_at_original_size(self, batch: SegmentationBatch,
-                                seg_logits: torch.Tensor) -> torch.Tensor:
-        """Return ``[N, H0, W0]`` predicted labels at the original size.
+                                fwd: ForwardPass) -> torch.Tensor:
+        """Return ``[N, H0, W0]`` labels of ``fwd`` at the original size.
 
         Raises:
             ValueError: If the batch's images differ in size.
         """
         labels = [s.pred_sem_seg.data[0]
-                  for s in self.postprocess(batch, seg_logits)]
+                  for s in self.postprocessed(batch, fwd)]
         shapes = {tuple(label.shape) for label in labels}
         if len(shapes) > 1:
             raise ValueError('labels at the original size need images of '
@@ -88,10 +87,11 @@ class SegmentationAdapter(TaskAdapter):
         return torch.stack(labels)
 
     def logits_at_original_size(self, batch: SegmentationBatch,
-                                seg_logits: torch.Tensor) -> torch.Tensor:
-        """Return ``[N, C, H0, W0]`` logits at the original size, unflipped."""
+                                fwd: ForwardPass) -> torch.Tensor:
+        """Return ``[N, C, H0, W0]`` logits of ``fwd`` at the original
+        size, unflipped."""
         return torch.stack([s.seg_logits.data
-                            for s in self.postprocess(batch, seg_logits)])
+                            for s in self.postprocessed(batch, fwd)])
 
 
 def set_labels(data_samples: list, labels: torch.Tensor) -> list:

@@ -49,7 +49,8 @@ SCRIPT = textwrap.dedent('''
     x = torch.randn(16, 6)
     with torch.set_grad_enabled(method.updates):
         prediction, stats = method.adapt(Batch(x))
-    out['prediction'] = list(prediction.shape)
+    out['prediction'] = [type(prediction).__name__,
+                         list(prediction.value.shape)]
     out['changed'] = sorted(n for n, p in model.named_parameters()
                             if not torch.equal(p, before[n]))
     out['stats'] = {k: float(v) for k, v in stats.items()}  # 0-d tensors
@@ -74,7 +75,7 @@ def test_core_imports_and_adapts_without_mmseg_and_mmcv():
     assert out['registered'] == sorted(out['methods'])
     assert out['stag_math'] == out['stag_loss']
     assert -1.0 <= out['stag_loss'] <= 1.0
-    assert out['prediction'] == [16, 3]
+    assert out['prediction'] == ['Logits', [16, 3]]
     assert out['changed'] == ['1.bias', '1.weight']  # the LayerNorm affine
     assert out['num_updates'] == 1
     stats = out['stats']

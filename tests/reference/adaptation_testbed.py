@@ -188,7 +188,8 @@ class ScriptedAdapter(TaskAdapter):
 
 def adapt(method, inputs, forward=None):
     """One batch as the caller runs it: gradients enabled iff the method
-    updates; returns ``(prediction, stats)``, the stats read as floats.
+    updates; returns ``(prediction, stats)``, the prediction's tensor and
+    the stats read as floats.
     ``forward``: this batch's forward passes go through it instead."""
     adapter = method.adapter
     if forward is not None:
@@ -198,7 +199,7 @@ def adapt(method, inputs, forward=None):
             prediction, stats = method.adapt(Batch(inputs))
     finally:
         method.adapter = adapter
-    return prediction, floats(stats)
+    return prediction.value, floats(stats)
 
 
 def floats(stats):

@@ -317,3 +317,37 @@ def test_probed_prediction_equals_encoder_decoder_predict(head, mode):
     # padding removed, resized to ori_shape
     assert ours[0].pred_sem_seg.shape == (57, 90)
     assert ours_bare[0].pred_sem_seg.shape == INPUT_HW
+
+
+def test_the_task_outputs_a_typed_prediction_post_processed_once():
+    """``Logits`` are post-processed by the task, once per forward pass:
+    what a loss made (``labels_at_original_size``) is kept on the forward
+    pass and reused for the outputs; ``Labels`` (already at the original
+    size) are set as they are."""
+    from mmseg_stag.core import Labels, Logits
+    from mmseg_stag.segmentation.online_task import SegmentationTask
+    from mmseg_stag.segmentation.task_adapter import SegmentationBatch
+    model = build()
+    task = SegmentationTask(model)
+    calls = []
+    postprocess_result = model.postprocess_result
+    model.postprocess_result = lambda *a: calls.append(1) or \
+        postprocess_result(*a)
+    samples = data_samples(2)
+    batch = SegmentationBatch(torch.randn(2, 3, *INPUT_HW), samples,
+                              [s.metainfo for s in samples])
+    with torch.no_grad():
+        fwd = task.adapter.forward(model, batch)
+    labels = task.adapter.labels_at_original_size(batch, fwd)
+    assert labels.shape == (2, 57, 90)
+    torch.testing.assert_close(
+        task.adapter.logits_at_original_size(batch, fwd).argmax(1), labels)
+    outputs = task.outputs(batch, Logits.of(fwd))
+    assert len(calls) == 1  # the loss's post-processing, kept on fwd
+    assert torch.equal(outputs[0].pred_sem_seg.data[0], labels[0])
+    # a new prediction of the same batch is post-processed anew
+    task.outputs(batch, Logits(fwd.logits + 1))
+    assert len(calls) == 2
+    given = torch.zeros(2, 57, 90, dtype=torch.long)
+    outputs = task.outputs(batch, Labels(given))
+    assert len(calls) == 2 and not outputs[1].pred_sem_seg.data.any()

@@ -14,7 +14,7 @@ from ..params import exclude_by_module, select_parameters
 from ..probe import PREDICTION_KINDS, check_prediction_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
-from ..task_adapter import Batch, ForwardPass, TaskAdapter
+from ..task_adapter import Batch, ForwardPass, Logits, Prediction, TaskAdapter
 from .step_graph import StepGraphs, check_capturable_optimizer
 
 
@@ -54,9 +54,6 @@ class BaseMethod:
     needs_source_data = False
     #: whether the updates can go through a ``GradScaler`` (fp16)
     supports_grad_scaler = True
-    #: whether :meth:`adapt` predicts labels at the original image size
-    #: (CoTTA's multi-view teacher) instead of the batch's logits
-    prediction_is_labels = False
     #: whether the step (:meth:`forward_and_adapt`) can be replayed as a
     #: CUDA graph: no host read, no host-side branch on a device value
     graph_capturable = False
@@ -384,12 +381,12 @@ class BaseMethod:
             raise RuntimeError(f'{self.name}.configure(model, adapter) must '
                                'be called before adapting')
 
-    def adapt(self, batch: Batch) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    def adapt(self, batch: Batch) -> Tuple[Prediction, Dict[str, Any]]:
         """Predict, then adapt: one forward, at most one backward.
 
         Returns:
-            tuple[Tensor, dict]: The prediction before the update (the
-            logits; labels if :attr:`prediction_is_labels`) and stats.
+            tuple[Logits | Labels, dict]: The prediction before the update
+            and the step's statistics.
 
         Raises:
             RuntimeError: If the method is not configured.
@@ -399,7 +396,7 @@ class BaseMethod:
             fwd = self.adapter.forward(self.model, batch)
             if self.updates:
                 self.update(self.loss(batch, fwd))
-            return fwd.logits.detach(), fwd.stats
+            return Logits.of(fwd), fwd.stats
         beta = None if self.stag_loss is None else self.beta
         prediction, stats = self.graphs(batch, self.adapter.graph_key(batch),
                                         beta)
@@ -409,7 +406,7 @@ class BaseMethod:
         return prediction, stats
 
     def forward_and_adapt(self, batch: Batch, beta: Any
-                          ) -> Tuple[torch.Tensor, Dict[str, Any]]:
+                          ) -> Tuple[Prediction, Dict[str, Any]]:
         """:meth:`adapt`'s step with ``beta_t`` given and no counting:
         what :class:`StepGraphs` runs and captures (``beta`` a 0-d device
         tensor there)."""
@@ -417,7 +414,7 @@ class BaseMethod:
         total = self.loss(batch, fwd, beta) if self.updates else None
         if total is not None:
             self.backward_step(total)
-        return fwd.logits.detach(), fwd.stats
+        return Logits.of(fwd), fwd.stats
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg

@@ -8,7 +8,7 @@ import torch.nn as nn
 from ..losses import (cross_entropy_to_teacher, per_sample_logits,
                       symmetric_cross_entropy)
 from ..registry import METHODS
-from ..task_adapter import Batch, ForwardPass
+from ..task_adapter import Batch, ForwardPass, Logits, Prediction
 from .base import BaseMethod
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
 
@@ -129,13 +129,13 @@ class CoTTA(BaseMethod):
         self.teacher.load_state_dict(state['teacher'])
 
     def loss_to_teacher(self, student: ForwardPass,
-                        teacher: torch.Tensor) -> torch.Tensor:
+                        teacher: Prediction) -> torch.Tensor:
         """Return the student's loss to the teacher's prediction."""
         _, logits = per_sample_logits(student.head_outputs, 'CoTTA')
-        return self.LOSSES[self.loss_type](logits, teacher).mean(0)
+        return self.LOSSES[self.loss_type](logits, teacher.value).mean(0)
 
     @torch.no_grad()
-    def teacher_prediction(self, batch: Batch, stats: dict) -> torch.Tensor:
+    def teacher_prediction(self, batch: Batch, stats: dict) -> Prediction:
         """Return the teacher's logits (augmented if unsure); log stats."""
         forward = self.adapter.forward
         source_logits = forward(self.source_model, batch).logits
@@ -153,7 +153,7 @@ class CoTTA(BaseMethod):
             teacher = standard_ema
         stats.update(source_prob=source_prob.mean().detach(),
                      augmented=float(use_augs))
-        return teacher.detach()
+        return Logits(teacher.detach())
 
     def update_teacher(self) -> None:
         """Update the teacher: ``theta_t <- a theta_t + (1 - a) theta_s``."""

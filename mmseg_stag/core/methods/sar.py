@@ -8,7 +8,7 @@ import torch
 from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from ..sam import SAM
-from ..task_adapter import Batch, ForwardPass
+from ..task_adapter import Batch, ForwardPass, Logits
 from .base import BaseMethod
 
 #: Modules SAR's collect_params never adapts (last stage, final norm).
@@ -202,7 +202,7 @@ class SAR(BaseMethod):
         stats['recovered'] = float(self.recover())
         if self.ema is not None:
             stats['ema'] = self.ema
-        return first.logits.detach(), stats
+        return Logits.of(first), stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

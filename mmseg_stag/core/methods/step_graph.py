@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 import torch
 
 #: (batch, beta) -> (prediction, stats): the method's step
-Step = Callable[[Any, Any], Tuple[torch.Tensor, Dict[str, Any]]]
+Step = Callable[[Any, Any], Tuple[Any, Dict[str, Any]]]
 
 
 @dataclasses.dataclass
@@ -29,7 +29,7 @@ class Captured:
     graph: Any  # torch.cuda.CUDAGraph
     inputs: torch.Tensor
     beta: Optional[torch.Tensor]
-    prediction: torch.Tensor
+    prediction: Any  # Logits
     stats: Dict[str, Any]
 
 
@@ -75,7 +75,7 @@ class StepGraphs:
         self.eager_steps.clear()
 
     def __call__(self, batch, key: Hashable,
-                 beta: Optional[float]) -> Tuple[torch.Tensor, dict]:
+                 beta: Optional[float]) -> Tuple[Any, dict]:
         captured = self.graphs.get(key)
         if captured is None:
             if self.eager_steps.get(key, 0) < self.warmup:
@@ -104,7 +104,7 @@ class StepGraphs:
             prediction, stats = self.step(batch, beta)
             prediction, stats = copy_outputs(prediction, stats)
         main.wait_stream(side)
-        for value in (prediction, *stats.values()):
+        for value in (prediction.value, *stats.values()):
             if torch.is_tensor(value) and value.is_cuda:
                 # made on the side stream, used on the main one
                 value.record_stream(main)
@@ -127,10 +127,11 @@ class StepGraphs:
         return Captured(graph, inputs, beta_buffer, prediction, stats)
 
 
-def copy_outputs(prediction: torch.Tensor,
-                 stats: Dict[str, Any]) -> Tuple[torch.Tensor, dict]:
-    """The prediction and the tensor statistics copied (on the device)."""
-    return prediction.clone(), {
+def copy_outputs(prediction, stats: Dict[str, Any]) -> Tuple[Any, dict]:
+    """The prediction (``Logits``/``Labels``) and the tensor statistics
+    copied (on the device); post-processed data samples are not kept: a
+    captured step's are those of the batch it was captured on."""
+    return type(prediction)(prediction.value.clone()), {
         k: v.clone() if torch.is_tensor(v) else v for k, v in stats.items()}
 
 

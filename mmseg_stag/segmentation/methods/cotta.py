@@ -3,7 +3,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import CoTTA
+from mmseg_stag.core import CoTTA, Labels
 from .full_resolution import full_resolution_cross_entropy, whole_image_logits
 from ..task_adapter import SegmentationAdapter, SegmentationBatch
 from .registry import SEGMENTATION_METHODS
@@ -26,7 +26,6 @@ class SegmentationCoTTA(CoTTA):
     """
 
     supported_prediction_kinds = ('per_pixel', )
-    prediction_is_labels = True
 
     def __init__(self, batch_views: bool = False, **kwargs):
         super().__init__(**kwargs)
@@ -50,18 +49,18 @@ class SegmentationCoTTA(CoTTA):
             self.adapter, self.teacher, self.source_model, batch.views,
             batch.main_view, self.ap, self.batch_views)
         stats.update(view_stats)
-        return labels
+        return Labels(labels)
 
     def loss_to_teacher(self, student, teacher):
         logits = whole_image_logits(student, 'CoTTA on segmentation')
-        return full_resolution_cross_entropy(logits, teacher)
+        return full_resolution_cross_entropy(logits, teacher.value)
 
 
 @torch.no_grad()
 def view_probabilities(adapter, model: nn.Module, view) -> torch.Tensor:
     """Return a view's softmax at the original size, flip undone."""
-    logits = adapter.forward(model, view).logits
-    return adapter.logits_at_original_size(view, logits).softmax(dim=1)
+    return adapter.logits_at_original_size(
+        view, adapter.forward(model, view)).softmax(dim=1)
 
 
 def view_groups(views: Sequence, batch_views: bool) -> List[List[int]]:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from mmengine.logging import print_log
 
+from mmseg_stag.core import Labels
 from mmseg_stag.core.methods.base import BaseMethod
 from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
@@ -102,7 +103,6 @@ class HybridTTA(BaseMethod):
     """
 
     supported_prediction_kinds = ('per_pixel', )
-    prediction_is_labels = True
 
     def __init__(self,
                  ema_momentum: float = 0.999,
@@ -204,9 +204,8 @@ class HybridTTA(BaseMethod):
         update the teacher; return the teacher's labels."""
         self.check_configured()
         with torch.no_grad():
-            teacher_logits = self.adapter.forward(self.teacher, batch).logits
-            labels = self.adapter.labels_at_original_size(batch,
-                                                          teacher_logits)
+            labels = self.adapter.labels_at_original_size(
+                batch, self.adapter.forward(self.teacher, batch))
         student, mask = self.masked_forward(batch)
         loss_seg = full_resolution_cross_entropy(
             whole_image_logits(student, 'Hybrid-TTA'), labels)
@@ -222,7 +221,7 @@ class HybridTTA(BaseMethod):
         self.update(self.add_stag(loss_seg + self.recon_weight * loss_recon,
                                   student))
         ema_update_(self.teacher, self.model, self.ema_momentum)
-        return labels, student.stats
+        return Labels(labels), student.stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

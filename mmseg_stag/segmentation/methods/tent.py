@@ -42,6 +42,6 @@ class SegmentationTENT(TENT):
             return super().base_loss(batch, fwd)
         logits = whole_image_logits(fwd, "tent loss='pseudo_ce_fullres'")
         # the labels the batch is scored on, at the original size
-        labels = self.adapter.labels_at_original_size(batch, fwd.logits)
+        labels = self.adapter.labels_at_original_size(batch, fwd)
         return full_resolution_cross_entropy(logits, labels,
                                              self.align_corners)

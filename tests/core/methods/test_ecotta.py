@@ -150,7 +150,8 @@ def test_steps_match_the_community_adapt_over_batches(margin):
             prediction, stats = method.adapt(Batch(x))
         ref_out = reference_adapt(ref, ref_opt, x, LAMBDA,
                                   margin * math.log(10))
-        torch.testing.assert_close(prediction, ref_out.detach(), rtol=1e-9,
+        torch.testing.assert_close(prediction.value, ref_out.detach(),
+                                   rtol=1e-9,
                                    atol=1e-10)
         assert_same_state(ours, ref)
         kept += stats['num_reliable']

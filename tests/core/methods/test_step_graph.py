@@ -70,7 +70,7 @@ class StandInGraph:
     def replay(self):
         self.replays += 1
         prediction, stats = self.run()
-        self.outputs[0].copy_(prediction)
+        self.outputs[0].value.copy_(prediction.value)
         for key, value in stats.items():
             if torch.is_tensor(value):
                 self.outputs[1][key].copy_(value)
@@ -150,7 +150,7 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
         eager.start_stage(i // 4)
         want, want_stats = eager.adapt(Batch(x))
         got, got_stats = method.adapt(Batch(x))
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(got.value, want.value, rtol=0, atol=0)
         assert set(got_stats) == set(want_stats)
         for key, value in want_stats.items():
             assert float(got_stats[key]) == pytest.approx(float(value),
@@ -159,7 +159,7 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
     # outputs copied, not handed out
     assert len(graphs.captures) == 2
     assert [g.replays for g in graphs.captures] == [2, 1]
-    assert got is not graphs.captures[0].outputs[0]
+    assert got.value is not graphs.captures[0].outputs[0].value
     assert method.step == eager.step == 7
     assert method.num_updates == 7
     for (name, p), (_, q) in zip(method.model.named_parameters(),
@@ -207,7 +207,8 @@ def test_cuda_graph_equals_the_eager_step(stag):
         x = x.cuda()
         want, want_stats = eager.adapt(Batch(x))
         got, got_stats = method.adapt(Batch(x))
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.value, want.value, rtol=1e-5,
+                                   atol=1e-6)
         for key, value in want_stats.items():
             assert float(got_stats[key]) == pytest.approx(float(value),
                                                           rel=1e-5), key

@@ -50,8 +50,8 @@ class OriginalSizeLabels(SegmentationAdapter):
     def forward(self, model, batch, inputs=None):
         return ForwardPass(*FORWARD(model, batch.inputs))
 
-    def labels_at_original_size(self, batch, seg_logits):
-        self.seen.append(seg_logits)
+    def labels_at_original_size(self, batch, fwd):
+        self.seen.append(fwd.logits)
         return self.labels
 
 
