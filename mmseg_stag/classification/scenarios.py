@@ -110,7 +110,7 @@ def mixed(data: StreamData, seed: int = 0,
 def build_stream(cfg: dict, data: StreamData, seed: int) -> List[Stage]:
     """Build the stages of ``cfg`` (``dict(type='mild', ...)``)."""
     cfg = dict(cfg)
-    if cfg.get('type') == 'label_shift':  # the spelling before 0.4
+    if cfg.get('type') == 'label_shift':  # refused, naming the spelling
         raise KeyError("scenario type 'label_shift' is spelt 'label-shift' "
                        '(as in the config file names); rename it in '
                        'test_dataloader.dataset.scenario.type')

@@ -4,7 +4,7 @@ from typing import Callable, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-HeadOutputs = Sequence[Tuple[torch.Tensor, torch.Tensor]]
+from .probe import HeadOutputs
 
 
 def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Task-agnostic MMEngine parts: online loop, log processor, task, metric."""
+from .launch_guard import DISTRIBUTED_ERROR
 from .log_processor import OnlineAdaptationLogProcessor
-from .online_loop import DISTRIBUTED_ERROR, STATE_FILE, OnlineAdaptationLoop
+from .online_loop import STATE_FILE, OnlineAdaptationLoop
 from .online_task import ONLINE_TASKS, OnlineTask
 from .stream import StreamSchedule, StreamStage
 from .stream_metric import StreamMetric

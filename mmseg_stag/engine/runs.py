@@ -16,7 +16,8 @@ from mmengine.runner import Runner, set_random_seed
 from .run_state import (identity_differences, load_run_state,
                         rng_state, run_identity,
                         set_rng_state)
-from .online_loop import DISTRIBUTED_ERROR, RESUME_IGNORES, STATE_FILE
+from .launch_guard import DISTRIBUTED_ERROR
+from .online_loop import RESUME_IGNORES, STATE_FILE
 from .online_task import head_layer_of
 from .report import read_results
 

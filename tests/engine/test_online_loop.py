@@ -17,7 +17,7 @@ from mmengine.hooks import Hook
 from mmseg_stag import stag
 from mmseg_stag.core import select_parameters
 from mmseg_stag.engine import online_loop
-from mmseg_stag.engine.online_loop import DISTRIBUTED_ERROR
+from mmseg_stag.engine.launch_guard import DISTRIBUTED_ERROR
 from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG, build_from_config,
                          fresh_model, make_runner, tiny_options)
 

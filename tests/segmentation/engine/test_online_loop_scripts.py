@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from mmseg_stag.engine.online_loop import DISTRIBUTED_ERROR
+from mmseg_stag.engine.launch_guard import DISTRIBUTED_ERROR
 from seg_helpers import (REPO, SEG_CFG, as_cli, free_port, mmseg_test_py,
                          python_path, run_script, tiny_options)
 
