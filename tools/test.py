@@ -32,8 +32,9 @@ def parse_args():
     add('checkpoint', help='checkpoint file')
     add('--work-dir', help='directory for logs and results (default: '
         './work_dirs/<config name>)')
-    add('--out', type=str, help='directory to save output predictions for '
-        'offline evaluation')
+    add('--out', type=str, help='directory for the results (continual_'
+        'results.json/.csv, the per-stage plot, the partial JSONL) instead '
+        'of the work dir; the log and run state stay in the work dir')
     add('--show', action='store_true', help='show prediction results')
     add('--show-dir', help='directory where painted predictions are saved '
         '(under DIR/vis_data/vis_image/, one every '
