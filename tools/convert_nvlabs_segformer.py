@@ -2,7 +2,7 @@
 
     python tools/convert_nvlabs_segformer.py \
         segformer.b5.1024x1024.city.160k.pth \
-        checkpoints/segformer_b5_nvlabs_city_mmseg.pth
+        checkpoints/segformer_b5_nvlabs_city.pth
 
 Reads the source with ``torch.load(weights_only=True)`` (``--trust-pickle``
 only for a legacy pickle you trust) and writes ``state_dict`` + plain
