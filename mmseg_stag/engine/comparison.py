@@ -220,7 +220,7 @@ def short_labels(names: Sequence[str]) -> List[str]:
             for ps, name in zip(parts, names)]
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     """Return a Matplotlib figure on its own canvas."""
     # an explicit Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -240,7 +240,7 @@ def plot_comparison(path: str, runs: Sequence[dict],
     ncol = min(len(runs), 3) or 1
     legend_rows = -(-len(runs) // ncol)
     height = 3.0 + 0.25 * legend_rows
-    fig = _figure(3.2 * n, height)
+    fig = new_figure(3.2 * n, height)
     axes = [fig.add_subplot(1, n, i + 1) for i in range(n)]
     for ax, condition in zip(axes, conditions):
         for run, label in zip(runs, labels):
@@ -266,7 +266,7 @@ def plot_comparison(path: str, runs: Sequence[dict],
 def plot_corruptions(path: str, vals: Sequence[dict],
                      titles: Sequence[str], metric: str, title: str) -> None:
     """Plot the metric per corruption (``titles``), one line per run."""
-    fig = _figure(max(6, 0.5 * len(titles) + 2), 4.6)
+    fig = new_figure(max(6, 0.5 * len(titles) + 2), 4.6)
     ax = fig.add_subplot(1, 1, 1)
     xs = list(range(len(titles)))
     for r in vals:
