@@ -268,3 +268,23 @@ def test_every_repository_path_in_the_docs_exists():
                         not osp.exists(osp.join(REPO, path)):
                     missing.append((osp.relpath(page, REPO), quoted))
     assert not missing, missing
+
+
+def test_reproduce_page_counts_the_configs_of_each_table():
+    """docs/reproduce.md's list of the paper's tables: each row's config
+    pattern matches as many shipped configs as its "runs" column says."""
+    with open(osp.join(REPO, 'docs', 'reproduce.md'), encoding='utf-8') as f:
+        rows = [line for line in f if line.startswith('| Table')]
+    counted = 0
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip('|').split('|')]
+        pattern, runs = cells[2].strip('`'), cells[3]
+        if not pattern.startswith('configs/'):
+            continue
+        braces = re.search(r'\{([^}]+)\}', pattern)
+        patterns = [pattern.replace(braces.group(0), part) for part in
+                    braces.group(1).split(',')] if braces else [pattern]
+        found = sum(len(glob.glob(osp.join(REPO, p))) for p in patterns)
+        assert found == int(runs), (pattern, found, runs)
+        counted += 1
+    assert counted == 5
