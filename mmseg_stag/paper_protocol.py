@@ -12,17 +12,21 @@ from mmengine.config import Config
 
 
 def load_config(config, checkpoint: str, cfg_options: dict) -> Config:
-    """The config with its options; errors before any run: no such file,
-    no STAG in the config."""
+    """The config with its options, checked before any run.
+
+    Raises:
+        FileNotFoundError: If the config or the checkpoint is not there.
+        ValueError: If the config has no STAG.
+    """
     for name, path in (('config', config), ('checkpoint', checkpoint)):
         if isinstance(path, str) and not osp.isfile(path):
-            raise SystemExit(f'error: {name} file not found: {path}')
+            raise FileNotFoundError(f'{name} file not found: {path}')
     cfg = config.copy() if isinstance(config, Config) \
         else Config.fromfile(config)
     cfg.merge_from_dict(cfg_options)
     if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
-        raise SystemExit(f'error: {config} has no test_cfg.method.stag '
-                         '(choose beta0 on a STAG config)')
+        raise ValueError(f'{config} has no test_cfg.method.stag (choose '
+                         'beta0 on a STAG config)')
     return cfg
 
 

@@ -52,9 +52,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    result = select(args.config, args.checkpoint, args.beta_grid,
-                    args.work_dir, args.gamma_grid, args.cfg_options,
-                    args.condition)
+    try:
+        result = select(args.config, args.checkpoint, args.beta_grid,
+                        args.work_dir, args.gamma_grid, args.cfg_options,
+                        args.condition)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f'error: {err}') from None
     print(f'chosen beta0 = {result["beta0"]:g}, gamma = {result["gamma"]:g} '
           f'({osp.join(args.work_dir, "beta_selection.json")}); run the '
           'whole stream with\n  --cfg-options '

@@ -15,6 +15,7 @@ import argparse
 import os
 import os.path as osp
 import sys
+import time
 
 from mmengine.config import Config, DictAction
 from mmengine.logging import print_log
@@ -92,13 +93,24 @@ def main():
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint file not found: '
                                 f'{args.checkpoint}')
+    from mmseg_stag.engine.launch_guard import LaunchError
     from mmseg_stag.engine.runs import prepare_config, run_test
 
     cfg = Config.fromfile(args.config)
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
-    cfg = prepare_config(cfg, args.work_dir, args.config, args.launcher,
-                         args.seed, args.deterministic, args.resume)
+    try:
+        cfg = prepare_config(cfg, args.work_dir, args.config, args.launcher,
+                             args.seed, args.deterministic, args.resume)
+    except LaunchError as err:
+        if err.every_rank_reports:
+            # every rank reports before the launcher stops the others
+            print(f'error: {err}', file=sys.stderr, flush=True)
+            time.sleep(2)
+            raise SystemExit(1) from None
+        raise SystemExit(f'error: {err}') from None
+    except ValueError as err:
+        raise SystemExit(f'error: {err}') from None
     if args.show or args.show_dir:
         cfg = trigger_visualization_hook(cfg, args)
     if args.out is not None:

@@ -91,26 +91,49 @@ def launcher_evidence(
     return found, n
 
 
-def check_single_process(world_size: int,
-                         environ: Optional[Mapping[str, str]] = None):
-    """Raise unless this stream runs as a single process.
+class LaunchError(RuntimeError):
+    """A continual stream started as several processes.
 
     Args:
-        world_size (int): MMEngine's world size (``get_world_size()``).
+        message (str): What was found and what to do instead.
+        every_rank_reports (bool): Ranks that MMEngine's launcher counts
+            were started: each should say so before the launcher stops the
+            others.
+    """
+
+    def __init__(self, message: str, every_rank_reports: bool = False):
+        super().__init__(message)
+        self.every_rank_reports = every_rank_reports
+
+
+def check_single_process(world_size: int,
+                         environ: Optional[Mapping[str, str]] = None,
+                         launcher: str = 'none'):
+    """Raise unless this stream runs as a single process: the one check
+    of a run's launch (``tools/test.py`` before the runner is built, the
+    loop when it is).
+
+    Args:
+        world_size (int): MMEngine's world size (``get_world_size()``), or
+            ``WORLD_SIZE`` before MMEngine runs.
         environ (Mapping[str, str], optional): The environment to read.
             Default: ``os.environ``.
+        launcher (str): MMEngine's ``--launcher``. Default: ``'none'``.
 
     Raises:
-        RuntimeError: If ``world_size > 1``, or (unless
+        LaunchError: If ``world_size > 1`` or a launcher other than
+            ``'none'`` is set, or (unless
             ``MMSEG_STAG_ALLOW_MANY_PROCESSES=1``) a launcher's variable
             shows another process of this job; the message names it.
     """
-    if world_size > 1:
-        raise RuntimeError(DISTRIBUTED_ERROR.format(n=world_size))
+    if world_size > 1 or launcher != 'none':
+        n = world_size if world_size > 1 else 'several'
+        raise LaunchError(DISTRIBUTED_ERROR.format(n=n),
+                          every_rank_reports=world_size > 1)
     environ = os.environ if environ is None else environ
     if environ.get(ALLOW_ENV, '') == '1':
         return
     found, n = launcher_evidence(environ)
     if found:
-        raise RuntimeError(MANY_PROCESSES_ERROR.format(
+        raise LaunchError(MANY_PROCESSES_ERROR.format(
             evidence=', '.join(found), n=n))

@@ -2,8 +2,6 @@
 import logging
 import os
 import os.path as osp
-import sys
-import time
 import uuid
 from typing import Optional
 
@@ -16,7 +14,7 @@ from mmengine.runner import Runner, set_random_seed
 from .run_state import (identity_differences, load_run_state,
                         rng_state, run_identity,
                         set_rng_state)
-from .launch_guard import DISTRIBUTED_ERROR
+from .launch_guard import check_single_process
 from .online_loop import RESUME_IGNORES, STATE_FILE
 from .online_task import head_layer_of
 from .report import read_results
@@ -31,24 +29,19 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
                    launcher: str = 'none', seed: Optional[int] = None,
                    deterministic: bool = False,
                    resume: bool = False) -> Config:
-    """Set a run's work dir and randomness; check its launcher and resume.
+    """Set a run's work dir and randomness; check its launch and resume.
 
     Raises:
-        SystemExit: If the run is distributed or ``resume`` cannot apply.
+        LaunchError: If an online run is started as several processes
+            (before any process group or worker starts).
+        ValueError: If ``resume`` cannot apply.
     """
     cfg.launcher = launcher
     online = is_online(cfg)
-    world_size = int(os.environ.get('WORLD_SIZE', '1'))
-    if online and (launcher != 'none' or world_size > 1):
-        # before any process group or worker starts (the loop refuses too)
-        n = world_size if world_size > 1 else 'several'
-        message = 'error: ' + DISTRIBUTED_ERROR.format(n=n)
-        if world_size > 1:
-            # every rank reports before the launcher stops the others
-            print(message, file=sys.stderr, flush=True)
-            time.sleep(2)
-            raise SystemExit(1)
-        raise SystemExit(message)
+    if online:
+        # before any process group or worker starts (the loop checks too)
+        check_single_process(int(os.environ.get('WORLD_SIZE', '1')),
+                             launcher=launcher)
     if work_dir is not None:
         cfg.work_dir = work_dir
     elif cfg.get('work_dir', None) is None:
@@ -64,12 +57,12 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
     cfg.randomness = randomness
     if resume:
         if not online:
-            raise SystemExit('error: --resume continues an online-adaptation'
-                             ' run (test_cfg.type=OnlineAdaptationLoop); this '
+            raise ValueError('--resume continues an online-adaptation run '
+                             '(test_cfg.type=OnlineAdaptationLoop); this '
                              "config runs MMEngine's plain test loop")
         state = osp.join(cfg.work_dir, STATE_FILE)
         if not osp.isfile(state):
-            raise SystemExit(f'error: --resume: no previous run in '
+            raise ValueError(f'--resume: no previous run in '
                              f'{cfg.work_dir} ({state} does not exist); run '
                              'without --resume to start it, or give its '
                              '--work-dir')

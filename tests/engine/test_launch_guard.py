@@ -134,3 +134,41 @@ def test_the_loop_refuses_before_it_builds_anything(monkeypatch):
     with pytest.raises(RuntimeError, match='SLURM_STEP_NUM_TASKS=2'):
         OnlineAdaptationLoop(runner=None, dataloader=None, evaluator=None,
                              method=dict(type='tent'))
+
+
+def test_the_run_is_checked_by_the_same_guard_before_the_runner(
+        monkeypatch, tmp_path):
+    """``prepare_config`` (``tools/test.py`` before it builds the runner)
+    asks the same guard and raises; only ``tools/`` turns an error into an
+    exit. A distributed launch makes every rank report."""
+    import glob
+    import os.path as osp
+
+    from mmengine.config import Config
+
+    from mmseg_stag.engine.launch_guard import LaunchError
+    from mmseg_stag.engine.runs import prepare_config
+    cfg = Config(dict(test_cfg=dict(type='OnlineAdaptationLoop')))
+    clear_launchers(monkeypatch)
+    with pytest.raises(LaunchError, match='across several ranks') as err:
+        prepare_config(cfg.copy(), str(tmp_path), launcher='pytorch')
+    assert not err.value.every_rank_reports
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    with pytest.raises(LaunchError, match='across 2 ranks') as err:
+        prepare_config(cfg.copy(), str(tmp_path))
+    assert err.value.every_rank_reports
+    clear_launchers(monkeypatch)
+    monkeypatch.setenv('SLURM_STEP_NUM_TASKS', '2')
+    with pytest.raises(LaunchError, match='SLURM_STEP_NUM_TASKS=2'):
+        prepare_config(cfg.copy(), str(tmp_path))
+    clear_launchers(monkeypatch)
+    with pytest.raises(ValueError, match='--resume: no previous run in'):
+        prepare_config(cfg.copy(), str(tmp_path / 'new'), resume=True)
+    # MMEngine's plain test loop is not a stream: no guard
+    prepare_config(Config(dict(test_cfg=dict())), str(tmp_path),
+                   launcher='pytorch')
+    package = osp.join(osp.dirname(osp.dirname(osp.dirname(
+        osp.abspath(__file__)))), 'mmseg_stag')
+    for path in glob.glob(osp.join(package, '**', '*.py'), recursive=True):
+        with open(path, encoding='utf-8') as f:
+            assert 'SystemExit' not in f.read(), path
