@@ -1,5 +1,4 @@
 """Corrupted classification test sets as released, as uint8 images."""
-import hashlib
 import os
 import os.path as osp
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -122,15 +121,6 @@ class CorruptionSet(Dataset):
 
     def __len__(self) -> int:
         return len(self.labels)
-
-    def fingerprint(self) -> str:
-        """Return a hash of the labels, file names, sizes and times."""
-        h = hashlib.sha1(f'{self.corruption}/{self.severity}'.encode())
-        h.update(np.ascontiguousarray(self.labels).tobytes())
-        for path in self.paths:
-            st = os.stat(path)
-            h.update(f'{path}:{st.st_size}:{st.st_mtime_ns}'.encode())
-        return h.hexdigest()[:16]
 
 
 class ImageFiles(CorruptionSet):
@@ -311,11 +301,6 @@ class StreamData:
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
-
-    def fingerprint(self) -> str:
-        """Return a hash of the sets' fingerprints."""
-        return hashlib.sha1(''.join(
-            s.fingerprint() for s in self.sets).encode()).hexdigest()[:16]
 
     def indices_of(self, name: str) -> np.ndarray:
         """Return the global indices of one corruption, in file order."""

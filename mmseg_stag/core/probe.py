@@ -30,8 +30,6 @@ class HeadProbe:
             (the head layer), e.g. ``'decode_head.conv_seg'``. ``None``: the
             model's last ``nn.Linear`` (per sample only).
         prediction_kind (str): ``'per_sample'`` or ``'per_pixel'``.
-        run (callable, optional): ``run(model, inputs) -> prediction``.
-            Default: ``model(inputs)``.
         autocast_dtype (torch.dtype, optional): Runs each forward pass, and
             only the forward pass, under ``torch.autocast`` of this dtype.
             Default: None (no autocast).
@@ -43,7 +41,6 @@ class HeadProbe:
     def __init__(self,
                  head_layer: Optional[str] = None,
                  prediction_kind: str = 'per_sample',
-                 run: Optional[Callable[[nn.Module, Any], Any]] = None,
                  autocast_dtype: Optional[torch.dtype] = None):
         self.prediction_kind = check_prediction_kind(prediction_kind)
         self.autocast_dtype = autocast_dtype
@@ -56,7 +53,6 @@ class HeadProbe:
             raise ValueError('head_layer must be a dotted module name, got '
                              f'{head_layer!r}')
         self.head_layer = head_layer
-        self.run = run or (lambda model, inputs: model(inputs))
 
     def find(self, model: nn.Module) -> Tuple[str, nn.Module]:
         """Return ``(name, module)`` of the classifier in ``model``.
@@ -97,7 +93,9 @@ class HeadProbe:
     def __call__(self, model: nn.Module, inputs: Any,
                  run: Optional[Callable[[nn.Module, Any], Any]] = None
                  ) -> Tuple[Any, HeadOutputs]:
-        """Run ``model`` once on ``inputs`` and record its classifier.
+        """Run ``model`` once on ``inputs`` and record its classifier;
+        ``run(model, inputs) -> prediction`` runs it instead of
+        ``model(inputs)`` (a segmentor's ``inference``).
 
         Under :attr:`autocast_dtype` the prediction and the logits come
         back in float32 (the losses run outside autocast) and the features
@@ -120,7 +118,8 @@ class HeadProbe:
         handle = module.register_forward_hook(hook)
         try:
             with self.autocast(inputs):
-                prediction = (run or self.run)(model, inputs)
+                prediction = model(inputs) if run is None else \
+                    run(model, inputs)
         finally:
             handle.remove()
             if self.autocast_dtype is not None:

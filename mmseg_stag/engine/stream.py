@@ -6,7 +6,7 @@ and ``OnlineAdaptationLoop`` alone turns batch indices into stage events
 (:class:`StreamSchedule`). No other place detects a stage boundary.
 """
 import bisect
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import List, Sequence
 
 
@@ -35,9 +35,6 @@ class StreamStage:
         """Return ``stage``, ``round``, ``condition``: a record's tags."""
         return dict(stage=self.index, round=self.round,
                     condition=self.condition)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def whole_stream(num_samples: int) -> List[StreamStage]:

@@ -121,7 +121,7 @@ def test_classifier_not_called_raises_and_removes_the_hook():
         raise KeyError('boom')
 
     with pytest.raises(KeyError, match='boom'):
-        HeadProbe('cls', run=failing)(model, images())
+        HeadProbe('cls')(model, images(), run=failing)
     assert not model.cls._forward_hooks
 
 
@@ -149,16 +149,19 @@ def test_run_replaces_model_call_and_each_call_is_recorded():
     def two_halves(m, inputs):  # e.g. sliding-window inference
         return torch.cat([m(inputs[:2]), m(inputs[2:])])
 
-    probe = HeadProbe('cls', run=two_halves)
-    prediction, outs = probe(model, x)
+    probe = HeadProbe('cls')
+    prediction, outs = probe(model, x, run=two_halves)
     assert model.calls == 2 and len(outs) == 2
     torch.testing.assert_close(prediction,
                                torch.cat([z for _, z in outs]))
     assert [f.shape[0] for f, _ in outs] == [2, 2]
-    # a run given to the call wins over the probe's own
+    # another run on the next call, the model's own call by default
     prediction, outs = probe(model, x, run=lambda m, inputs: m(inputs) * 2)
     assert model.calls == 3 and len(outs) == 1
     torch.testing.assert_close(prediction, 2 * outs[0][1])
+    prediction, outs = probe(model, x)
+    assert model.calls == 4
+    torch.testing.assert_close(prediction, outs[0][1])
 
 
 # ------------------------------------------------------------- per pixel

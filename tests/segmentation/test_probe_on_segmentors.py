@@ -89,10 +89,17 @@ def data_samples(n=1):
     return samples
 
 
-def inference_probe(batch_img_metas, head_layer=CLASSIFIER):
-    """The loop's forward: the probe around ``model.inference``."""
-    return HeadProbe(head_layer, 'per_pixel',
-                     run=lambda m, x: m.inference(x, batch_img_metas))
+class inference_probe(HeadProbe):  # noqa: N801 (used as a function)
+    """The loop's forward: the probe around ``model.inference``, as
+    ``SegmentationAdapter.forward`` runs it."""
+
+    def __init__(self, batch_img_metas, head_layer=CLASSIFIER):
+        super().__init__(head_layer, 'per_pixel')
+        self.metas = batch_img_metas
+
+    def __call__(self, model, inputs):
+        return super().__call__(
+            model, inputs, run=lambda m, x: m.inference(x, self.metas))
 
 
 def count_calls(monkeypatch, module):
