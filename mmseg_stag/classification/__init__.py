@@ -6,7 +6,7 @@ from .data import (CIFARC, CORRUPTIONS, IMAGENET_MEAN, IMAGENET_STD,
                    imagenet_preprocess, to_uint8_chw)
 from .ecotta_network import ECOTTA_PRESETS, ecotta_network
 from .metric import StreamAccuracyMetric
-from .models import build_cls_model, load_weights
+from .models import load_weights
 from .online_task import ClassificationTask
 from .registry import CLS_DATASETS, CLS_MODELS, CLS_SCENARIOS
 from .scenarios import Stage, build_stream
@@ -29,7 +29,7 @@ __all__ = [
     'to_uint8_chw', 'Stage', 'build_stream', 'CorruptionStream',
     'SourceImages', 'StageBatchSampler', 'SeededShuffleSampler',
     'OnlineClassifier', 'ClassifierPreprocessor', 'ClassificationTask',
-    'StreamAccuracyMetric', 'build_cls_model', 'load_weights', 'WideResNet',
+    'StreamAccuracyMetric', 'load_weights', 'WideResNet',
     'wrn28_10_standard', 'wrn40_2_augmix', 'SmallCNN', 'SmallViT',
     'METHOD_NAMES', 'ECOTTA_PRESETS', 'ecotta_network', 'CLS_MODELS',
     'CLS_DATASETS', 'CLS_SCENARIOS'

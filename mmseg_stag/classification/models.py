@@ -1,13 +1,11 @@
 """Source models of the classification benchmarks and strict weight loading."""
 import importlib
-from typing import Tuple
 
 import torch.nn as nn
 from mmengine.utils import check_file_exist
 
 from mmseg_stag.checkpoint import (check_state_dict, extract_state_dict,
                                    load_checkpoint_file)
-from mmseg_stag.core import HeadProbe
 from .registry import CLS_MODELS
 
 
@@ -149,17 +147,3 @@ def load_vit_npz(model: nn.Module, path: str) -> None:
     except (KeyError, RuntimeError) as err:  # a tensor timm looks for
         raise ValueError(f'{path} does not match {type(model).__name__}: '
                          f'{type(err).__name__}: {err}') from err
-
-
-def build_cls_model(cfg: dict) -> Tuple[nn.Module, str]:
-    """Return the model of ``cfg`` in eval mode, its weights loaded from
-    ``cfg['checkpoint']``, and the name of its classifier (``head_layer``,
-    default: the last ``nn.Linear``)."""
-    cfg = dict(cfg)
-    path = cfg.pop('checkpoint', None)
-    head_layer = cfg.pop('head_layer', None)
-    model = CLS_MODELS.build(cfg)
-    if path:
-        load_weights(model, path)
-    name, _ = HeadProbe(head_layer).find(model)
-    return model.eval(), name

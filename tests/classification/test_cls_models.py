@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from mmseg_stag.classification import (SmallCNN, SmallViT, build_cls_model,
+from mmseg_stag.classification import (CLS_MODELS, SmallCNN, SmallViT,
                                        load_weights, wrn28_10_standard,
                                        wrn40_2_augmix)
 from mmseg_stag.core import HeadProbe
@@ -18,11 +18,10 @@ def test_probe_finds_the_classifier_of_the_cls_models():
     assert HeadProbe().find(SmallViT())[0] == 'head'
     assert HeadProbe().find(wrn40_2_augmix())[0] == 'fc'
     assert HeadProbe().find(SmallCNN(width=4))[0] == 'fc'
-    model, cls = build_cls_model(dict(type='SmallCNN', width=4,
-                                      head_layer='fc'))
-    assert cls == 'fc' and not model.training
+    model = CLS_MODELS.build(dict(type='SmallCNN', width=4))
+    assert HeadProbe('fc').find(model)[0] == 'fc'
     with pytest.raises(ValueError, match="no module 'head'"):
-        build_cls_model(dict(type='SmallCNN', width=4, head_layer='head'))
+        HeadProbe('head').find(model)
 
 
 # ------------------------------------------------------------ WideResNets
@@ -62,8 +61,9 @@ def test_wrn_loads_robustbench_style_files(tmp_path):
     state = {f'module.{k}': v for k, v in src.state_dict().items()}
     path = str(tmp_path / 'Hendrycks2020AugMix_WRN.pt')
     torch.save({'state_dict': state, 'epoch': 100}, path)
-    model, cls = build_cls_model(dict(type='WRN40_2_AugMix', checkpoint=path))
-    assert cls == 'fc'
+    model = CLS_MODELS.build(dict(type='WRN40_2_AugMix'))
+    load_weights(model, path)
+    model.eval()
     x = torch.rand(2, 3, 32, 32)
     torch.testing.assert_close(model(x), src.eval()(x))
     # a file that does hold mu/sigma loads too
@@ -95,13 +95,14 @@ def test_optional_extras(monkeypatch):
     monkeypatch.setitem(sys.modules, 'torchvision', None)
     monkeypatch.setitem(sys.modules, 'torchvision.models', None)
     with pytest.raises(ImportError, match=r'pip install -e \.\[cls\]'):
-        build_cls_model(dict(type='TorchvisionResNet50'))
+        CLS_MODELS.build(dict(type='TorchvisionResNet50'))
     fake = types.ModuleType('timm')
     fake.create_model = lambda name, pretrained, num_classes: SmallViT(
         num_classes=num_classes)
     fake.is_model = lambda name: name == 'vit_base_patch16_224'
     monkeypatch.setitem(sys.modules, 'timm', fake)
-    model, cls = build_cls_model(dict(type='TimmModel',
-                                      model_name='vit_base_patch16_224',
-                                      num_classes=7))
-    assert cls == 'head' and model.head.out_features == 7
+    model = CLS_MODELS.build(dict(type='TimmModel',
+                                  model_name='vit_base_patch16_224',
+                                  num_classes=7))
+    assert HeadProbe().find(model)[0] == 'head'
+    assert model.head.out_features == 7

@@ -55,10 +55,10 @@ def test_real_model_loads_its_file(tmp_path, base, name, head_layer, size):
 
 
 def test_bad_files_are_named(tmp_path):
-    from mmseg_stag.classification import build_cls_model, load_weights
+    from mmseg_stag.classification import CLS_MODELS, load_weights
     with pytest.raises(ValueError, match="no model 'vit_base_patch99_224'"):
-        build_cls_model(dict(type='TimmModel',
-                             model_name='vit_base_patch99_224'))
+        CLS_MODELS.build(dict(type='TimmModel',
+                              model_name='vit_base_patch99_224'))
     resnet = build('resnet50-gn')
     npz = str(tmp_path / 'resnet.npz')
     np.savez(npz, x=np.zeros(1))
