@@ -21,7 +21,7 @@ ifneq ($(ENV_OK),ok)
 .PHONY: $(STAMP)
 endif
 
-$(STAMP): setup.py tools/install_env.sh
+$(STAMP): setup.py tools/install_env.sh constraints.txt
 	bash tools/install_env.sh $(VENV) $(PYTHON)
 	$(PY) -c "import torch; print(torch.__version__)" > $(STAMP)
 

@@ -22,6 +22,21 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install --disable-pip-version-check)
+# constraints.txt: the tested version of every package but torch and mmcv,
+# the ones that gave the recorded demo numbers (README, docs/demo.md,
+# tests/demo/recorded_numbers.json). MMSEG_STAG_CONSTRAINTS=none installs
+# without them, another path uses that file.
+CONSTRAINTS=${MMSEG_STAG_CONSTRAINTS:-$ROOT/constraints.txt}
+if [ "$CONSTRAINTS" = none ]; then
+  echo "[install] MMSEG_STAG_CONSTRAINTS=none: the packages' versions are" \
+    "not pinned (the demos' numbers may differ from the recorded ones)"
+elif [ -f "$CONSTRAINTS" ]; then
+  PIP+=(-c "$CONSTRAINTS")
+else
+  echo "[install] error: MMSEG_STAG_CONSTRAINTS=$CONSTRAINTS: no such file" \
+    "(a pip constraints file, or 'none' to install unpinned)" >&2
+  exit 1
+fi
 
 # version_ok MODULE MIN MAX_EXCLUSIVE: true if MODULE imports with a version in range
 version_ok() {

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from recorded import ENV, check_or_record
 
 from demo_data.cls_data import (corrupt_images, split_train_test,
                                 write_corrupted_set)
@@ -82,7 +83,8 @@ ARGS = ['--n-test', '30', '--nets', 'bn', '--scenarios', 'mild',
 def run_demo(work_dir):
     proc = subprocess.run(
         [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
-         str(work_dir)] + ARGS, capture_output=True, text=True, cwd=REPO)
+         str(work_dir)] + ARGS, capture_output=True, text=True, cwd=REPO,
+        env=ENV)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -113,6 +115,13 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
               'data/MNIST-C/gaussian_noise.npy', 'models/bn.pth'):
         assert osp.isfile(tmp_path / f), f
     assert 'Mild, CNN-BN (accuracy %)' in out
+    # a clean install (constraints.txt) gives these numbers, to the digit
+    check_or_record('cls', dict(
+        clean_test_acc=summary['clean_test_acc'],
+        choices={m: [c['beta0'], c['gamma']]
+                 for m, c in setting['choices'].items()},
+        rows={r['name']: [c['correct'] for c in r['per_corruption'].values()]
+              for r in setting['rows']}))
     # a second run reuses the data, the model and every finished row
     stamp = os.stat(tmp_path / 'data/MNIST-C/labels.npy').st_mtime_ns
     again = run_demo(tmp_path)

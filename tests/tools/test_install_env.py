@@ -277,3 +277,46 @@ def test_install_stops_before_building_mmcv_for_torch_2_14(tmp_path,
     assert f'torch {version} is in {venv}' in done.stderr
     assert 'C++20' in done.stderr and 'torch==2.13.0' in done.stderr
     assert 'mmcv 2.1.0 with' not in done.stdout  # no build started
+
+
+# -- the pinned versions (constraints.txt) ---------------------------------
+CONSTRAINTS = osp.join(REPO, 'constraints.txt')
+
+
+def pins():
+    with open(CONSTRAINTS) as f:
+        lines = [ln.strip() for ln in f if ln.strip() and
+                 not ln.startswith('#')]
+    return dict(ln.split('==') for ln in lines)
+
+
+def test_every_pip_call_of_the_install_is_pinned(tmp_path):
+    done, calls = install(tmp_path, '--no-gpu --torch-cuda none')
+    assert done.returncode == 0, done.stderr
+    pip_calls = [c for c in calls if ' pip install ' in c]
+    assert pip_calls and all(f'-c {CONSTRAINTS} ' in c for c in pip_calls)
+    # without pins on request, said; a wrong path stops before any pip call
+    done, calls = install(tmp_path / 'none', '--no-gpu --torch-cuda none',
+                          MMSEG_STAG_CONSTRAINTS='none')
+    assert done.returncode == 0 and 'are not pinned' in done.stdout
+    assert not [c for c in calls if ' -c ' in c]
+    done, calls = install(tmp_path / 'bad', '--no-gpu --torch-cuda none',
+                          MMSEG_STAG_CONSTRAINTS=str(tmp_path / 'nope.txt'))
+    assert done.returncode == 1 and calls == []
+    assert f'MMSEG_STAG_CONSTRAINTS={tmp_path}/nope.txt: no such file' in \
+        done.stderr
+
+
+def test_the_constraints_pin_what_the_script_installs_but_torch_and_mmcv():
+    pinned = pins()
+    # torch: the user's own is kept (CUDA builds); mmcv: built by the
+    # script with its ops, never by a later pip call
+    assert 'torch' not in pinned and 'mmcv' not in pinned
+    with open(INSTALL) as f:
+        script = f.read()
+    for name in ('mmengine', 'mmsegmentation', 'setuptools'):
+        assert f'{name}=={pinned[name]}' in script, name
+    # the packages the demos' numbers move with
+    for name in ('numpy', 'pillow', 'opencv-python', 'scipy', 'scikit-image',
+                 'imagecorruptions-imaug', 'mlxtend'):
+        assert name in pinned, name
