@@ -13,7 +13,7 @@ from mmseg_stag.engine.online_task import head_layer_of
 def register_reference():
     """``tent_two_forward``: TENT as CoTTA's ``single_gpu_tent`` runs it
     (registered here only: a speed reference, not a method to use)."""
-    from mmseg_stag.core import Logits
+    from mmseg_stag.core import Logits, StepStats
     from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
                                          SegmentationTENT)
 
@@ -30,7 +30,7 @@ def register_reference():
                 fwd = self.adapter.forward(self.model, batch)
             fwd.logits = prediction  # its labels: the prediction's
             self.update(self.loss(batch, fwd))
-            return Logits.of(fwd), fwd.stats
+            return Logits.of(fwd), StepStats([fwd.stats])
 
 
 def build_runner(config, args, work_dir, method):

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from .probe import HeadOutputs, HeadProbe
+from .stats import PassStats
 
 
 @dataclass
@@ -28,11 +29,11 @@ class ForwardPass:
         logits (Tensor): The model's output, what the batch is scored on.
         head_outputs (HeadOutputs): ``[(features, logits), ...]``, one pair
             per classifier call.
-        stats (dict[str, float]): Numbers logged for the pass.
+        stats (PassStats): What the method logs for the pass.
     """
     logits: torch.Tensor
     head_outputs: HeadOutputs
-    stats: Dict[str, Any] = field(default_factory=dict)
+    stats: PassStats = field(default_factory=PassStats)
     #: the task's post-processed data samples of ``logits``, once made
     #: (segmentation: ``SegmentationAdapter.postprocessed``)
     postprocessed: Optional[list] = field(default=None, repr=False)

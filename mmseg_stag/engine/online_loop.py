@@ -18,7 +18,7 @@ from .run_state import (identity_differences, load_run_state,
 from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
-from .step_stats import StepStats
+from .step_stats import PendingStats
 from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
@@ -123,7 +123,7 @@ class OnlineAdaptationLoop(TestLoop):
                 'its gradients (fp16 gradients underflow without a '
                 "GradScaler); use mixed_precision='bf16' or None")
         self.setup_precision()
-        self.step_stats = StepStats()
+        self.step_stats = PendingStats()
         self.bn_batch_stats = bool(bn_batch_stats)
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.task.check_dataset(self.dataloader.dataset)

@@ -1,17 +1,13 @@
 """The methods' per-step statistics, read from the device in batches."""
 import math
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Tuple
 
 import torch
 
-Stat = Union[float, torch.Tensor]
-
-#: statistics whose non-finite value stops the run (STAG's inputs went
-#: bad): ``loss_stag`` and a method's per-pass ``loss_stag1``, ``loss_stag2``
-FINITE_PREFIXES = ('loss_stag', )
+from mmseg_stag.core import StepStats
 
 
-class StepStats:
+class PendingStats:
     """Statistics of the steps since the last read, kept as they come.
 
     A method returns 0-d tensors where reading a value would wait for the
@@ -20,20 +16,23 @@ class StepStats:
     """
 
     def __init__(self):
-        self.pending: List[Tuple[int, Dict[str, Stat]]] = []
+        self.pending: List[Tuple[int, StepStats]] = []
 
-    def append(self, idx: int, stats: Dict[str, Stat]) -> None:
+    def append(self, idx: int, stats: StepStats) -> None:
         """Keep the statistics of batch ``idx``."""
-        self.pending.append((idx, dict(stats)))
+        self.pending.append((idx, stats))
 
-    def read(self) -> List[Tuple[int, Dict[str, float]]]:
-        """Return the pending statistics as floats and forget them."""
-        tensors = [v.detach().reshape(()) for _, stats in self.pending
-                   for v in stats.values() if torch.is_tensor(v)]
-        values = iter(read_tensors(tensors))
-        out = [(idx, {k: next(values) if torch.is_tensor(v) else float(v)
-                      for k, v in stats.items()})
-               for idx, stats in self.pending]
+    def read(self) -> List[Tuple[int, Dict[str, float], List[str]]]:
+        """Return the pending statistics as ``(batch index, values by
+        logged name, the names of its STAG values)`` and forget them."""
+        logged = [stats.logged() for _, stats in self.pending]
+        tensors = [v.detach().reshape(()) for values in logged
+                   for v in values.values() if torch.is_tensor(v)]
+        floats = iter(read_tensors(tensors))
+        out = [(idx, {k: next(floats) if torch.is_tensor(v) else float(v)
+                      for k, v in values.items()},
+                [name for name, _ in stats.stag_values()])
+               for (idx, stats), values in zip(self.pending, logged)]
         self.pending = []
         return out
 
@@ -41,18 +40,16 @@ class StepStats:
         """Log the pending statistics under ``test/`` in batch order.
 
         Raises:
-            ValueError: If a statistic named with a prefix of
-                :data:`FINITE_PREFIXES` is not finite.
+            ValueError: If the STAG loss of any pass is not finite.
         """
-        for idx, stats in self.read():
-            for key in stats:
-                if key.startswith(FINITE_PREFIXES) and \
-                        not math.isfinite(stats[key]):
+        for idx, values, stag_names in self.read():
+            for name in stag_names:
+                if not math.isfinite(values[name]):
                     raise ValueError(
-                        f'{key} is {stats[key]} at batch {idx}: the STAG '
+                        f'{name} is {values[name]} at batch {idx}: the STAG '
                         'loss is not finite (its features, logits or the '
                         'classifier contain nan or inf values)')
-            for key, value in stats.items():
+            for key, value in values.items():
                 message_hub.update_scalar(f'test/{key}', value)
 
 

@@ -4,6 +4,7 @@ one forward and at most one backward per batch, predict-then-adapt, which
 parameters move, the STAG term, the log lines, and errors before the first
 batch."""
 import copy
+import math
 import glob
 import os
 import os.path as osp
@@ -470,3 +471,22 @@ def test_bf16_mixed_precision(tiny_acdc, tiny_checkpoint, tmp_path):
                    for p in runner.model.parameters())
     for key, value in results[None].items():
         assert abs(results['bf16'][key] - value) < 5.0, key
+
+
+def test_a_non_finite_stag_loss_of_sar_stops_the_run_naming_the_batch(
+        tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch):
+    """SAR+STAG makes two passes a batch, each with its STAG term: a
+    non-finite term of the second pass of batch 2 stops the run there."""
+    from mmseg_stag.core import STAGLoss
+    forward, calls = STAGLoss.forward, []
+
+    def nan_at_batch_2_pass_2(self, *args, **kwargs):
+        loss = forward(self, *args, **kwargs)
+        calls.append(1)
+        return loss * math.nan if len(calls) == 6 else loss
+
+    monkeypatch.setattr(STAGLoss, 'forward', nan_at_batch_2_pass_2)
+    runner = make_runner('sar-stag', tiny_acdc, tiny_checkpoint, tmp_path)
+    with pytest.raises(ValueError, match='loss_stag2 is nan at batch 2'):
+        runner.test()
+    assert len(calls) >= 6

@@ -14,6 +14,7 @@ from ..params import exclude_by_module, select_parameters
 from ..probe import PREDICTION_KINDS, check_prediction_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
+from ..stats import PassStats, StepStats
 from ..task_adapter import Batch, ForwardPass, Logits, Prediction, TaskAdapter
 from .step_graph import StepGraphs, check_capturable_optimizer
 
@@ -332,7 +333,7 @@ class BaseMethod:
         ``beta`` as in :meth:`loss`."""
         stats, total = fwd.stats, base
         if base is not None:
-            stats['loss_base'] = base.detach()
+            stats.loss_base = base.detach()
         if self.stag_loss is not None:
             weight, bias = self.classifier.weight, self.classifier.bias
             # eq:stag_batch_loss, over every sample (pixel) of the pass
@@ -340,10 +341,10 @@ class BaseMethod:
                 lambda f, z: self.stag_loss(f, z, weight, bias),
                 fwd.head_outputs)
             beta = self.beta if beta is None else beta
-            stats.update(loss_stag=l_stag.detach(), beta=beta)
+            stats.loss_stag, stats.beta = l_stag.detach(), beta
             total = beta * l_stag if total is None else total + beta * l_stag
         if total is not None:
-            stats['loss'] = total.detach()
+            stats.loss = total.detach()
         return total
 
     def zero_grad(self) -> None:
@@ -381,12 +382,12 @@ class BaseMethod:
             raise RuntimeError(f'{self.name}.configure(model, adapter) must '
                                'be called before adapting')
 
-    def adapt(self, batch: Batch) -> Tuple[Prediction, Dict[str, Any]]:
+    def adapt(self, batch: Batch) -> Tuple[Prediction, StepStats]:
         """Predict, then adapt: one forward, at most one backward.
 
         Returns:
-            tuple[Logits | Labels, dict]: The prediction before the update
-            and the step's statistics.
+            tuple[Logits | Labels, StepStats]: The prediction before the
+            update and the step's statistics.
 
         Raises:
             RuntimeError: If the method is not configured.
@@ -396,7 +397,7 @@ class BaseMethod:
             fwd = self.adapter.forward(self.model, batch)
             if self.updates:
                 self.update(self.loss(batch, fwd))
-            return Logits.of(fwd), fwd.stats
+            return Logits.of(fwd), StepStats([fwd.stats])
         beta = None if self.stag_loss is None else self.beta
         prediction, stats = self.graphs(batch, self.adapter.graph_key(batch),
                                         beta)
@@ -406,7 +407,7 @@ class BaseMethod:
         return prediction, stats
 
     def forward_and_adapt(self, batch: Batch, beta: Any
-                          ) -> Tuple[Prediction, Dict[str, Any]]:
+                          ) -> Tuple[Prediction, StepStats]:
         """:meth:`adapt`'s step with ``beta_t`` given and no counting:
         what :class:`StepGraphs` runs and captures (``beta`` a 0-d device
         tensor there)."""
@@ -414,7 +415,7 @@ class BaseMethod:
         total = self.loss(batch, fwd, beta) if self.updates else None
         if total is not None:
             self.backward_step(total)
-        return Logits.of(fwd), fwd.stats
+        return Logits.of(fwd), StepStats([fwd.stats])
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg
@@ -469,7 +470,7 @@ class SampleFilteringMethod(BaseMethod):
         self.num_samples_update_1 = state['num_samples_update_1']
         self.num_samples_update_2 = state['num_samples_update_2']
 
-    def record_selection(self, stats: dict, reliable: torch.Tensor,
+    def record_selection(self, stats: PassStats, reliable: torch.Tensor,
                          selected: torch.Tensor) -> int:
         """Count one batch's kept samples; return how many are selected."""
         # one read from the device for both counts
@@ -477,6 +478,6 @@ class SampleFilteringMethod(BaseMethod):
             [reliable.sum(), selected.sum()]).tolist())
         self.num_samples_update_1 += num_reliable
         self.num_samples_update_2 += num_selected
-        stats.update(num_reliable=float(num_reliable),
-                     num_selected=float(num_selected))
+        stats.extra.update(num_reliable=float(num_reliable),
+                           num_selected=float(num_selected))
         return num_selected

@@ -8,6 +8,7 @@ import torch.nn as nn
 from ..losses import (cross_entropy_to_teacher, per_sample_logits,
                       symmetric_cross_entropy)
 from ..registry import METHODS
+from ..stats import PassStats, StepStats
 from ..task_adapter import Batch, ForwardPass, Logits, Prediction
 from .base import BaseMethod
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
@@ -135,7 +136,8 @@ class CoTTA(BaseMethod):
         return self.LOSSES[self.loss_type](logits, teacher.value).mean(0)
 
     @torch.no_grad()
-    def teacher_prediction(self, batch: Batch, stats: dict) -> Prediction:
+    def teacher_prediction(self, batch: Batch,
+                           stats: PassStats) -> Prediction:
         """Return the teacher's logits (augmented if unsure); log stats."""
         forward = self.adapter.forward
         source_logits = forward(self.source_model, batch).logits
@@ -151,8 +153,8 @@ class CoTTA(BaseMethod):
             teacher = torch.stack(outputs).mean(0)
         else:
             teacher = standard_ema
-        stats.update(source_prob=source_prob.mean().detach(),
-                     augmented=float(use_augs))
+        stats.extra.update(source_prob=source_prob.mean().detach(),
+                           augmented=float(use_augs))
         return Logits(teacher.detach())
 
     def update_teacher(self) -> None:
@@ -194,7 +196,7 @@ class CoTTA(BaseMethod):
                                   student))
         self.update_teacher()
         self.stochastic_restore()
-        return teacher, student.stats
+        return teacher, StepStats([student.stats])
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

@@ -203,7 +203,7 @@ class EATA(SampleFilteringMethod):
         loss = ent.mul(coeff).mean(0)
         if self.fishers is not None:
             ewc = self.ewc_term()
-            fwd.stats['loss_ewc'] = ewc.detach()
+            fwd.stats.extra['loss_ewc'] = ewc.detach()
             loss = loss + ewc
         return loss
 

@@ -66,7 +66,7 @@ class EcoTTA(BaseMethod):
         _, logits = per_sample_logits(fwd.head_outputs, 'EcoTTA')
         entropy = softmax_entropy(logits)
         reliable = entropy < self.entropy_margin * math.log(logits.shape[1])
-        fwd.stats['num_reliable'] = float(reliable.sum())
+        fwd.stats.extra['num_reliable'] = float(reliable.sum())
         if not bool(reliable.any()):
             return entropy.sum() * 0.
         return entropy[reliable].mean(0)
@@ -75,7 +75,8 @@ class EcoTTA(BaseMethod):
         self.check_configured()
         loss_reg = self.regularisation_step(batch)
         prediction, stats = super().adapt(batch)
-        return prediction, dict(loss_reg=loss_reg, **stats)
+        stats.extra['loss_reg'] = loss_reg
+        return prediction, stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] + f', reg_weight={self.reg_weight},'

@@ -8,6 +8,7 @@ import torch
 from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from ..sam import SAM
+from ..stats import StepStats
 from ..task_adapter import Batch, ForwardPass, Logits
 from .base import BaseMethod
 
@@ -120,7 +121,7 @@ class SAR(BaseMethod):
         keep = entropies < self.e_margin
         if among is not None:
             keep = keep & among
-        fwd.stats['num_kept'] = float(keep.sum())
+        fwd.stats.extra['num_kept'] = float(keep.sum())
         if not bool(keep.any()):
             return None, keep
         return entropies[keep].mean(0), keep
@@ -183,9 +184,10 @@ class SAR(BaseMethod):
                     sam.second_step()  # back to theta, base optimizer step
         finally:
             sam.unperturb()  # back to theta whatever happened
-        stats = {k + '1': v for k, v in first.stats.items()}
-        if second is not None:
-            stats.update((k + '2', v) for k, v in second.stats.items())
+        # each pass's names numbered (loss_stag1, loss_stag2), even alone
+        stats = StepStats([first.stats] + ([] if second is None
+                                           else [second.stats]),
+                          numbered=True)
         updated = loss2 is not None
         if updated:
             self.step += 1
@@ -196,12 +198,13 @@ class SAR(BaseMethod):
                 p.grad = torch.zeros_like(p)
             sam.base_optimizer.step()
         sam.zero_grad(set_to_none=True)
-        stats['updated'] = float(updated)
-        stats['momentum_only_step'] = float(
-            not updated and self.momentum_step_on_empty)
-        stats['recovered'] = float(self.recover())
+        stats.extra.update(
+            updated=float(updated),
+            momentum_only_step=float(
+                not updated and self.momentum_step_on_empty),
+            recovered=float(self.recover()))
         if self.ema is not None:
-            stats['ema'] = self.ema
+            stats.extra['ema'] = self.ema
         return Logits.of(first), stats
 
     def __repr__(self) -> str:

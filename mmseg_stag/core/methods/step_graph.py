@@ -19,8 +19,10 @@ from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 
+from ..stats import StepStats
+
 #: (batch, beta) -> (prediction, stats): the method's step
-Step = Callable[[Any, Any], Tuple[Any, Dict[str, Any]]]
+Step = Callable[[Any, Any], Tuple[Any, StepStats]]
 
 
 @dataclasses.dataclass
@@ -30,7 +32,7 @@ class Captured:
     inputs: torch.Tensor
     beta: Optional[torch.Tensor]
     prediction: Any  # Logits
-    stats: Dict[str, Any]
+    stats: StepStats
 
 
 class StepGraphs:
@@ -127,12 +129,12 @@ class StepGraphs:
         return Captured(graph, inputs, beta_buffer, prediction, stats)
 
 
-def copy_outputs(prediction, stats: Dict[str, Any]) -> Tuple[Any, dict]:
+def copy_outputs(prediction, stats: StepStats) -> Tuple[Any, StepStats]:
     """The prediction (``Logits``/``Labels``) and the tensor statistics
     copied (on the device); post-processed data samples are not kept: a
     captured step's are those of the batch it was captured on."""
-    return type(prediction)(prediction.value.clone()), {
-        k: v.clone() if torch.is_tensor(v) else v for k, v in stats.items()}
+    return type(prediction)(prediction.value.clone()), stats.map(
+        lambda v: v.clone() if torch.is_tensor(v) else v)
 
 
 def check_capturable_optimizer(optimizer_cfg: dict) -> dict:

@@ -48,7 +48,7 @@ class SegmentationCoTTA(CoTTA):
         labels, view_stats = teacher_labels(
             self.adapter, self.teacher, self.source_model, batch.views,
             batch.main_view, self.ap, self.batch_views)
-        stats.update(view_stats)
+        stats.extra.update(view_stats)
         return Labels(labels)
 
     def loss_to_teacher(self, student, teacher):

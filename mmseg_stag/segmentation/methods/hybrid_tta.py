@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from mmengine.logging import print_log
 
-from mmseg_stag.core import Labels
+from mmseg_stag.core import Labels, StepStats
 from mmseg_stag.core.methods.base import BaseMethod
 from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
@@ -215,13 +215,13 @@ class HybridTTA(BaseMethod):
         # the switch reads the cross-entropy alone (STAG-free, as theirs),
         # after the forward and before the backward (test_feat.py:334-355)
         self.set_efficient(self.switch.decide(loss_seg.item()))
-        student.stats.update(loss_seg=loss_seg.detach(),
-                             loss_recon=loss_recon.detach(),
-                             efficient=float(self.switch.efficient))
+        student.stats.extra.update(loss_seg=loss_seg.detach(),
+                                   loss_recon=loss_recon.detach(),
+                                   efficient=float(self.switch.efficient))
         self.update(self.add_stag(loss_seg + self.recon_weight * loss_recon,
                                   student))
         ema_update_(self.teacher, self.model, self.ema_momentum)
-        return Labels(labels), student.stats
+        return Labels(labels), StepStats([student.stats])
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

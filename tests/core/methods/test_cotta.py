@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from mmseg_stag.core import (Batch, Logits, STAGLoss, build_method,
-                             use_batch_statistics)
+from mmseg_stag.core import (Batch, Logits, PassStats, STAGLoss,
+                             build_method, use_batch_statistics)
 from mmseg_stag.core.losses import (cross_entropy_to_teacher,
                                     symmetric_cross_entropy)
 from mmseg_stag.core.methods.cotta import CoTTA
@@ -285,7 +285,7 @@ def test_teacher_prediction_and_loss_to_teacher_on_their_own():
     x = batch(40)
     one = Batch(x)
     fwd = method.adapter.forward(method.model, one)
-    stats = {}
+    stats = PassStats()
     prediction = method.teacher_prediction(one, stats)
     loss = method.loss_to_teacher(fwd, prediction)
     with torch.no_grad():
@@ -297,7 +297,7 @@ def test_teacher_prediction_and_loss_to_teacher_on_their_own():
         loss, cross_entropy_to_teacher(fwd.logits, zt).mean(), rtol=1e-12,
         atol=1e-12)
     assert loss.requires_grad
-    assert stats['augmented'] == 0.0 and "source_prob" in stats
+    assert stats.extra['augmented'] == 0.0 and 'source_prob' in stats.extra
     assert_params_equal(model, student, tol=0)
     assert_params_equal(method.teacher, teacher, tol=0)
 
