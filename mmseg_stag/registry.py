@@ -6,7 +6,6 @@ from mmengine.registry import METRICS as MMENGINE_METRICS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
-from .classification.registry import CLS_DATASETS, CLS_MODELS, CLS_SCENARIOS
 from .core.registry import METHODS
 from .core.stag_loss import STAGLoss
 
@@ -33,5 +32,5 @@ HOOKS, LOOPS, LOG_PROCESSORS, VISUALIZERS, VISBACKENDS, FUNCTIONS, \
                      'OPTIMIZERS', 'PARAM_SCHEDULERS', 'EVALUATOR',
                      'RUNNERS', 'WEIGHT_INITIALIZERS', 'TRANSFORMS')]
 
-__all__ = ['METHODS', 'CLS_MODELS', 'CLS_DATASETS', 'CLS_SCENARIOS',
-           'MODELS', 'DATASETS', 'DATA_SAMPLERS', 'METRICS']
+# the classification registries live in mmseg_stag.classification.registry
+__all__ = ['METHODS', 'MODELS', 'DATASETS', 'DATA_SAMPLERS', 'METRICS']

@@ -3,7 +3,7 @@ import csv
 import os.path as osp
 from typing import Dict, List, Optional
 
-PER_IMAGE_FILE = 'per_image.csv'
+from mmseg_stag.classification.metric import PER_IMAGE_FILE
 
 
 def read_per_image(work_dir: str) -> List[Dict[str, object]]:

@@ -4,13 +4,14 @@ import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from mmseg_stag.analysis.running import PER_IMAGE_FILE
 from mmseg_stag.engine.comparison import TABLE_METRICS
 from mmseg_stag.engine.report import mean_ignoring_nan
 from mmseg_stag.engine.stream_metric import StreamMetric
 from mmseg_stag.registry import METRICS
 
-#: the per-image file of a classification run, and its columns
+#: the per-image file of a classification run (each image's prediction in
+#: stream order, written at the end of a stream), and its columns
+PER_IMAGE_FILE = 'per_image.csv'
 PER_IMAGE_COLUMNS = ('image', 'batch', 'stage', 'round', 'corruption',
                      'correct')
 
