@@ -1,6 +1,6 @@
 """A segmentation batch and the operations a method may ask of it."""
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 from mmengine.structures import PixelData
@@ -35,13 +35,16 @@ class SegmentationAdapter(TaskAdapter):
         super().__init__(probe)
         self.segmentor = segmentor
 
-    def forward(self, model, batch: SegmentationBatch,
-                inputs: Any = None) -> ForwardPass:
-        """Run ``model.inference`` once with the batch's metainfo."""
+    def forward(self, model, batch: SegmentationBatch, inputs: Any = None,
+                run: Optional[Callable] = None) -> ForwardPass:
+        """Run ``model.inference`` once with the batch's metainfo, or
+        ``run(model, inputs) -> seg_logits`` in its place (Hybrid-TTA's
+        masked student)."""
         metas = batch.metas
+        if run is None:
+            run = lambda m, x: m.inference(x, metas)  # noqa: E731
         logits, head_outputs = self.probe(
-            model, batch.inputs if inputs is None else inputs,
-            run=lambda m, x: m.inference(x, metas))
+            model, batch.inputs if inputs is None else inputs, run=run)
         return ForwardPass(logits, head_outputs)
 
     #: the metainfo a forward pass and its post-processing depend on

@@ -18,7 +18,7 @@ from mmseg_stag.core import Labels, StepStats
 from mmseg_stag.core.methods.base import BaseMethod
 from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
-                                         masked_l1)
+                                         masked_l1, masked_mit_features)
 from ..task_adapter import SegmentationAdapter
 from .full_resolution import full_resolution_cross_entropy, whole_image_logits
 from .registry import SEGMENTATION_METHODS
@@ -135,12 +135,17 @@ class HybridTTA(BaseMethod):
                                neck_embed_dim=int(neck_embed_dim))
         self.switch = TuningSwitch(**(switch or {}))
         self.teacher = None
-        self.features = None  # the student's backbone levels, last forward
 
     def configure(self, model, adapter):
         if not isinstance(adapter, SegmentationAdapter):
             raise ValueError('Hybrid-TTA needs the segmentation task (labels '
                              'at the original image size)')
+        mode = model.test_cfg.get('mode', 'whole')
+        if mode != 'whole':
+            raise ValueError(
+                f"Hybrid-TTA masks the whole image: test_cfg.mode={mode!r} "
+                "is not supported (use model.test_cfg.mode='whole', as the "
+                "ACDC configs do)")
         counts = attach_modules(model, **self.module_cfg)
         print_log(
             'Hybrid-TTA adds modules the source checkpoint does not have, '
@@ -154,14 +159,6 @@ class HybridTTA(BaseMethod):
         self.teacher = copy.deepcopy(model)
         for p in self.teacher.parameters():
             p.requires_grad_(False)
-        # hooks on the student only: the teacher sees unmasked images
-        backbone = model.backbone
-        backbone.layers[0][0].register_forward_hook(
-            backbone.mask_token_embed.hook)
-        backbone.register_forward_hook(self.keep_features)
-
-    def keep_features(self, module, inputs, output):
-        self.features = output
 
     def set_efficient(self, efficient: bool) -> None:
         """Freeze (efficient) or unfreeze the MiT blocks but their adapters."""
@@ -189,15 +186,25 @@ class HybridTTA(BaseMethod):
         self.set_efficient(self.switch.efficient)
 
     def masked_forward(self, batch):
-        """The student's forward with masked first-level tokens."""
+        """The student on the masked image, as MMSeg's ``encode_decode``
+        runs a segmentor: the backbone (its first-level tokens masked), the
+        decode head on its levels (in the head probe).
+
+        Returns:
+            tuple: ``(ForwardPass, the backbone's levels, token mask)``.
+        """
         mask = self.masks(tuple(batch.inputs.shape[-2:])).to(
             batch.inputs.device)
-        embed = self.model.backbone.mask_token_embed
-        embed.mask = mask
-        try:
-            return self.adapter.forward(self.model, batch), mask
-        finally:
-            embed.mask = None
+        levels = []
+
+        def encode_decode(model, inputs):
+            levels.extend(masked_mit_features(model.backbone, inputs, mask))
+            feats = model.neck(levels) if model.with_neck else levels
+            return model.decode_head.predict(feats, batch.metas,
+                                             model.test_cfg)
+
+        fwd = self.adapter.forward(self.model, batch, run=encode_decode)
+        return fwd, levels, mask
 
     def adapt(self, batch):
         """Label with the teacher, train the student on its masked view,
@@ -206,12 +213,11 @@ class HybridTTA(BaseMethod):
         with torch.no_grad():
             labels = self.adapter.labels_at_original_size(
                 batch, self.adapter.forward(self.teacher, batch))
-        student, mask = self.masked_forward(batch)
+        student, levels, mask = self.masked_forward(batch)
         loss_seg = full_resolution_cross_entropy(
             whole_image_logits(student, 'Hybrid-TTA'), labels)
-        loss_recon = masked_l1(self.model.recon_neck(self.features),
-                               batch.inputs, mask)
-        self.features = None
+        loss_recon = masked_l1(self.model.recon_neck(levels), batch.inputs,
+                               mask)
         # the switch reads the cross-entropy alone (STAG-free, as theirs),
         # after the forward and before the backward (test_feat.py:334-355)
         self.set_efficient(self.switch.decide(loss_seg.item()))

@@ -93,15 +93,34 @@ class StageOneMaskToken(nn.Module):
     def __init__(self, dims: int):
         super().__init__()
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dims))
-        self.mask = None  # [1, h, w] token mask, set for the masked forward
 
-    def hook(self, module, inputs, output):
-        """Forward hook of the first ``PatchEmbed``: mask its tokens."""
-        if self.mask is None:
-            return output
-        x, hw_shape = output
-        w = self.mask.flatten(1).unsqueeze(-1).type_as(x)
-        return x * (1. - w) + self.mask_token.expand_as(x) * w, hw_shape
+    def forward(self, x: torch.Tensor,
+                token_mask: torch.Tensor) -> torch.Tensor:
+        """Tokens ``x [N, h*w, C]`` with those under ``token_mask [1, h, w]``
+        (1: masked) replaced by the mask token."""
+        w = token_mask.flatten(1).unsqueeze(-1).type_as(x)
+        return x * (1. - w) + self.mask_token.expand_as(x) * w
+
+
+def masked_mit_features(backbone: nn.Module, x: torch.Tensor,
+                        token_mask: torch.Tensor) -> List[torch.Tensor]:
+    """The MiT's levels with the first patch embedding's tokens under
+    ``token_mask`` replaced by ``backbone.mask_token_embed``'s token: MMSeg
+    1.2.2's ``MixVisionTransformer.forward`` line for line, the mask applied
+    after ``layers[0][0]`` (the authors' mix_transformer_cvp.py, masked
+    through backbones/simmim.py:47-53)."""
+    outs = []
+    for i, layer in enumerate(backbone.layers):
+        x, hw_shape = layer[0](x)
+        if i == 0:
+            x = backbone.mask_token_embed(x, token_mask)
+        for block in layer[1]:
+            x = block(x, hw_shape)
+        x = layer[2](x)
+        x = nlc_to_nchw(x, hw_shape)
+        if i in backbone.out_indices:
+            outs.append(x)
+    return outs
 
 
 class ReconstructionNeck(nn.Module):

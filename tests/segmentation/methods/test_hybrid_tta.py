@@ -13,7 +13,7 @@ from mmengine.hooks import Hook
 
 from mmseg_stag.segmentation.methods.hybrid_tta import TuningSwitch
 from mmseg_stag.segmentation.models.hybrid_tta_modules import (
-    ParallelAdapter, PatchMaskGenerator, masked_l1)
+    ParallelAdapter, PatchMaskGenerator, masked_l1, masked_mit_features)
 from reference.hybrid_tta_reference import (FreezeController,
                                             HybridSegmentor, MaskGenerator,
                                             recon_loss, single_gpu_our)
@@ -130,6 +130,49 @@ def test_hybrid_tta_is_single_gpu_our(tiny_acdc, tiny_checkpoint, tmp_path):
     name = 'backbone.layers.0.1.0.ffn.adapter.up.weight'
     assert not torch.equal(record.start[name],
                            record.images[-1]['student'][name])
+
+
+def test_the_student_runs_masked_without_hooks(tiny_acdc, tiny_checkpoint,
+                                              tmp_path):
+    """The student's levels come from ``masked_mit_features``: MMSeg's MiT
+    forward itself where nothing is masked, the mask token where it is; no
+    module of the student or the teacher has a forward hook (the head
+    probe's lives for one forward); a slide-inference config is refused
+    before the stream."""
+    runner = make_runner('hybrid-tta', tiny_acdc, tiny_checkpoint, tmp_path,
+                         extra=OPTIONS)
+    runner.test()
+    method = runner.test_loop.method
+    for model in (method.model, method.teacher):
+        assert not [n for n, m in model.named_modules()
+                    if m._forward_hooks or m._forward_pre_hooks]
+    backbone = method.model.backbone
+    x = torch.randn(1, 3, 32, 64)
+    with torch.no_grad():
+        backbone.mask_token_embed.mask_token.normal_()
+        unmasked = masked_mit_features(backbone, x,
+                                       torch.zeros(1, 8, 16, dtype=torch.long))
+        plain = backbone(x)
+        mask = torch.zeros(1, 8, 16, dtype=torch.long)
+        mask[0, :, :8] = 1  # the left half of the tokens
+        masked = masked_mit_features(backbone, x, mask)
+        tokens, hw = backbone.layers[0][0](x)
+    for a, b in zip(unmasked, plain):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the first stage's input: its right half unchanged, the left the token
+    embed = backbone.mask_token_embed(tokens, mask).reshape(1, *hw, -1)
+    torch.testing.assert_close(embed[0, :, 8:],
+                               tokens.reshape(1, *hw, -1)[0, :, 8:])
+    assert torch.equal(embed[0, :, :8],
+                       backbone.mask_token_embed.mask_token[0].expand(8, 8,
+                                                                      -1))
+    assert not torch.equal(masked[0], unmasked[0])
+    slide = dict(OPTIONS, **{'model.test_cfg': dict(
+        mode='slide', crop_size=(32, 32), stride=(24, 24))})
+    runner = make_runner('hybrid-tta', tiny_acdc, tiny_checkpoint,
+                         tmp_path / 'slide', extra=slide)
+    with pytest.raises(ValueError, match="test_cfg.mode='slide' is not"):
+        runner.test()
 
 
 def test_mask_generator_is_theirs_draw_for_draw():
