@@ -8,10 +8,13 @@ import os
 import os.path as osp
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from mmseg_stag.analysis import gpu_report, gpu_steps
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -128,7 +131,7 @@ def test_junit_summary(tmp_path, gpu_check):
         'device"/></testcase>'
         '<testcase classname="a" name="err"><error message="e"/></testcase>'
         '</testsuite></testsuites>')
-    res = gpu_check.junit_summary(str(xml))
+    res = gpu_steps.junit_summary(str(xml))
     assert (res['passed'], res['failed'], res['errors'], res['skipped']) \
         == (1, 1, 1, 1)
     assert res['skip_reasons'] == {'no CUDA device': 1}
@@ -154,14 +157,14 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
         args=SimpleNamespace(out_dir=str(tmp_path / 'out'),
                              test_paths=[str(tests)], tests_timeout=25,
                              budget=9),
-        save_partial=saved.append)
+        repo=REPO, save_partial=saved.append)
     with pytest.raises(TimeoutError, match='past their 25 s'):
-        gpu_check.run_tests(ctx)
+        gpu_steps.run_tests(ctx)
     res = saved[-1]
     assert res['returncode'] is None and not res['passed_all']
     assert (res['passed'], res['failed']) == (1, 1)
     assert res['failures'][0]['test'].endswith('test_slow.py::test_b')
-    text = '\n'.join(gpu_check.md_tests(res))
+    text = '\n'.join(gpu_report.md_tests(res))
     assert 'stopped at its time limit' in text
 
 
@@ -174,7 +177,7 @@ def test_precision_switches_and_restores(name, tf32, dtype, gpu_check):
     task = SimpleNamespace(probe=SimpleNamespace(autocast_dtype=None))
     flags = (torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32)
-    with gpu_check.precision(task, name):
+    with gpu_steps.precision(task, name):
         assert torch.backends.cuda.matmul.allow_tf32 is tf32
         assert torch.backends.cudnn.allow_tf32 is tf32
         assert task.probe.autocast_dtype is dtype
@@ -221,18 +224,18 @@ def test_budget_picks_the_pairs(gpu_check):
     fixed steps; explicit counts stay as given."""
     args = gpu_check.parse_args(['--budget', '10', '--only', 'step_cost',
                                  '--precisions', 'fp32', 'bf16'])
-    ctx = SimpleNamespace(args=args, t0=gpu_check.time.perf_counter(),
+    ctx = SimpleNamespace(args=args, t0=time.perf_counter(),
                           cuda=True)
-    plan = gpu_check.step_cost_plan(ctx)
+    plan = gpu_steps.step_cost_plan(ctx)
     # B5 TENT, TENT as CUDA graphs, CoTTA with its device options and
     # Hybrid-TTA on one MiT, ResNet TENT eager and graphed: x 2 precisions
     rows = 2 * (4 + 2)
-    seconds = gpu_check.pair_seconds(ctx, plan)
-    assert seconds == pytest.approx(gpu_check.PAIRS_SHARE * (
-        600 - rows * gpu_check.ROW_OVERHEAD_S) / rows, rel=1e-3)
+    seconds = gpu_steps.pair_seconds(ctx, plan)
+    assert seconds == pytest.approx(gpu_steps.PAIRS_SHARE * (
+        600 - rows * gpu_steps.ROW_OVERHEAD_S) / rows, rel=1e-3)
     # no CUDA (--allow-cpu): no graphs
     ctx.cuda = False
-    assert [kinds for _, kinds, _ in gpu_check.step_cost_plan(ctx)] == [
+    assert [kinds for _, kinds, _ in gpu_steps.step_cost_plan(ctx)] == [
         ['tent', 'cotta_fast'], ['hybrid_tta'], ['tent']]
     assert args.pairs is None and args.tests_timeout is None
     fixed = gpu_check.parse_args(['--pairs', '7', '--method-pairs', '3'])

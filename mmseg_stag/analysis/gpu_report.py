@@ -1,0 +1,207 @@
+"""The GPU check's report: ``gpu_check.json`` and ``gpu_check.md`` from
+the steps' results (:mod:`.gpu_steps`), rewritten after every step."""
+import json
+import os
+import os.path as osp
+import time
+
+from .gpu_steps import SCALAR_READ, SYNC_EVENTS
+
+
+def fmt(value, digits=1):
+    return '–' if value is None else f'{value:,.{digits}f}'
+
+
+def md_table(header, rows):
+    """A Markdown table: the header, its rule, a line per row of cells."""
+    def line(cells):
+        return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+    return [line(header), '|' + '---|' * len(header)] + list(map(line, rows))
+
+
+def markdown(report):
+    """The report as Markdown: machine, steps, tests, each figure with its
+    unit and settings."""
+    env = report['environment']
+    lines = ['# GPU check', '',
+             f"{env['date']}; device: **{env.get('gpu') or 'CPU'}**"
+             + (f" (compute capability {env['capability']}, "
+                f"{env['gpu_memory_gib']} GiB, driver {env['driver']})"
+                if env.get('gpu') else '')
+             + f"; torch {env['torch']}, CUDA {env['cuda_runtime']}, cuDNN "
+             f"{env['cudnn']}, mmengine {env['mmengine']}, mmcv "
+             f"{env['mmcv']}, mmsegmentation {env['mmsegmentation']}; "
+             f"{env['cpus']} CPU cores; `{report['command']}`.", '']
+    if report['quick']:
+        lines += ['**--allow-cpu --quick: a development run of the tool with '
+                  'tiny sizes, not a measurement.**', '']
+    lines += ['## Steps', ''] + md_table(
+        ('step', 'status', 'time (s)'),
+        [(s['name'], s['status'] + (f": {s['error']}" if 'error' in s
+                                    else ''), s['seconds'])
+         for s in report['steps']])
+    lines += ['', f"Total {report['total_minutes']:.1f} min (budget "
+              f"{report['budget_minutes']:g} min)"
+              + (' — **over budget**' if report['over_budget'] else '')
+              + ('' if report.get('finished') else ' — **the run had not '
+                 'finished when this was written** (a step still running, '
+                 'or the run was stopped): what it measured so far')
+              + '.', '']
+    # a step stopped part-way shows what it measured
+    steps = {s['name']: s for s in report['steps'] if s.get('result')}
+    for name, writer in (('tests', md_tests), ('step_cost', md_step_cost),
+                         ('loader', md_loader), ('loop', md_loop),
+                         ('profile', md_profile)):
+        if name in steps:
+            lines += writer(steps[name]['result']) + ['']
+    return '\n'.join(lines)
+
+
+def md_tests(r):
+    out = ['## CUDA tests', '', f"`{r['command']}`: **{r.get('passed', 0)} "
+           f"passed, {r.get('failed', 0)} failed, {r.get('errors', 0)} "
+           f"errors, {r.get('skipped', 0)} skipped** (" + (
+               'stopped at its time limit: the rest did not run'
+               if r['returncode'] is None else
+               f"exit status {r['returncode']}") + f"; log `{r['log']}`)."]
+    out += [f'- skipped ({n}): {reason}'
+            for reason, n in r.get('skip_reasons', {}).items()]
+    out += [f"- {f['kind']}: `{f['test']}`: {f['message']}"
+            for f in r.get('failures', [])]
+    out += [f"- `{p['test']}`: {p['name']} = {p['value']}"
+            for p in r.get('properties', [])]
+    return out
+
+
+def share_cells(row):
+    pr = row['stag_pair_ratio']
+    return (row['model'], row['method'], row['precision'], row['pairs'],
+            f"{row['stag_time_share_pct']:+.2f}",
+            f"{pr['median']:.4f} ({pr['min']:.4f}–{pr['max']:.4f})",
+            f"{row['stag_term_ms']:.2f} ({row['stag_term_share_pct']:.2f} %)",
+            ', '.join(f'{k} {v:.2f}' for k, v in
+                      row['stag_term_variants_ms'].items()
+                      if k != 'analytic'),
+            f"{row['stag_memory_share_pct']:+.3f}")
+
+
+def md_step_cost(r):
+    out = ['## Step cost: each baseline vs +STAG', '',
+           'Median whole-step time over interleaved pairs (CUDA events, '
+           'nothing timed inside a step); memory: one step of each arm '
+           'alone on the device (its model, optimizer state and input '
+           'included), `max_memory_allocated` / `max_memory_reserved`.', '']
+    out += md_table(
+        ('model', 'precision', 'arm', 'step (ms)', 'fastest (ms)',
+         'images/s', 'peak allocated (MB)', 'peak reserved (MB)',
+         'step increase (MB)'),
+        [(row['model'], row['precision'], label, fmt(a['step_ms'], 2),
+          fmt(a['fastest_ms'], 2), fmt(a['images_per_s'], 1),
+          fmt(a.get('peak_allocated_mb', a.get('peak_rss_mb'))),
+          fmt(a.get('peak_reserved_mb')), fmt(a['step_increase_mb']))
+         for row in r['rows'] for label, a in row['arms'].items()])
+    out += [''] + md_table(
+        ('model', 'baseline', 'precision', 'pairs', 'STAG time share (%)',
+         'per-pair ratio (median, min–max)',
+         'STAG term alone (ms, % of the baseline step)',
+         'the term through autograd / compiled (ms)',
+         'STAG memory share (%)'),
+        map(share_cells, r['rows']))
+    out.append('')
+    for (model, kind), settings in {
+            (row['model'], row['method']): row['settings']
+            for row in r['rows']}.items():
+        out.append(f'- {model}, {kind}: {settings}.')
+    out.append('- cotta: the ACDC config\'s teacher on 14 views (ratios '
+               '0.5–2.0, each flipped), the source model on the main view; '
+               'cotta_fast: the same with `restore_on_device=True` and '
+               '`batch_views=True` (7 teacher passes); hybrid_tta: the sides '
+               'rounded up to multiples of its 32-px mask patches, as its '
+               'authors run 960x544; MiT sdpa: '
+               '`model.backbone.attention=sdpa`, sdpa-views: and '
+               '`model.backbone.token_maps=view`.')
+    out.append('- fp32: TF32 off for matmuls and cuDNN; tf32: on for both; '
+               'bf16: `torch.autocast(bfloat16)` around the forward passes, '
+               'TF32 off. Paper (Table efficiency, ImageNet, 50,000 images): '
+               'TENT+STAG +0.2 % time, +0.13 % memory.')
+    return out
+
+
+def md_loader(r):
+    images = r['images']
+    return ['## Loader', '', f"{images['count']} generated "
+            f"{images['size'][0]}x{images['size'][1]} {images['format']}, "
+            f"{images['mean_mb']:.2f} MB per image on average; "
+            f"{r['pipeline']}.", ''] + md_table(
+        ('workers', 'images', 'start-up (s)', 'images/s'),
+        [(row['workers'], row['images'], f"{row['startup_s']:.2f}",
+          fmt(row['images_per_s'])) for row in r['rows']])
+
+
+def md_loop(r):
+    return ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
+            f"per method, timed after the first {r['warmup']}.", ''] + \
+        md_table(('method', 'images/s', 'classifier calls / image'),
+                 [(method, fmt(row['images_per_second'], 2),
+                   fmt(row['classifier_calls_per_image'], 1))
+                  for method, row in r['methods'].items()])
+
+
+def profile_cells(name, per, p):
+    calls = sum(s['calls'] for s in p['host_syncs'].values())
+    return (name, per, fmt(p['wall_ms'], 2), fmt(p['cuda_kernel_ms'], 2),
+            fmt(p['gpu_busy_pct']), f'{calls:.1f}',
+            fmt(p['host_sync_ms'], 2), f"{p['scalar_reads']:.1f}",
+            fmt(p.get('loader_wait_wall_ms', p['loader_wait_ms']), 2))
+
+
+def md_profile(r):
+    out = ['## Profile (torch.profiler)', '', f"{r['model']}, "
+           f"{r['settings']}, TENT+STAG; the step alone in fp32 with TF32 "
+           'off, the loop with the config as it is (float32, PyTorch\'s '
+           'TF32 defaults).', '']
+    out += md_table(
+        ('what', 'per', 'wall (ms)', 'CUDA kernels (ms)', 'GPU busy (%)',
+         'host sync calls', 'host sync (ms)', 'scalar reads',
+         'loader wait (ms)'),
+        [profile_cells('step alone', 'step', r['step'])]
+        + ([profile_cells('step alone, fused Adam', 'step',
+                          r['step_fused'])] if 'step_fused' in r else [])
+        + [profile_cells('loop', 'iteration', r['loop'])])
+    out += ['', 'Host sync calls: ' + ', '.join(SYNC_EVENTS) + '; scalar '
+            f'reads: `{SCALAR_READ}` (`.item()`, `float(t)`, of a device or '
+            'a CPU tensor). Loader wait: from the end of an iteration to the '
+            'start of the next. Operators with the most kernel time, per '
+            'step alone:', '']
+    out += [f"- `{op['op']}`: {op['kernel_ms']:.2f} ms "
+            f"({op['calls']:.0f} calls)" for op in r['step']['top_kernel_ops']]
+    out += ['', 'What one step moves between device and host '
+            '(`HostTransfers`: device_read waits for the GPU, host_read reads '
+            'a CPU tensor, to_device / to_host are copies), by call site:',
+            '']
+    for label, key in (('config\'s Adam', 'step'),
+                       ('fused Adam', 'step_fused')):
+        if key in r:
+            counts = ', '.join(f'{k} {v}' for k, v in
+                               sorted(r[key]['transfers'].items())) or 'none'
+            out.append(f'- {label}: {counts}')
+            out += [f'  - {kind} × {n}: `{site}`'
+                    for kind, site, n in r[key]['transfer_sites']]
+    return out
+
+
+def write_report(report, out_dir):
+    """``gpu_check.{json,md}``: after every step and step-cost row, and at
+    the end (``finished``)."""
+    os.makedirs(out_dir, exist_ok=True)
+    base = osp.join(out_dir, 'gpu_check')
+    total = (time.perf_counter() - report['_t0']) / 60
+    report.update(total_minutes=total,
+                  over_budget=total > report['budget_minutes'])
+    public = {k: v for k, v in report.items() if not k.startswith('_')}
+    with open(base + '.json', 'w') as f:
+        json.dump(public, f, indent=1)
+    with open(base + '.md', 'w') as f:
+        f.write(markdown(public) + '\n')
+    return base

@@ -1,0 +1,668 @@
+"""The GPU check's measuring steps (``tools/gpu_check.py``): the CUDA
+tests, one step's cost per method and precision, the loader, the whole
+loop and the profile, each a function of the tool's context ``ctx``
+(its options, the device, the generated stream, the random checkpoint and
+``ctx.repo``) returning the step's result; the report is
+:mod:`.gpu_report`. The step benchmark's arms and meters
+(:mod:`.step_benchmark`, :mod:`.meters`) do the measuring.
+"""
+import argparse
+import contextlib
+import copy
+import gc
+import os
+import os.path as osp
+import re
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+#: step_cost's SegFormer baselines, each against its +STAG arm; cotta_fast
+#: is CoTTA with restore_on_device and batch_views, tent_graph TENT with
+#: cuda_graph=True (the ResNet-50 runs it too when it is named)
+SEG_METHODS = ('tent', 'tent_graph', 'cotta', 'cotta_fast', 'hybrid_tta')
+
+#: Hybrid-TTA masks 32-px patches: its input's sides are multiples of 32
+MASK_PATCH = 32
+PRECISIONS = ('fp32', 'tf32', 'bf16')
+
+#: the paper's segmentation config (NVlabs head, D = 768) and its pattern
+NVLABS_CFG = ('configs/stag_acdc/'
+              'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
+
+#: shares of the budget: the tests (their time limit) and what loader,
+#: loop and profile took on one H100 (75 s, shared/gpu-reports 2026-11-27)
+TESTS_SHARE, FIXED_STEPS_S = 0.35, 90.0
+
+#: what a step-cost row takes besides its timed pairs (building the model,
+#: each arm's memory, the STAG term alone): 7-14 s on the H100 (second
+#: run of 2026-11-27: 12 TENT rows in 101 s, 14 rows with CoTTA and
+#: Hybrid-TTA in 293 s), and what the timed pairs get of the rest
+ROW_OVERHEAD_S, PAIRS_SHARE = 12.0, 0.8
+
+#: the SegFormer rows' MiT: (attention, token_maps) of
+#: segmentation/models/fast_mit.py, by name
+MIT_MODES = {'mmseg': ('mmseg', 'copy'), 'sdpa': ('sdpa', 'copy'),
+             'sdpa-views': ('sdpa', 'view')}
+
+#: --quick: tiny stand-ins of the measured models (development only)
+QUICK_SEG = dict(embed_dims=8, num_layers=[1, 1, 1, 1],
+                 num_heads=[1, 2, 2, 2])
+QUICK_SEG_CHANNELS = [8, 16, 16, 16]
+QUICK_CLS = dict(type='ResNet', depth=18, out_indices=(3, ),
+                 style='pytorch', norm_cfg=dict(type='BN'))
+
+#: profiler events that make the host wait for the device
+SYNC_EVENTS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
+               'cudaEventSynchronize', 'cudaMemcpy', 'cudaMemcpyAsync')
+
+#: the op behind ``.item()`` / ``float(tensor)``: a host sync on a GPU
+SCALAR_READ = 'aten::_local_scalar_dense'
+
+
+def image_bytes(root):
+    """Mean size of the stream's image files (bytes)."""
+    sizes = [osp.getsize(osp.join(d, f)) for d, _, files in os.walk(
+        osp.join(root, 'rgb_anon')) for f in files if f.endswith('.png')]
+    return statistics.mean(sizes) if sizes else None
+
+
+def free_memory():
+    import torch
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------- 1. tests
+def junit_summary(path):
+    """Counts, failures, skip reasons and recorded properties of a JUnit
+    XML file written by pytest."""
+    root = ET.parse(path).getroot()
+    out = dict(passed=0, failed=0, errors=0, skipped=0, failures=[],
+               skip_reasons={}, properties=[])
+    for case in root.iter('testcase'):
+        name = f'{case.get("classname")}::{case.get("name")}'
+        kinds = {child.tag: child for child in case}
+        if 'failure' in kinds or 'error' in kinds:
+            tag = 'failure' if 'failure' in kinds else 'error'
+            out['failed' if tag == 'failure' else 'errors'] += 1
+            out['failures'].append(dict(
+                test=name, kind=tag,
+                message=(kinds[tag].get('message') or '')[:500]))
+        elif 'skipped' in kinds:
+            out['skipped'] += 1
+            reason = kinds['skipped'].get('message') or ''
+            out['skip_reasons'][reason] = out['skip_reasons'].get(
+                reason, 0) + 1
+        else:
+            out['passed'] += 1
+        for prop in case.iter('property'):
+            out['properties'].append(dict(test=name, name=prop.get('name'),
+                                          value=prop.get('value')))
+    return out
+
+
+def run_tests(ctx):
+    """``pytest -m cuda`` in a process of its own, its output streamed into
+    the log (one line per test: a stopped run's log says what ran).
+
+    Raises:
+        TimeoutError: If the tests ran past their time limit (the step is
+            reported failed, with what had run by then).
+    """
+    args = ctx.args
+    os.makedirs(args.out_dir, exist_ok=True)
+    xml = osp.join(args.out_dir, 'cuda_tests.xml')
+    log = osp.join(args.out_dir, 'cuda_tests.log')
+    # -v without pytest.ini's -q: one line per test as it ends
+    cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
+           'no:cacheprovider', '-o', 'addopts=', '-v', '-rfEs',
+           f'--junitxml={xml}', *args.test_paths]
+    if osp.exists(xml):
+        os.remove(xml)
+    timeout = args.tests_timeout or TESTS_SHARE * 60 * args.budget
+    with open(log, 'w') as out:
+        proc = subprocess.Popen(cmd, cwd=ctx.repo, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+    result = dict(command=' '.join(['python'] + cmd[1:]), returncode=code,
+                  log=log, junit=xml)
+    if osp.exists(xml):
+        result.update(junit_summary(xml))
+    else:  # stopped before pytest wrote it: count the log's verdicts
+        result.update(log_summary(log))
+    # pytest: 0 all passed, 5 none collected (no test marked cuda)
+    result['passed_all'] = code in (0, 5) and not result.get('failed') \
+        and not result.get('errors')
+    print(f"[gpu_check] tests: {result.get('passed', 0)} passed, "
+          f"{result.get('failed', 0)} failed, {result.get('errors', 0)} "
+          f"errors, {result.get('skipped', 0)} skipped (log: {log})")
+    if code is None:
+        ctx.save_partial(result)
+        raise TimeoutError(
+            f'the CUDA tests ran past their {timeout:.0f} s (--tests-timeout,'
+            f' or {TESTS_SHARE:.0%} of --budget): what had run is counted '
+            f'above, the rest did not run (log {log})')
+    return result
+
+
+#: pytest -v's verdict at the end of a test's line
+VERDICT = re.compile(r'^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)')
+
+
+def log_summary(path):
+    """Counts and failed tests from the ``pytest -v`` lines of ``path``:
+    the summary of a run stopped before its JUnit file."""
+    out = dict(passed=0, failed=0, errors=0, skipped=0, failures=[],
+               skip_reasons={}, properties=[])
+    key = dict(PASSED='passed', XPASS='passed', FAILED='failed',
+               ERROR='errors', SKIPPED='skipped', XFAIL='skipped')
+    with open(path, errors='replace') as f:
+        for line in f:
+            match = VERDICT.match(line)
+            if match:
+                test, verdict = match.groups()
+                out[key[verdict]] += 1
+                if verdict in ('FAILED', 'ERROR'):
+                    out['failures'].append(dict(
+                        test=test, kind=verdict.lower(),
+                        message='(the run was stopped: see the log)'))
+    return out
+
+
+# --------------------------------------------------------- 2. step cost
+@contextlib.contextmanager
+def precision(task, name):
+    """fp32 with TF32 off, TF32 on for matmuls and cuDNN, or bf16 autocast
+    of the forward passes (TF32 off for what stays float32)."""
+    import torch
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, cudnn.allow_tf32, task.probe.autocast_dtype
+    matmul.allow_tf32 = cudnn.allow_tf32 = name == 'tf32'
+    # the loop's way: autocast around the forward passes only
+    task.probe.autocast_dtype = torch.bfloat16 if name == 'bf16' else None
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32, task.probe.autocast_dtype = \
+            before
+
+
+def task_args(ctx, size=None):
+    """The options the step benchmark's ``BenchTask`` reads."""
+    return argparse.Namespace(size=tuple(size or ctx.args.seg_size),
+                              cls_size=ctx.args.cls_size,
+                              batch_size=ctx.args.cls_batch)
+
+
+def mask_size(size):
+    """``size`` with each side rounded up to a multiple of ``MASK_PATCH``:
+    Hybrid-TTA's input (its authors: 960x540 -> 960x544)."""
+    return tuple(-(-side // MASK_PATCH) * MASK_PATCH for side in size)
+
+
+def seg_task(ctx, size=None):
+    """``(label, BenchTask, settings, batch)``: SegFormer-B5 with the
+    NVlabs head (a tiny MiT under ``--quick``) at ``size`` (default
+    ``--seg-size``)."""
+    from mmseg_stag.analysis import step_benchmark as benchmark
+    name, label = 'b5-nvlabs', 'SegFormer-B5 NVlabs head'
+    if ctx.args.quick:  # a tiny stand-in, in the benchmark's own table
+        name, label = 'quick-nvlabs', 'tiny SegFormer NVlabs head (--quick)'
+        benchmark.SEG_MODELS[name] = (
+            NVLABS_CFG.format('tent'), dict(QUICK_SEG), QUICK_SEG_CHANNELS)
+    w, h = size or ctx.args.seg_size
+    return (label, benchmark.BenchTask(name, task_args(ctx, (w, h)),
+                                       ctx.device, ctx.repo),
+            f'batch 1, {w}x{h}, random weights', 1)
+
+
+def cls_task(ctx):
+    """``(label, BenchTask, settings, batch)``: the paper's ImageNet-C
+    ResNet-50, torchvision's when it imports (``.venv-real``), else the
+    same architecture from MMSeg's ``ResNet`` (a ResNet-18 under
+    ``--quick``)."""
+    import torch
+
+    from mmseg_stag.analysis import step_benchmark as benchmark
+    args = ctx.args
+    name, label = 'resnet50', 'ResNet-50 (ImageNet-C)'
+    if args.quick:
+        name, label = 'quick-resnet', 'ResNet-18 (--quick)'
+        benchmark.IMAGENET_MODELS[name] = (dict(QUICK_CLS), 512)
+        benchmark.STAG_SETTING[name] = benchmark.STAG_SETTING['resnet50']
+    task = benchmark.BenchTask(name, task_args(ctx), ctx.device, ctx.repo)
+    note = (f'batch {args.cls_batch}, {args.cls_size}x{args.cls_size}, '
+            'random weights, ')
+    if args.quick:
+        return label, task, note + "MMSeg's ResNet-18", args.cls_batch
+    try:
+        import torchvision
+        torch.manual_seed(0)
+        task.base = torchvision.models.resnet50(weights=None).eval().to(
+            ctx.device)
+        note += f'torchvision {torchvision.__version__} resnet50'
+    except Exception as err:  # torchvision lives in .venv-real
+        note += ("MMSeg's ResNet-50 (torchvision's architecture; "
+                 'torchvision does not import here: '
+                 f'{type(err).__name__}: {str(err)[:120]})')
+    return label, task, note, args.cls_batch
+
+
+def step_cost_plan(ctx):
+    """``(build the task, its baselines, its MiT modes)`` in turn:
+    the SegFormer at ``--seg-size`` (TENT, CoTTA with the ACDC config's 14
+    teacher views), at the size Hybrid-TTA's masks need, and the ResNet-50
+    (TENT)."""
+    methods, mit = ctx.args.seg_methods, ctx.args.mit
+    if not ctx.cuda and 'tent_graph' in methods:  # --allow-cpu
+        print('[gpu_check] tent_graph (CUDA graphs) needs a CUDA device: '
+              'not run', flush=True)
+        methods = [m for m in methods if m != 'tent_graph']
+    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'], mit)]
+    if 'hybrid_tta' in methods:
+        plan.append((lambda c: seg_task(c, mask_size(c.args.seg_size)),
+                     ['hybrid_tta'], mit))
+    cls = ['tent'] + [m for m in methods if m == 'tent_graph']
+    return [entry for entry in plan if entry[1]] + [(cls_task, cls, [None])]
+
+
+def pair_seconds(ctx, plan):
+    """Seconds of timed pairs each step-cost row gets from the budget:
+    its share of what is left once the later steps' time is set aside."""
+    rows = len(ctx.args.precisions) * sum(
+        len(kinds) * len(modes) for _, kinds, modes in plan)
+    later = FIXED_STEPS_S if {'loader', 'loop', 'profile'} & set(
+        ctx.args.only) else 0.0
+    left = ctx.t0 + 60 * ctx.args.budget - time.perf_counter() - later
+    rows = max(rows, 1)
+    return PAIRS_SHARE * max(left - rows * ROW_OVERHEAD_S, 0.0) / rows
+
+
+def time_arms(task, ctx, kind, stag, pairs):
+    """Whole-step seconds of ``kind`` and ``kind+stag``, interleaved (A B,
+    B A, ...), CUDA events around each step and nothing inside it:
+    ``pairs`` pairs, or (None) as many as ``ctx.pair_seconds`` allows
+    within ``--min-pairs`` .. ``--max-pairs``."""
+    from mmseg_stag.analysis.meters import StepTimer
+    args = ctx.args
+    arms = {kind: task.make_method(kind, None)[0],
+            f'{kind}+stag': task.make_method(kind, stag)[0]}
+    batch = task.batch_for(kind)
+    times = {label: [] for label in arms}
+    for _ in range(args.warmup):
+        for label in arms:
+            task.ours_step(arms[label], batch)
+    t0, i = time.perf_counter(), 0
+    while i < (pairs or args.max_pairs) and (
+            pairs or i < args.min_pairs
+            or time.perf_counter() - t0 < ctx.pair_seconds):
+        order = list(arms) if i % 2 == 0 else list(reversed(arms))
+        for label in order:
+            with StepTimer(cuda=ctx.cuda) as timer:
+                task.ours_step(arms[label], batch)
+            times[label].append(timer.seconds)
+        i += 1
+    del arms
+    free_memory()
+    return times
+
+
+def arm_memory(task, ctx, kind, stag):
+    """Peak memory of one step of one arm, alone on the device (the
+    benchmark's source copy of the model moved off for the step)."""
+    from mmseg_stag.analysis.meters import PeakMemory
+    batch = task.batch_for(kind)
+    task.base.to(ctx.device)
+    method, _ = task.make_method(kind, stag)
+    task.base.to('cpu')
+    free_memory()
+    try:
+        for _ in range(ctx.args.memory_warmup):
+            task.ours_step(method, batch)
+        free_memory()
+        with PeakMemory() as mem:
+            task.ours_step(method, batch)
+    finally:
+        del method
+        free_memory()
+        task.base.to(ctx.device)
+    mb = 2**20
+    if ctx.cuda:
+        return dict(peak_allocated_mb=mem.peak / mb,
+                    peak_reserved_mb=mem.peak_reserved / mb,
+                    allocated_at_start_mb=mem.start / mb,
+                    step_increase_mb=mem.delta_mb)
+    return dict(peak_rss_mb=mem.peak / mb, step_increase_mb=mem.delta_mb)
+
+
+def arm_figures(seconds, batch, memory):
+    """One arm's step time (median, fastest), images/s and memory."""
+    median = statistics.median(seconds)
+    return dict(step_ms=1e3 * median, fastest_ms=1e3 * min(seconds),
+                images_per_s=batch / median, **memory)
+
+
+def cost_row(model, note, batch, name, kind, times, memory, term):
+    """One model x baseline x precision (x MiT mode): both arms' figures
+    and STAG's share."""
+    from mmseg_stag.analysis.step_benchmark import ratio_stats
+    plus = f'{kind}+stag'
+    base, stag = (statistics.median(times[k]) for k in (kind, plus))
+    key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory[kind] \
+        else 'peak_rss_mb'
+    return dict(
+        model=model, settings=note, method=kind, precision=name,
+        batch=batch, pairs=len(times[kind]),
+        arms={label: arm_figures(times[label], batch, memory[label])
+              for label in times},
+        stag_time_share_pct=100 * (stag - base) / base,
+        stag_pair_ratio=ratio_stats(times[kind], times[plus]),
+        stag_term_ms=1e3 * term['analytic'],
+        stag_term_share_pct=100 * term['analytic'] / base,
+        stag_term_variants_ms={k: 1e3 * v for k, v in term.items()},
+        stag_memory_share_pct=100 * (
+            memory[plus][key] / memory[kind][key] - 1),
+        memory_key=key)
+
+
+def method_cost(ctx, built, kind, save):
+    """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
+    each passed to ``save`` as it is measured."""
+    from mmseg_stag.analysis.step_benchmark import (TERM_VARIANTS,
+                                                    time_stag_term)
+    model, task, note, batch = built
+    stag = task.stag[kind]
+    pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
+        else ctx.args.method_pairs
+    rows = []
+    for name in ctx.args.precisions:
+        with precision(task, name):
+            times = time_arms(task, ctx, kind, stag, pairs)
+            memory = {kind: arm_memory(task, ctx, kind, None),
+                      f'{kind}+stag': arm_memory(task, ctx, kind, stag)}
+            variants = dict(TERM_VARIANTS)
+            if kind == 'tent' and name == ctx.args.precisions[0] and \
+                    not ctx.args.quick:
+                # compiled once per model and shape (seconds to a minute)
+                variants['compiled'] = dict(compile=True)
+            term = time_stag_term(task, kind, stag, ctx.args.term_repeats,
+                                  variants)
+        row = cost_row(model, note, batch, name, kind, times, memory, term)
+        rows.append(row)
+        save(row)
+        print(f"[gpu_check] {model} {kind} {name}: "
+              f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
+              f"{row['arms'][kind + '+stag']['step_ms']:.1f} ms "
+              f"({row['stag_time_share_pct']:+.2f} %), memory "
+              f"{row['stag_memory_share_pct']:+.3f} %", flush=True)
+    return rows
+
+
+def measure_step_cost(ctx):
+    from mmseg_stag.segmentation.models import use_attention
+    rows = []
+
+    def save(row):
+        rows.append(row)
+        ctx.save_partial(dict(rows=rows))
+
+    plan = step_cost_plan(ctx)
+    ctx.pair_seconds = pair_seconds(ctx, plan)
+    print(f'[gpu_check] step_cost: {ctx.pair_seconds:.1f} s of timed pairs '
+          'per row from the budget', flush=True)
+    for build, kinds, modes in plan:
+        label, task, note, batch = build(ctx)
+        for mode in modes:
+            if mode is not None:  # the same weights, other forwards
+                use_attention(task.base, *MIT_MODES[mode])
+                label = label.split(',')[0] + (
+                    f', MiT {mode}' if mode != 'mmseg' else '')
+            for kind in kinds:
+                method_cost(ctx, (label, task, note, batch), kind,
+                            lambda row: save(dict(row, mit=mode)))
+        del task
+        free_memory()
+    return dict(rows=rows, pair_seconds=ctx.pair_seconds)
+
+
+# ------------------------------------------------------------ 3. loader
+def stream_loader_cfg(ctx, workers):
+    """The NVlabs TENT config's test loader on the generated stream."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(ctx.repo, NVLABS_CFG.format('tent')))
+    cfg.merge_from_dict(ctx.seg_options())
+    loader = copy.deepcopy(cfg.test_dataloader)
+    loader.dataset.data_root = ctx.data_root()
+    loader.dataset.rounds = 1
+    loader.num_workers = workers
+    loader.persistent_workers = False
+    return loader
+
+
+def measure_loader(ctx):
+    """Images/s of the stream's loader alone, per worker count (from the
+    first batch on; the workers' start-up separately)."""
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import Runner
+
+    import mmseg_stag  # noqa: F401  (the ACDC dataset)
+    init_default_scope('mmseg')
+    rows = []
+    for workers in ctx.args.workers:
+        t0 = time.perf_counter()
+        loader = Runner.build_dataloader(stream_loader_cfg(ctx, workers),
+                                         seed=0)
+        batches = iter(loader)
+        next(batches)
+        first = time.perf_counter()
+        n = 1 + sum(1 for _ in batches)
+        end = time.perf_counter()
+        rows.append(dict(workers=workers, images=n,
+                         startup_s=first - t0,
+                         images_per_s=(n - 1) / (end - first)
+                         if n > 1 else None))
+        print(f'[gpu_check] loader, {workers} workers: '
+              f"{rows[-1]['images_per_s'] or 0:.1f} images/s", flush=True)
+        del loader, batches
+    return dict(rows=rows, images=dict(
+        size=list(ctx.args.image_size), count=4 *
+        ctx.args.images_per_condition, mean_mb=image_bytes(
+            ctx.data_root()) / 2**20,
+        format='PNG of per-class colours and noise (demo_data generator)'),
+        pipeline='configs/_base_/datasets/acdc_continual.py: load, resize '
+        'to {}x{} (keep ratio), load the label, pack; batch 1'.format(
+            *stream_loader_cfg(ctx, 0).dataset.pipeline[1].scale))
+
+
+# -------------------------------------------------------------- 4. loop
+def loop_args(ctx, methods, images, warmup):
+    """The settings of the loop benchmark's runs (those of
+    ``tools/benchmark_loop.py``'s command line)."""
+    return argparse.Namespace(
+        checkpoint=ctx.checkpoint(), data_root=ctx.data_root(),
+        config_pattern=osp.join(ctx.repo, NVLABS_CFG), methods=list(methods),
+        images=images, warmup=warmup, cfg_options=ctx.seg_options())
+
+
+def measure_loop(ctx):
+    """Images/s of the whole online loop (tools/benchmark_loop.py)."""
+    from mmseg_stag.analysis.loop_benchmark import run_method
+    args = loop_args(ctx, ['tent', 'tent-stag'], ctx.args.loop_images,
+                     ctx.args.loop_warmup)
+    rows = {}
+    for method in args.methods:
+        rows[method] = run_method(
+            method, args, osp.join(ctx.tmp, 'loop'))
+        print(f"[gpu_check] loop {method}: "
+              f"{rows[method]['images_per_second'] or 0:.2f} images/s",
+              flush=True)
+        free_memory()
+    return dict(methods=rows, images=args.images, warmup=args.warmup,
+                settings='configs/stag_acdc/segformer_mit-b5-nvlabs_'
+                'acdc-continual_{tent,tent-stag}.py as they are (float32, '
+                "the config's loader), random weights, the generated stream")
+
+
+# ----------------------------------------------------------- 5. profile
+def device_us(event):
+    """Self device (kernel) microseconds of a profiler entry."""
+    for name in ('self_device_time_total', 'self_cuda_time_total'):
+        if hasattr(event, name):
+            return getattr(event, name)
+    return 0
+
+
+def summarize_profile(prof, count, wall_s, cuda, extra=None):
+    """Per step/iteration: kernel time, host syncs, scalar reads, loader
+    wait, and the operators with the most kernel time (the kernel and
+    busy figures are None on the CPU)."""
+    averages = prof.key_averages()
+    kernel_ms = sum(device_us(e) for e in averages) / 1e3 if cuda else None
+    syncs = {e.key: dict(calls=e.count / count,
+                         host_ms=e.cpu_time_total / 1e3 / count)
+             for e in averages if e.key in SYNC_EVENTS}
+    scalar = sum(e.count for e in averages if e.key == SCALAR_READ)
+    loader = sum(e.cpu_time_total for e in averages
+                 if e.key.startswith('enumerate(DataLoader)'))
+    top = sorted(averages, key=device_us, reverse=True)[:10]
+    out = dict(
+        count=count, wall_ms=1e3 * wall_s / count,
+        cuda_kernel_ms=kernel_ms / count if cuda else None,
+        gpu_busy_pct=100 * kernel_ms / (1e3 * wall_s) if cuda and wall_s
+        else None,
+        host_syncs=syncs,
+        host_sync_ms=sum(s['host_ms'] for s in syncs.values()),
+        scalar_reads=scalar / count,
+        loader_wait_ms=loader / 1e3 / count,
+        top_kernel_ops=[dict(op=e.key[:90], kernel_ms=device_us(e) / 1e3 /
+                             count, calls=e.count / count) for e in top
+                        if device_us(e) > 0])
+    out.update(extra or {})
+    return out
+
+
+def profiler(ctx):
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if ctx.cuda else [])
+    return profile(activities=activities)
+
+
+def sync(ctx):
+    import torch
+    if ctx.cuda:
+        torch.cuda.synchronize()
+
+
+def profile_steps(ctx, task, fused=False):
+    """TENT+STAG steps alone (no loader, no metric), its Adam as the
+    config's or ``fused``; then one step counting its transfers between
+    device and host by kind and call site."""
+    from mmseg_stag.analysis.meters import HostTransfers
+    optimizer = dict(task.methods['tent'].get('optimizer') or dict(
+        type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
+    if fused:
+        optimizer['fused'] = True
+    method, _ = task.make_method('tent', task.stag['tent'],
+                                 optimizer=optimizer)
+    for _ in range(ctx.args.profile_warmup):
+        task.ours_step(method)
+    sync(ctx)
+    with HostTransfers() as transfers:
+        task.ours_step(method)
+    sync(ctx)
+    prof = profiler(ctx)
+    t0 = time.perf_counter()
+    with prof:
+        for _ in range(ctx.args.profile_steps):
+            task.ours_step(method)
+        sync(ctx)  # ours: the kernels must end inside the profile
+    wall = time.perf_counter() - t0
+    if ctx.args.trace:
+        prof.export_chrome_trace(osp.join(ctx.args.out_dir,
+                                          'profile_step.json'))
+    own = 'one device synchronisation per profile is the tool\'s own'
+    return summarize_profile(prof, ctx.args.profile_steps, wall, ctx.cuda,
+                             dict(note=own, optimizer=optimizer,
+                                  transfers=transfers.counts(),
+                                  transfer_sites=transfers.top_sites()))
+
+
+def iteration_profiler(ctx, start, count):
+    """An observing hook: profiles loop iterations ``start ..
+    start + count - 1`` from the end of the one before (so the loader's
+    fetch is inside), and times each loader wait (end of an iteration to
+    the start of the next)."""
+    from mmengine.hooks import Hook
+
+    class IterationProfiler(Hook):
+        priority = 'LOWEST'
+
+        def __init__(self):
+            self.prof, self.waits, self._end = None, [], None
+
+        def before_test_iter(self, runner, batch_idx, data_batch=None):
+            if self.prof is not None and self._end is not None:
+                self.waits.append(time.perf_counter() - self._end)
+
+        def after_test_iter(self, runner, batch_idx, data_batch=None,
+                            outputs=None):
+            if batch_idx == start - 1:
+                sync(ctx)
+                self.prof = profiler(ctx)
+                self.prof.__enter__()
+                self.t0 = time.perf_counter()
+            elif batch_idx == start + count - 1 and self.prof is not None:
+                sync(ctx)
+                self.wall = time.perf_counter() - self.t0
+                self.prof.__exit__(None, None, None)
+                self._end = None
+                return
+            self._end = time.perf_counter()
+
+    return IterationProfiler()
+
+
+def profile_loop(ctx):
+    """TENT+STAG loop iterations: load, step, post-processing, metric."""
+    from mmseg_stag.analysis.loop_benchmark import build_runner
+    start, count = ctx.args.profile_warmup + 1, ctx.args.profile_iters
+    args = loop_args(ctx, ['tent-stag'], start + count, 0)
+    runner = build_runner(
+        osp.join(ctx.repo, NVLABS_CFG.format('tent-stag')), args,
+        osp.join(ctx.tmp, 'profile'), 'tent-stag')
+    hook = iteration_profiler(ctx, start, count)
+    runner.register_hook(hook)
+    runner.test()
+    if ctx.args.trace:
+        hook.prof.export_chrome_trace(osp.join(ctx.args.out_dir,
+                                               'profile_loop.json'))
+    waits = hook.waits[:count]
+    return summarize_profile(hook.prof, count, hook.wall, ctx.cuda, dict(
+        loader_wait_wall_ms=1e3 * statistics.mean(waits) if waits else None))
+
+
+def measure_profile(ctx):
+    model, task, note, _ = seg_task(ctx)
+    with precision(task, 'fp32'):
+        steps = profile_steps(ctx, task)
+        fused = profile_steps(ctx, task, fused=True)
+    del task
+    free_memory()
+    return dict(model=model, settings=note, step=steps, step_fused=fused,
+                loop=profile_loop(ctx))
+
+
+# ------------------------------------------------------------- report
+MEASURES = dict(step_cost=measure_step_cost, loader=measure_loader,
+                loop=measure_loop, profile=measure_profile)
