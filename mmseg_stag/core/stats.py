@@ -18,8 +18,24 @@ Stat = Any
 LOSS_TERMS = ('loss_base', 'loss_stag', 'beta', 'loss')
 
 
+class Logged(Mapping):
+    """Read-only mapping of a record's logged names (its ``logged()``)."""
+
+    def logged(self) -> Dict[str, Stat]:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Stat:
+        return self.logged()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.logged())
+
+    def __len__(self) -> int:
+        return len(self.logged())
+
+
 @dataclass
-class PassStats(Mapping):
+class PassStats(Logged):
     """One forward pass: its loss terms (eq:total_objective) and the
     method's own numbers (``extra``: kept samples, a regulariser, ...);
     read as a mapping of the logged names (``fwd.stats['num_kept']``).
@@ -51,18 +67,9 @@ class PassStats(Mapping):
         return PassStats(extra={k: fn(v) for k, v in self.extra.items()},
                          **terms)
 
-    def __getitem__(self, key: str) -> Stat:
-        return self.logged()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.logged())
-
-    def __len__(self) -> int:
-        return len(self.logged())
-
 
 @dataclass
-class StepStats(Mapping):
+class StepStats(Logged):
     """One step: its passes and the step's own numbers; read as a mapping
     of the logged names (``stats['loss_stag']``).
 
@@ -101,12 +108,3 @@ class StepStats(Mapping):
         return StepStats([p.map(fn) for p in self.passes],
                          {k: fn(v) for k, v in self.extra.items()},
                          self.numbered)
-
-    def __getitem__(self, key: str) -> Stat:
-        return self.logged()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.logged())
-
-    def __len__(self) -> int:
-        return len(self.logged())
