@@ -47,8 +47,11 @@ $(STAMP_REAL): setup.py tools/install_real_models_env.sh
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# the main suite in TEST_WORKERS processes (pytest-xdist; an idle one takes
+# the other's queued tests); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
 test: $(STAMP) $(STAMP_REAL)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 	MMSEG_STAG_REAL_MODELS=required $(VENV_REAL)/bin/python -m pytest tests/real_models
 	$(MAKE) docs
 

@@ -155,10 +155,10 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
     saved = []
     ctx = SimpleNamespace(
         args=SimpleNamespace(out_dir=str(tmp_path / 'out'),
-                             test_paths=[str(tests)], tests_timeout=25,
+                             test_paths=[str(tests)], tests_timeout=12,
                              budget=9),
         repo=REPO, save_partial=saved.append)
-    with pytest.raises(TimeoutError, match='past their 25 s'):
+    with pytest.raises(TimeoutError, match='past their 12 s'):
         gpu_steps.run_tests(ctx)
     res = saved[-1]
     assert res['returncode'] is None and not res['passed_all']
