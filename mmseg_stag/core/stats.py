@@ -7,6 +7,7 @@ stops the run on a non-finite ``loss_stag`` of any pass. The logged names
 are the fields' (``loss_stag``), numbered by pass where a method logs
 several (SAR: ``loss_stag1``, ``loss_stag2``).
 """
+from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -21,8 +22,9 @@ LOSS_TERMS = ('loss_base', 'loss_stag', 'beta', 'loss')
 class Logged(Mapping):
     """Read-only mapping of a record's logged names (its ``logged()``)."""
 
+    @abstractmethod
     def logged(self) -> Dict[str, Stat]:
-        raise NotImplementedError
+        """Every value by its logged name."""
 
     def __getitem__(self, key: str) -> Stat:
         return self.logged()[key]
