@@ -1,6 +1,6 @@
 """What a method may ask of its task: a batch and named operations on it."""
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, Optional, Union
+from typing import Any, Hashable, Optional, Union
 
 import torch
 import torch.nn as nn
