@@ -27,36 +27,30 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
 
-def hook_backward(before):
-    """Make ``torch.autograd.backward`` call ``before()`` first; returns
-    the original, to put back."""
-    original = torch.autograd.backward
-
-    def backward(*args, **kwargs):
-        before()
-        return original(*args, **kwargs)
-
-    torch.autograd.backward = backward
-    return original
-
-
 class PeakMemory:
     """Peak memory above the start of the block: on a GPU
     ``max_memory_allocated`` (``peak``) and ``max_memory_reserved``
-    (``peak_reserved``) over the whole block, folded before every
-    ``reset_peak_memory_stats`` inside it (MMEngine's ``LogProcessor``
-    resets at each log interval); on the CPU the RSS, sampled every
-    0.5 ms by a thread."""
+    (``peak_reserved``) over the whole block; on the CPU the RSS, sampled
+    every 0.5 ms by a thread.
+
+    A GPU's peak statistics are global: whatever resets them inside the
+    block must fold them first (:func:`fold_peak_memory`), as a nested
+    block does when it opens and ``tools/analysis/efficiency.py``'s hook
+    does before MMEngine's log processor resets them (once per log
+    interval)."""
+
+    #: the open blocks on a GPU, outermost first
+    active = []
 
     def __enter__(self):
         self.cuda = torch.cuda.is_available()
         if self.cuda:
             torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()  # an outer block folds
+            fold_peak_memory()  # the enclosing blocks keep their peaks
+            torch.cuda.reset_peak_memory_stats()
             self.start = torch.cuda.memory_allocated()
             self.peak = self.peak_reserved = 0
-            self._reset = torch.cuda.reset_peak_memory_stats
-            torch.cuda.reset_peak_memory_stats = self._folding_reset
+            PeakMemory.active.append(self)
             return self
         release_freed_memory()
         self.start = self.peak = rss_bytes()
@@ -65,14 +59,11 @@ class PeakMemory:
         self._thread.start()
         return self
 
-    def _fold(self):
+    def fold(self):
+        """Take the device's peaks since the last reset into this block's."""
         self.peak = max(self.peak, torch.cuda.max_memory_allocated())
         self.peak_reserved = max(self.peak_reserved,
                                  torch.cuda.max_memory_reserved())
-
-    def _folding_reset(self, *args, **kwargs):
-        self._fold()
-        return self._reset(*args, **kwargs)
 
     def _sample(self):
         while self._running:
@@ -82,8 +73,8 @@ class PeakMemory:
     def __exit__(self, *exc):
         if self.cuda:
             torch.cuda.synchronize()
-            self._fold()
-            torch.cuda.reset_peak_memory_stats = self._reset
+            self.fold()
+            PeakMemory.active.remove(self)
             self.reserved_mb = self.peak_reserved / 2**20
         else:
             self._running = False
@@ -92,39 +83,78 @@ class PeakMemory:
         self.delta_mb = (self.peak - self.start) / 2**20
 
 
+def fold_peak_memory():
+    """Fold the device's peaks into every open :class:`PeakMemory` block:
+    call it before anything resets ``torch.cuda``'s peak statistics."""
+    for block in PeakMemory.active:
+        block.fold()
+
+
 class PassCounter:
     """Counts the calls of one module (the decode head, or the whole
-    classifier network) and autograd backward calls."""
+    classifier network): its forward passes (a forward pre-hook);
+    :class:`BackwardPasses` counts the backward passes."""
 
     def __init__(self, module):
-        self.forwards = self.backwards = 0
-        module.register_forward_pre_hook(self._count_forward)
+        self.forwards = 0
+        self.handle = module.register_forward_pre_hook(self._count_forward)
 
     def _count_forward(self, *_):
         self.forwards += 1
 
-    def _count_backward(self):
-        self.backwards += 1
+
+class BackwardPasses:
+    """Counts autograd's backward passes of the graphs built in the block,
+    through the saved-tensor hooks (``torch.autograd.graph.
+    saved_tensors_hooks``): a pass starts at the first unpack of a saved
+    tensor after tensors were saved (a backward through a graph that saved
+    nothing is not seen). ``on_backward()``, if given, is called then."""
+
+    def __init__(self, on_backward=None):
+        self.count = 0
+        self.on_backward = on_backward
+        self._saving = False
+
+    def _pack(self, tensor):
+        self._saving = True
+        return tensor
+
+    def _unpack(self, tensor):
+        if self._saving:  # the first unpack of a new backward pass
+            self._saving = False
+            self.count += 1
+            self.backward_started()
+        return tensor
+
+    def backward_started(self):
+        if self.on_backward is not None:
+            self.on_backward()
 
     def __enter__(self):
-        self._backward = hook_backward(self._count_backward)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(
+            self._pack, self._unpack)
+        self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc):
-        torch.autograd.backward = self._backward
+        self._hooks.__exit__(*exc)
 
 
-class SavedForBackward:
+class SavedForBackward(BackwardPasses):
     """Bytes of the distinct storages autograd saves for backward: the
     graph's exact memory. ``mb``: the largest graph of the block (EcoTTA's
     two updates free the first graph first), parameters included;
     ``activations_mb``: the same without the model's parameters and
-    buffers."""
+    buffers; ``count``: the backward passes (:class:`BackwardPasses`)."""
 
     def __init__(self, model=None):
+        super().__init__()
         self.model_storages = set() if model is None else {
             t.untyped_storage().data_ptr()
             for t in list(model.parameters()) + list(model.buffers())}
+
+    def backward_started(self):  # the graph is complete
+        self._fold()
 
     def _fold(self):
         total = sum(self.storages.values())
@@ -137,19 +167,14 @@ class SavedForBackward:
     def _pack(self, tensor):
         storage = tensor.untyped_storage()
         self.storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        return super()._pack(tensor)
 
     def __enter__(self):
         self.storages, self.peak, self.peak_acts = {}, 0, 0
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(
-            self._pack, lambda tensor: tensor)
-        self._hooks.__enter__()
-        self._backward = hook_backward(self._fold)  # a graph is complete
-        return self
+        return super().__enter__()
 
     def __exit__(self, *exc):
-        torch.autograd.backward = self._backward
-        self._hooks.__exit__(*exc)
+        super().__exit__(*exc)
         self._fold()
         self.mb = self.peak / 2**20
         self.activations_mb = self.peak_acts / 2**20

@@ -85,7 +85,11 @@ class FakeCudaCounter:
 def test_gpu_memory_is_the_whole_runs_peak(monkeypatch, efficiency):
     """A 900 MB batch early in the run, then MMEngine's log line (its
     ``LogProcessor`` reads the peak and resets it), then 100 MB batches:
-    the run's peak is 900 MB, not the last window's 100 MB."""
+    the run's peak is 900 MB, not the last window's 100 MB. The meter's
+    hook folds the peak after each batch, before the logger (a higher
+    priority than ``LoggerHook``'s); nothing of torch is replaced."""
+    from mmengine.hooks import LoggerHook
+    from mmengine.registry import HOOKS
     counter = FakeCudaCounter(monkeypatch)
     # CUDA events cannot be simulated: the wall-clock timer
     monkeypatch.setattr(meters, 'StepTimer',
@@ -93,13 +97,18 @@ def test_gpu_memory_is_the_whole_runs_peak(monkeypatch, efficiency):
     log_processor = LogProcessor()
     runner = SimpleNamespace(model=torch.nn.Module())
     meter = efficiency.Meter()
+    hook = efficiency.meter_hook(meter)
+    logger = HOOKS.build(dict(type='LoggerHook'))
+    assert isinstance(logger, LoggerHook)
+    order = {'HIGHEST': 0, 'VERY_HIGH': 10, 'HIGH': 30, 'ABOVE_NORMAL': 40,
+             'NORMAL': 50, 'BELOW_NORMAL': 60, 'LOW': 70, 'VERY_LOW': 90,
+             'LOWEST': 100}
+    assert order[hook.priority] < order[logger.priority]
     with meter:
-        counter.batch(900)
-        assert log_processor._get_max_memory(runner) == 900  # its log line
-        counter.batch(100)
-        assert log_processor._get_max_memory(runner) == 100
-        counter.batch(100)
+        for batch_idx, mb in enumerate((900, 100, 100)):
+            counter.batch(mb)
+            hook.after_test_iter(runner, batch_idx)  # before the logger
+            assert log_processor._get_max_memory(runner) == mb  # its line
     assert meter.peak_mb == 900
     assert meter.memory.reserved_mb == 900
-    # the counter's own reset is back in place after the run
     assert torch.cuda.reset_peak_memory_stats == counter.reset

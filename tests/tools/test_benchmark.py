@@ -67,7 +67,7 @@ def test_segmentation_cotta_steps_on_the_teacher_views():
     teacher on the 14 views (7 ratios x 2 flips) of one image, the source
     model on the main view (ratio 1, unflipped), the student once; the
     other arms keep the single-view batch."""
-    from mmseg_stag.analysis.meters import PassCounter
+    from mmseg_stag.analysis.meters import BackwardPasses, PassCounter
     args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
     task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
     assert task.methods['cotta']['restore_prob'] == 0.01
@@ -84,9 +84,9 @@ def test_segmentation_cotta_steps_on_the_teacher_views():
     method, student = task.make_method('cotta', None)
     teacher = PassCounter(task.counted(method.teacher))
     source = PassCounter(task.counted(method.source_model))
-    with student, teacher, source:
+    with BackwardPasses() as backwards:
         task.ours_step(method, task.batch_for('cotta'))
-    assert (student.forwards, student.backwards) == (1, 1)
+    assert (student.forwards, backwards.count) == (1, 1)
     assert teacher.forwards == 14 and source.forwards == 1
 
 
@@ -116,10 +116,9 @@ def test_segmentation_cotta_batched_views_equal_one_at_a_time(monkeypatch):
     for batched in (True, False):
         counter = PassCounter(task.counted(teacher))
         probabilities.clear()
-        with counter:
-            results[batched] = cotta.teacher_labels(
-                task.adapter, teacher, source, views, batch.main_view,
-                method.ap, batched)
+        results[batched] = cotta.teacher_labels(
+            task.adapter, teacher, source, views, batch.main_view,
+            method.ap, batched)
         assert counter.forwards == (7 if batched else 14)
         # the teacher's passes, then the source model's main view
         sums[batched] = sum(p.sum(0) for p in probabilities[:-1])
@@ -161,6 +160,52 @@ def test_saved_for_backward_keeps_the_largest_graph():
         (x * x).sum().backward()        # saves x: 4,000 bytes
         (x.exp() * x.sin()).sum().backward()  # exp, sin, x: 12,000 bytes
     assert saved.mb * 2**20 == 12000
+    assert saved.count == 2  # the backward passes
+
+
+def test_backward_passes_through_the_saved_tensor_hooks():
+    """Counted without replacing any torch function: one per backward
+    pass of a graph built in the block (SAR's two, EcoTTA's two), none
+    for a forward without gradients; ``on_backward`` at each."""
+    assert torch.autograd.backward.__module__ == 'torch.autograd'
+    x = torch.ones(10, requires_grad=True)
+    calls = []
+    with meters.BackwardPasses(on_backward=lambda: calls.append(1)) as bp:
+        with torch.no_grad():
+            (x * x).sum()
+        assert bp.count == 0
+        for _ in range(2):
+            (x * x).sum().backward()
+    assert bp.count == 2 and calls == [1, 1]
+
+
+def test_peak_memory_folds_before_a_reset(monkeypatch):
+    """The GPU path's bookkeeping on a stand-in device whose peak is
+    global: a nested block's start and :func:`fold_peak_memory` (before a
+    log processor's reset) keep the outer block's peak; nothing of torch
+    is replaced by the meter."""
+    device = dict(allocated=100, peak=100)
+
+    def reset():
+        device['peak'] = device['allocated']
+
+    cuda = dict(is_available=lambda: True, synchronize=lambda: None,
+                reset_peak_memory_stats=reset,
+                memory_allocated=lambda: device['allocated'],
+                max_memory_allocated=lambda: device['peak'],
+                max_memory_reserved=lambda: device['peak'])
+    for name, fn in cuda.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    with meters.PeakMemory() as outer:
+        device['peak'] = 900  # a step's peak
+        meters.fold_peak_memory()
+        reset()  # MMEngine's log processor, after the fold
+        with meters.PeakMemory() as inner:
+            assert meters.PeakMemory.active == [outer, inner]
+            device['peak'] = 300
+        assert torch.cuda.reset_peak_memory_stats is reset
+    assert outer.peak == 900 and inner.peak == 300
+    assert meters.PeakMemory.active == []
 
 
 def test_saved_for_backward_counts_distinct_storages():
@@ -198,12 +243,13 @@ def test_step_timer_on_the_cpu():
 @pytest.mark.cuda
 def test_peak_memory_across_resets_on_cuda():
     """On a GPU, a ``reset_peak_memory_stats`` inside the block (MMEngine's
-    log processor makes one per log interval) does not lose the earlier
-    peak, and a nested block folds into the outer one."""
+    log processor makes one per log interval) after a fold does not lose
+    the earlier peak, and a nested block folds into the outer one."""
     from mmengine.device import get_max_cuda_memory
     with meters.PeakMemory() as outer:
         big = torch.empty(256 * 2**20, dtype=torch.uint8, device='cuda')
         del big
+        meters.fold_peak_memory()  # as efficiency.py's hook, before
         get_max_cuda_memory()  # the log line: reads, then resets
         with meters.PeakMemory() as inner:
             small = torch.empty(16 * 2**20, dtype=torch.uint8,

@@ -61,8 +61,10 @@ def parse_args(argv=None):
 class Meter:
     """Counts, time and memory of one run: a forward pre-hook on the
     adapted network (images in), ``torch.autograd.backward`` wrapped
-    (images of the batch whose graph it runs), the step timer and the
-    peak-memory sampler (``mmseg_stag.analysis.meters``) around the test
+    (images of the batch whose graph it runs: one Python call a backward
+    pass, where ``meters.BackwardPasses``' saved-tensor hooks would add
+    one per saved tensor to the timed run), the step timer and the
+    peak-memory meter (``mmseg_stag.analysis.meters``) around the test
     loop."""
 
     def __init__(self):
@@ -106,14 +108,20 @@ class Meter:
 
 
 def meter_hook(meter):
-    """An MMEngine hook that meters the test loop (observes only)."""
+    """An MMEngine hook that meters the test loop (observes only); after
+    each batch, before the logger (``LoggerHook``, 'BELOW_NORMAL'), it
+    folds the GPU's peak memory, which the log processor resets."""
     class EfficiencyMeter(Hook):
-        priority = 'LOWEST'
+        priority = 'NORMAL'
 
         def before_test_epoch(self, runner):
             task = runner.test_loop.task  # the task the loop adapts with
             self.handle = meter.attach(task.adapted_module(runner.model))
             meter.__enter__()
+
+        def after_test_iter(self, runner, batch_idx, data_batch=None,
+                            outputs=None):
+            meters.fold_peak_memory()
 
         def after_test_epoch(self, runner, metrics=None):
             meter.__exit__(None, None, None)
