@@ -87,11 +87,13 @@ def paused(counter, fn):
     return flagged(counter, 'paused', fn)
 
 
-def count_loop_syncs(loop, monkeypatch, host_reads=None):
+def count_loop_syncs(loop, monkeypatch, host_reads=None, stats_reads=None):
     """Wrap ``loop.run_iter``: returns ``{batch index: [sync names]}``,
     filled as the loop runs, without the metric (``task.outputs`` and
     ``evaluator.process``); ``host_reads``, a dict if given, gets the
-    batch's reads of host-resident tensors the same way."""
+    batch's reads of host-resident tensors the same way; ``stats_reads``,
+    a list if given, the sync names of each read of the statistics
+    (``loop.log_stats``, at the logger's interval and a stage's end)."""
     counter = HostSyncCounter()
     state = dict(active=False)
     per_batch = {}
@@ -111,9 +113,24 @@ def count_loop_syncs(loop, monkeypatch, host_reads=None):
         if host_reads is not None:
             host_reads[idx] = list(counter.host_reads)
 
+    log_stats = loop.log_stats
+
+    def counted_log_stats():
+        outer, counter.calls = counter.calls, []
+        state['active'] = True
+        try:
+            with counter:
+                log_stats()
+        finally:
+            state['active'] = False
+            if stats_reads is not None:
+                stats_reads.append(list(counter.calls))
+            counter.calls = outer
+
     monkeypatch.setattr(loop.task, 'outputs',
                         paused(counter, loop.task.outputs))
     monkeypatch.setattr(loop, 'run_iter', counted)
+    monkeypatch.setattr(loop, 'log_stats', counted_log_stats)
     return per_batch
 
 

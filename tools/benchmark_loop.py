@@ -29,7 +29,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from mmseg_stag.analysis.loop_benchmark import (  # noqa: E402
-    method_config, register_reference, run_method)
+    method_config, run_method)
 
 PATTERN = ('configs/stag_acdc/'
            'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
@@ -70,7 +70,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    register_reference()
     results = {}
     with tempfile.TemporaryDirectory() as work_root:
         for method in args.methods:

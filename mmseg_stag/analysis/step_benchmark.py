@@ -250,12 +250,13 @@ class BenchTask:
         elif self.kind != 'seg':
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
-        # the task's registry: Hybrid-TTA is segmentation's own
+        # as the loop: the task builds (segmentation's CoTTA), configures
+        # and fits on source batches (EATA's Fisher, not timed)
         method = self.online.build_method(dict(self.methods[kind], stag=stag,
                                                **overrides))
-        method.configure(model, self.adapter)
-        if method.needs_source_data:  # EATA's Fisher, not timed
-            method.fit_source([self.batch])
+        self.online.configure(method, model)
+        if method.needs_source_data:
+            self.online.fit_source(method, [self.batch])
         return method, PassCounter(self.counted(model))
 
     def ours_step(self, method, batch=None):
@@ -287,7 +288,7 @@ def mixed_precision(dtype):
 
 
 def measure(step, method, counter, dtype=None):
-    f0, b0 = counter.forwards, counter.backwards
+    f0 = counter.forwards
     with PeakMemory() as mem, SavedForBackward(method.model) as saved:
         with StepTimer() as timer, mixed_precision(dtype):
             step(method)
@@ -295,7 +296,7 @@ def measure(step, method, counter, dtype=None):
     return dict(seconds=seconds, peak_mb=mem.delta_mb, saved_mb=saved.mb,
                 activations_mb=saved.activations_mb,
                 forwards=counter.forwards - f0,
-                backwards=counter.backwards - b0)
+                backwards=saved.count)
 
 
 def interleave(arms, steps, warmup, dtype=None):
@@ -306,8 +307,7 @@ def interleave(arms, steps, warmup, dtype=None):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
         for name in order:
             step, method, counter = arms[name]
-            with counter:
-                rec = measure(step, method, counter, dtype)
+            rec = measure(step, method, counter, dtype)
             if i >= warmup:
                 records[name].append(rec)
     return records

@@ -1,7 +1,7 @@
 """The task-agnostic core in plain PyTorch and MMEngine: no MMSeg, no MMCV."""
 from . import stag
 from .losses import (cross_entropy_to_teacher, flatten_outputs,
-                     mean_over_outputs, per_sample_logits,
+                     mean_over_outputs,
                      pseudo_label_cross_entropy, softmax_entropy,
                      symmetric_cross_entropy)
 from .methods import (BaseMethod, BNAdapt, CoTTA, DeYO, EATA,
@@ -25,6 +25,6 @@ __all__ = [
     'norm_layers',
     'select_parameters', 'use_batch_statistics', 'softmax_entropy',
     'pseudo_label_cross_entropy', 'cross_entropy_to_teacher',
-    'symmetric_cross_entropy', 'mean_over_outputs', 'per_sample_logits',
+    'symmetric_cross_entropy', 'mean_over_outputs',
     'flatten_outputs'
 ]

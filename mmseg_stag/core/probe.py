@@ -91,11 +91,11 @@ class HeadProbe:
         return self.find(model)[1]
 
     def __call__(self, model: nn.Module, inputs: Any,
-                 run: Optional[Callable[[nn.Module, Any], Any]] = None
+                 run: Optional[Callable[[Any], Any]] = None
                  ) -> Tuple[Any, HeadOutputs]:
         """Run ``model`` once on ``inputs`` and record its classifier;
-        ``run(model, inputs) -> prediction`` runs it instead of
-        ``model(inputs)`` (a segmentor's ``inference``).
+        ``run(inputs) -> prediction`` runs it instead of ``model(inputs)``
+        (a segmentor's ``inference`` with its metainfo bound).
 
         Under :attr:`autocast_dtype` the prediction and the logits come
         back in float32 (the losses run outside autocast) and the features
@@ -118,8 +118,7 @@ class HeadProbe:
         handle = module.register_forward_hook(hook)
         try:
             with self.autocast(inputs):
-                prediction = model(inputs) if run is None else \
-                    run(model, inputs)
+                prediction = model(inputs) if run is None else run(inputs)
         finally:
             handle.remove()
             if self.autocast_dtype is not None:

@@ -1,12 +1,15 @@
 """The registry of online-adaptation methods (MMEngine only, no MMSeg)."""
 from mmengine.registry import Registry
 
+#: one registration per method name; a task builds its own variant of a
+#: name where the method differs there (``SegmentationTask.VARIANTS``)
 METHODS = Registry('online adaptation method', scope='mmseg_stag',
                    locations=['mmseg_stag.core.methods'])
 
 
-def build_method(cfg: dict, registry: Registry = METHODS):
-    """Build a method from ``registry`` whatever the caller's default scope.
+def build_method(cfg: dict):
+    """Build a method of ``METHODS`` whatever the caller's default scope;
+    ``type`` a registered name or a method class.
 
     Raises:
         ValueError: If ``cfg`` has no ``type``.
@@ -15,15 +18,10 @@ def build_method(cfg: dict, registry: Registry = METHODS):
     cfg = dict(cfg)
     if 'type' not in cfg:
         raise ValueError(f'a method config needs a type, got {cfg}')
-    if isinstance(cfg['type'], str) and cfg['type'] not in registry:
-        known = set(registry.module_dict)
-        parent = registry.parent
-        while parent is not None:
-            known |= set(parent.module_dict)
-            parent = parent.parent
-        raise KeyError(f"unknown method {cfg['type']!r}; available: "
-                       f'{sorted(known)}')
     method_cls = cfg['type']
     if isinstance(method_cls, str):
-        method_cls = registry.get(method_cls)  # the child, then its parents
+        if method_cls not in METHODS:
+            raise KeyError(f'unknown method {method_cls!r}; available: '
+                           f'{sorted(METHODS.module_dict)}')
+        method_cls = METHODS.get(method_cls)
     return METHODS.build(dict(cfg, type=method_cls, _scope_=METHODS.scope))

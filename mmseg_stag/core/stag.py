@@ -455,6 +455,38 @@ def hard_alignment(features: torch.Tensor,
                                matrix, on_features, bias)
 
 
+def batch_alignment(features: torch.Tensor,
+                    logits: torch.Tensor,
+                    anchors: torch.Tensor,
+                    eps: float = 1e-8,
+                    label: str = 'hard',
+                    coefficients: Optional[torch.Tensor] = None,
+                    bias: Optional[torch.Tensor] = None,
+                    valid_mask: Optional[torch.Tensor] = None
+                    ) -> torch.Tensor:
+    """``L_STAG(B)`` through autograd (eq:stag_batch_loss): the mean of
+    :func:`stag_alignment` over samples (valid pixels).
+
+    Args:
+        features, logits, anchors, eps, label: As :func:`stag_alignment`;
+            ``anchors`` in the logits' dtype.
+        coefficients (Tensor, optional): ``V`` of a frozen classifier: the
+            projections come from the logits
+            (:func:`projections_from_logits`, with ``bias``), else from the
+            features.
+        bias (Tensor, optional): The classifier's ``b``.
+        valid_mask (Tensor, optional): As :func:`reduce_batch_loss`.
+    """
+    if coefficients is not None:
+        projections = projections_from_logits(logits, coefficients, bias)
+    else:
+        projections = project_on_anchors(
+            features, anchors.to(features.dtype)).to(logits.dtype)
+    return reduce_batch_loss(stag_alignment(
+        features, logits, anchors, eps=eps, label=label,
+        projections=projections), valid_mask)
+
+
 def reduce_batch_loss(per_sample: torch.Tensor,
                       valid_mask: Optional[torch.Tensor] = None
                       ) -> torch.Tensor:
@@ -502,10 +534,10 @@ def stag_loss(features: torch.Tensor,
         with torch.no_grad():
             anchors = structural_anchors(weight, bias, mode=anchor)
     anchors = anchors.detach().to(dtype=features.dtype)
-    per_sample = stag_alignment(features, logits, anchors, eps=eps,
-                                label=label)
-    return check_finite_loss(reduce_batch_loss(per_sample, valid_mask),
-                             features=features, logits=logits)
+    return check_finite_loss(
+        batch_alignment(features, logits, anchors, eps=eps, label=label,
+                        valid_mask=valid_mask),
+        features=features, logits=logits)
 
 
 def stag_beta(beta0: float, gamma: float, step: int) -> float:

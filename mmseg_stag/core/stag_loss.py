@@ -72,6 +72,7 @@ class STAGLoss(nn.Module):
         self.anchor_computations = 0
         self._hard_key: Optional[Tuple] = None
         self._hard_inputs: Optional[Tuple] = None
+        self._checked_shapes: Optional[Tuple] = None
 
     @staticmethod
     def _tensor_key(tensor: Optional[torch.Tensor]) -> Tuple:
@@ -147,10 +148,7 @@ class STAGLoss(nn.Module):
         Returns:
             Tensor: The scalar loss.
         """
-        weight = stag.check_classifier(cls_weight, cls_bias,
-                                       check_finite=self.check_finite)
-        stag.check_inputs(features, logits, num_classes=weight.shape[0],
-                          feature_dim=weight.shape[1])
+        self._check(features, logits, cls_weight, cls_bias)
         # float32 for the C-sized tensors; D-sized features are not copied
         dtype = torch.float32 if features.dtype in (
             torch.float16, torch.bfloat16) else features.dtype
@@ -175,19 +173,41 @@ class STAGLoss(nn.Module):
                 stag.check_finite_loss(loss, features=features, logits=logits)
         return loss
 
+    def _check(self, features, logits, cls_weight, cls_bias) -> None:
+        """Check the shapes once per shape; with ``check_finite``, the
+        classifier's values at every call."""
+        key = tuple(tuple(t.shape) if t is not None else None
+                    for t in (features, logits, cls_weight, cls_bias))
+        if self.check_finite or key != self._checked_shapes:
+            weight = stag.check_classifier(cls_weight, cls_bias,
+                                           check_finite=self.check_finite)
+            stag.check_inputs(features, logits, num_classes=weight.shape[0],
+                              feature_dim=weight.shape[1])
+            self._checked_shapes = key
+
     def _autograd_loss(self, features, logits, cls_weight, cls_bias, dtype):
         """The loss through autograd (soft labels; the reference)."""
         anchors = self.anchors(cls_weight, cls_bias).to(dtype)
-        if not cls_weight.requires_grad:
-            # a frozen W lets the logits stand in for the features
-            projections = stag.projections_from_logits(
-                logits, self._coefficients, cls_bias)
-        else:
-            projections = stag.project_on_anchors(
-                features, anchors.to(features.dtype)).to(dtype)
-        return stag.reduce_batch_loss(stag.stag_alignment(
+        # a frozen W lets the logits stand in for the features
+        frozen = not cls_weight.requires_grad
+        return stag.batch_alignment(
             features, logits, anchors, eps=self.eps, label=self.label,
-            projections=projections))
+            coefficients=self._coefficients if frozen else None,
+            bias=cls_bias)
+
+    def over_outputs(self, head_outputs, cls_weight: torch.Tensor,
+                     cls_bias: Optional[torch.Tensor] = None
+                     ) -> torch.Tensor:
+        """``L_STAG(B)`` over every sample (pixel) of a forward pass: the
+        loss of each ``(features, logits)`` pair (one per classifier call,
+        a sliding window's crops) weighted by its number of samples, as
+        ``mean_over_outputs`` weighs a base loss."""
+        if len(head_outputs) == 1:  # no weights: two fewer ops a step
+            return self(*head_outputs[0], cls_weight, cls_bias)
+        sizes = [logits[:, 0].numel() for _, logits in head_outputs]
+        total = float(sum(sizes))
+        return sum(self(feats, logits, cls_weight, cls_bias) * (size / total)
+                   for (feats, logits), size in zip(head_outputs, sizes))
 
     def extra_repr(self) -> str:
         return (f'eps={self.eps}, anchor={self.anchor!r}, '

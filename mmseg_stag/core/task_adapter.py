@@ -1,6 +1,6 @@
 """What a method may ask of its task: a batch and named operations on it."""
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Optional, Union
+from typing import Any, FrozenSet, Hashable, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -52,11 +52,6 @@ class Logits:
     value: torch.Tensor
     postprocessed: Optional[list] = field(default=None, repr=False)
 
-    @classmethod
-    def of(cls, fwd: ForwardPass) -> 'Logits':
-        """The prediction of forward pass ``fwd``."""
-        return cls(fwd.logits.detach(), fwd.postprocessed)
-
 
 @dataclass(frozen=True)
 class Labels:
@@ -70,12 +65,26 @@ class Labels:
 Prediction = Union[Logits, Labels]
 
 
+#: what each task operation (``TaskAdapter.operations``) is, for messages
+OPERATIONS = {'original_size': "logits, labels and a loss at each image's "
+              'original size: the segmentation task'}
+
+
 class TaskAdapter:
     """The per-sample task's operations: the probe's forward pass.
+
+    What a task can do for a method is its :attr:`prediction_kind` and its
+    :attr:`operations`; a method checks both once, in ``configure``
+    (``BaseMethod.check_supports``).
 
     Args:
         probe (HeadProbe): Finds the classifier and records its calls.
     """
+
+    #: named operations beyond :meth:`forward` that a method may need;
+    #: ``'original_size'``: logits, labels and a loss at each image's
+    #: original size (the segmentation task's)
+    operations: FrozenSet[str] = frozenset()
 
     def __init__(self, probe: HeadProbe):
         self.probe = probe

@@ -18,7 +18,7 @@ from .run_state import (identity_differences, load_run_state,
 from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
-from .step_stats import PendingStats
+from .step_stats import Pending, log_step_stats
 from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
@@ -92,9 +92,8 @@ class OnlineAdaptationLoop(TestLoop):
         options = {} if main_view is None else dict(main_view=main_view)
         self.task = build_task(self._model(runner), task, head_layer,
                                **options)
-        # bad options fail here
+        # bad options fail here, the wrong task at configure (run's start)
         self.method = self.task.build_method(self.method_cfg)
-        self.method.check_supports(self.task.prediction_kind)
         if self.method.needs_source_data and source_dataloader is None:
             raise ValueError(
                 f'{self.method.name} needs clean source images before the '
@@ -123,7 +122,8 @@ class OnlineAdaptationLoop(TestLoop):
                 'its gradients (fp16 gradients underflow without a '
                 "GradScaler); use mixed_precision='bf16' or None")
         self.setup_precision()
-        self.step_stats = PendingStats()
+        #: the steps' statistics since the last read (log_step_stats)
+        self.pending_stats: Pending = []
         self.bn_batch_stats = bool(bn_batch_stats)
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.task.check_dataset(self.dataloader.dataset)
@@ -209,8 +209,8 @@ class OnlineAdaptationLoop(TestLoop):
 
     def configure_method(self) -> None:
         """Configure the method on the adapted module and its classifier."""
-        self.method.configure(self.task.adapted_module(
-            self._model(self.runner)), self.task.adapter)
+        self.task.configure(self.method,
+                            self.task.adapted_module(self._model(self.runner)))
 
     def start_stage(self, stage: StreamStage) -> None:
         """Open ``stage``: restart from the source if set, tell the others."""
@@ -258,7 +258,9 @@ class OnlineAdaptationLoop(TestLoop):
 
     def end_stage(self, batches_done: int, identity: dict,
                   stateful: bool) -> None:
-        """Close the stage in the metrics and save the run state."""
+        """Check and log the steps' statistics, close the stage in the
+        metrics and save the run state."""
+        self.log_stats()  # a non-finite STAG loss stops before the save
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'end_stage'):
                 metric.end_stage()
@@ -332,15 +334,8 @@ class OnlineAdaptationLoop(TestLoop):
         print_log(f'{self.method.name}: statistics of '
                   f'{len(self.source_dataloader.dataset)} clean source '
                   'images', logger='current')
-        batches = self.task.source_batches(self._model(self.runner),
-                                           self.source_dataloader)
-        # float32: squared fp16 gradients underflow; it runs once a run
-        dtype, self.task.probe.autocast_dtype = \
-            self.task.probe.autocast_dtype, None
-        try:
-            self.method.fit_source(batches)
-        finally:
-            self.task.probe.autocast_dtype = dtype
+        self.task.fit_source(self.method, self.task.source_batches(
+            self._model(self.runner), self.source_dataloader))
         self.source_statistics = self.method.source_statistics()
 
     def run_iter(self, idx: int, data_batch: dict) -> None:
@@ -358,21 +353,22 @@ class OnlineAdaptationLoop(TestLoop):
             prediction, stats = self.method.adapt(batch)
         outputs = self.task.outputs(batch, prediction)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
-        self.step_stats.append(idx, stats)
-        if self.reads_stats(idx):
-            self.step_stats.flush(self.runner.message_hub)
+        self.pending_stats.append((idx, stats))
+        if (idx + 1) % self.log_interval == 0:  # a stage's end: end_stage
+            self.log_stats()
         self.runner.call_hook(
             'after_test_iter', batch_idx=idx, data_batch=data_batch,
             outputs=outputs)
 
-    def reads_stats(self, idx: int) -> bool:
-        """Whether the statistics are read after batch ``idx``.
+    def log_stats(self) -> None:
+        """Read and log the statistics of the steps since the last read.
 
-        At the logger's interval, a stage end and the last batch: reading a
-        statistic waits for the device, so it is not done every step.
+        At the logger's interval and a stage's end (the last batch ends
+        the last stage): reading a statistic waits for the device, so it
+        is not done every step.
         """
-        return (idx + 1) % self.log_interval == 0 or \
-            self.schedule[idx].ends or idx + 1 == len(self.schedule)
+        log_step_stats(self.pending_stats, self.runner.message_hub)
+        self.pending_stats = []
 
     @property
     def log_interval(self) -> int:

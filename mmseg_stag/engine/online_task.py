@@ -1,6 +1,6 @@
 """The task interface of the online loop: batches in, data samples out."""
 from abc import ABC, abstractmethod
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -46,8 +46,24 @@ class OnlineTask(ABC):
         """Read settings from the stream dataset, once."""
 
     def build_method(self, cfg: dict):
-        """Build the method of ``cfg``; a task may use a child registry."""
+        """Build the method of ``cfg`` from ``METHODS``."""
         return build_method(cfg)
+
+    # how a method is readied for a stream: the loop's, and the step
+    # benchmarks' before they time (mmseg_stag/analysis/step_benchmark.py)
+    def configure(self, method, adapted: nn.Module) -> None:
+        """Configure ``method`` on the ``adapted`` module with the task's
+        adapter (:meth:`adapted_module` of the runner's model)."""
+        method.configure(adapted, self.adapter)
+
+    def fit_source(self, method, batches: Iterable[Batch]) -> None:
+        """``method.fit_source(batches)`` in float32: squared fp16 gradients
+        underflow (EATA's Fisher information); it runs once a run."""
+        dtype, self.probe.autocast_dtype = self.probe.autocast_dtype, None
+        try:
+            method.fit_source(batches)
+        finally:
+            self.probe.autocast_dtype = dtype
 
     @classmethod
     @abstractmethod

@@ -7,50 +7,45 @@ import torch
 from mmseg_stag.core import StepStats
 
 
-class PendingStats:
-    """Statistics of the steps since the last read, kept as they come.
+#: the statistics of the steps since the last read, in batch order:
+#: ``(batch index, StepStats)``, kept as they come (the loop's list)
+Pending = List[Tuple[int, StepStats]]
+
+
+def read_step_stats(pending: Pending
+                    ) -> List[Tuple[int, Dict[str, float], List[str]]]:
+    """Return the pending statistics as ``(batch index, values by logged
+    name, the names of its STAG values)``, read in one transfer.
 
     A method returns 0-d tensors where reading a value would wait for the
-    device (``.item()`` drains the GPU queue); :meth:`flush` reads all of
-    them in one transfer, at the logger's interval.
+    device (``.item()`` drains the GPU queue): they are read together, at
+    the logger's interval.
     """
+    logged = [stats.logged() for _, stats in pending]
+    tensors = [v.detach().reshape(()) for values in logged
+               for v in values.values() if torch.is_tensor(v)]
+    floats = iter(read_tensors(tensors))
+    return [(idx, {k: next(floats) if torch.is_tensor(v) else float(v)
+                   for k, v in values.items()},
+             [name for name, _ in stats.stag_values()])
+            for (idx, stats), values in zip(pending, logged)]
 
-    def __init__(self):
-        self.pending: List[Tuple[int, StepStats]] = []
 
-    def append(self, idx: int, stats: StepStats) -> None:
-        """Keep the statistics of batch ``idx``."""
-        self.pending.append((idx, stats))
+def log_step_stats(pending: Pending, message_hub) -> None:
+    """Log the pending statistics under ``test/`` in batch order.
 
-    def read(self) -> List[Tuple[int, Dict[str, float], List[str]]]:
-        """Return the pending statistics as ``(batch index, values by
-        logged name, the names of its STAG values)`` and forget them."""
-        logged = [stats.logged() for _, stats in self.pending]
-        tensors = [v.detach().reshape(()) for values in logged
-                   for v in values.values() if torch.is_tensor(v)]
-        floats = iter(read_tensors(tensors))
-        out = [(idx, {k: next(floats) if torch.is_tensor(v) else float(v)
-                      for k, v in values.items()},
-                [name for name, _ in stats.stag_values()])
-               for (idx, stats), values in zip(self.pending, logged)]
-        self.pending = []
-        return out
-
-    def flush(self, message_hub) -> None:
-        """Log the pending statistics under ``test/`` in batch order.
-
-        Raises:
-            ValueError: If the STAG loss of any pass is not finite.
-        """
-        for idx, values, stag_names in self.read():
-            for name in stag_names:
-                if not math.isfinite(values[name]):
-                    raise ValueError(
-                        f'{name} is {values[name]} at batch {idx}: the STAG '
-                        'loss is not finite (its features, logits or the '
-                        'classifier contain nan or inf values)')
-            for key, value in values.items():
-                message_hub.update_scalar(f'test/{key}', value)
+    Raises:
+        ValueError: If the STAG loss of any pass is not finite.
+    """
+    for idx, values, stag_names in read_step_stats(pending):
+        for name in stag_names:
+            if not math.isfinite(values[name]):
+                raise ValueError(
+                    f'{name} is {values[name]} at batch {idx}: the STAG '
+                    'loss is not finite (its features, logits or the '
+                    'classifier contain nan or inf values)')
+        for key, value in values.items():
+            message_hub.update_scalar(f'test/{key}', value)
 
 
 def read_tensors(tensors: List[torch.Tensor]) -> List[float]:

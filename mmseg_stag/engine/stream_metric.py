@@ -10,8 +10,8 @@ from mmengine.logging import print_log
 from mmengine.structures import BaseDataElement
 
 from .stream import StreamStage
-from .report import (append_partial, format_table, mean_ignoring_nan,
-                     results_record, write_results)
+from .report import (append_partial, format_table, results_record,
+                     write_results)
 
 
 class StreamMetric(BaseMetric):
@@ -73,7 +73,7 @@ class StreamMetric(BaseMetric):
     def start_stage(self, stage: StreamStage) -> None:
         """Open ``stage``: the next images are its."""
         self.end_stage()
-        self._current = stage
+        self._current, self._tags = stage, stage.tags()
 
     def process(self, data_batch, data_samples: Sequence) -> None:
         """Append each image's numbers and its stage's tags to ``results``.
@@ -86,7 +86,7 @@ class StreamMetric(BaseMetric):
                 f'{type(self).__name__} scores an online stream: '
                 'OnlineAdaptationLoop opens its stages (start_stage); set '
                 "test_cfg=dict(type='OnlineAdaptationLoop', ...)")
-        tags = self._current.tags()
+        tags = self._tags  # the open stage's
         for sample in data_samples:
             if isinstance(sample, BaseDataElement):
                 sample = sample.to_dict()

@@ -4,8 +4,7 @@ from mmseg.registry import MODELS
 from mmseg_stag.core import STAGLoss
 from .datasets import ACDCContinualDataset, ScaleFlipViews
 from .evaluation import ContinualIoUMetric
-from .methods import (SEGMENTATION_METHODS, SegmentationCoTTA,
-                      SegmentationTENT)
+from .methods import HybridTTA, SegmentationCoTTA
 from .online_task import SegmentationTask
 from .task_adapter import SegmentationAdapter, SegmentationBatch
 from .models import (NVMixVisionTransformer, NVSegformerHead,
@@ -16,8 +15,8 @@ from .models import (NVMixVisionTransformer, NVSegformerHead,
 MODELS.register_module(module=STAGLoss)
 
 __all__ = [
-    'SegmentationTask', 'SEGMENTATION_METHODS', 'SegmentationBatch',
-    'SegmentationAdapter', 'SegmentationTENT', 'SegmentationCoTTA',
+    'SegmentationTask', 'SegmentationBatch', 'SegmentationAdapter',
+    'SegmentationCoTTA', 'HybridTTA',
     'ACDCContinualDataset', 'ScaleFlipViews', 'ContinualIoUMetric',
     'NVMixVisionTransformer',
     'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',

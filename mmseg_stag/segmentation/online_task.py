@@ -6,7 +6,7 @@ from mmseg.models.segmentors import BaseSegmentor
 
 from mmseg_stag.core import Labels, Prediction, build_method
 from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
-from .methods import SEGMENTATION_METHODS
+from .methods import SegmentationCoTTA
 from .task_adapter import SegmentationAdapter, SegmentationBatch, set_labels
 
 
@@ -51,9 +51,16 @@ class SegmentationTask(OnlineTask):
             self.main_view = pipeline_main_view(dataset)
         self.main_view = int(self.main_view)
 
+    #: the method a ``type`` of ``METHODS`` is on this task, where it differs:
+    #: CoTTA's ACDC code labels with a multi-view teacher at full size
+    VARIANTS = {'cotta': SegmentationCoTTA}
+
     def build_method(self, cfg: dict):
-        """Build from ``SEGMENTATION_METHODS`` first, then the core's."""
-        return build_method(cfg, SEGMENTATION_METHODS)
+        """Build ``cfg`` from ``METHODS``, ``type='cotta'`` as
+        :class:`SegmentationCoTTA` (:attr:`VARIANTS`)."""
+        variant = self.VARIANTS.get(cfg.get('type'))
+        return build_method(cfg if variant is None else dict(cfg,
+                                                             type=variant))
 
     def build_adapter(self, model) -> SegmentationAdapter:
         return SegmentationAdapter(self.probe, model)

@@ -116,8 +116,8 @@ def test_classifier_not_called_raises_and_removes_the_hook():
         HeadProbe()(model, images())
     assert not model.unused._forward_hooks
 
-    def failing(m, x):
-        m(x)
+    def failing(x):
+        model(x)
         raise KeyError('boom')
 
     with pytest.raises(KeyError, match='boom'):
@@ -146,8 +146,8 @@ def test_run_replaces_model_call_and_each_call_is_recorded():
     model = TwoHeads().eval()
     x = images(n=4)
 
-    def two_halves(m, inputs):  # e.g. sliding-window inference
-        return torch.cat([m(inputs[:2]), m(inputs[2:])])
+    def two_halves(inputs):  # e.g. sliding-window inference
+        return torch.cat([model(inputs[:2]), model(inputs[2:])])
 
     probe = HeadProbe('cls')
     prediction, outs = probe(model, x, run=two_halves)
@@ -156,7 +156,7 @@ def test_run_replaces_model_call_and_each_call_is_recorded():
                                torch.cat([z for _, z in outs]))
     assert [f.shape[0] for f, _ in outs] == [2, 2]
     # another run on the next call, the model's own call by default
-    prediction, outs = probe(model, x, run=lambda m, inputs: m(inputs) * 2)
+    prediction, outs = probe(model, x, run=lambda inputs: model(inputs) * 2)
     assert model.calls == 3 and len(outs) == 1
     torch.testing.assert_close(prediction, 2 * outs[0][1])
     prediction, outs = probe(model, x)

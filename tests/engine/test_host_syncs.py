@@ -9,8 +9,9 @@ from host_syncs import count_loop_syncs
 from seg_helpers import make_runner
 
 
-def syncs_per_batch(runner, monkeypatch):
-    per_batch = count_loop_syncs(runner.test_loop, monkeypatch)
+def syncs_per_batch(runner, monkeypatch, stats_reads=None):
+    per_batch = count_loop_syncs(runner.test_loop, monkeypatch,
+                                 stats_reads=stats_reads)
     runner.test()
     return per_batch, runner.test_loop.schedule
 
@@ -34,13 +35,13 @@ def test_segmentation_step_never_waits_between_reads(
     runner = make_runner(method, tiny_acdc, tiny_checkpoint, tmp_path,
                          extra={'default_hooks.logger.interval': 50,
                                 **extra})
-    per_batch, stages = syncs_per_batch(runner, monkeypatch)
+    stats_reads = []
+    per_batch, stages = syncs_per_batch(runner, monkeypatch, stats_reads)
     assert len(per_batch) == len(stages) == 8
     for idx, calls in per_batch.items():
-        if stages[idx].ends:  # the statistics are read: once
-            assert calls == step_reads + ['tolist'], (idx, calls)
-        else:
-            assert calls == step_reads, (idx, calls)
+        assert calls == step_reads, (idx, calls)
+    # the statistics are read after each stage's last batch, once
+    assert stats_reads == [['tolist']] * sum(s.ends for s in stages)
     # and the log still has every batch's values
     scalars = runner.message_hub.log_scalars
     assert len(scalars['test/loss_stag'].data[0]) == 8

@@ -9,7 +9,7 @@ import torch
 from mmengine.logging import MessageHub
 
 from mmseg_stag.core import PassStats, StepStats
-from mmseg_stag.engine.step_stats import PendingStats
+from mmseg_stag.engine.step_stats import log_step_stats
 
 
 def test_logged_names_numbered_by_pass():
@@ -31,26 +31,22 @@ def test_logged_names_numbered_by_pass():
 
 @pytest.mark.parametrize('passes', [1, 2])
 def test_a_non_finite_stag_value_stops_naming_the_batch(passes):
-    pending = PendingStats()
-    pending.append(3, StepStats([PassStats(loss=torch.tensor(1.0),
-                                           loss_stag=torch.tensor(-0.5),
-                                           beta=2.0)] * passes))
+    pending = [(3, StepStats([PassStats(loss=torch.tensor(1.0),
+                                        loss_stag=torch.tensor(-0.5),
+                                        beta=2.0)] * passes))]
     bad = [PassStats(loss_stag=torch.tensor(-0.5))] * (passes - 1) + [
         PassStats(loss=torch.tensor(1.0), loss_stag=torch.tensor(math.nan))]
-    pending.append(4, StepStats(bad))
+    pending.append((4, StepStats(bad)))
     name = 'loss_stag' if passes == 1 else 'loss_stag2'
     with pytest.raises(ValueError, match=f'{name} is nan at batch 4'):
-        pending.flush(MessageHub.get_instance('test_step_stats_bad'))
+        log_step_stats(pending, MessageHub.get_instance('test_step_stats_bad'))
 
 
 def test_values_are_logged_in_batch_order():
     hub = MessageHub.get_instance('test_step_stats_ok')
-    pending = PendingStats()
-    for idx in range(3):
-        pending.append(idx, StepStats(
-            [PassStats(loss_stag=torch.tensor(float(idx)))], numbered=True,
-            extra=dict(loss_reg=float(idx) + 0.5)))
-    pending.flush(hub)
+    pending = [(idx, StepStats(
+        [PassStats(loss_stag=torch.tensor(float(idx)))], numbered=True,
+        extra=dict(loss_reg=float(idx) + 0.5))) for idx in range(3)]
+    log_step_stats(pending, hub)
     assert list(hub.log_scalars['test/loss_stag1'].data[0]) == [0, 1, 2]
     assert list(hub.log_scalars['test/loss_reg'].data[0]) == [0.5, 1.5, 2.5]
-    assert pending.pending == []

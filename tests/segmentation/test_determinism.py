@@ -22,7 +22,7 @@ from mmseg_stag.engine.determinism import (NONDETERMINISTIC_CUDA_OPS,
                                            configure_cuda_math,
                                            configure_determinism,
                                            raises_on_cuda)
-from mmseg_stag.segmentation.methods.full_resolution import (
+from mmseg_stag.segmentation.task_adapter import (
     bilinear_resize, deterministic_cross_entropy,
     full_resolution_cross_entropy, interpolation_matrix)
 from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,

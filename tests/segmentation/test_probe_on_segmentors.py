@@ -99,7 +99,7 @@ class inference_probe(HeadProbe):  # noqa: N801 (used as a function)
 
     def __call__(self, model, inputs):
         return super().__call__(
-            model, inputs, run=lambda m, x: m.inference(x, self.metas))
+            model, inputs, run=lambda x: model.inference(x, self.metas))
 
 
 def count_calls(monkeypatch, module):
@@ -349,7 +349,7 @@ def test_the_task_outputs_a_typed_prediction_post_processed_once():
     assert labels.shape == (2, 57, 90)
     torch.testing.assert_close(
         task.adapter.logits_at_original_size(batch, fwd).argmax(1), labels)
-    outputs = task.outputs(batch, Logits.of(fwd))
+    outputs = task.outputs(batch, Logits(fwd.logits.detach(), fwd.postprocessed))
     assert len(calls) == 1  # the loss's post-processing, kept on fwd
     assert torch.equal(outputs[0].pred_sem_seg.data[0], labels[0])
     # a new prediction of the same batch is post-processed anew

@@ -9,13 +9,13 @@ import torch.nn as nn
 from mmengine.logging import print_log
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
-from ..losses import mean_over_outputs
 from ..params import exclude_by_module, select_parameters
 from ..probe import PREDICTION_KINDS, check_prediction_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
 from ..stats import PassStats, StepStats
-from ..task_adapter import Batch, ForwardPass, Logits, Prediction, TaskAdapter
+from ..task_adapter import (OPERATIONS, Batch, ForwardPass, Logits,
+                            Prediction, TaskAdapter)
 from .step_graph import StepGraphs, check_capturable_optimizer
 
 
@@ -101,15 +101,12 @@ class BaseMethod:
         self.stage = None
         self.grad_scaler: Optional[torch.amp.GradScaler] = None
         self.graphs: Optional[StepGraphs] = None
+        #: whether :meth:`adapt` runs a backward pass and a step
+        self.updates = self.has_base_loss or self.stag_loss is not None
 
     @property
     def name(self) -> str:
         return type(self).__name__
-
-    @property
-    def updates(self) -> bool:
-        """Whether :meth:`adapt` runs a backward pass and a step."""
-        return self.has_base_loss or self.stag_loss is not None
 
     @property
     def beta(self) -> float:
@@ -119,19 +116,36 @@ class BaseMethod:
         return stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'],
                          self.step)
 
-    def check_supports(self, prediction_kind: str) -> None:
-        """Check that the method is defined on ``prediction_kind``.
+    @property
+    def required_operations(self) -> Tuple[str, ...]:
+        """The task operations (``TaskAdapter.operations``) the method, as
+        configured, needs; none by default."""
+        return ()
+
+    def check_supports(self, adapter: TaskAdapter) -> None:
+        """Check, once, that the method is defined on the task ``adapter``
+        serves: its prediction kind and its operations.
 
         Raises:
-            ValueError: If ``prediction_kind`` is not in
-                :attr:`supported_prediction_kinds`.
+            ValueError: If the kind is not in
+                :attr:`supported_prediction_kinds` or an operation of
+                :attr:`required_operations` is missing.
         """
+        kind = check_prediction_kind(adapter.prediction_kind)
         supported = self.supported_prediction_kinds
-        if check_prediction_kind(prediction_kind) not in supported:
+        if kind not in supported:
             raise ValueError(
                 f'{self.name} supports {" and ".join(supported)} outputs '
-                f'only, but this task gives {prediction_kind} outputs '
-                f'(choose another method)')
+                f'only, but this task gives {kind} outputs (choose another '
+                'method)')
+        missing = [op for op in self.required_operations
+                   if op not in adapter.operations]
+        if missing:
+            raise ValueError(
+                f'{self.name} as configured needs the task operation(s) '
+                f'{missing} ({", ".join(OPERATIONS[op] for op in missing)}),'
+                f' which {type(adapter).__name__} does not have (its '
+                f'operations: {sorted(adapter.operations)})')
 
     def configure(self, model: nn.Module, adapter: TaskAdapter) -> None:
         """Set the modes, unfreeze the adapted parameters, build the optimizer.
@@ -141,10 +155,11 @@ class BaseMethod:
             adapter (TaskAdapter): The task's operations on a batch.
 
         Raises:
-            ValueError: If no parameter matches ``trainable``, or the task's
-                prediction kind is not supported.
+            ValueError: If no parameter matches ``trainable``, or the task
+                does not serve the method (:meth:`check_supports`).
         """
-        self.check_supports(adapter.prediction_kind)
+        self.check_supports(adapter)
+        self.prepare_model(model)
         if self.cuda_graph:
             devices = {p.device.type for p in model.parameters()}
             if devices != {'cuda'}:
@@ -171,6 +186,10 @@ class BaseMethod:
         self.optimizer = self.build_optimizer()
         if self.stag_loss is not None:
             log_anchor_signs(self.classifier)
+
+    def prepare_model(self, model: nn.Module) -> None:
+        """Change ``model`` before its parameters are selected, after the
+        support check (Hybrid-TTA adds its modules); nothing by default."""
 
     def use_grad_scaler(self, device_type: str = 'cuda') -> None:
         """Scale the losses of every update (float16 autocast).
@@ -337,9 +356,8 @@ class BaseMethod:
         if self.stag_loss is not None:
             weight, bias = self.classifier.weight, self.classifier.bias
             # eq:stag_batch_loss, over every sample (pixel) of the pass
-            l_stag = mean_over_outputs(
-                lambda f, z: self.stag_loss(f, z, weight, bias),
-                fwd.head_outputs)
+            l_stag = self.stag_loss.over_outputs(fwd.head_outputs, weight,
+                                                 bias)
             beta = self.beta if beta is None else beta
             stats.loss_stag, stats.beta = l_stag.detach(), beta
             total = beta * l_stag if total is None else total + beta * l_stag
@@ -397,7 +415,8 @@ class BaseMethod:
             fwd = self.adapter.forward(self.model, batch)
             if self.updates:
                 self.update(self.loss(batch, fwd))
-            return Logits.of(fwd), StepStats([fwd.stats])
+            return Logits(fwd.logits.detach(), fwd.postprocessed), \
+            StepStats([fwd.stats])
         beta = None if self.stag_loss is None else self.beta
         prediction, stats = self.graphs(batch, self.adapter.graph_key(batch),
                                         beta)
@@ -415,7 +434,8 @@ class BaseMethod:
         total = self.loss(batch, fwd, beta) if self.updates else None
         if total is not None:
             self.backward_step(total)
-        return Logits.of(fwd), StepStats([fwd.stats])
+        return Logits(fwd.logits.detach(), fwd.postprocessed), \
+            StepStats([fwd.stats])
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg

@@ -5,7 +5,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..losses import (cross_entropy_to_teacher, per_sample_logits,
+from ..losses import (cross_entropy_to_teacher, flatten_outputs,
                       symmetric_cross_entropy)
 from ..registry import METHODS
 from ..stats import PassStats, StepStats
@@ -132,7 +132,7 @@ class CoTTA(BaseMethod):
     def loss_to_teacher(self, student: ForwardPass,
                         teacher: Prediction) -> torch.Tensor:
         """Return the student's loss to the teacher's prediction."""
-        _, logits = per_sample_logits(student.head_outputs, 'CoTTA')
+        _, logits = flatten_outputs(student.head_outputs)
         return self.LOSSES[self.loss_type](logits, teacher.value).mean(0)
 
     @torch.no_grad()

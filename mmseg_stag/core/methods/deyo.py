@@ -144,8 +144,7 @@ class DeYO(SampleFilteringMethod):
         Raises:
             ValueError: If ``batch.inputs`` are not the batch's images.
         """
-        logits = flatten_logits(head_outputs, 'DeYO',
-                                self.adapter.prediction_kind)
+        logits = flatten_logits(head_outputs)
         inputs = batch.inputs
         per_pixel = head_outputs[0][1].dim() == 4
         entropies = softmax_entropy(logits)

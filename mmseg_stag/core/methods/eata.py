@@ -131,8 +131,7 @@ class EATA(SampleFilteringMethod):
             with torch.enable_grad():
                 head_outputs = self.adapter.forward(self.model,
                                                     batch).head_outputs
-                logits = flatten_logits(head_outputs, 'EATA',
-                                        self.adapter.prediction_kind)
+                logits = flatten_logits(head_outputs)
                 targets = logits.detach().max(1)[1]
                 F.cross_entropy(logits, targets).backward()
             for name, p in self.params:
@@ -193,8 +192,7 @@ class EATA(SampleFilteringMethod):
 
     def base_loss(self, batch, fwd) -> Optional[torch.Tensor]:
         """Return the weighted entropy of the selected samples (+ EWC)."""
-        logits = flatten_logits(fwd.head_outputs, 'EATA',
-                                self.adapter.prediction_kind)
+        logits = flatten_logits(fwd.head_outputs)
         entropies, reliable, selected = self.select(logits)
         if self.record_selection(fwd.stats, reliable, selected) == 0:
             return None

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ..losses import per_sample_logits, softmax_entropy
+from ..losses import flatten_outputs, softmax_entropy
 from ..registry import METHODS
 from ..task_adapter import Batch
 from .base import BaseMethod
@@ -63,7 +63,7 @@ class EcoTTA(BaseMethod):
 
     def base_loss(self, batch, fwd) -> torch.Tensor:
         """Return the mean entropy of the samples with ``H < E0`` (or 0)."""
-        _, logits = per_sample_logits(fwd.head_outputs, 'EcoTTA')
+        _, logits = flatten_outputs(fwd.head_outputs)
         entropy = softmax_entropy(logits)
         reliable = entropy < self.entropy_margin * math.log(logits.shape[1])
         fwd.stats.extra['num_reliable'] = float(reliable.sum())

@@ -115,8 +115,7 @@ class SAR(BaseMethod):
         Returns:
             tuple: The loss (None if nothing is kept) and the kept mask.
         """
-        logits = flatten_logits(fwd.head_outputs, 'SAR',
-                                self.adapter.prediction_kind)
+        logits = flatten_logits(fwd.head_outputs)
         entropies = softmax_entropy(logits)
         keep = entropies < self.e_margin
         if among is not None:
@@ -205,7 +204,7 @@ class SAR(BaseMethod):
             recovered=float(self.recover()))
         if self.ema is not None:
             stats.extra['ema'] = self.ema
-        return Logits.of(first), stats
+        return Logits(first.logits.detach(), first.postprocessed), stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

@@ -8,29 +8,47 @@ from .base import BaseMethod
 class TENT(BaseMethod):
     """TENT (Wang et al., ICLR 2021): minimise the prediction entropy.
 
-    Follows DequanWang/tent's tent.py (forward_and_adapt), in eval mode.
+    Follows DequanWang/tent's tent.py (forward_and_adapt), in eval mode;
+    ``loss='pseudo_ce_fullres'`` follows CoTTA's ACDC mmseg/apis/test.py
+    (single_gpu_tent).
 
     Args:
-        loss (str): ``'entropy'`` (eq:ent) or ``'pseudo_ce'`` (cross-entropy
-            to the own argmax). Default: ``'entropy'``.
+        loss (str): ``'entropy'`` (eq:ent), ``'pseudo_ce'`` (cross-entropy
+            to the own argmax) or ``'pseudo_ce_fullres'`` (CoTTA's ACDC
+            loss: the head's logits resized to each image's original size,
+            cross-entropy to the labels predicted there; needs the task's
+            ``'original_size'`` operation, segmentation). Default:
+            ``'entropy'``.
+        align_corners (bool): Of the resize of ``'pseudo_ce_fullres'``.
+            Default: False.
         **kwargs: See :class:`BaseMethod`.
 
     Raises:
         ValueError: If ``loss`` is unknown.
     """
 
-    LOSSES = ('entropy', 'pseudo_ce')
+    LOSSES = ('entropy', 'pseudo_ce', 'pseudo_ce_fullres')
     graph_capturable = True
 
-    def __init__(self, loss: str = 'entropy', **kwargs):
+    def __init__(self, loss: str = 'entropy', align_corners: bool = False,
+                 **kwargs):
         if loss not in self.LOSSES:
             raise ValueError(f'tent loss must be one of {self.LOSSES}, got '
-                             f'{loss!r} (segmentation configs add '
-                             "'pseudo_ce_fullres': SegmentationTENT)")
+                             f'{loss!r}')
         super().__init__(**kwargs)
         self.loss_type = loss
+        self.align_corners = bool(align_corners)
+
+    @property
+    def required_operations(self):
+        return ('original_size', ) if self.loss_type == 'pseudo_ce_fullres' \
+            else ()
 
     def base_loss(self, batch, fwd):
+        if self.loss_type == 'pseudo_ce_fullres':
+            # to the labels the batch is scored on, at the original size
+            return self.adapter.cross_entropy_at_original_size(
+                fwd, align_corners=self.align_corners, batch=batch)
         if self.loss_type == 'pseudo_ce':
             fn = pseudo_label_cross_entropy
         else:

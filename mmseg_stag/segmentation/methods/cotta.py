@@ -4,16 +4,15 @@ import torch
 import torch.nn as nn
 
 from mmseg_stag.core import CoTTA, Labels
-from .full_resolution import full_resolution_cross_entropy, whole_image_logits
-from ..task_adapter import SegmentationAdapter, SegmentationBatch
-from .registry import SEGMENTATION_METHODS
+from ..task_adapter import SegmentationBatch
 
 
-@SEGMENTATION_METHODS.register_module(name='cotta')
 class SegmentationCoTTA(CoTTA):
     """CoTTA per pixel: a multi-view teacher label at full size.
 
-    Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta).
+    Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta). Not
+    registered: the segmentation task builds it for ``type='cotta'``
+    (``SegmentationTask.build_method``).
 
     Args:
         batch_views (bool): Run consecutive teacher views of one input size
@@ -26,16 +25,11 @@ class SegmentationCoTTA(CoTTA):
     """
 
     supported_prediction_kinds = ('per_pixel', )
+    required_operations = ('original_size', )
 
     def __init__(self, batch_views: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.batch_views = bool(batch_views)
-
-    def configure(self, model, adapter):
-        if not isinstance(adapter, SegmentationAdapter):
-            raise ValueError('CoTTA on segmentation needs the segmentation '
-                             'task (views at the original image size)')
-        super().configure(model, adapter)
 
     @torch.no_grad()
     def teacher_prediction(self, batch, stats):
@@ -52,8 +46,8 @@ class SegmentationCoTTA(CoTTA):
         return Labels(labels)
 
     def loss_to_teacher(self, student, teacher):
-        logits = whole_image_logits(student, 'CoTTA on segmentation')
-        return full_resolution_cross_entropy(logits, teacher.value)
+        return self.adapter.cross_entropy_at_original_size(student,
+                                                           teacher.value)
 
 
 @torch.no_grad()

@@ -14,14 +14,11 @@ import numpy as np
 import torch
 from mmengine.logging import print_log
 
-from mmseg_stag.core import Labels, StepStats
+from mmseg_stag.core import METHODS, Labels, StepStats
 from mmseg_stag.core.methods.base import BaseMethod
 from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
                                          masked_l1, masked_mit_features)
-from ..task_adapter import SegmentationAdapter
-from .full_resolution import full_resolution_cross_entropy, whole_image_logits
-from .registry import SEGMENTATION_METHODS
 
 #: what efficient tuning freezes: the MiT blocks (the authors' "block1" ..
 #: "block4"), not their adapters; patch embeddings, stage norms, the mask
@@ -73,7 +70,7 @@ class TuningSwitch:
         self.threshold, self.efficient = state['threshold'], state['efficient']
 
 
-@SEGMENTATION_METHODS.register_module(name='hybrid_tta')
+@METHODS.register_module(name='hybrid_tta')
 class HybridTTA(BaseMethod):
     """Hybrid-TTA on an MMSeg SegFormer (MiT backbone).
 
@@ -103,6 +100,7 @@ class HybridTTA(BaseMethod):
     """
 
     supported_prediction_kinds = ('per_pixel', )
+    required_operations = ('original_size', )
 
     def __init__(self,
                  ema_momentum: float = 0.999,
@@ -136,10 +134,7 @@ class HybridTTA(BaseMethod):
         self.switch = TuningSwitch(**(switch or {}))
         self.teacher = None
 
-    def configure(self, model, adapter):
-        if not isinstance(adapter, SegmentationAdapter):
-            raise ValueError('Hybrid-TTA needs the segmentation task (labels '
-                             'at the original image size)')
+    def prepare_model(self, model):
         mode = model.test_cfg.get('mode', 'whole')
         if mode != 'whole':
             raise ValueError(
@@ -154,6 +149,8 @@ class HybridTTA(BaseMethod):
             f'{self.module_cfg["adapter_init"]!r}), the mask token '
             f'({counts["mask_token"]}), the reconstruction neck '
             f'({counts["recon_neck"]:,})', logger='current')
+
+    def configure(self, model, adapter):
         super().configure(model, adapter)
         # the authors' create_ema_model: the teacher starts as the student
         self.teacher = copy.deepcopy(model)
@@ -197,7 +194,8 @@ class HybridTTA(BaseMethod):
             batch.inputs.device)
         levels = []
 
-        def encode_decode(model, inputs):
+        def encode_decode(inputs):
+            model = self.model
             levels.extend(masked_mit_features(model.backbone, inputs, mask))
             feats = model.neck(levels) if model.with_neck else levels
             return model.decode_head.predict(feats, batch.metas,
@@ -214,8 +212,8 @@ class HybridTTA(BaseMethod):
             labels = self.adapter.labels_at_original_size(
                 batch, self.adapter.forward(self.teacher, batch))
         student, levels, mask = self.masked_forward(batch)
-        loss_seg = full_resolution_cross_entropy(
-            whole_image_logits(student, 'Hybrid-TTA'), labels)
+        loss_seg = self.adapter.cross_entropy_at_original_size(student,
+                                                                labels)
         loss_recon = masked_l1(self.model.recon_neck(levels), batch.inputs,
                                mask)
         # the switch reads the cross-entropy alone (STAG-free, as theirs),

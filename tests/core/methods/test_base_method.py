@@ -220,11 +220,19 @@ def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
         TENT(loss='kl')
 
 
-def test_core_tent_has_no_full_resolution_loss():
-    """CoTTA's ACDC TENT needs labels at the original image size: it is the
-    segmentation package's (tests/segmentation/methods)."""
-    with pytest.raises(ValueError, match='SegmentationTENT'):
-        TENT(loss='pseudo_ce_fullres')
+def test_full_resolution_loss_needs_the_original_size_operation():
+    """CoTTA's ACDC TENT loss needs labels at each image's original size:
+    a task without the operation is refused at configure, naming it and
+    leaving the model alone (tests/segmentation/methods: the loss)."""
+    method = TENT(loss='pseudo_ce_fullres')
+    assert method.required_operations == ('original_size', )
+    assert TENT().required_operations == ()
+    model = make_model()
+    with pytest.raises(ValueError, match=r"needs the task operation\(s\) "
+                       r"\['original_size'\].*segmentation task.*"
+                       r'TaskAdapter does not have'):
+        method.configure(model, ADAPTER)
+    assert method.model is None and method.optimizer is None
 
 
 def test_fresh_optimizer_per_stage():

@@ -19,7 +19,7 @@ from reference.cotta_reference import (RefCoTTA, RefCoTTAImageNet,
                                        ref_softmax_entropy,
                                        ref_symmetric_softmax_entropy)
 from reference.adaptation_testbed import C, adapt, assert_params_equal
-from reference.adaptation_testbed import CNN_ADAPTER
+from reference.adaptation_testbed import CNN_ADAPTER, SEG_ADAPTER
 from reference.adaptation_testbed import make_cnn
 from reference.adaptation_testbed import unit_images as batch
 
@@ -423,7 +423,7 @@ def test_core_cotta_is_per_sample():
     """CoTTA per pixel (the authors' ACDC code) is the segmentation
     package's ``SegmentationCoTTA`` (tests/segmentation/methods)."""
     with pytest.raises(ValueError, match='per_sample outputs only'):
-        CoTTA().check_supports('per_pixel')
+        CoTTA().check_supports(SEG_ADAPTER)
 
 
 def test_teacher_update_is_bit_equal_to_the_per_tensor_loop():

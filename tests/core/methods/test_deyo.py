@@ -373,7 +373,6 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(margins,
     method = DeYO(optimizer=OPT, deyo_margin=deyo_margin,
                   plpd_threshold=plpd_thr, reweight_ent=rw_ent,
                   reweight_plpd=rw_plpd)
-    method.check_supports('per_pixel')
     method.configure(net, SEG_ADAPTER)
     ref_net, ref_opt = sgd_on_norm_params(net)
     ref = PixelsAsSamples(ref_net)

@@ -332,7 +332,6 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(fisher_alpha,
     ref = PixelsAsSamples(ref_net)
     method = EATA(optimizer=OPT, fisher_alpha=fisher_alpha,
                   d_margin=d_margin)
-    method.check_supports('per_pixel')
     method.configure(net, SEG_ADAPTER)
     fishers = None
     if fisher_alpha:

@@ -12,6 +12,7 @@ from mmseg_stag.core import (Batch, EcoTTA, HeadProbe, STAGLoss,
                              TaskAdapter, build_method)
 from mmseg_stag.core.methods.ecotta_networks import attach_meta_networks
 
+from reference.adaptation_testbed import SEG_ADAPTER
 from reference.ecotta_reference import (build_reference, reference_adapt,
                                         set_cal_mseloss)
 
@@ -221,4 +222,4 @@ def test_registry_and_a_network_without_meta_networks():
     with pytest.raises(ValueError, match='EcoTTANetwork'):
         EcoTTA().configure(make_wrn(), ADAPTER)
     with pytest.raises(ValueError, match='per_sample outputs only'):
-        EcoTTA().check_supports('per_pixel')
+        EcoTTA().check_supports(SEG_ADAPTER)

@@ -607,7 +607,6 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(case):
                  stag=STAGLoss() if stag else None,
                  reset_constant=threshold)
     method = SAR(optimizer=OPT, recovery_threshold=threshold, stag=stag)
-    method.check_supports('per_pixel')
     method.configure(net, SEG_ADAPTER)
     temperatures = PIXEL_TEMPERATURES if case == 'recovery' else (1.0, ) * 4
     recovered, filtered = [], False

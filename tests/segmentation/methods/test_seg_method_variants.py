@@ -1,17 +1,18 @@
-"""The segmentation variants of the core methods (``SEGMENTATION_METHODS``):
-CoTTA's ACDC TENT loss at the original size and per-pixel CoTTA's refusal of
-a one-view batch, on a tiny per-pixel model; the loop's ACDC runs of both are
-compared with the authors' code in tests/segmentation/engine/
-test_acdc_protocol.py."""
+"""What segmentation adds to the core methods: one registration per method
+name, the task's own CoTTA for ``type='cotta'``; CoTTA's ACDC TENT loss at
+the original size (the task's ``'original_size'`` operation) and per-pixel
+CoTTA's refusal of a one-view batch, on a tiny per-pixel model; the loop's
+ACDC runs of both are compared with the authors' code in
+tests/segmentation/engine/test_acdc_protocol.py."""
 import pytest
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import (EATA, TENT, CoTTA, ForwardPass, HeadProbe,
-                             TaskAdapter, build_method)
-from mmseg_stag.segmentation import (SEGMENTATION_METHODS,
-                                     SegmentationAdapter, SegmentationBatch,
-                                     SegmentationCoTTA, SegmentationTENT)
+from mmseg_stag.core import (EATA, METHODS, TENT, CoTTA, ForwardPass,
+                             HeadProbe, TaskAdapter, build_method)
+from mmseg_stag.segmentation import (HybridTTA, SegmentationAdapter,
+                                     SegmentationBatch, SegmentationCoTTA,
+                                     SegmentationTask)
 
 FORWARD = HeadProbe('2', prediction_kind='per_pixel')
 
@@ -27,15 +28,22 @@ def images(seed=1, n=2):
                        generator=torch.Generator().manual_seed(seed))
 
 
-def test_segmentation_registry_finds_its_variants_then_the_cores():
-    built = {name: type(build_method(dict(type=name), SEGMENTATION_METHODS))
-             for name in ('tent', 'cotta', 'eata')}
-    assert built == dict(tent=SegmentationTENT, cotta=SegmentationCoTTA,
-                         eata=EATA)
-    assert type(build_method(dict(type='tent'))) is TENT
+def test_one_registration_per_name_and_the_tasks_cotta():
+    """``METHODS`` holds each name once; the segmentation task builds
+    ``type='cotta'`` as its multi-view CoTTA, every other name as the
+    core's."""
+    assert METHODS.get('tent') is TENT and METHODS.get('cotta') is CoTTA
+    assert METHODS.get('hybrid_tta') is HybridTTA
+    assert SegmentationTask.VARIANTS == dict(cotta=SegmentationCoTTA)
+    task = SegmentationTask.__new__(SegmentationTask)  # no model needed
+    built = {name: type(task.build_method(dict(type=name)))
+             for name in ('tent', 'cotta', 'eata', 'hybrid_tta')}
+    assert built == dict(tent=TENT, cotta=SegmentationCoTTA, eata=EATA,
+                         hybrid_tta=HybridTTA)
     assert type(build_method(dict(type='cotta'))) is CoTTA
+    assert task.build_method(dict(type='cotta', batch_views=True)).batch_views
     with pytest.raises(KeyError, match="unknown method 'tnet'.*'tent'"):
-        build_method(dict(type='tnet'), SEGMENTATION_METHODS)
+        task.build_method(dict(type='tnet'))
 
 
 class OriginalSizeLabels(SegmentationAdapter):
@@ -47,7 +55,7 @@ class OriginalSizeLabels(SegmentationAdapter):
         super().__init__(FORWARD, segmentor=None)
         self.labels, self.seen = labels, []
 
-    def forward(self, model, batch, inputs=None):
+    def forward(self, model, batch, inputs=None, run=None):
         return ForwardPass(*FORWARD(model, batch.inputs))
 
     def labels_at_original_size(self, batch, fwd):
@@ -60,8 +68,7 @@ def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
     size; the head's logits are resized bilinearly straight to it, mean CE
     over pixels (the resize by hand on constant maps: nothing changes)."""
     model = make_model()
-    method = build_method(dict(type='tent', loss='pseudo_ce_fullres'),
-                          SEGMENTATION_METHODS)
+    method = build_method(dict(type='tent', loss='pseudo_ce_fullres'))
     labels = torch.randint(0, 5, (2, 12, 14))
     adapter = OriginalSizeLabels(labels)
     method.configure(model, adapter)
@@ -79,19 +86,13 @@ def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
         method.base_loss(batch, ForwardPass(logits, [(outs[0][0], const)])),
         nn.functional.cross_entropy(
             const[:, :, :1, :1].expand(-1, -1, 12, 14), labels))
-    # classification has no original-size labels: refused when configured
-    with pytest.raises(ValueError, match='per_pixel outputs only'):
-        method.check_supports('per_sample')
-    with pytest.raises(ValueError, match='segmentation task'):
+    # a task without original-size labels: refused when configured
+    with pytest.raises(ValueError, match=r"\['original_size'\].*"
+                       'segmentation task'):
         method.configure(model, TaskAdapter(FORWARD))
     # a sliding window: two classifier calls
     with pytest.raises(ValueError, match="mode='whole'"):
         method.base_loss(batch, ForwardPass(logits, outs * 2))
-    # the core's losses are unchanged in the variant
-    entropy = build_method(dict(type='tent'), SEGMENTATION_METHODS)
-    entropy.configure(model, TaskAdapter(FORWARD))
-    torch.testing.assert_close(entropy.base_loss(batch, fwd),
-                               TENT().base_loss(batch, fwd))
 
 
 def test_per_pixel_cotta_needs_the_views_of_a_multi_view_pipeline():
@@ -99,7 +100,6 @@ def test_per_pixel_cotta_needs_the_views_of_a_multi_view_pipeline():
     (``batch.views``); a one-view batch is refused with an error that names
     the pipeline to use, another task when configured."""
     method = SegmentationCoTTA()
-    method.check_supports('per_pixel')
     model = make_model()
     with pytest.raises(ValueError, match='segmentation task'):
         method.configure(model, TaskAdapter(FORWARD))
