@@ -240,9 +240,8 @@ class BenchTask:
         model = copy.deepcopy(self.base)
         if kind == 'ecotta':  # EcoTTA's network: K=4 meta networks
             from mmseg_stag.classification.ecotta_network import (
-                ECOTTA_PRESETS, preset_partition)
-            from mmseg_stag.core.methods.ecotta_networks import (
-                attach_meta_networks, find_blocks)
+                ECOTTA_PRESETS, attach_meta_networks, find_blocks,
+                preset_partition)
             blocks = ECOTTA_PRESETS['WideResNet'][0]
             attach_meta_networks(model, blocks, preset_partition(
                 'WideResNet', len(find_blocks(model, blocks)), 4))

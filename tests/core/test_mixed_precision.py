@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from mmseg_stag.core import (TENT, Batch, HeadProbe, TaskAdapter,
                              build_method)
-from mmseg_stag.core.methods.ecotta_networks import attach_meta_networks
+from mmseg_stag.classification.ecotta_network import attach_meta_networks
 from mmseg_stag.classification import WideResNet
 
 from reference.adaptation_testbed import make_cnn, unit_images

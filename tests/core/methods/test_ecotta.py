@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
 
 from mmseg_stag.classification import CLS_MODELS, WideResNet
 from mmseg_stag.core import (Batch, EcoTTA, HeadProbe, STAGLoss,
                              TaskAdapter, build_method)
-from mmseg_stag.core.methods.ecotta_networks import attach_meta_networks
+from mmseg_stag.classification.ecotta_network import attach_meta_networks
 
 from reference.adaptation_testbed import SEG_ADAPTER
 from reference.ecotta_reference import (build_reference, reference_adapt,
@@ -44,7 +45,7 @@ def randomise_meta(meta, seed=3):
 
 
 def pair(seed=0, parts=PARTS):
-    """Ours (hooks on a WRN) and the transcription (the notebook's network
+    """Ours (meta networks joined into a WRN) and the transcription (the notebook's network
     on a copy of the same WRN), with equal meta-network weights."""
     ours = make_wrn(seed)
     source = copy.deepcopy(ours)
@@ -215,6 +216,54 @@ def test_network_builder_presets_and_bad_partitions():
         # a block's sub-layers: bn1's output is not conv1's input
         attach_meta_networks(make_wrn(), r'block1\.layer\.0\.(bn1|bn2)',
                              [2], SIZE)
+
+
+def test_meta_networks_are_modules_in_place_and_keys_unchanged():
+    """No hook: each part's entry and exit are items of the blocks'
+    ``nn.Sequential`` (``print`` shows them); the network's keys are the
+    source's plus ``ecotta.*``, so checkpoints load as before; a block
+    outside an ``nn.Sequential`` is refused before anything changes."""
+    source = make_wrn()
+    net = copy.deepcopy(source)
+    attach_meta_networks(net, BLOCKS, PARTS, SIZE)
+    assert not any(m._forward_hooks or m._forward_pre_hooks
+                   for m in net.modules())
+    assert set(net.state_dict()) == set(source.state_dict()) | {
+        k for k in net.state_dict() if k.startswith('ecotta.parts.')}
+    layer = net.block1.layer
+    # PARTS [1, 1, 2, 2]: block1's two blocks are a part each
+    assert list(layer._modules) == ['ecotta_in0', '0', 'ecotta_out0',
+                                    'ecotta_in1', '1', 'ecotta_out1']
+    assert list(net.block3.layer._modules) == ['ecotta_in3', '0', '1',
+                                               'ecotta_out3']
+    text = repr(net)
+    for k in range(len(PARTS)):
+        assert f'(ecotta_in{k}): MetaEntry(ecotta.parts.{k}' in text
+        assert f'(ecotta_out{k}): MetaExit(ecotta.parts.{k}' in text
+        assert net.get_submodule(
+            [n for n, _ in net.named_modules()
+             if n.endswith(f'ecotta_in{k}')][0]).part is net.ecotta.parts[k]
+    # the source weights load into the network with meta networks
+    net.load_state_dict(source.state_dict(), strict=False)
+    # a copy (a teacher) keeps one owner per part
+    twin = copy.deepcopy(net)
+    assert twin.block1.layer.ecotta_in0.part is twin.ecotta.parts[0]
+
+    class Wrapped(nn.Module):  # the blocks' parent is no nn.Sequential
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 4, 1)
+            self.fc = nn.Linear(4, 10)
+
+        def forward(self, x):
+            return self.fc(self.b(self.a(x)).mean((2, 3)))
+
+    plain = Wrapped()
+    with pytest.raises(ValueError, match=r"parent of block 'a' is a "
+                       r'Wrapped .*nn.Sequential'):
+        attach_meta_networks(plain, r'a|b', [1, 1], SIZE)
+    assert not hasattr(plain, 'ecotta') and list(plain._modules) == [
+        'a', 'b', 'fc']
 
 
 def test_registry_and_a_network_without_meta_networks():
