@@ -37,7 +37,7 @@ class TwoForwardTENT(TENT):
         labels = self.adapter.labels_at_original_size(batch, prediction)
         self.update(self.add_stag(self.adapter.cross_entropy_at_original_size(
             fwd, labels, self.align_corners), fwd))
-        return Logits(prediction.logits.detach(), prediction.postprocessed), \
+        return Logits(prediction.output.detach(), prediction.postprocessed), \
             StepStats([fwd.stats])
 
 

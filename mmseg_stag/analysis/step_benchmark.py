@@ -266,7 +266,7 @@ class BenchTask:
         """CoTTA-style: predict under no_grad, then forward for the loss."""
         model = method.model
         with torch.no_grad():
-            prediction = self.adapter.forward(model, self.batch).logits
+            prediction = self.adapter.forward(model, self.batch).output
         with torch.enable_grad():
             loss = method.loss(self.batch,
                                self.adapter.forward(model, self.batch))

@@ -26,15 +26,17 @@ class ForwardPass:
     """One forward pass of a batch and the numbers a method logs on it.
 
     Args:
-        logits (Tensor): The model's output, what the batch is scored on.
-        head_outputs (HeadOutputs): ``[(features, logits), ...]``, one pair
-            per classifier call.
+        output (Tensor): The model's output, what the batch is scored on:
+            per sample the classifier's logits, per pixel the segmentor's
+            (MMSeg's ``seg_logits`` at the input size, not the head's).
+        head_outputs (HeadOutputs): ``[(features, logits), ...]``, the
+            classifier's input and output, one pair per call.
         stats (PassStats): What the method logs for the pass.
     """
-    logits: torch.Tensor
+    output: torch.Tensor
     head_outputs: HeadOutputs
     stats: PassStats = field(default_factory=PassStats)
-    #: the task's post-processed data samples of ``logits``, once made
+    #: the task's post-processed data samples of ``output``, once made
     #: (segmentation: ``SegmentationAdapter.postprocessed``)
     postprocessed: Optional[list] = field(default=None, repr=False)
 
@@ -45,7 +47,7 @@ class Logits:
     into its outputs (segmentation: resized to each image's original size).
 
     Args:
-        value (Tensor): The logits, as ``ForwardPass.logits``.
+        value (Tensor): The logits, as ``ForwardPass.output``.
         postprocessed (list, optional): Their post-processed data samples,
             where the method made them already (its loss needed them).
     """

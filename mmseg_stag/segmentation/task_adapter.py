@@ -77,7 +77,7 @@ class SegmentationAdapter(TaskAdapter):
         """:meth:`postprocess` of ``fwd``'s logits, made once per forward
         pass and kept on it (a loss and the outputs share it)."""
         if fwd.postprocessed is None:
-            fwd.postprocessed = self.postprocess(batch, fwd.logits)
+            fwd.postprocessed = self.postprocess(batch, fwd.output)
         return fwd.postprocessed
 
     def labels_at_original_size(self, batch: SegmentationBatch,

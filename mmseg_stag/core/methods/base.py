@@ -415,7 +415,7 @@ class BaseMethod:
             fwd = self.adapter.forward(self.model, batch)
             if self.updates:
                 self.update(self.loss(batch, fwd))
-            return Logits(fwd.logits.detach(), fwd.postprocessed), \
+            return Logits(fwd.output.detach(), fwd.postprocessed), \
             StepStats([fwd.stats])
         beta = None if self.stag_loss is None else self.beta
         prediction, stats = self.graphs(batch, self.adapter.graph_key(batch),
@@ -434,7 +434,7 @@ class BaseMethod:
         total = self.loss(batch, fwd, beta) if self.updates else None
         if total is not None:
             self.backward_step(total)
-        return Logits(fwd.logits.detach(), fwd.postprocessed), \
+        return Logits(fwd.output.detach(), fwd.postprocessed), \
             StepStats([fwd.stats])
 
     def __repr__(self) -> str:

@@ -140,14 +140,14 @@ class CoTTA(BaseMethod):
                            stats: PassStats) -> Prediction:
         """Return the teacher's logits (augmented if unsure); log stats."""
         forward = self.adapter.forward
-        source_logits = forward(self.source_model, batch).logits
+        source_logits = forward(self.source_model, batch).output
         source_prob = source_logits.softmax(1).max(1)[0]
-        standard_ema = forward(self.teacher, batch).logits
+        standard_ema = forward(self.teacher, batch).output
         use_augs = self.num_augs > 0 and bool(source_prob.mean(0) < self.ap)
         outputs = None
         if self.num_augs > 0 and (use_augs or self.always_augment):
             outputs = [forward(self.teacher, batch,
-                               self.augment(batch.inputs)).logits.detach()
+                               self.augment(batch.inputs)).output.detach()
                        for _ in range(self.num_augs)]
         if use_augs:
             teacher = torch.stack(outputs).mean(0)

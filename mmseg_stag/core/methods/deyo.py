@@ -170,7 +170,7 @@ class DeYO(SampleFilteringMethod):
                 x_prime = patch_shuffle(inputs[reliable].detach(),
                                         self.patch_len)
                 prob_prime = self.adapter.forward(
-                    self.model, batch, x_prime).logits.softmax(1)
+                    self.model, batch, x_prime).output.softmax(1)
             prob = logits.detach()[reliable].softmax(1)
             cls1 = prob.argmax(dim=1, keepdim=True)
             plpd = (prob.gather(1, cls1) -

@@ -204,7 +204,7 @@ class SAR(BaseMethod):
             recovered=float(self.recover()))
         if self.ema is not None:
             stats.extra['ema'] = self.ema
-        return Logits(first.logits.detach(), first.postprocessed), stats
+        return Logits(first.output.detach(), first.postprocessed), stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +

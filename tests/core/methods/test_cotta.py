@@ -294,7 +294,7 @@ def test_teacher_prediction_and_loss_to_teacher_on_their_own():
     torch.testing.assert_close(prediction.value, zt)
     assert not prediction.value.requires_grad
     torch.testing.assert_close(
-        loss, cross_entropy_to_teacher(fwd.logits, zt).mean(), rtol=1e-12,
+        loss, cross_entropy_to_teacher(fwd.output, zt).mean(), rtol=1e-12,
         atol=1e-12)
     assert loss.requires_grad
     assert stats.extra['augmented'] == 0.0 and 'source_prob' in stats.extra

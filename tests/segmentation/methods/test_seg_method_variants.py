@@ -59,7 +59,7 @@ class OriginalSizeLabels(SegmentationAdapter):
         return ForwardPass(*FORWARD(model, batch.inputs))
 
     def labels_at_original_size(self, batch, fwd):
-        self.seen.append(fwd.logits)
+        self.seen.append(fwd.output)
         return self.labels
 
 
