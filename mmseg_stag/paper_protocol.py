@@ -2,7 +2,6 @@
 STAG's beta0/gamma chosen on the stream's first stage only (:func:`select`),
 and the baselines' reference settings per classification benchmark, from
 which ``tools/make_cls_configs.py`` writes ``configs/cls``."""
-import json
 import os
 import os.path as osp
 
@@ -113,8 +112,8 @@ def select(config, checkpoint: str, beta_grid, work_dir: str,
     result = dict(config=config if isinstance(config, str) else None,
                   checkpoint=checkpoint, beta0=best['beta0'],
                   gamma=best['gamma'], trials=trials)
-    with open(osp.join(work_dir, 'beta_selection.json'), 'w') as f:
-        json.dump(result, f, indent=1)
+    from mmseg_stag.engine.report import write_json
+    write_json(osp.join(work_dir, 'beta_selection.json'), result)
     return result
 
 

@@ -8,17 +8,14 @@ The paper's scores are :data:`mmseg_stag.paper_results.PAPER_RESULTS`
 (ACDC: mean mIoU over the 40 stages; ImageNet-C: accuracy %; CIFAR-C:
 error %, each averaged over the corruptions).
 """
-import csv
 import glob
-import json
-import os
 import os.path as osp
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .engine.report import RESULTS_FILE, read_results
+from .engine.report import RESULTS_FILE, read_results, write_files
 from .paper_results import METRICS, paper_result
 
 #: ``configs/stag_acdc`` names; only the NVlabs B5 is the paper's model
@@ -201,7 +198,7 @@ def format_table(runs: Sequence[Run], rows: Sequence[dict]) -> str:
 
 def plot_table(path: str, runs: Sequence[Run], rows: Sequence[dict]) -> None:
     """Bars per (model, method): ours and the paper's, baseline and +STAG."""
-    from .engine.comparison import new_figure
+    from .engine.report import new_figure
     metric, _ = METRICS[runs[0].benchmark]
     fig = new_figure(max(6.0, 1.3 * len(rows) + 2), 4.2)
     ax = fig.add_subplot(1, 1, 1)
@@ -245,23 +242,15 @@ def collect(work_dirs: Sequence[str], out_dir: str,
     runs = [read_run(w) for w in work_dirs]
     check_one_protocol(runs)
     rows = table_rows(runs)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {k: osp.join(out_dir, f'{stem}.{k}')
-             for k in ('md', 'csv', 'json', 'png')}
-    with open(paths['md'], 'w', encoding='utf-8') as f:
-        f.write(format_table(runs, rows) + '\n')
-    with open(paths['csv'], 'w', newline='', encoding='utf-8') as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        writer.writerows([['' if row[c] is None else row[c]
-                           for c in COLUMNS] for row in rows])
     runs_out = [{k: v for k, v in asdict(r).items() if k != 'record'}
                 for r in runs]
-    with open(paths['json'], 'w', encoding='utf-8') as f:
-        json.dump(dict(benchmark=runs[0].benchmark,
-                       scenario=runs[0].scenario,
-                       metric=METRICS[runs[0].benchmark][0], rows=rows,
-                       runs=runs_out, results_file=RESULTS_FILE), f,
-                  indent=1)
+    paths = write_files(
+        out_dir, stem,
+        dict(benchmark=runs[0].benchmark, scenario=runs[0].scenario,
+             metric=METRICS[runs[0].benchmark][0], rows=rows, runs=runs_out,
+             results_file=RESULTS_FILE),
+        [COLUMNS] + [['' if row[c] is None else row[c] for c in COLUMNS]
+                     for row in rows],
+        format_table(runs, rows))
     plot_table(paths['png'], runs, rows)
-    return paths
+    return {k: paths[k] for k in ('md', 'csv', 'json', 'png')}

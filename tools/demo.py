@@ -116,8 +116,8 @@ def select_beta(args, method, ckpt, data_root):
               f'{score:.2f}')
     best = max(args.beta_grid, key=lambda b: (scores[b], -b))
     chosen[method] = dict(beta0=best, fog_round1_mIoU=scores)
-    with open(cache, 'w') as f:
-        json.dump(chosen, f, indent=1)
+    from mmseg_stag.engine.report import write_json
+    write_json(cache, chosen)
     return best
 
 
@@ -153,12 +153,11 @@ def summarise(results, betas, seconds, path_json, path_md):
     with open(path_md, 'w') as f:
         f.write('Continual stand-in benchmark (mIoU %, mean over stages); '
                 f'total time {seconds / 60:.1f} min\n\n{table}\n')
-    with open(path_json, 'w') as f:
-        json.dump(dict(methods={m: dict(mIoU_mean_over_stages=r[
-                                            'mean_over_stages'],
-                                        stages=r['stages'])
-                                for m, r in results.items()},
-                       betas=betas, seconds=seconds), f, indent=1)
+    from mmseg_stag.engine.report import write_json
+    write_json(path_json, dict(
+        methods={m: dict(mIoU_mean_over_stages=r['mean_over_stages'],
+                         stages=r['stages']) for m, r in results.items()},
+        betas=betas, seconds=seconds))
     return table
 
 

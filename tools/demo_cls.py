@@ -258,8 +258,8 @@ def select_stag(args, scenario, net, method, data_root, source_files, ckpt,
     chosen = select(cfg, ckpt, args.beta_grid, work_dir, args.gamma_grid,
                     log=None)
     chosen.update(grid=grid, ckpt_mtime=osp.getmtime(ckpt))
-    with open(cache, 'w') as f:
-        json.dump(chosen, f, indent=1)
+    from mmseg_stag.engine.report import write_json
+    write_json(cache, chosen)
     return chosen
 
 
@@ -292,7 +292,7 @@ def make_ecotta_warmup(args, data_root, source_files, ckpt, log):
 def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
                 warmed=None):
     from mmseg_stag.classification import METHOD_NAMES, SHORT_NAMES
-    from mmseg_stag.engine.comparison import (
+    from mmseg_stag.classification.corruption_table import (
         format_corruption_table, read_run, write_corruption_table)
     from mmseg_stag.engine.runs import run_cached
     title = NETS[net][0]
@@ -389,8 +389,8 @@ def main(argv=None):
             log('\n' + res['table'] + '\n')
     elapsed = time.time() - start
     summary['time_s'] = round(elapsed, 1)
-    with open(osp.join(args.work_dir, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
+    from mmseg_stag.engine.report import write_json
+    write_json(osp.join(args.work_dir, 'summary.json'), summary)
     lines = ['# Classification demo (corrupted MNIST, severity 5)', '',
              f'Clean test accuracy: ' + ', '.join(
                  f'{NETS[n][0]} {a:.1f}%' for n, a in clean.items()), '',

@@ -1,10 +1,10 @@
 """The GPU check's report: ``gpu_check.json`` and ``gpu_check.md`` from
 the steps' results (:mod:`.gpu_steps`), rewritten after every step."""
-import json
 import os
 import os.path as osp
 import time
 
+from mmseg_stag.engine.report import write_files
 from .gpu_steps import SCALAR_READ, SYNC_EVENTS
 
 
@@ -200,8 +200,5 @@ def write_report(report, out_dir):
     report.update(total_minutes=total,
                   over_budget=total > report['budget_minutes'])
     public = {k: v for k, v in report.items() if not k.startswith('_')}
-    with open(base + '.json', 'w') as f:
-        json.dump(public, f, indent=1)
-    with open(base + '.md', 'w') as f:
-        f.write(markdown(public) + '\n')
+    write_files(out_dir, 'gpu_check', public, text=markdown(public))
     return base

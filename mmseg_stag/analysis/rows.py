@@ -2,10 +2,9 @@
 ``CHECKPOINT --row NAME CONFIG`` arguments, a config restricted to one
 stage of its stream, a run's mean score, the figure and number files."""
 import argparse
-import csv
-import json
-import os
 import os.path as osp
+
+from mmseg_stag.engine.report import write_files
 
 
 def row_parser(description: str,
@@ -108,12 +107,5 @@ def write_numbers(out_dir: str, name: str, data: dict, header,
                   rows) -> str:
     """Write ``data`` as ``out_dir/name.json`` and ``header`` + ``rows``
     as ``name.csv``; return ``out_dir/name``."""
-    os.makedirs(out_dir, exist_ok=True)
-    base = osp.join(out_dir, name)
-    with open(base + '.json', 'w') as f:
-        json.dump(data, f, indent=1)
-    with open(base + '.csv', 'w', newline='') as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return base
+    write_files(out_dir, name, data, [list(header)] + [list(r) for r in rows])
+    return osp.join(out_dir, name)

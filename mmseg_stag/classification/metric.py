@@ -4,7 +4,7 @@ import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from mmseg_stag.engine.comparison import TABLE_METRICS
+from .corruption_table import TABLE_METRICS
 from mmseg_stag.engine.report import mean_ignoring_nan
 from mmseg_stag.engine.stream_metric import StreamMetric
 from mmseg_stag.registry import METRICS

@@ -1,18 +1,12 @@
-"""The tables of several runs of either task: side by side per stage and
-condition, or the paper's layout (a column per corruption, Avg., Gain)."""
-import csv
-import json
-import math
-import os
+"""The table of several runs of either task, side by side per stage and
+condition (the paper's corruption layout: ``classification.
+corruption_table``)."""
 import os.path as osp
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-from .report import (RESULTS_FILE, json_safe, mean_ignoring_nan,
-                     read_partial, read_results)
-
-#: what a corruption table can show: accuracy or error (%)
-TABLE_METRICS = ('acc', 'err')
+from .report import (RESULTS_FILE, mean_ignoring_nan, new_figure,
+                     read_partial, read_results, write_files)
 
 
 def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
@@ -20,36 +14,6 @@ def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
     if osp.isfile(osp.join(work_dir, RESULTS_FILE)):
         return read_results(work_dir)['stages'], True
     return read_partial(work_dir), False
-
-
-def read_run(work_dir: str, name: str, base: Optional[str] = None) -> dict:
-    """Read one corruption-table row from a classification run.
-
-    Args:
-        work_dir (str): The run's work dir.
-        name (str): The row's name.
-        base (str, optional): Name of the baseline row of a +STAG row.
-
-    Returns:
-        dict: The row, with ``per_corruption``, ``avg_acc`` and ``avg_err``
-        (the mean over corruptions, the tables' Avg.).
-
-    Raises:
-        FileNotFoundError: If the run did not finish.
-        ValueError: If it is not a classification run.
-    """
-    try:
-        results = read_results(work_dir)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f'run {name!r}: {err}') from None
-    if results['task'] != 'classification':
-        raise ValueError(f'run {name!r} in {work_dir} is a '
-                         f"{results['task']} run, not a classification one")
-    details = results['details']
-    acc = details['acc_mean_over_corruptions']
-    return dict(name=name, base=base, work_dir=work_dir,
-                per_corruption=details['per_corruption'], avg_acc=acc,
-                avg_err=100.0 - acc, num_updates=results.get('num_updates'))
 
 
 def _stage_key(stage: dict) -> str:
@@ -86,71 +50,6 @@ def comparison_rows(runs: Sequence[dict]) -> List[dict]:
     return rows
 
 
-def table_values(rows: Sequence[dict], corruptions: Sequence[str],
-                 metric: str = 'acc') -> List[dict]:
-    """Return per row its ``name``, ``values``, ``avg`` and ``gain``."""
-    if metric not in TABLE_METRICS:
-        raise ValueError(f'metric must be one of {TABLE_METRICS}, got '
-                         f'{metric!r}')
-    out, avg_of = [], {}
-    for r in rows:
-        values = [r['per_corruption'][c][metric] if c in r['per_corruption']
-                  else None for c in corruptions]
-        avg = r[f'avg_{metric}']
-        avg_of[r['name']] = avg
-        out.append(dict(name=r['name'], base=r.get('base'), values=values,
-                        avg=avg, gain=None))
-    for r in out:
-        if r['base'] in avg_of:
-            diff = r['avg'] - avg_of[r['base']]
-            r['gain'] = diff if metric == 'acc' else -diff
-    return out
-
-
-def _fmt(v: Optional[float], sign: bool = False) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return '-'
-    return f'{v:+.2f}' if sign else f'{v:.1f}'
-
-
-def format_corruption_table(rows: Sequence[dict],
-                            corruptions: Sequence[str],
-                            metric: str = 'acc', title: str = '',
-                            labels: Optional[Dict[str, str]] = None) -> str:
-    """Format a plain-text table in the paper's layout; ``labels`` maps a
-    corruption to its column title (default: its name)."""
-    vals = table_values(rows, corruptions, metric)
-    header = [f'{title} ({"accuracy" if metric == "acc" else "error"} %)'
-              .strip()] + [(labels or {}).get(c, c) for c in corruptions] + \
-        ['Avg.', 'Gain']
-    body = [[r['name']] + [_fmt(v) for v in r['values']] +
-            [_fmt(r['avg']), _fmt(r['gain'], sign=True)] for r in vals]
-    widths = [max(len(line[i]) for line in [header] + body)
-              for i in range(len(header))]
-
-    def line(cells):
-        return '  '.join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i])
-                         for i, c in enumerate(cells))
-
-    rule = '-' * len(line(header))
-    return '\n'.join([line(header), rule] + [line(b) for b in body])
-
-
-def _write(out_dir: str, stem: str, text_ext: str, record: dict,
-           cells: List[list], text: str) -> Dict[str, str]:
-    """Write ``<stem>.json``, ``.csv`` and the text; return all paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {k: osp.join(out_dir, f'{stem}.{k}')
-             for k in ('json', 'csv', text_ext, 'png')}
-    with open(paths['json'], 'w', encoding='utf-8') as f:
-        json.dump(json_safe(record), f, indent=1)
-    with open(paths['csv'], 'w', newline='', encoding='utf-8') as f:
-        csv.writer(f).writerows(cells)
-    with open(paths[text_ext], 'w', encoding='utf-8') as f:
-        f.write(text + '\n')
-    return paths
-
-
 def write_comparison(out_dir: str, runs: Sequence[dict],
                      prefix: str = 'comparison',
                      title: str = 'continual mIoU') -> Dict[str, str]:
@@ -180,35 +79,9 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
     md = ['| ' + ' | '.join(short) + ' |', '|' + '---|' * len(short)] + [
         '| ' + ' | '.join(cell(row.get(c)) or '-' for c in short) + ' |'
         for row in rows]
-    paths = _write(out_dir, prefix, 'md', dict(runs=rows), [columns] + [
+    paths = write_files(out_dir, prefix, dict(runs=rows), [columns] + [
         [cell(row.get(c)) for c in columns] for row in rows], '\n'.join(md))
     plot_comparison(paths['png'], runs, conditions, title)
-    return paths
-
-
-def write_corruption_table(out_dir: str, rows: Sequence[dict],
-                           corruptions: Sequence[str], metric: str = 'acc',
-                           title: str = '', stem: str = 'table',
-                           meta: Optional[dict] = None,
-                           labels: Optional[Dict[str, str]] = None
-                           ) -> Dict[str, str]:
-    """Write :func:`format_corruption_table`'s table and its JSON, CSV, PNG.
-
-    Returns:
-        dict[str, str]: Paths keyed ``json``, ``csv``, ``txt``, ``png``.
-    """
-    vals = table_values(rows, corruptions, metric)
-    cells = [['method'] + list(corruptions) + [f'avg_{metric}', 'gain']] + [
-        [r['name']] + [_fmt(v) for v in r['values']] +
-        [f'{r["avg"]:.2f}', '' if r['gain'] is None else f'{r["gain"]:+.2f}']
-        for r in vals]
-    record = dict(meta=meta or {}, metric=metric,
-                  corruptions=list(corruptions), rows=list(rows), table=vals)
-    paths = _write(out_dir, stem, 'txt', record, cells,
-                   format_corruption_table(rows, corruptions, metric, title,
-                                           labels))
-    plot_corruptions(paths['png'], vals, [(labels or {}).get(c, c)
-                                          for c in corruptions], metric, title)
     return paths
 
 
@@ -218,16 +91,6 @@ def short_labels(names: Sequence[str]) -> List[str]:
     common = set.intersection(*map(set, parts)) if len(parts) > 1 else set()
     return [','.join(p for p in ps if p not in common) or name
             for ps, name in zip(parts, names)]
-
-
-def new_figure(width: float, height: float):
-    """Return a Matplotlib figure on its own canvas."""
-    # an explicit Agg canvas: no pyplot, no global backend switch
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def plot_comparison(path: str, runs: Sequence[dict],
@@ -260,26 +123,4 @@ def plot_comparison(path: str, runs: Sequence[dict],
                    fontsize='small', frameon=False)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.25 * legend_rows / height + 0.02, 1, 1))
-    fig.savefig(path, dpi=120)
-
-
-def plot_corruptions(path: str, vals: Sequence[dict],
-                     titles: Sequence[str], metric: str, title: str) -> None:
-    """Plot the metric per corruption (``titles``), one line per run."""
-    fig = new_figure(max(6, 0.5 * len(titles) + 2), 4.6)
-    ax = fig.add_subplot(1, 1, 1)
-    xs = list(range(len(titles)))
-    for r in vals:
-        ax.plot(xs, [float('nan') if v is None else v for v in r['values']],
-                marker='o', markersize=3,
-                label=f"{r['name']} ({_fmt(r['avg'])})")
-    ax.set_xticks(xs)
-    ax.set_xticklabels(titles, rotation=45, ha='right', fontsize='small')
-    ax.set_ylabel(f'{"accuracy" if metric == "acc" else "error"} (%)')
-    ax.set_title(title)
-    ax.grid(alpha=.3)
-    fig.legend(*ax.get_legend_handles_labels(), loc='lower center',
-               ncol=min(len(vals), 5) or 1, fontsize='x-small',
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.1 + 0.04 * (len(vals) // 5), 1, 1))
     fig.savefig(path, dpi=120)

@@ -1,4 +1,8 @@
-"""Result table and files (JSON, CSV, PNG, partial JSONL) of an online run.
+"""Result table and files (JSON, CSV, PNG, partial JSONL) of an online run,
+and the writers every result file of the package goes through
+(:func:`write_files`, :func:`write_json`, :func:`new_figure`): the
+comparisons, the corruption tables, the analyses, the paper's tables and
+the GPU report give them their content and read no other task's fields.
 
 Every stream metric writes one record, whatever the task:
 
@@ -40,6 +44,49 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def write_json(path: str, obj) -> str:
+    """Write ``obj`` as indented UTF-8 JSON (NaN as null); return ``path``."""
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump(json_safe(obj), f, indent=1)
+    return path
+
+
+def write_files(out_dir: str, stem: str, record: Optional[dict] = None,
+                cells: Optional[Sequence[Sequence]] = None,
+                text: Optional[str] = None, text_ext: str = 'md'
+                ) -> Dict[str, str]:
+    """Write ``<stem>.json`` (``record``), ``<stem>.csv`` (``cells``, rows
+    of cells) and ``<stem>.<text_ext>`` (``text``), those given, in
+    ``out_dir`` (made if needed).
+
+    Returns:
+        dict[str, str]: The paths keyed ``json``, ``csv``, ``text_ext`` and
+        ``png`` (for the caller's figure).
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {k: osp.join(out_dir, f'{stem}.{k}')
+             for k in ('json', 'csv', text_ext, 'png')}
+    if record is not None:
+        write_json(paths['json'], record)
+    if cells is not None:
+        with open(paths['csv'], 'w', newline='', encoding='utf-8') as f:
+            csv.writer(f).writerows(cells)
+    if text is not None:
+        with open(paths[text_ext], 'w', encoding='utf-8') as f:
+            f.write(text + '\n')
+    return paths
+
+
+def new_figure(width: float, height: float):
+    """Return a Matplotlib figure on its own canvas."""
+    # an explicit Agg canvas: no pyplot, no global backend switch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def format_table(stages: List[dict], conditions: Sequence[str]) -> str:
@@ -166,42 +213,31 @@ def write_results(output_dir: str, record: dict,
     Returns:
         dict[str, str]: Paths keyed ``json``, ``csv``, ``png``.
     """
-    os.makedirs(output_dir, exist_ok=True)
     score = record['score_name']
     stages, conditions = record['stages'], record['conditions']
-    paths = dict(json=osp.join(output_dir, RESULTS_FILE),
-                 csv=osp.join(output_dir, 'continual_results.csv'),
-                 png=osp.join(output_dir,
-                              f'continual_{score.lower()}.png'))
-    mean = record['mean_over_stages']
-    with open(paths['json'], 'w') as f:
-        json.dump(json_safe(record), f, indent=1)
 
     def cell(v):
         return '' if v is None or math.isnan(v) else f'{v:.2f}'
 
     key, columns = detail or (None, [])
-    with open(paths['csv'], 'w', newline='') as f:
-        writer = csv.writer(f)
-        writer.writerow(['stage', 'round', 'condition', score] +
-                        list(columns) + ['num_images'])
-        for s in stages:
-            writer.writerow(
-                [s['stage'], s['round'], s['condition'], cell(s['score'])] +
-                [cell(s['details'][key].get(c)) for c in columns] +
-                [s['num_images']])
-    plot_stages(paths['png'], stages, conditions, score, mean)
+    cells = [['stage', 'round', 'condition', score] + list(columns) +
+             ['num_images']] + [
+        [s['stage'], s['round'], s['condition'], cell(s['score'])] +
+        [cell(s['details'][key].get(c)) for c in columns] + [s['num_images']]
+        for s in stages]
+    written = write_files(output_dir, RESULTS_FILE[:-len('.json')], record,
+                          cells)
+    paths = dict(json=written['json'], csv=written['csv'],
+                 png=osp.join(output_dir, f'continual_{score.lower()}.png'))
+    plot_stages(paths['png'], stages, conditions, score,
+                record['mean_over_stages'])
     return paths
 
 
 def plot_stages(path: str, stages: List[dict], conditions: Sequence[str],
                 score: str, mean: float) -> None:
     """Plot the score per condition against the round."""
-    # an explicit Agg canvas: no pyplot, no global backend switch
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    fig = Figure(figsize=(6, 3.5))
-    FigureCanvasAgg(fig)
+    fig = new_figure(6, 3.5)
     ax = fig.add_subplot(1, 1, 1)
     if len({s['round'] for s in stages}) == 1:
         # one pass (a classification stream): the score per stage, in order

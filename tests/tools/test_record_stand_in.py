@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from mmseg_stag.engine.comparison import (write_comparison,
-                                          write_corruption_table)
+from mmseg_stag.classification.corruption_table import write_corruption_table
+from mmseg_stag.engine.comparison import write_comparison
 
 
 @pytest.fixture
