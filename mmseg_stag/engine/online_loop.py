@@ -222,9 +222,10 @@ class OnlineAdaptationLoop(TestLoop):
             if hasattr(metric, 'start_stage'):
                 metric.start_stage(stage)
 
-    def restart_from_source(self, stage: int) -> None:
-        """Restart from the source weights and a fresh method at ``stage``."""
-        torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(stage))
+    def restart_from_source(self, index: int) -> None:
+        """Restart from the source weights and a fresh method at stage
+        ``index``."""
+        torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(index))
         adapted = self.task.adapted_module(self._model(self.runner))
         adapted.load_state_dict(self.source_state)
         self.method = self.task.build_method(self.method_cfg)
@@ -306,7 +307,7 @@ class OnlineAdaptationLoop(TestLoop):
             metric.load_state_dict(metric_state)
         done = state['batches_done']
         print_log(f'resumed from {path}: {done} of {len(self.dataloader)} '
-                  f'batches done (stage {self.method.stage})',
+                  f'batches done (stage {self.method.stage_index})',
                   logger='current')
         return done, state['rng']
 

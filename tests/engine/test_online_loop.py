@@ -209,7 +209,7 @@ def test_stage_tags_reach_the_method(restart, tiny_acdc, tiny_checkpoint,
     beta0 on every stage (two images a stage here), without it t runs on."""
     run = Run('tent-stag', tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch,
               extra={'test_cfg.method.stag.restart_beta_per_stage': restart})
-    assert run.method.stage == 3 and run.method.num_updates == 8
+    assert run.method.stage_index == 3 and run.method.num_updates == 8
     lines = [line for line in run.log_lines()
              if 'continual/mIoU' not in line]
     steps = (0, 1) * 4 if restart else range(8)

@@ -98,7 +98,7 @@ class BaseMethod:
         self.params: List[Tuple[str, nn.Parameter]] = []
         self.step = 0  # t of beta_t
         self.num_updates = 0
-        self.stage = None
+        self.stage_index: Optional[int] = None  # the stage's, in the stream
         self.grad_scaler: Optional[torch.amp.GradScaler] = None
         self.graphs: Optional[StepGraphs] = None
         #: whether :meth:`adapt` runs a backward pass and a step
@@ -242,19 +242,20 @@ class BaseMethod:
     def load_source_statistics(self, statistics: Any) -> None:
         """Use :meth:`source_statistics` of an earlier fit instead."""
 
-    def start_stage(self, stage: int) -> None:
+    def start_stage(self, index: int) -> None:
         """Restart ``t`` and/or the optimizer at a new stage, if set.
 
-        The online loop calls it at the first batch of each stage.
+        The online loop calls it at the first batch of each stage, with the
+        stage's ``index`` in the stream (``StreamStage.index``).
         """
-        if self.stage is not None and stage != self.stage:
+        if self.stage_index is not None and index != self.stage_index:
             if self.restart_beta_per_stage:
                 self.step = 0
             if self.fresh_optimizer_per_stage and self.optimizer is not None:
                 self.optimizer = self.build_optimizer()
                 if self.graphs is not None:  # they update the old state
                     self.graphs.reset()
-        self.stage = stage
+        self.stage_index = index
 
     def state_dict(self) -> dict:
         """Return what the rest of the stream depends on (live tensors).
@@ -270,7 +271,8 @@ class BaseMethod:
             else self.optimizer.state_dict(),
             grad_scaler=None if self.grad_scaler is None
             else self.grad_scaler.state_dict(),
-            step=self.step, num_updates=self.num_updates, stage=self.stage)
+            step=self.step, num_updates=self.num_updates,
+            stage=self.stage_index)
 
     def changing_state(self) -> Dict[str, torch.Tensor]:
         """The adapted parameters and every buffer: what steps can change.
@@ -323,7 +325,7 @@ class BaseMethod:
         if self.graphs is not None:  # the optimizer's state tensors are new
             self.graphs.reset()
         self.step, self.num_updates = state['step'], state['num_updates']
-        self.stage = state['stage']
+        self.stage_index = state['stage']
 
     def base_loss(self, batch: Batch,
                   fwd: ForwardPass) -> Optional[torch.Tensor]:

@@ -163,12 +163,12 @@ class HybridTTA(BaseMethod):
             if BLOCK_PARAM.match(name) and '.adapter.' not in name:
                 p.requires_grad_(not efficient)
 
-    def start_stage(self, stage: int) -> None:
+    def start_stage(self, index: int) -> None:
         # every stage starts fully trainable (test_feat.py:118)
-        if stage != self.stage:
+        if index != self.stage_index:
             self.switch.efficient = False
             self.set_efficient(False)
-        super().start_stage(stage)
+        super().start_stage(index)
 
     def state_dict(self) -> dict:
         return dict(super().state_dict(), teacher=self.teacher.state_dict(),
