@@ -21,9 +21,13 @@ from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
                                          masked_l1, masked_mit_features)
 
 #: what efficient tuning freezes: the MiT blocks (the authors' "block1" ..
-#: "block4"), not their adapters; patch embeddings, stage norms, the mask
-#: token, the decode head and the neck keep training (ood/base.py:24-26)
+#: "block4"), not their parallel adapters (PARALLEL_ADAPTER: the authors'
+#: modules, not the task adapter ``self.adapter``); patch embeddings, stage
+#: norms, the mask token, the decode head and the neck keep training
+#: (ood/base.py:24-26)
 BLOCK_PARAM = re.compile(r'^backbone\.layers\.\d+\.1\.')
+#: the parameters of a parallel adapter (``AdaptedMixFFN.adapter``)
+PARALLEL_ADAPTER = '.adapter.'
 
 
 class TuningSwitch:
@@ -144,23 +148,25 @@ class HybridTTA(BaseMethod):
         counts = attach_modules(model, **self.module_cfg)
         print_log(
             'Hybrid-TTA adds modules the source checkpoint does not have, '
-            f'from their initialisation: {counts["num_adapters"]} adapters '
+            f'from their initialisation: {counts["num_adapters"]} parallel '
+            'adapters '
             f'({counts["adapters"]:,} parameters, adapter_init='
             f'{self.module_cfg["adapter_init"]!r}), the mask token '
             f'({counts["mask_token"]}), the reconstruction neck '
             f'({counts["recon_neck"]:,})', logger='current')
 
-    def configure(self, model, adapter):
-        super().configure(model, adapter)
+    def configure(self, model, task_adapter):
+        super().configure(model, task_adapter)
         # the authors' create_ema_model: the teacher starts as the student
         self.teacher = copy.deepcopy(model)
         for p in self.teacher.parameters():
             p.requires_grad_(False)
 
     def set_efficient(self, efficient: bool) -> None:
-        """Freeze (efficient) or unfreeze the MiT blocks but their adapters."""
+        """Freeze (efficient) or unfreeze the MiT blocks but their parallel
+        adapters."""
         for name, p in self.model.named_parameters():
-            if BLOCK_PARAM.match(name) and '.adapter.' not in name:
+            if BLOCK_PARAM.match(name) and PARALLEL_ADAPTER not in name:
                 p.requires_grad_(not efficient)
 
     def start_stage(self, index: int) -> None:

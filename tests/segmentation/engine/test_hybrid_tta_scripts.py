@@ -63,7 +63,7 @@ def test_tools_test_py(ours, tiny_checkpoint):
     log, work_dir = ours
     assert len(scores(work_dir)) == 4
     assert ('Hybrid-TTA adds modules the source checkpoint does not have, '
-            'from their initialisation: 4 adapters') in log
+            'from their initialisation: 4 parallel adapters') in log
     lines = [line for line in re.findall(r'Iter\(test\) \[\s*\d+/8\].*', log)
              if 'continual/mIoU' not in line]
     assert len(lines) == 8
