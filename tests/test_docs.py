@@ -7,6 +7,7 @@ from the repository (``tools/docs_hooks.py``); the README stays short."""
 import functools
 import glob
 import importlib.util
+import json
 import os
 import os.path as osp
 import re
@@ -70,13 +71,53 @@ def commands(code):
     return [c for c in out if c]
 
 
+#: prints ``{tool: its --help output}`` for the tools in ``argv``: each
+#: tool run as ``python TOOL --help`` would, in one Python (torch imported
+#: once, not once per tool)
+HELP_ALL = r"""
+import contextlib, io, json, runpy, sys
+out = {}
+for tool in sys.argv[1:]:
+    sys.argv = [tool, '--help']
+    text = io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(text):
+        try:
+            runpy.run_path(tool, run_name='__main__')
+        except SystemExit as done:
+            code = done.code or 0
+    out[tool] = [code, text.getvalue()]
+sys.stdout.write(json.dumps(out))
+"""
+
+
+def shell_tools():
+    """Every ``tools/*.py`` a shell block runs with ``python``."""
+    found = set()
+    for _, _, _, code, _ in SHELL:
+        for command in commands(code):
+            words = shlex.split(command.replace('$', 'DOLLAR'))
+            tools = [w for w in words if re.match(r'^tools/[\w/]+\.py$', w)]
+            if words and words[0].endswith('python') and tools:
+                found.add(tools[0])
+    return sorted(found)
+
+
 @functools.lru_cache(maxsize=None)
+def tools_help():
+    """``{tool: (exit code, --help output)}`` of :func:`shell_tools`."""
+    done = subprocess.run([sys.executable, '-c', HELP_ALL, *shell_tools()],
+                          cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
 def tool_options(tool):
     """The ``--options`` in a tool's ``--help``."""
-    done = subprocess.run([sys.executable, tool, '--help'], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f'{tool} --help\n{done.stderr}'
-    return set(re.findall(r'(--[\w-]+)', done.stdout)) | {'--help'}
+    code, text = tools_help()[tool]
+    assert code == 0, f'{tool} --help exited with {code}'
+    return set(re.findall(r'(--[\w-]+)', text)) | {'--help'}
 
 
 def make_targets():
