@@ -7,7 +7,7 @@ import uuid
 
 import torch
 
-from mmseg_stag.core import METHODS, TENT, Logits, StepStats
+from mmseg_stag.core import METHODS, TENT, StepStats
 from mmseg_stag.engine.online_task import head_layer_of
 
 
@@ -37,8 +37,7 @@ class TwoForwardTENT(TENT):
         labels = self.adapter.labels_at_original_size(batch, prediction)
         self.update(self.add_stag(self.adapter.cross_entropy_at_original_size(
             fwd, labels, self.align_corners), fwd))
-        return Logits(prediction.output.detach(), prediction.postprocessed), \
-            StepStats([fwd.stats])
+        return self.prediction(prediction), StepStats([fwd.stats])
 
 
 def build_runner(config, args, work_dir, method):

@@ -1,10 +1,12 @@
 """``STAGLoss``: the STAG alignment loss as a plain ``nn.Module``."""
+import functools
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from . import stag
+from .losses import mean_over_outputs
 
 
 class STAGLoss(nn.Module):
@@ -200,14 +202,13 @@ class STAGLoss(nn.Module):
                      ) -> torch.Tensor:
         """``L_STAG(B)`` over every sample (pixel) of a forward pass: the
         loss of each ``(features, logits)`` pair (one per classifier call,
-        a sliding window's crops) weighted by its number of samples, as
-        ``mean_over_outputs`` weighs a base loss."""
-        if len(head_outputs) == 1:  # no weights: two fewer ops a step
+        a sliding window's crops) weighted by its number of samples by
+        ``mean_over_outputs``, as a base loss."""
+        if len(head_outputs) == 1:  # whole inference: one call, no weights
             return self(*head_outputs[0], cls_weight, cls_bias)
-        sizes = [logits[:, 0].numel() for _, logits in head_outputs]
-        total = float(sum(sizes))
-        return sum(self(feats, logits, cls_weight, cls_bias) * (size / total)
-                   for (feats, logits), size in zip(head_outputs, sizes))
+        return mean_over_outputs(
+            functools.partial(self, cls_weight=cls_weight, cls_bias=cls_bias),
+            head_outputs)
 
     def extra_repr(self) -> str:
         return (f'eps={self.eps}, anchor={self.anchor!r}, '

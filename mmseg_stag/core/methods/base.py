@@ -417,8 +417,7 @@ class BaseMethod:
             fwd = self.adapter.forward(self.model, batch)
             if self.updates:
                 self.update(self.loss(batch, fwd))
-            return Logits(fwd.output.detach(), fwd.postprocessed), \
-            StepStats([fwd.stats])
+            return self.prediction(fwd), StepStats([fwd.stats])
         beta = None if self.stag_loss is None else self.beta
         prediction, stats = self.graphs(batch, self.adapter.graph_key(batch),
                                         beta)
@@ -426,6 +425,12 @@ class BaseMethod:
             self.step += 1
             self.num_updates += 1
         return prediction, stats
+
+    @staticmethod
+    def prediction(fwd: ForwardPass) -> Logits:
+        """The prediction of forward pass ``fwd``: its output, detached,
+        with the post-processing a loss made of it."""
+        return Logits(fwd.output.detach(), fwd.postprocessed)
 
     def forward_and_adapt(self, batch: Batch, beta: Any
                           ) -> Tuple[Prediction, StepStats]:
@@ -436,8 +441,7 @@ class BaseMethod:
         total = self.loss(batch, fwd, beta) if self.updates else None
         if total is not None:
             self.backward_step(total)
-        return Logits(fwd.output.detach(), fwd.postprocessed), \
-            StepStats([fwd.stats])
+        return self.prediction(fwd), StepStats([fwd.stats])
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg

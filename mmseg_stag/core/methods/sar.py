@@ -9,7 +9,7 @@ from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
 from ..sam import SAM
 from ..stats import StepStats
-from ..task_adapter import Batch, ForwardPass, Logits
+from ..task_adapter import Batch, ForwardPass
 from .base import BaseMethod
 
 #: Modules SAR's collect_params never adapts (last stage, final norm).
@@ -204,7 +204,7 @@ class SAR(BaseMethod):
             recovered=float(self.recover()))
         if self.ema is not None:
             stats.extra['ema'] = self.ema
-        return Logits(first.output.detach(), first.postprocessed), stats
+        return self.prediction(first), stats
 
     def __repr__(self) -> str:
         return (super().__repr__()[:-1] +
