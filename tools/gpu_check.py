@@ -62,6 +62,8 @@ COUNTS = (
     ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
      'measured'),
     ('--term-repeats', 50, 1, 'timings of the STAG term alone (step_cost)'),
+    ('--test-workers', 4, 1, 'pytest-xdist processes of the tests step, '
+     'sharing the GPU (1: one process, without pytest-xdist)'),
     ('--cls-batch', 64, None, 'ResNet-50 batch size (paper: 64)'),
     ('--cls-size', 224, None, 'ResNet-50 input side (224)'),
     ('--images-per-condition', 16, 1, 'generated images per ACDC '
@@ -96,12 +98,16 @@ def parse_args(argv=None):
                    "sdpa-views, which fits the budget; MMSeg's against it "
                    'was measured on the H100 on 2026-11-27)')
     p.add_argument('--seg-methods', nargs='+', choices=SEG_METHODS,
-                   default=['tent', 'tent_graph', 'cotta_fast',
+                   default=['tent', 'tent_graph', 'cotta_graph',
                             'hybrid_tta'],
                    help="step_cost's SegFormer baselines (default: tent "
-                   "tent_graph cotta_fast hybrid_tta; cotta, the authors' "
-                   'way, was measured on the H100 on 2026-11-27; '
-                   'ResNet-50: TENT, and tent_graph when named)')
+                   'tent_graph cotta_graph hybrid_tta; cotta, the authors\' '
+                   'way, and cotta_fast, its device options eagerly, were '
+                   'measured on the H100 on 2026-11-27; ResNet-50: TENT, '
+                   'and tent_graph when named)')
+    p.add_argument('--stag-compile', action='store_true',
+                   help="step_cost's +STAG arms with the term compiled "
+                   '(stag=dict(..., compile=True))')
     for flag, default, _, text in COUNTS:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
@@ -140,7 +146,7 @@ def parse_args(argv=None):
 
 def make_quick(args):
     """Tiny sizes and counts (``--quick``): the pipeline in seconds."""
-    args.test_paths = ['tests/cuda']
+    args.test_paths, args.test_workers = ['tests/cuda'], 1
     # CoTTA's smallest teacher view (ratio 0.5) needs 32 px a side
     args.seg_size, args.cls_batch, args.cls_size = (128, 64), 2, 32
     args.image_size, args.images_per_condition = (96, 48), 2

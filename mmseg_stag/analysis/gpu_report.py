@@ -83,6 +83,8 @@ def share_cells(row):
             ', '.join(f'{k} {v:.2f}' for k, v in
                       row['stag_term_variants_ms'].items()
                       if k != 'analytic'),
+            ', '.join(f'{k} {v}' for k, v in
+                      (row.get('stag_term_kernels') or {}).items()) or '–',
             f"{row['stag_memory_share_pct']:+.3f}")
 
 
@@ -106,6 +108,7 @@ def md_step_cost(r):
          'per-pair ratio (median, min–max)',
          'STAG term alone (ms, % of the baseline step)',
          'the term through autograd / compiled (ms)',
+         'device ops of one term call (kernels, copies)',
          'STAG memory share (%)'),
         map(share_cells, r['rows']))
     out.append('')
@@ -116,7 +119,9 @@ def md_step_cost(r):
     out.append('- cotta: the ACDC config\'s teacher on 14 views (ratios '
                '0.5–2.0, each flipped), the source model on the main view; '
                'cotta_fast: the same with `restore_on_device=True` and '
-               '`batch_views=True` (7 teacher passes); hybrid_tta: the sides '
+               '`batch_views=True` (7 teacher passes); cotta_graph: '
+               'cotta_fast with `cuda_graph=True` (the whole step, teacher '
+               'views included, replayed); hybrid_tta: the sides '
                'rounded up to multiples of its 32-px mask patches, as its '
                'authors run 960x544; MiT sdpa: '
                '`model.backbone.attention=sdpa`, sdpa-views: and '

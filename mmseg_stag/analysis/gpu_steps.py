@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import copy
 import gc
+import importlib.util
 import os
 import os.path as osp
 import re
@@ -20,9 +21,13 @@ import time
 import xml.etree.ElementTree as ET
 
 #: step_cost's SegFormer baselines, each against its +STAG arm; cotta_fast
-#: is CoTTA with restore_on_device and batch_views, tent_graph TENT with
-#: cuda_graph=True (the ResNet-50 runs it too when it is named)
-SEG_METHODS = ('tent', 'tent_graph', 'cotta', 'cotta_fast', 'hybrid_tta')
+#: is CoTTA with restore_on_device and batch_views, cotta_graph the same
+#: with cuda_graph=True, tent_graph TENT with cuda_graph=True (the
+#: ResNet-50 runs it too when it is named)
+SEG_METHODS = ('tent', 'tent_graph', 'cotta', 'cotta_fast', 'cotta_graph',
+               'hybrid_tta')
+#: the rows replayed as CUDA graphs (a CUDA device only)
+GRAPH_METHODS = ('tent_graph', 'cotta_graph')
 
 #: Hybrid-TTA masks 32-px patches: its input's sides are multiples of 32
 MASK_PATCH = 32
@@ -122,6 +127,13 @@ def run_tests(ctx):
     cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
            'no:cacheprovider', '-o', 'addopts=', '-v', '-rfEs',
            f'--junitxml={xml}', *args.test_paths]
+    if args.test_workers > 1:  # pytest-xdist: the tests share the GPU
+        if importlib.util.find_spec('xdist') is None:
+            raise RuntimeError(
+                f'--test-workers {args.test_workers} needs pytest-xdist, '
+                'which does not import here: pip install pytest-xdist, or '
+                'pass --test-workers 1')
+        cmd[3:3] = ['-n', str(args.test_workers), '--dist', 'worksteal']
     if osp.exists(xml):
         os.remove(xml)
     timeout = args.tests_timeout or TESTS_SHARE * 60 * args.budget
@@ -155,8 +167,12 @@ def run_tests(ctx):
     return result
 
 
-#: pytest -v's verdict at the end of a test's line
-VERDICT = re.compile(r'^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)')
+#: pytest -v's verdict at the end of a test's line, or (pytest-xdist)
+#: at its start
+VERDICT = re.compile(
+    r'^(?:(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)'
+    r'|\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) '
+    r'(\S+::\S+))')
 
 
 def log_summary(path):
@@ -170,7 +186,8 @@ def log_summary(path):
         for line in f:
             match = VERDICT.match(line)
             if match:
-                test, verdict = match.groups()
+                test, verdict, xdist_verdict, xdist_test = match.groups()
+                test, verdict = test or xdist_test, verdict or xdist_verdict
                 out[key[verdict]] += 1
                 if verdict in ('FAILED', 'ERROR'):
                     out['failures'].append(dict(
@@ -264,10 +281,11 @@ def step_cost_plan(ctx):
     teacher views), at the size Hybrid-TTA's masks need, and the ResNet-50
     (TENT)."""
     methods, mit = ctx.args.seg_methods, ctx.args.mit
-    if not ctx.cuda and 'tent_graph' in methods:  # --allow-cpu
-        print('[gpu_check] tent_graph (CUDA graphs) needs a CUDA device: '
-              'not run', flush=True)
-        methods = [m for m in methods if m != 'tent_graph']
+    graphs = [m for m in methods if m in GRAPH_METHODS]
+    if not ctx.cuda and graphs:  # --allow-cpu
+        print(f'[gpu_check] {" ".join(graphs)} (CUDA graphs) need a CUDA '
+              'device: not run', flush=True)
+        methods = [m for m in methods if m not in GRAPH_METHODS]
     plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'], mit)]
     if 'hybrid_tta' in methods:
         plan.append((lambda c: seg_task(c, mask_size(c.args.seg_size)),
@@ -352,7 +370,8 @@ def arm_figures(seconds, batch, memory):
                 images_per_s=batch / median, **memory)
 
 
-def cost_row(model, note, batch, name, kind, times, memory, term):
+def cost_row(model, note, batch, name, kind, times, memory, term,
+             kernels=None):
     """One model x baseline x precision (x MiT mode): both arms' figures
     and STAG's share."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
@@ -370,6 +389,7 @@ def cost_row(model, note, batch, name, kind, times, memory, term):
         stag_term_ms=1e3 * term['analytic'],
         stag_term_share_pct=100 * term['analytic'] / base,
         stag_term_variants_ms={k: 1e3 * v for k, v in term.items()},
+        stag_term_kernels=kernels,
         stag_memory_share_pct=100 * (
             memory[plus][key] / memory[kind][key] - 1),
         memory_key=key)
@@ -379,9 +399,12 @@ def method_cost(ctx, built, kind, save):
     """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
     each passed to ``save`` as it is measured."""
     from mmseg_stag.analysis.step_benchmark import (TERM_VARIANTS,
+                                                    count_term_kernels,
                                                     time_stag_term)
     model, task, note, batch = built
     stag = task.stag[kind]
+    if ctx.args.stag_compile:
+        stag, note = dict(stag, compile=True), note + ', STAG term compiled'
     pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
         else ctx.args.method_pairs
     rows = []
@@ -397,7 +420,10 @@ def method_cost(ctx, built, kind, save):
                 variants['compiled'] = dict(compile=True)
             term = time_stag_term(task, kind, stag, ctx.args.term_repeats,
                                   variants)
-        row = cost_row(model, note, batch, name, kind, times, memory, term)
+            kernels = count_term_kernels(task, kind, stag, variants) \
+                if ctx.cuda else None
+        row = cost_row(model, note, batch, name, kind, times, memory, term,
+                       kernels)
         rows.append(row)
         save(row)
         print(f"[gpu_check] {model} {kind} {name}: "

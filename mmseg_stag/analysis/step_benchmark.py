@@ -56,7 +56,7 @@ REFERENCE = 'tent two-forward reference'
 SEG_VIEWS = 'configs/_base_/datasets/acdc_continual_views.py'
 #: the paper's row of a method whose name there differs
 PAPER_ROW = {'ecotta': 'ecotta-k4', 'cotta_fast': 'cotta',
-             'tent_graph': 'tent'}
+             'cotta_graph': 'cotta', 'tent_graph': 'tent'}
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
@@ -68,7 +68,10 @@ BASELINES = {
             # the same with its GPU options: the restore mask drawn on the
             # device, a scale's two views in one teacher pass
             'cotta_fast': ('configs/_base_/methods/cotta.py', dict(
-                restore_on_device=True, batch_views=True))},
+                restore_on_device=True, batch_views=True)),
+            # and its whole step, teacher views included, as a CUDA graph
+            'cotta_graph': ('configs/_base_/methods/cotta.py', dict(
+                restore_on_device=True, batch_views=True, cuda_graph=True))},
     'cls': {'tent': dict(type='tent', optimizer=dict(
         type='SGD', lr=0.00025, momentum=0.9)),
         'tent_graph': dict(type='tent', cuda_graph=True, optimizer=dict(
@@ -349,6 +352,40 @@ def time_stag_term(task, kind, stag, repeats=10, variants=None):
     timed in turn on the same outputs (the default label ``'analytic'``
     is the method's loss as configured: on the CPU, autograd unless
     ``analytic_backward=True``). Returns ``{label: seconds}``."""
+    terms = stag_terms(task, kind, stag, variants)
+    times = {label: [] for label in terms}
+    for i in range(repeats + 1):
+        for label, term in terms.items():
+            with StepTimer() as timer:
+                term()
+            if i:  # the first call computes the (cached) anchors
+                times[label].append(timer.seconds)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def count_term_kernels(task, kind, stag, variants=None):
+    """Device operations (kernels, copies, fills) one call of the STAG term
+    (forward and backward) launches on a CUDA device, per variant of
+    :func:`time_stag_term` (after a first call: anchors cached, a
+    compiled variant compiled): ``{label: count}``."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    counts = {}
+    for label, term in stag_terms(task, kind, stag, variants).items():
+        term()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            term()
+            torch.cuda.synchronize()
+        counts[label] = sum(1 for e in prof.events()
+                            if e.device_type == DeviceType.CUDA)
+    return counts
+
+
+def stag_terms(task, kind, stag, variants=None):
+    """``{label: call}``: one forward and backward of the STAG term of
+    ``kind`` (+``stag``) per variant, on the classifier inputs and outputs
+    of one forward of its model (fresh leaves per call)."""
     from mmseg_stag.core import STAGLoss, mean_over_outputs
     from mmseg_stag.core.methods.base import stag_loss_options
     method, _ = task.make_method(kind, stag)
@@ -356,21 +393,17 @@ def time_stag_term(task, kind, stag, repeats=10, variants=None):
         head_outputs = task.adapter.forward(method.model,
                                             task.batch).head_outputs
     weight, bias = method.classifier.weight, method.classifier.bias
-    losses = {label: STAGLoss(**dict(stag_loss_options(method.stag_cfg),
-                                     **options))
-              for label, options in (variants or {'analytic': {}}).items()}
-    times = {label: [] for label in losses}
-    for i in range(repeats + 1):
-        for label, loss_fn in losses.items():
-            leaves = [(f.detach().requires_grad_(),
-                       z.detach().requires_grad_()) for f, z in head_outputs]
-            with StepTimer() as timer:
-                loss = mean_over_outputs(
-                    lambda f, z: loss_fn(f, z, weight, bias), leaves)
-                (method.beta * loss).backward()
-            if i:  # the first call computes the (cached) anchors
-                times[label].append(timer.seconds)
-    return {label: statistics.median(t) for label, t in times.items()}
+
+    def term(loss_fn):
+        leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
+                  for f, z in head_outputs]
+        loss = mean_over_outputs(lambda f, z: loss_fn(f, z, weight, bias),
+                                 leaves)
+        (method.beta * loss).backward()
+
+    return {label: functools.partial(term, STAGLoss(**dict(
+        stag_loss_options(method.stag_cfg), **options)))
+        for label, options in (variants or {'analytic': {}}).items()}
 
 
 def build_arms(task, kind, skip_reference):

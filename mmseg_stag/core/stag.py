@@ -318,81 +318,117 @@ class HardAlignment(torch.autograd.Function):
         bias (Tensor, optional): The classifier's live ``b`` where it is
             trained beside a frozen ``W``: not read (the table has its
             values), given its gradient.
+        compiled (bool): Run :func:`hard_alignment_forward` and
+            :func:`hard_alignment_backward` through ``torch.compile`` (each
+            pure tensor math: a few fused kernels, no graph break).
     """
 
     @staticmethod
     def forward(ctx, features, logits, table, eps, eps_tensor, matrix=None,
-                on_features=False, bias=None):
-        log_p = torch.log_softmax(logits, 1)
-        p = log_p.exp()
-        neg_h = (p * log_p).sum(1, keepdim=True)  # -H(p), eq:ent
-        z_y, pred = logits.max(1, keepdim=True)  # argmax's index, first on ties
-        log_py = log_p.gather(1, pred)
-        norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
-        scale, b_y, anchor_norm = F.embedding(pred, table).unbind(-1)
-        # P = h . a_y; from the logits as V (z - b), centred first as in
-        # projections_from_logits: where h = 0, P is 0 exactly (over eps)
-        if matrix is None:
-            proj = (z_y - b_y) * scale
-        elif on_features:  # matrix: the anchors, in the features' dtype
-            proj = torch.matmul(matrix, features).gather(1, pred)
-        else:
-            proj = torch.matmul(
-                matrix, logits - table[:, 1].view(1, -1, 1)).gather(1, pred)
-        t = log_py - neg_h  # log p_y + H
-        p_y = log_py.exp()
-        sn = p_y * t  # -s, eq:sample_sensitivity
-        abs_sn_alpha = sn.abs() * anchor_norm
-        inv_d = torch.addcmul(eps_tensor, abs_sn_alpha, norm).reciprocal()
-        q = proj * inv_d
-        rho = sn * q  # -cos(g, a_y), eq:stag_loss
-        cos = sn * inv_d  # d rho / d P
-        inv_size = 1.0 / rho.numel()
-        # per sample, over the batch size: e and v (the logits through s),
-        # w (the label's logit), c (the features through ||h||)
-        e = (q * (p_y * inv_d)).mul_(eps * inv_size)
-        e_t1 = torch.addcmul(e, e, t)
-        v = torch.addcmul(e_t1, e, neg_h, value=-1)
-        w = e_t1 if matrix is not None else torch.addcmul(
-            e_t1, cos, scale, value=inv_size)
-        c = (rho / norm.clamp_min(torch.finfo(norm.dtype).tiny)).mul_(
-            abs_sn_alpha * inv_d).mul_(-inv_size)
-        # dL/dP over the batch size; for a trainable b, what P's z - b
-        # takes back from b (z reaches b outside, P does not depend on it)
+                on_features=False, bias=None, compiled=False):
         bias_grad = bias is not None and ctx.needs_input_grad[7]
-        dp = cos * inv_size if matrix is not None or bias_grad else None
-        ctx.save_for_backward(features, log_p, p, pred, e, v, w, c, dp,
-                              matrix,
-                              scale if bias_grad and matrix is None else None)
+        forward, _ = alignment_kernels(compiled)
+        loss, saved = forward(features, logits, table, eps, eps_tensor,
+                              matrix, on_features, bias_grad)
+        ctx.save_for_backward(features, *saved, matrix)
         ctx.on_features, ctx.bias_grad = on_features, bias_grad
-        return rho.mean()
+        ctx.compiled = compiled
+        return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        (features, log_p, p, pred, e, v, w, c, dp, matrix,
-         scale) = ctx.saved_tensors
-        # dL/dz = -p (e log p + v) + onehot(y) w;  dL/dh = c h
-        grad_z = (p * torch.addcmul(v, e, log_p).neg_()).scatter_add_(
-            1, pred, w).mul_(grad)
-        grad_h = features * (c * grad).to(features.dtype)
-        if matrix is not None:  # P = (matrix @ x)_y
-            onehot = torch.zeros_like(grad_z).scatter_(1, pred, dp * grad)
-            back = torch.matmul(matrix.t(), onehot.to(matrix.dtype))
-            if ctx.on_features:
-                grad_h += back.to(grad_h.dtype)
-            else:
-                grad_z += back.to(grad_z.dtype)
-        grad_b = None
-        if ctx.bias_grad:  # -dL/dP dP/dz, summed over the batch
-            per_class = torch.zeros(
-                p.shape[1], dtype=dp.dtype, device=dp.device).scatter_add_(
-                    0, pred.flatten(), (dp if scale is None
-                                        else dp * scale).flatten())
-            if matrix is not None:
-                per_class = matrix.t().to(dp.dtype) @ per_class
-            grad_b = per_class.mul_(-grad)
-        return grad_h, grad_z, None, None, None, None, None, grad_b
+        _, backward = alignment_kernels(ctx.compiled)
+        grad_h, grad_z, grad_b = backward(grad, *ctx.saved_tensors,
+                                          ctx.on_features, ctx.bias_grad)
+        return grad_h, grad_z, None, None, None, None, None, grad_b, None
+
+
+def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
+                           matrix, on_features: bool, bias_grad: bool):
+    """:class:`HardAlignment`'s forward: ``(mean L_STAG, saved)``, with
+    ``saved`` what :func:`hard_alignment_backward` takes after the
+    features (the per-sample coefficients of the gradients)."""
+    log_p = torch.log_softmax(logits, 1)
+    p = log_p.exp()
+    neg_h = (p * log_p).sum(1, keepdim=True)  # -H(p), eq:ent
+    z_y, pred = logits.max(1, keepdim=True)  # argmax's index, first on ties
+    log_py = log_p.gather(1, pred)
+    norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
+    scale, b_y, anchor_norm = F.embedding(pred, table).unbind(-1)
+    # P = h . a_y; from the logits as V (z - b), centred first as in
+    # projections_from_logits: where h = 0, P is 0 exactly (over eps)
+    if matrix is None:
+        proj = (z_y - b_y) * scale
+    elif on_features:  # matrix: the anchors, in the features' dtype
+        proj = torch.matmul(matrix, features).gather(1, pred)
+    else:
+        proj = torch.matmul(
+            matrix, logits - table[:, 1].view(1, -1, 1)).gather(1, pred)
+    t = log_py - neg_h  # log p_y + H
+    p_y = log_py.exp()
+    sn = p_y * t  # -s, eq:sample_sensitivity
+    abs_sn_alpha = sn.abs() * anchor_norm
+    inv_d = torch.addcmul(eps_tensor, abs_sn_alpha, norm).reciprocal()
+    q = proj * inv_d
+    rho = sn * q  # -cos(g, a_y), eq:stag_loss
+    cos = sn * inv_d  # d rho / d P
+    inv_size = 1.0 / rho.numel()
+    # per sample, over the batch size: e and v (the logits through s),
+    # w (the label's logit), c (the features through ||h||)
+    e = (q * (p_y * inv_d)).mul_(eps * inv_size)
+    e_t1 = torch.addcmul(e, e, t)
+    v = torch.addcmul(e_t1, e, neg_h, value=-1)
+    w = e_t1 if matrix is not None else torch.addcmul(
+        e_t1, cos, scale, value=inv_size)
+    c = (rho / norm.clamp_min(torch.finfo(norm.dtype).tiny)).mul_(
+        abs_sn_alpha * inv_d).mul_(-inv_size)
+    # dL/dP over the batch size; for a trainable b, what P's z - b
+    # takes back from b (z reaches b outside, P does not depend on it)
+    dp = cos * inv_size if matrix is not None or bias_grad else None
+    return rho.mean(), (log_p, p, pred, e, v, w, c, dp,
+                        scale if bias_grad and matrix is None else None)
+
+
+def hard_alignment_backward(grad, features, log_p, p, pred, e, v, w, c, dp,
+                            scale, matrix, on_features: bool,
+                            bias_grad: bool):
+    """:class:`HardAlignment`'s backward: ``(dL/dh, dL/dz, dL/db)``."""
+    # dL/dz = -p (e log p + v) + onehot(y) w;  dL/dh = c h
+    grad_z = (p * torch.addcmul(v, e, log_p).neg_()).scatter_add_(
+        1, pred, w).mul_(grad)
+    grad_h = features * (c * grad).to(features.dtype)
+    if matrix is not None:  # P = (matrix @ x)_y
+        onehot = torch.zeros_like(grad_z).scatter_(1, pred, dp * grad)
+        back = torch.matmul(matrix.t(), onehot.to(matrix.dtype))
+        if on_features:
+            grad_h += back.to(grad_h.dtype)
+        else:
+            grad_z += back.to(grad_z.dtype)
+    grad_b = None
+    if bias_grad:  # -dL/dP dP/dz, summed over the batch
+        per_class = torch.zeros(
+            p.shape[1], dtype=dp.dtype, device=dp.device).scatter_add_(
+                0, pred.flatten(), (dp if scale is None
+                                    else dp * scale).flatten())
+        if matrix is not None:
+            per_class = matrix.t().to(dp.dtype) @ per_class
+        grad_b = per_class.mul_(-grad)
+    return grad_h, grad_z, grad_b
+
+
+#: ``compiled`` -> (forward, backward) of :class:`HardAlignment`
+_KERNELS = {False: (hard_alignment_forward, hard_alignment_backward)}
+
+
+def alignment_kernels(compiled: bool):
+    """:class:`HardAlignment`'s forward and backward math, compiled by
+    ``torch.compile`` on first use if ``compiled`` (once per process; each
+    new input shape compiles again)."""
+    if compiled not in _KERNELS:
+        _KERNELS[compiled] = (torch.compile(hard_alignment_forward),
+                              torch.compile(hard_alignment_backward))
+    return _KERNELS[compiled]
 
 
 def hard_alignment_inputs(anchors: torch.Tensor,
@@ -434,7 +470,8 @@ def hard_alignment(features: torch.Tensor,
                    eps_tensor: torch.Tensor,
                    matrix: Optional[torch.Tensor] = None,
                    on_features: bool = False,
-                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   bias: Optional[torch.Tensor] = None,
+                   compiled: bool = False) -> torch.Tensor:
     """``L_STAG(B)``, hard labels, per sample or pixel (eq:stag_batch_loss).
 
     The value of ``stag_alignment(..., label='hard').mean()`` through
@@ -442,7 +479,8 @@ def hard_alignment(features: torch.Tensor,
     ``on_features`` from :func:`hard_alignment_inputs` in the logits'
     dtype (``matrix`` in the dtype of what it is applied to). ``bias``:
     the classifier's live bias, where it is trained and ``W`` is not (its
-    values are the table's; autograd gets its gradient).
+    values are the table's; autograd gets its gradient). ``compiled``:
+    the math through ``torch.compile`` (:func:`alignment_kernels`).
     """
     if features.dim() == 2:
         if not features.is_contiguous():
@@ -452,7 +490,7 @@ def hard_alignment(features: torch.Tensor,
     else:
         features, logits = features.flatten(2), logits.flatten(2)
     return HardAlignment.apply(features, logits, table, eps, eps_tensor,
-                               matrix, on_features, bias)
+                               matrix, on_features, bias, compiled)
 
 
 def batch_alignment(features: torch.Tensor,

@@ -29,10 +29,11 @@ class STAGLoss(nn.Module):
             None: on a CUDA device (where launches are the term's cost);
             autograd on the CPU, whose demos keep their float32 numbers to
             the last digit. Default: None.
-        compile (bool): Run the hard-label term through ``torch.compile``
-            (its elementwise ops fused into a few kernels; the first call
-            of each input shape compiles, seconds to a minute); implies
-            the analytic backward. Default: False.
+        compile (bool): Run the hard-label term's forward and backward
+            math through ``torch.compile`` (each a pure function: its
+            elementwise ops fused into a few kernels, no graph break; the
+            first call of each input shape compiles, seconds to a minute);
+            implies the analytic backward. Default: False.
 
     Raises:
         ValueError: If ``anchor``, ``label`` or ``eps`` is invalid.
@@ -66,8 +67,8 @@ class STAGLoss(nn.Module):
         self.analytic_backward = None if analytic_backward is None \
             else bool(analytic_backward)
         self.compile = bool(compile)
-        self._hard_alignment = torch.compile(stag.hard_alignment) \
-            if self.compile else stag.hard_alignment
+        self._hard_alignment = functools.partial(stag.hard_alignment,
+                                                 compiled=self.compile)
         self._anchor_key: Optional[Tuple] = None
         self._anchors: Optional[torch.Tensor] = None
         self._coefficients: Optional[torch.Tensor] = None

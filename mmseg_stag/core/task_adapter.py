@@ -1,6 +1,7 @@
 """What a method may ask of its task: a batch and named operations on it."""
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, Hashable, Optional, Union
+from typing import Any, FrozenSet, Hashable, List, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -119,3 +120,13 @@ class TaskAdapter:
             raise ValueError('cuda_graph=True needs a batch whose inputs are '
                              f'one tensor, got {type(inputs).__name__}')
         return (tuple(inputs.shape), inputs.dtype, inputs.device)
+
+    def graph_inputs(self, batch: Batch) -> List[torch.Tensor]:
+        """The tensors of ``batch`` a captured step reads: copied into the
+        graph's own (:meth:`static_batch`'s) before each replay."""
+        return [batch.inputs]
+
+    def static_batch(self, batch: Batch) -> Batch:
+        """``batch`` with each of :meth:`graph_inputs` cloned: the batch a
+        step is captured on, whose tensors later batches are copied into."""
+        return dataclasses.replace(batch, inputs=batch.inputs.clone())

@@ -1,6 +1,7 @@
 """A segmentation batch and the operations a method may ask of it: its
 forward pass, and logits, labels and CoTTA's ACDC loss at each image's
 original size (deterministic on CUDA too)."""
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
@@ -62,7 +63,31 @@ class SegmentationAdapter(TaskAdapter):
         flip: ``model.inference`` resizes by them."""
         metas = tuple(tuple(repr(meta.get(k)) for k in self.GRAPH_META_KEYS)
                       for meta in batch.metas)
-        return super().graph_key(batch) + (metas, )
+        views = () if not batch.views else (
+            tuple(self.graph_key(view) for view in batch.views),
+            batch.main_view)
+        return super().graph_key(batch) + (metas, ) + views
+
+    def graph_inputs(self, batch: SegmentationBatch) -> List[torch.Tensor]:
+        """The inputs, and every view's (CoTTA's teacher views; the main
+        view's inputs are the batch's own, listed once)."""
+        tensors = [batch.inputs]
+        for view in batch.views or ():
+            if view.inputs is not batch.inputs:
+                tensors.append(view.inputs)
+        return tensors
+
+    def static_batch(self, batch: SegmentationBatch) -> SegmentationBatch:
+        """The batch and its views with their inputs cloned; the main view
+        shares the batch's clone, as it shares its inputs."""
+        clone = super().static_batch
+        static = clone(batch)
+        if not batch.views:
+            return static
+        views = [dataclasses.replace(view, inputs=static.inputs)
+                 if view.inputs is batch.inputs else clone(view)
+                 for view in batch.views]
+        return dataclasses.replace(static, views=views)
 
     @torch.no_grad()
     def postprocess(self, batch: SegmentationBatch,

@@ -86,8 +86,9 @@ class BaseMethod:
             if not self.graph_capturable:
                 raise ValueError(
                     f'{self.name}: cuda_graph=True is for methods whose step '
-                    'reads nothing back to the host (TENT, BN Adapt); this '
-                    "one's step reads or branches on device values")
+                    'reads nothing back to the host (TENT, BN Adapt, '
+                    "segmentation CoTTA); this one's step reads or branches "
+                    'on device values')
             self.optimizer_cfg = check_capturable_optimizer(
                 self.optimizer_cfg)
 
@@ -168,7 +169,8 @@ class BaseMethod:
                                  f'on {sorted(devices)}')
             self.graphs = StepGraphs(
                 self.forward_and_adapt, self.graph_warmup,
-                zero_grad=self.zero_grad)
+                zero_grad=self.zero_grad, static_batch=adapter.static_batch,
+                graph_inputs=adapter.graph_inputs)
         self.model, self.adapter = model, adapter
         self.classifier = adapter.classifier(model)
         for p in model.parameters():

@@ -190,10 +190,19 @@ class CoTTA(BaseMethod):
         """Train the student on the teacher; return the teacher's
         prediction (as CoTTA.forward_and_adapt returns outputs_ema)."""
         self.check_configured()
+        if self.graphs is not None:  # the step replayed (cuda_graph)
+            return super().adapt(batch)
+        prediction, stats = self.forward_and_adapt(batch, None)
+        self.step += 1
+        self.num_updates += 1
+        return prediction, stats
+
+    def forward_and_adapt(self, batch: Batch, beta=None):
+        """The step: student, teacher, one update, EMA, restore."""
         student = self.adapter.forward(self.model, batch)
         teacher = self.teacher_prediction(batch, student.stats)
-        self.update(self.add_stag(self.loss_to_teacher(student, teacher),
-                                  student))
+        self.backward_step(self.add_stag(
+            self.loss_to_teacher(student, teacher), student, beta))
         self.update_teacher()
         self.stochastic_restore()
         return teacher, StepStats([student.stats])

@@ -11,11 +11,14 @@ them all at once. What it needs of the step:
   ``capturable=True``: its step counts and bias corrections on the device);
 - ``beta_t`` (eq:adaptive_decay), which the host changes every step, fed
   through a device tensor filled before each replay;
-- one input shape per graph: a graph is captured per :meth:`key` (input
-  shape, dtype, device and the task's metainfo shapes).
+- one input shape per graph: a graph is captured per key (the task
+  adapter's ``graph_key``: input shapes, dtype, device and the task's
+  metainfo), on a static copy of the batch (``static_batch``) whose input
+  tensors (``graph_inputs``: the images, and CoTTA's teacher views) each
+  later batch of that key is copied into.
 """
 import dataclasses
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
@@ -29,7 +32,7 @@ Step = Callable[[Any, Any], Tuple[Any, StepStats]]
 class Captured:
     """One captured step: its graph, its inputs and its outputs."""
     graph: Any  # torch.cuda.CUDAGraph
-    inputs: torch.Tensor
+    inputs: List[torch.Tensor]
     beta: Optional[torch.Tensor]
     prediction: Any  # Logits
     stats: StepStats
@@ -54,10 +57,17 @@ class StepGraphs:
         zero_grad (callable): Sets the adapted parameters' gradients to
             None before a capture, so that the graph's backward writes
             (not adds) them.
+        static_batch (callable): ``batch -> batch`` with its input tensors
+            cloned (the task adapter's). Default: the inputs cloned.
+        graph_inputs (callable): ``batch -> [tensor, ...]``, the tensors
+            copied before a replay, in the order of ``static_batch``'s
+            (the task adapter's). Default: ``[batch.inputs]``.
     """
 
     def __init__(self, step: Step, warmup: int = 2,
-                 zero_grad: Optional[Callable[[], None]] = None):
+                 zero_grad: Optional[Callable[[], None]] = None,
+                 static_batch: Optional[Callable] = None,
+                 graph_inputs: Optional[Callable] = None):
         if warmup < 1:
             raise ValueError(f'cuda_graph warmup must be >= 1 (the '
                              "optimizer's state is made by an eager step), "
@@ -65,6 +75,9 @@ class StepGraphs:
         self.step = step
         self.warmup = int(warmup)
         self.zero_grad = zero_grad or (lambda: None)
+        self.static_batch = static_batch or (lambda batch: dataclasses.replace(
+            batch, inputs=batch.inputs.clone()))
+        self.graph_inputs = graph_inputs or (lambda batch: [batch.inputs])
         self.graphs: Dict[Hashable, Captured] = {}
         self.eager_steps: Dict[Hashable, int] = {}
         self.stream = None
@@ -84,7 +97,8 @@ class StepGraphs:
                 self.eager_steps[key] = self.eager_steps.get(key, 0) + 1
                 return self.eager(batch, beta)
             captured = self.graphs[key] = self.capture(batch, beta)
-        captured.inputs.copy_(batch.inputs)
+        for static, given in zip(captured.inputs, self.graph_inputs(batch)):
+            static.copy_(given)
         if captured.beta is not None:
             captured.beta.fill_(beta)
         captured.graph.replay()
@@ -114,10 +128,10 @@ class StepGraphs:
 
     def capture(self, batch, beta) -> Captured:
         """Capture one step on a static copy of ``batch`` (nothing runs)."""
-        inputs = batch.inputs.clone()
-        static = dataclasses.replace(batch, inputs=inputs)
+        static = self.static_batch(batch)
+        inputs = self.graph_inputs(static)
         beta_buffer = None if beta is None else torch.full(
-            (), float(beta), device=inputs.device)
+            (), float(beta), device=inputs[0].device)
         self.zero_grad()
         graph = torch.cuda.CUDAGraph()
         side = self.side_stream()

@@ -21,15 +21,31 @@ class SegmentationCoTTA(CoTTA):
             run them. The same function of the views; batched kernels round
             differently, so labels can differ where two classes tie.
             Default: False.
-        **kwargs: :class:`~mmseg_stag.core.CoTTA`'s arguments.
+        **kwargs: :class:`~mmseg_stag.core.CoTTA`'s arguments;
+            ``cuda_graph=True`` (the whole step, teacher views included,
+            replayed as a CUDA graph: its step reads nothing back) needs
+            ``restore_on_device=True``.
+
+    Raises:
+        ValueError: ``cuda_graph=True`` with the restore mask drawn on the
+            CPU (a graph would replay the mask copied at capture).
     """
 
     supported_prediction_kinds = ('per_pixel', )
     required_operations = ('original_size', )
+    # unlike the classification CoTTA, no host-side branch on the source
+    # model's confidence: the label map mixes both predictions per pixel
+    graph_capturable = True
 
     def __init__(self, batch_views: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.batch_views = bool(batch_views)
+        if self.cuda_graph and self.restore_prob > 0 and \
+                not self.restore_on_device:
+            raise ValueError(
+                'cotta: cuda_graph=True needs restore_on_device=True (the '
+                "authors' restore mask is drawn on the CPU and copied: a "
+                'graph would replay the mask copied at its capture)')
 
     @torch.no_grad()
     def teacher_prediction(self, batch, stats):

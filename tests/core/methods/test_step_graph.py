@@ -10,6 +10,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from host_syncs import HostSyncCounter
 from mmseg_stag.core import Batch, BNAdapt, TENT, build_method
 from mmseg_stag.core.methods.step_graph import (Captured, StepGraphs,
                                                 check_capturable_optimizer)
@@ -80,16 +81,21 @@ def stand_in_capture(method):
     """``StepGraphs.capture`` with a :class:`StandInGraph`."""
 
     def capture(self, batch, beta):
-        inputs = batch.inputs.clone()
-        static = copy.copy(batch)
-        static.inputs = inputs
+        static = self.static_batch(batch)
+        inputs = self.graph_inputs(static)
         beta_buffer = None if beta is None else torch.full((), float(beta))
         self.zero_grad()
-        state = copy.deepcopy((method.model.state_dict(),
+        # CoTTA's teacher too; the random draws (CoTTA's restore) replayed
+        modules = [method.model] + [getattr(method, 'teacher', None)] * (
+            getattr(method, 'teacher', None) is not None)
+        state = copy.deepcopy(([m.state_dict() for m in modules],
                                method.optimizer.state_dict()))
+        rng = torch.get_rng_state()
         prediction, stats = self.step(static, beta_buffer)
-        method.model.load_state_dict(state[0])  # nothing ran
+        for module, module_state in zip(modules, state[0]):
+            module.load_state_dict(module_state)  # nothing ran
         method.optimizer.load_state_dict(state[1])
+        torch.set_rng_state(rng)
         graph = StandInGraph()
         graph.run = lambda: self.step(static, beta_buffer)
         graph.outputs, graph.replays = (prediction, stats), 0
@@ -215,3 +221,117 @@ def test_cuda_graph_equals_the_eager_step(stag):
     assert len(method.graphs.graphs) == 2
     for p, q in zip(method.model.parameters(), eager.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
+        stand_in_cuda):
+    """Segmentation CoTTA (its teacher on the ACDC config's 14 views, the
+    restore mask drawn on the device) replayed: the batch's views are the
+    graph's inputs too (a static copy, the main view sharing the batch's
+    images); the same labels, statistics, student and teacher as eager,
+    step for step, over a stream of view batches of one size."""
+    import argparse
+    import os.path as osp
+
+    from mmseg_stag.analysis import step_benchmark
+    repo = osp.dirname(osp.dirname(osp.dirname(osp.dirname(
+        osp.abspath(__file__)))))
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    task = step_benchmark.BenchTask('b0', args, 'cpu', repo)
+    options = dict(restore_on_device=True, batch_views=True,
+                   restore_prob=0.3, optimizer=dict(type='SGD', lr=0.5))
+    eager, _ = task.make_method('cotta', STAG, **options)
+    method, _ = task.make_method('cotta', STAG, **options)
+    adapter = task.adapter
+    graphs = StepGraphs(method.forward_and_adapt, warmup=2,
+                        zero_grad=method.zero_grad,
+                        static_batch=adapter.static_batch,
+                        graph_inputs=adapter.graph_inputs)
+    graphs.captures = []
+    graphs.capture = stand_in_capture(method).__get__(graphs)
+    method.graphs = graphs
+    gen = torch.Generator().manual_seed(3)
+    for i in range(4):
+        image = torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8,
+                              generator=gen)
+        batch = step_benchmark.view_batch(task.segmentor, image, repo)
+        assert len(batch.views) == 14
+        assert batch.views[batch.main_view].inputs is batch.inputs
+        results = []
+        for m in (eager, method):
+            torch.manual_seed(100 + i)  # the same restore masks
+            results.append(m.adapt(batch))
+        (want, want_stats), (got, got_stats) = results
+        assert torch.equal(got.value, want.value)
+        for key, value in want_stats.items():
+            assert float(got_stats[key]) == pytest.approx(float(value),
+                                                          rel=1e-6), key
+    assert len(graphs.captures) == 1 and graphs.captures[0].replays == 2
+    # the images and the 13 other views, each copied before a replay
+    (captured, ) = graphs.graphs.values()
+    assert len(captured.inputs) == 14
+    assert captured.inputs[0] is not batch.inputs
+    assert method.step == eager.step == 4
+    for a, b in ((method.model, eager.model),
+                 (method.teacher, eager.teacher)):
+        for (name, p), (_, q) in zip(a.named_parameters(),
+                                     b.named_parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7,
+                                       msg=name)
+    # what a capture needs: nothing in the step waits for the device
+    counter = HostSyncCounter()
+    with counter:
+        eager.forward_and_adapt(batch, None)
+    assert counter.calls == []
+
+
+def test_segmentation_cotta_graph_needs_the_restore_on_the_device():
+    from mmseg_stag.segmentation import SegmentationCoTTA
+    with pytest.raises(ValueError, match='restore_on_device=True'):
+        SegmentationCoTTA(cuda_graph=True)
+    assert SegmentationCoTTA(cuda_graph=True, restore_on_device=True
+                             ).optimizer_cfg['capturable'] is True
+    SegmentationCoTTA(cuda_graph=True, restore_prob=0.0)  # nothing drawn
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('stag', [None, STAG])
+def test_cuda_graph_of_segmentation_cotta_equals_its_eager_step(stag):
+    """Real graphs: segmentation CoTTA with its device options (14 teacher
+    views in 7 passes, the restore mask drawn on the GPU), eager against
+    replayed on a tiny SegFormer; the same labels (but near-ties: the
+    resize's backward adds with atomics) and the same student and teacher
+    to float32 rounding after five steps."""
+    import argparse
+    import os.path as osp
+
+    from mmseg_stag.analysis import step_benchmark
+    repo = osp.dirname(osp.dirname(osp.dirname(osp.dirname(
+        osp.abspath(__file__)))))
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    task = step_benchmark.BenchTask('b0', args, 'cuda', repo)
+    options = dict(restore_on_device=True, batch_views=True,
+                   restore_prob=0.3)
+    eager, _ = task.make_method('cotta', stag, **options)
+    method, _ = task.make_method('cotta', stag, cuda_graph=True, **options)
+    gen = torch.Generator().manual_seed(3)
+    for i in range(5):
+        image = torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8,
+                              generator=gen)
+        batch = step_benchmark.view_batch(task.segmentor, image, repo)
+        results = []
+        for m in (eager, method):
+            torch.cuda.manual_seed(100 + i)  # the same restore masks
+            results.append(m.adapt(batch))
+        (want, want_stats), (got, got_stats) = results
+        assert (got.value == want.value).float().mean() > 0.999
+        for key, value in want_stats.items():
+            assert float(got_stats[key]) == pytest.approx(
+                float(value), rel=1e-3, abs=1e-5), key
+    assert len(method.graphs.graphs) == 1
+    for a, b in ((method.model, eager.model),
+                 (method.teacher, eager.teacher)):
+        for (name, p), (_, q) in zip(a.named_parameters(),
+                                     b.named_parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5,
+                                       msg=name)
