@@ -339,7 +339,7 @@ def arm_ratio(records, base, other, key):
 
 #: the STAG term's implementations timed side by side: STAGLoss options
 TERM_VARIANTS = {'analytic': dict(analytic_backward=True),
-                 'autograd': dict(analytic_backward=False)}
+                 'autograd': dict(analytic_backward=False, compile=False)}
 
 
 def time_stag_term(task, kind, stag, repeats=10, variants=None):
