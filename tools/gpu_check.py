@@ -62,7 +62,7 @@ COUNTS = (
     ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
      'measured'),
     ('--term-repeats', 50, 1, 'timings of the STAG term alone (step_cost)'),
-    ('--test-workers', 4, 1, 'pytest-xdist processes of the tests step, '
+    ('--test-workers', 8, 1, 'pytest-xdist processes of the tests step, '
      'sharing the GPU (1: one process, without pytest-xdist)'),
     ('--cls-batch', 64, None, 'ResNet-50 batch size (paper: 64)'),
     ('--cls-size', 224, None, 'ResNet-50 input side (224)'),

@@ -58,6 +58,15 @@ def markdown(report):
     return '\n'.join(lines)
 
 
+def short_message(text, limit=300):
+    """A failure's report on one line: its ``E`` lines (pytest's error
+    lines), else its last line, cut at ``limit`` characters."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    errors = [line[1:].strip() for line in lines if line.startswith('E ')]
+    one = ' '.join(errors) if errors else (lines[-1] if lines else '')
+    return one if len(one) <= limit else one[:limit - 1] + '…'
+
+
 def md_tests(r):
     out = ['## CUDA tests', '', f"`{r['command']}`: **{r.get('passed', 0)} "
            f"passed, {r.get('failed', 0)} failed, {r.get('errors', 0)} "
@@ -67,7 +76,7 @@ def md_tests(r):
                f"exit status {r['returncode']}") + f"; log `{r['log']}`)."]
     out += [f'- skipped ({n}): {reason}'
             for reason, n in r.get('skip_reasons', {}).items()]
-    out += [f"- {f['kind']}: `{f['test']}`: {f['message']}"
+    out += [f"- {f['kind']}: `{f['test']}`: {short_message(f['message'])}"
             for f in r.get('failures', [])]
     out += [f"- `{p['test']}`: {p['name']} = {p['value']}"
             for p in r.get('properties', [])]

@@ -168,8 +168,12 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
     assert res['returncode'] is None and not res['passed_all']
     assert (res['passed'], res['failed']) == (1, 1)
     assert res['failures'][0]['test'].endswith('test_slow.py::test_b')
+    # its traceback kept though pytest never reached the session's end
+    assert 'assert False' in res['failures'][0]['message']
+    assert osp.isfile(res['failure_reports'])
     text = '\n'.join(gpu_report.md_tests(res))
     assert 'stopped at its time limit' in text
+    assert 'test_b`: assert False' in text
 
 
 def test_log_summary_reads_both_verdict_formats(tmp_path):
