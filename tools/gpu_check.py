@@ -62,8 +62,9 @@ COUNTS = (
     ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
      'measured'),
     ('--term-repeats', 50, 1, 'timings of the STAG term alone (step_cost)'),
-    ('--test-workers', 8, 1, 'pytest-xdist processes of the tests step, '
-     'sharing the GPU (1: one process, without pytest-xdist)'),
+    ('--test-workers', None, 1, 'pytest-xdist processes of the tests '
+     'step, sharing the GPU (default: 8 where pytest-xdist imports, else 1, '
+     'said in the report; 1: one process, without pytest-xdist)'),
     ('--cls-batch', 64, None, 'ResNet-50 batch size (paper: 64)'),
     ('--cls-size', 224, None, 'ResNet-50 input side (224)'),
     ('--images-per-condition', 16, 1, 'generated images per ACDC '

@@ -133,13 +133,9 @@ def run_tests(ctx):
            'no:cacheprovider', '-p', 'mmseg_stag.analysis.pytest_failures',
            '-o', 'addopts=', '-v', '-rfEs', f'--junitxml={xml}',
            *args.test_paths]
-    if args.test_workers > 1:  # pytest-xdist: the tests share the GPU
-        if importlib.util.find_spec('xdist') is None:
-            raise RuntimeError(
-                f'--test-workers {args.test_workers} needs pytest-xdist, '
-                'which does not import here: pip install pytest-xdist, or '
-                'pass --test-workers 1')
-        cmd[3:3] = ['-n', str(args.test_workers), '--dist', 'worksteal']
+    workers = test_workers(args.test_workers)
+    if workers > 1:  # pytest-xdist: the tests share the GPU
+        cmd[3:3] = ['-n', str(workers), '--dist', 'worksteal']
     for path in (xml, failures):
         if osp.exists(path):
             os.remove(path)
@@ -159,7 +155,8 @@ def run_tests(ctx):
             proc.wait()
             code = None
     result = dict(command=' '.join(['python'] + cmd[1:]), returncode=code,
-                  log=log, junit=xml, failure_reports=failures)
+                  log=log, junit=xml, failure_reports=failures,
+                  workers=workers)
     if osp.exists(xml):
         result.update(junit_summary(xml))
     else:  # stopped before pytest wrote it: count the log's verdicts
@@ -183,6 +180,32 @@ def run_tests(ctx):
             f' or {TESTS_SHARE:.0%} of --budget): what had run is counted '
             f'above, the rest did not run (log {log})')
     return result
+
+
+#: the tests' processes where pytest-xdist imports and none are asked for
+TEST_WORKERS = 8
+
+
+def test_workers(asked):
+    """The tests step's processes: ``asked``, or (None) ``TEST_WORKERS``
+    where pytest-xdist imports and else 1, said on the console.
+
+    Raises:
+        RuntimeError: If more than one is asked and pytest-xdist does not
+            import.
+    """
+    xdist = importlib.util.find_spec('xdist') is not None
+    if asked is None:
+        if not xdist:
+            print('[gpu_check] pytest-xdist does not import: the CUDA tests '
+                  'run in one process (pip install pytest-xdist for '
+                  f'{TEST_WORKERS}; --test-workers)', flush=True)
+        return TEST_WORKERS if xdist else 1
+    if asked > 1 and not xdist:
+        raise RuntimeError(
+            f'--test-workers {asked} needs pytest-xdist, which does not '
+            'import here: pip install pytest-xdist, or pass --test-workers 1')
+    return asked
 
 
 def same_test(a, b):

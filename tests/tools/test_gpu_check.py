@@ -176,6 +176,22 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
     assert 'test_b`: assert False' in text
 
 
+def test_test_workers_follow_pytest_xdist(monkeypatch, capsys):
+    """8 processes where pytest-xdist imports; without it one, said, and
+    more than one asked for is refused naming the option."""
+    assert gpu_steps.test_workers(None) == gpu_steps.TEST_WORKERS == 8
+    assert gpu_steps.test_workers(3) == 3
+    find_spec = gpu_steps.importlib.util.find_spec
+    monkeypatch.setattr(gpu_steps.importlib.util, 'find_spec',
+                        lambda name: None if name == 'xdist'
+                        else find_spec(name))
+    assert gpu_steps.test_workers(None) == 1
+    assert 'pytest-xdist does not import' in capsys.readouterr().out
+    assert gpu_steps.test_workers(1) == 1
+    with pytest.raises(RuntimeError, match='--test-workers 4 needs'):
+        gpu_steps.test_workers(4)
+
+
 def test_log_summary_reads_both_verdict_formats(tmp_path):
     """``pytest -v`` puts the verdict after the test, pytest-xdist before
     it: a stopped run's log is counted either way."""

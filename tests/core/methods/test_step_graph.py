@@ -223,13 +223,10 @@ def test_cuda_graph_equals_the_eager_step(stag):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
-        stand_in_cuda):
-    """Segmentation CoTTA (its teacher on the ACDC config's 14 views, the
-    restore mask drawn on the device) replayed: the batch's views are the
-    graph's inputs too (a static copy, the main view sharing the batch's
-    images); the same labels, statistics, student and teacher as eager,
-    step for step, over a stream of view batches of one size."""
+def cotta_bench(device):
+    """The step benchmark's tiny SegFormer (b0 at 128x64) on ``device``, and
+    a function making a batch with the ACDC config's 14 views of a random
+    image, the i-th of a fixed sequence."""
     import argparse
     import os.path as osp
 
@@ -237,7 +234,32 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
     repo = osp.dirname(osp.dirname(osp.dirname(osp.dirname(
         osp.abspath(__file__)))))
     args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
-    task = step_benchmark.BenchTask('b0', args, 'cpu', repo)
+    task = step_benchmark.BenchTask('b0', args, device, repo)
+    gen = torch.Generator().manual_seed(3)
+
+    def view_batch():
+        image = torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8,
+                              generator=gen)
+        return step_benchmark.view_batch(task.segmentor, image, repo)
+    return task, view_batch
+
+
+def assert_same_student_and_teacher(method, eager, **tolerance):
+    for a, b in ((method.model, eager.model),
+                 (method.teacher, eager.teacher)):
+        for (name, p), (_, q) in zip(a.named_parameters(),
+                                     b.named_parameters()):
+            torch.testing.assert_close(p, q, msg=name, **tolerance)
+
+
+def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
+        stand_in_cuda):
+    """Segmentation CoTTA (its teacher on the ACDC config's 14 views, the
+    restore mask drawn on the device) replayed: the batch's views are the
+    graph's inputs too (a static copy, the main view sharing the batch's
+    images); the same labels, statistics, student and teacher as eager,
+    step for step, over a stream of view batches of one size."""
+    task, view_batch = cotta_bench('cpu')
     options = dict(restore_on_device=True, batch_views=True,
                    restore_prob=0.3, optimizer=dict(type='SGD', lr=0.5))
     eager, _ = task.make_method('cotta', STAG, **options)
@@ -250,11 +272,8 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
     graphs.captures = []
     graphs.capture = stand_in_capture(method).__get__(graphs)
     method.graphs = graphs
-    gen = torch.Generator().manual_seed(3)
     for i in range(4):
-        image = torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8,
-                              generator=gen)
-        batch = step_benchmark.view_batch(task.segmentor, image, repo)
+        batch = view_batch()
         assert len(batch.views) == 14
         assert batch.views[batch.main_view].inputs is batch.inputs
         results = []
@@ -272,12 +291,7 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
     assert len(captured.inputs) == 14
     assert captured.inputs[0] is not batch.inputs
     assert method.step == eager.step == 4
-    for a, b in ((method.model, eager.model),
-                 (method.teacher, eager.teacher)):
-        for (name, p), (_, q) in zip(a.named_parameters(),
-                                     b.named_parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7,
-                                       msg=name)
+    assert_same_student_and_teacher(method, eager, rtol=1e-6, atol=1e-7)
     # what a capture needs: nothing in the step waits for the device
     counter = HostSyncCounter()
     with counter:
@@ -305,24 +319,14 @@ def test_cuda_graph_of_segmentation_cotta_equals_its_eager_step(
     student and teacher to float32 rounding after five steps. The restore
     is drawn either way; at probability 0 or 1 its outcome does not depend
     on where the random stream stands."""
-    import argparse
-    import os.path as osp
-
-    from mmseg_stag.analysis import step_benchmark
-    repo = osp.dirname(osp.dirname(osp.dirname(osp.dirname(
-        osp.abspath(__file__)))))
-    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
-    task = step_benchmark.BenchTask('b0', args, 'cuda', repo)
+    task, view_batch = cotta_bench('cuda')
     options = dict(restore_on_device=True, batch_views=True,
                    restore_prob=restore_prob, optimizer=dict(
                        type='Adam', lr=1e-3, capturable=True))
     eager, _ = task.make_method('cotta', stag, **options)
     method, _ = task.make_method('cotta', stag, cuda_graph=True, **options)
-    gen = torch.Generator().manual_seed(3)
     for i in range(5):
-        image = torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8,
-                              generator=gen)
-        batch = step_benchmark.view_batch(task.segmentor, image, repo)
+        batch = view_batch()
         (want, want_stats), (got, got_stats) = (m.adapt(batch)
                                                 for m in (eager, method))
         assert (got.value == want.value).float().mean() > 0.99, i
@@ -330,9 +334,4 @@ def test_cuda_graph_of_segmentation_cotta_equals_its_eager_step(
             assert float(got_stats[key]) == pytest.approx(
                 float(value), rel=1e-3, abs=1e-5), (i, key)
     assert len(method.graphs.graphs) == 1
-    for a, b in ((method.model, eager.model),
-                 (method.teacher, eager.teacher)):
-        for (name, p), (_, q) in zip(a.named_parameters(),
-                                     b.named_parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-5,
-                                       msg=name)
+    assert_same_student_and_teacher(method, eager, rtol=1e-3, atol=1e-5)
