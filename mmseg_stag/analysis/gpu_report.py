@@ -94,6 +94,9 @@ def share_cells(row):
                       if k != 'analytic'),
             ', '.join(f'{k} {v}' for k, v in
                       (row.get('stag_term_kernels') or {}).items()) or '–',
+            ', '.join(f'{k} {v:.3f}' if isinstance(v, float) else
+                      f'{k}: {v}' for k, v in
+                      (row.get('stag_term_graph_ms') or {}).items()) or '–',
             f"{row['stag_memory_share_pct']:+.3f}")
 
 
@@ -118,6 +121,7 @@ def md_step_cost(r):
          'STAG term alone (ms, % of the baseline step)',
          'the term through autograd / compiled (ms)',
          'device ops of one term call (kernels, copies)',
+         'the term replayed as a CUDA graph (ms)',
          'STAG memory share (%)'),
         map(share_cells, r['rows']))
     out.append('')

@@ -418,7 +418,7 @@ def arm_figures(seconds, batch, memory):
 
 
 def cost_row(model, note, batch, name, kind, times, memory, term,
-             kernels=None):
+             kernels=None, graph_term=None):
     """One model x baseline x precision (x MiT mode): both arms' figures
     and STAG's share."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
@@ -437,6 +437,8 @@ def cost_row(model, note, batch, name, kind, times, memory, term,
         stag_term_share_pct=100 * term['analytic'] / base,
         stag_term_variants_ms={k: 1e3 * v for k, v in term.items()},
         stag_term_kernels=kernels,
+        stag_term_graph_ms={k: 1e3 * v if isinstance(v, float) else v
+                            for k, v in (graph_term or {}).items()},
         stag_memory_share_pct=100 * (
             memory[plus][key] / memory[kind][key] - 1),
         memory_key=key)
@@ -447,7 +449,8 @@ def method_cost(ctx, built, kind, save):
     each passed to ``save`` as it is measured."""
     from mmseg_stag.analysis.step_benchmark import (TERM_VARIANTS,
                                                     count_term_kernels,
-                                                    time_stag_term)
+                                                    time_stag_term,
+                                                    time_term_in_graph)
     model, task, note, batch = built
     stag = task.stag[kind]
     if ctx.args.stag_compile:
@@ -469,8 +472,11 @@ def method_cost(ctx, built, kind, save):
                                   variants)
             kernels = count_term_kernels(task, kind, stag, variants) \
                 if ctx.cuda else None
+            graph_term = time_term_in_graph(
+                task, kind, stag, ctx.args.term_repeats, variants) \
+                if ctx.cuda else None
         row = cost_row(model, note, batch, name, kind, times, memory, term,
-                       kernels)
+                       kernels, graph_term)
         rows.append(row)
         save(row)
         print(f"[gpu_check] {model} {kind} {name}: "

@@ -382,10 +382,51 @@ def count_term_kernels(task, kind, stag, variants=None):
     return counts
 
 
-def stag_terms(task, kind, stag, variants=None):
+def time_term_in_graph(task, kind, stag, repeats=10, variants=None):
+    """Median seconds of one replay of the STAG term (forward and backward,
+    as :func:`time_stag_term`) captured as a CUDA graph: the device's own
+    time for the term's kernels, with no launch from the host between
+    them, i.e. what the term adds to a step replayed with
+    ``cuda_graph=True``. ``{label: seconds}``; where a capture fails, the
+    error's text instead (printed)."""
+    out = {}
+    for label, term in stag_terms(task, kind, stag, variants,
+                                  fixed_leaves=True).items():
+        try:
+            out[label] = replay_seconds(term, repeats)
+        except RuntimeError as err:
+            out[label] = f'{type(err).__name__}: {str(err)[:200]}'
+            print(f'STAG term {label} as a CUDA graph: {out[label]}')
+    return out
+
+
+def replay_seconds(run, repeats):
+    """Median CUDA-event seconds of replaying ``run()`` captured as a CUDA
+    graph, after three eager calls on a side stream (the anchors cached,
+    a compiled term compiled, the libraries' workspaces made)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    times = []
+    for _ in range(repeats + 1):
+        with StepTimer(cuda=True) as timer:
+            graph.replay()
+        times.append(timer.seconds)
+    return statistics.median(times[1:])
+
+
+def stag_terms(task, kind, stag, variants=None, fixed_leaves=False):
     """``{label: call}``: one forward and backward of the STAG term of
     ``kind`` (+``stag``) per variant, on the classifier inputs and outputs
-    of one forward of its model (fresh leaves per call)."""
+    of one forward of its model: fresh leaves per call, or (``fixed_leaves``,
+    for a capture) the same leaves, their gradients dropped first so that
+    each backward writes them anew."""
     from mmseg_stag.core import STAGLoss, mean_over_outputs
     from mmseg_stag.core.methods.base import stag_loss_options
     method, _ = task.make_method(kind, stag)
@@ -393,17 +434,28 @@ def stag_terms(task, kind, stag, variants=None):
         head_outputs = task.adapter.forward(method.model,
                                             task.batch).head_outputs
     weight, bias = method.classifier.weight, method.classifier.bias
+    fixed = [(f.detach().clone().requires_grad_(),
+              z.detach().clone().requires_grad_())
+             for f, z in head_outputs] if fixed_leaves else None
 
     def term(loss_fn):
-        leaves = [(f.detach().requires_grad_(), z.detach().requires_grad_())
-                  for f, z in head_outputs]
+        if fixed is None:
+            leaves = [(f.detach().requires_grad_(),
+                       z.detach().requires_grad_()) for f, z in head_outputs]
+        else:
+            leaves = fixed
+            for f, z in leaves:
+                f.grad = z.grad = None
         loss = mean_over_outputs(lambda f, z: loss_fn(f, z, weight, bias),
                                  leaves)
         (method.beta * loss).backward()
 
-    return {label: functools.partial(term, STAGLoss(**dict(
+    calls = {label: functools.partial(term, STAGLoss(**dict(
         stag_loss_options(method.stag_cfg), **options)))
         for label, options in (variants or {'analytic': {}}).items()}
+    for call in calls.values():
+        call.leaves = fixed  # their gradients: the last call's
+    return calls
 
 
 def build_arms(task, kind, skip_reference):

@@ -130,6 +130,28 @@ def test_segmentation_cotta_batched_views_equal_one_at_a_time(monkeypatch):
                                atol=1e-12)
 
 
+def test_stag_term_on_fixed_leaves_writes_its_gradients_anew():
+    """The STAG term as a CUDA graph captures it (the GPU check's
+    ``time_term_in_graph``): the same leaves each call, their gradients
+    written anew by each backward, not added up."""
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
+    calls = step_benchmark.stag_terms(
+        task, 'tent', task.stag['tent'], step_benchmark.TERM_VARIANTS,
+        fixed_leaves=True)
+    grads = []
+    for _ in range(2):
+        calls['analytic']()
+        grads.append([t.grad.clone() for pair in calls['analytic'].leaves
+                      for t in pair])
+    assert all(g.abs().max() > 0 for g in grads[0])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    calls['autograd']()  # the same leaves, autograd's gradients
+    for a, (f, z) in zip(grads[0][::2], calls['autograd'].leaves):
+        torch.testing.assert_close(f.grad, a, rtol=1e-4, atol=1e-9)
+
+
 def test_ecotta_memory_against_tent_and_cotta(monkeypatch, capsys):
     """The CIFAR arms on a thin WRN-28-1 (EcoTTA's K=4 preset of 12
     blocks): two passes each way for EcoTTA, the activations of every
