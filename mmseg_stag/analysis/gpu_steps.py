@@ -449,8 +449,8 @@ def method_cost(ctx, built, kind, save):
     each passed to ``save`` as it is measured."""
     from mmseg_stag.analysis.step_benchmark import (TERM_VARIANTS,
                                                     count_term_kernels,
-                                                    time_stag_term,
-                                                    time_term_in_graph)
+                                                    stag_terms, time_terms,
+                                                    time_terms_in_graph)
     model, task, note, batch = built
     stag = task.stag[kind]
     if ctx.args.stag_compile:
@@ -468,13 +468,14 @@ def method_cost(ctx, built, kind, save):
                     not ctx.args.quick:
                 # compiled once per model and shape (seconds to a minute)
                 variants['compiled'] = dict(compile=True)
-            term = time_stag_term(task, kind, stag, ctx.args.term_repeats,
-                                  variants)
-            kernels = count_term_kernels(task, kind, stag, variants) \
+            # one method and forward for the three measures of the term;
+            # the same leaves each call, as a graph captures them
+            terms = stag_terms(task, kind, stag, variants, fixed_leaves=True)
+            term = time_terms(terms, ctx.args.term_repeats)
+            kernels = count_term_kernels(terms) if ctx.cuda else None
+            graph_term = time_terms_in_graph(terms, ctx.args.term_repeats) \
                 if ctx.cuda else None
-            graph_term = time_term_in_graph(
-                task, kind, stag, ctx.args.term_repeats, variants) \
-                if ctx.cuda else None
+            del terms
         row = cost_row(model, note, batch, name, kind, times, memory, term,
                        kernels, graph_term)
         rows.append(row)

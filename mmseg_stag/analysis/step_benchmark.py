@@ -352,7 +352,11 @@ def time_stag_term(task, kind, stag, repeats=10, variants=None):
     timed in turn on the same outputs (the default label ``'analytic'``
     is the method's loss as configured: on the CPU, autograd unless
     ``analytic_backward=True``). Returns ``{label: seconds}``."""
-    terms = stag_terms(task, kind, stag, variants)
+    return time_terms(stag_terms(task, kind, stag, variants), repeats)
+
+
+def time_terms(terms, repeats=10):
+    """:func:`time_stag_term` of the calls of :func:`stag_terms`."""
     times = {label: [] for label in terms}
     for i in range(repeats + 1):
         for label, term in terms.items():
@@ -363,15 +367,15 @@ def time_stag_term(task, kind, stag, repeats=10, variants=None):
     return {label: statistics.median(t) for label, t in times.items()}
 
 
-def count_term_kernels(task, kind, stag, variants=None):
+def count_term_kernels(terms):
     """Device operations (kernels, copies, fills) one call of the STAG term
-    (forward and backward) launches on a CUDA device, per variant of
-    :func:`time_stag_term` (after a first call: anchors cached, a
-    compiled variant compiled): ``{label: count}``."""
+    (forward and backward) launches on a CUDA device, per call of
+    :func:`stag_terms` (after a first call: anchors cached, a compiled
+    variant compiled): ``{label: count}``."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     counts = {}
-    for label, term in stag_terms(task, kind, stag, variants).items():
+    for label, term in terms.items():
         term()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -382,16 +386,15 @@ def count_term_kernels(task, kind, stag, variants=None):
     return counts
 
 
-def time_term_in_graph(task, kind, stag, repeats=10, variants=None):
-    """Median seconds of one replay of the STAG term (forward and backward,
-    as :func:`time_stag_term`) captured as a CUDA graph: the device's own
+def time_terms_in_graph(terms, repeats=10):
+    """Median seconds of one replay of each call of :func:`stag_terms`
+    (made with ``fixed_leaves``) captured as a CUDA graph: the device's own
     time for the term's kernels, with no launch from the host between
     them, i.e. what the term adds to a step replayed with
     ``cuda_graph=True``. ``{label: seconds}``; where a capture fails, the
     error's text instead (printed)."""
     out = {}
-    for label, term in stag_terms(task, kind, stag, variants,
-                                  fixed_leaves=True).items():
+    for label, term in terms.items():
         try:
             out[label] = replay_seconds(term, repeats)
         except RuntimeError as err:

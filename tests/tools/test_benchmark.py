@@ -132,7 +132,7 @@ def test_segmentation_cotta_batched_views_equal_one_at_a_time(monkeypatch):
 
 def test_stag_term_on_fixed_leaves_writes_its_gradients_anew():
     """The STAG term as a CUDA graph captures it (the GPU check's
-    ``time_term_in_graph``): the same leaves each call, their gradients
+    ``time_terms_in_graph``): the same leaves each call, their gradients
     written anew by each backward, not added up."""
     args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
     task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)

@@ -167,10 +167,9 @@ class BaseMethod:
                 raise ValueError(f'{self.name}: cuda_graph=True needs the '
                                  'model on a CUDA device, its parameters are '
                                  f'on {sorted(devices)}')
-            self.graphs = StepGraphs(
-                self.forward_and_adapt, self.graph_warmup,
-                zero_grad=self.zero_grad, static_batch=adapter.static_batch,
-                graph_inputs=adapter.graph_inputs)
+            self.graphs = StepGraphs(self.forward_and_adapt, adapter,
+                                     self.graph_warmup,
+                                     zero_grad=self.zero_grad)
         self.model, self.adapter = model, adapter
         self.classifier = adapter.classifier(model)
         for p in model.parameters():

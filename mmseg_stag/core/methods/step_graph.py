@@ -53,21 +53,17 @@ class StepGraphs:
     Args:
         step (callable): ``step(batch, beta) -> (prediction, stats)``; beta
             a float or a 0-d device tensor (None without STAG).
+        adapter (TaskAdapter): The task's: its ``static_batch`` (a batch
+            with its input tensors cloned) and ``graph_inputs`` (those
+            tensors, copied into the captured ones before a replay).
         warmup (int): Eager batches per key before the capture. Default: 2.
         zero_grad (callable): Sets the adapted parameters' gradients to
             None before a capture, so that the graph's backward writes
             (not adds) them.
-        static_batch (callable): ``batch -> batch`` with its input tensors
-            cloned (the task adapter's). Default: the inputs cloned.
-        graph_inputs (callable): ``batch -> [tensor, ...]``, the tensors
-            copied before a replay, in the order of ``static_batch``'s
-            (the task adapter's). Default: ``[batch.inputs]``.
     """
 
-    def __init__(self, step: Step, warmup: int = 2,
-                 zero_grad: Optional[Callable[[], None]] = None,
-                 static_batch: Optional[Callable] = None,
-                 graph_inputs: Optional[Callable] = None):
+    def __init__(self, step: Step, adapter, warmup: int = 2,
+                 zero_grad: Optional[Callable[[], None]] = None):
         if warmup < 1:
             raise ValueError(f'cuda_graph warmup must be >= 1 (the '
                              "optimizer's state is made by an eager step), "
@@ -75,9 +71,8 @@ class StepGraphs:
         self.step = step
         self.warmup = int(warmup)
         self.zero_grad = zero_grad or (lambda: None)
-        self.static_batch = static_batch or (lambda batch: dataclasses.replace(
-            batch, inputs=batch.inputs.clone()))
-        self.graph_inputs = graph_inputs or (lambda batch: [batch.inputs])
+        self.static_batch = adapter.static_batch
+        self.graph_inputs = adapter.graph_inputs
         self.graphs: Dict[Hashable, Captured] = {}
         self.eager_steps: Dict[Hashable, int] = {}
         self.stream = None

@@ -50,7 +50,7 @@ def test_a_model_off_the_gpu_and_fp16_are_refused():
     with pytest.raises(ValueError, match='GradScaler'):
         method.use_grad_scaler()
     with pytest.raises(ValueError, match='warmup must be >= 1'):
-        StepGraphs(lambda b, beta: None, warmup=0)
+        StepGraphs(lambda b, beta: None, ADAPTER, warmup=0)
     batch = type('B', (), {'inputs': [torch.zeros(1)]})()
     with pytest.raises(ValueError, match='one tensor, got list'):
         ADAPTER.graph_key(batch)
@@ -127,7 +127,7 @@ def graphed(method, model):
     """``method`` configured on the CPU, then given :class:`StepGraphs`
     with the stand-in capture (``configure`` wants a CUDA model)."""
     configured(method, model)
-    graphs = StepGraphs(method.forward_and_adapt, warmup=2,
+    graphs = StepGraphs(method.forward_and_adapt, ADAPTER, warmup=2,
                         zero_grad=method.zero_grad)
     graphs.captures = []
     graphs.capture = stand_in_capture(method).__get__(graphs)
@@ -264,11 +264,8 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
                    restore_prob=0.3, optimizer=dict(type='SGD', lr=0.5))
     eager, _ = task.make_method('cotta', STAG, **options)
     method, _ = task.make_method('cotta', STAG, **options)
-    adapter = task.adapter
-    graphs = StepGraphs(method.forward_and_adapt, warmup=2,
-                        zero_grad=method.zero_grad,
-                        static_batch=adapter.static_batch,
-                        graph_inputs=adapter.graph_inputs)
+    graphs = StepGraphs(method.forward_and_adapt, task.adapter, warmup=2,
+                        zero_grad=method.zero_grad)
     graphs.captures = []
     graphs.capture = stand_in_capture(method).__get__(graphs)
     method.graphs = graphs
