@@ -123,7 +123,7 @@ def parse_args(argv=None):
                    help='also write the profiles as Chrome traces')
     p.add_argument('--budget', '--budget-min', type=float,
                    default=BUDGET_MIN, help='minutes the whole check may '
-                   'take: the tests get 35 %%, the step-cost pairs what is '
+                   'take: the tests get 40 %%, the step-cost pairs what is '
                    'left after the fixed steps (default: %(default)s)')
     # development only: the pipeline on the CPU with tiny sizes
     p.add_argument('--allow-cpu', action='store_true',
