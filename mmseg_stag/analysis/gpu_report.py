@@ -80,6 +80,13 @@ def md_tests(r):
             for f in r.get('failures', [])]
     out += [f"- `{p['test']}`: {p['name']} = {p['value']}"
             for p in r.get('properties', [])]
+    out += [f'- still running at the limit: `{test}`'
+            for test in r.get('running_at_limit', [])]
+    if r.get('slowest'):
+        out.append('- slowest (setup, call and teardown; '
+                   f"`{r['durations']}` has every test): " + ', '.join(
+                       f"`{t['test']}` {t['seconds']:.1f} s"
+                       for t in r['slowest']))
     return out
 
 

@@ -123,27 +123,31 @@ def run_tests(ctx):
         TimeoutError: If the tests ran past their time limit (the step is
             reported failed, with what had run by then).
     """
-    from mmseg_stag.analysis.pytest_failures import read_failures
+    from mmseg_stag.analysis.pytest_stream import (read_durations,
+                                                   read_failures)
     args = ctx.args
     os.makedirs(args.out_dir, exist_ok=True)
     xml = osp.join(args.out_dir, 'cuda_tests.xml')
     log = osp.join(args.out_dir, 'cuda_tests.log')
     failures = osp.join(args.out_dir, 'cuda_tests_failures.txt')
+    durations = osp.join(args.out_dir, 'cuda_tests_durations.tsv')
     # -v without pytest.ini's -q: one line per test as it ends; each
-    # failure's traceback into its own file at once (pytest_failures)
+    # failure's traceback and each test's time into files at once
+    # (pytest_stream)
     cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
-           'no:cacheprovider', '-p', 'mmseg_stag.analysis.pytest_failures',
+           'no:cacheprovider', '-p', 'mmseg_stag.analysis.pytest_stream',
            '-o', 'addopts=', '-v', '-rfEs', f'--junitxml={xml}',
            *args.test_paths]
     workers = test_workers(args.test_workers)
     if workers > 1:  # pytest-xdist: the tests share the GPU
         cmd[3:3] = ['-n', str(workers), '--dist', 'worksteal']
-    for path in (xml, failures):
+    for path in (xml, failures, durations):
         if osp.exists(path):
             os.remove(path)
     timeout = args.tests_timeout or TESTS_SHARE * 60 * args.budget
     # the repository first on the path (the plugin), the parent's kept
     env = dict(os.environ, GPU_CHECK_FAILURES=failures,
+               GPU_CHECK_DURATIONS=durations,
                PYTHONPATH=os.pathsep.join(
                    [ctx.repo] + [p for p in [os.environ.get('PYTHONPATH')]
                                  if p]))
@@ -158,11 +162,14 @@ def run_tests(ctx):
             code = None
     result = dict(command=' '.join(['python'] + cmd[1:]), returncode=code,
                   log=log, junit=xml, failure_reports=failures,
-                  workers=workers)
+                  durations=durations, workers=workers,
+                  slowest=[dict(test=test, seconds=seconds) for test, seconds
+                           in read_durations(durations)[:SLOWEST]])
     if osp.exists(xml):
         result.update(junit_summary(xml))
     else:  # stopped before pytest wrote it: count the log's verdicts
         result.update(log_summary(log))
+        result['running_at_limit'] = running_tests(log)
         reports = read_failures(failures)
         for failure in result['failures']:
             for test, text in reports.items():
@@ -186,6 +193,8 @@ def run_tests(ctx):
 
 #: the tests' processes where pytest-xdist imports and none are asked for
 TEST_WORKERS = 8
+#: the slowest tests the report names, with their times
+SLOWEST = 10
 
 
 def test_workers(asked):
@@ -243,6 +252,26 @@ def log_summary(path):
                         test=test, kind=verdict.lower(),
                         message='(the run was stopped: see the log)'))
     return out
+
+
+#: a test's node id alone on its line: pytest -v has started it (under
+#: pytest-xdist; without it, the verdict follows on the same line)
+STARTED = re.compile(r'^(\S+::\S+)\s*$')
+
+
+def running_tests(path):
+    """The tests that ``pytest -v``'s log at ``path`` shows started and
+    not ended: those a time limit stopped."""
+    started, ended = [], set()
+    with open(path, errors='replace') as f:
+        for line in f:
+            match = STARTED.match(line)
+            if match:
+                started.append(match.group(1))
+            match = VERDICT.match(line)
+            if match:
+                ended.add(match.group(1) or match.group(4))
+    return [test for test in dict.fromkeys(started) if test not in ended]
 
 
 # --------------------------------------------------------- 2. step cost

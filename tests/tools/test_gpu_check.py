@@ -171,8 +171,15 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
     # its traceback kept though pytest never reached the session's end
     assert 'assert False' in res['failures'][0]['message']
     assert osp.isfile(res['failure_reports'])
+    # each finished test's time kept too, and the one stopped is named
+    assert sorted(t['test'].rsplit('::', 1)[1] for t in res['slowest']) \
+        == ['test_a', 'test_b']
+    assert all(t['seconds'] >= 0 for t in res['slowest'])
+    assert [t.rsplit('::', 1)[1] for t in res['running_at_limit']] == [
+        'test_c']
     text = '\n'.join(gpu_report.md_tests(res))
     assert 'stopped at its time limit' in text
+    assert 'still running at the limit: `' in text and 'slowest' in text
     assert 'test_b`: assert False' in text
 
 
@@ -207,6 +214,24 @@ def test_log_summary_reads_both_verdict_formats(tmp_path):
         == (1, 1, 1, 1)
     assert [f['test'] for f in res['failures']] == [
         'tests/a.py::test_two', 'tests/b.py::test_four[cuda-1]']
+
+
+def test_tests_still_running_in_a_stopped_log(tmp_path):
+    """Started and not ended: under pytest-xdist a test's id alone on its
+    line, then its verdict; without it, the id and a verdict on one line,
+    the last test's id alone when stopped."""
+    xdist, plain = tmp_path / 'xdist', tmp_path / 'plain'
+    xdist.write_text(
+        'tests/a.py::test_one \n'
+        'tests/b.py::test_two[cuda-1] \n'
+        '[gw0] [ 50%] PASSED tests/a.py::test_one \n'
+        'tests/a.py::test_three \n')
+    plain.write_text(
+        'tests/a.py::test_one PASSED                    [ 25%]\n'
+        'tests/a.py::test_two ')
+    assert gpu_steps.running_tests(str(xdist)) == [
+        'tests/b.py::test_two[cuda-1]', 'tests/a.py::test_three']
+    assert gpu_steps.running_tests(str(plain)) == ['tests/a.py::test_two']
 
 
 @pytest.mark.parametrize('name,tf32,dtype', [
