@@ -153,7 +153,7 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
     (tests.parent / 'pytest.ini').write_text('[pytest]\naddopts = -q\n')
     tests.write_text(
         'import time\nimport pytest\n\n\n@pytest.mark.cuda\n'
-        'def test_a():\n    pass\n\n\n@pytest.mark.cuda\n'
+        'def test_a():\n    time.sleep(1.5)\n\n\n@pytest.mark.cuda\n'
         'def test_b():\n    assert False\n\n\n@pytest.mark.cuda\n'
         'def test_c():\n    time.sleep(120)\n')
     saved = []
@@ -179,7 +179,10 @@ def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
         'test_c']
     text = '\n'.join(gpu_report.md_tests(res))
     assert 'stopped at its time limit' in text
-    assert 'still running at the limit: `' in text and 'slowest' in text
+    assert 'still running at the limit: `' in text
+    # the report names the tests of a second or more
+    assert 'slowest' in text and 'test_a` 1.' in text \
+        and 'test_b` ' not in text
     assert 'test_b`: assert False' in text
 
 
