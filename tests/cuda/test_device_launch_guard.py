@@ -25,6 +25,8 @@ MMSEG_TEST_PY = mmseg_test_py()
 #: the refusals: MMEngine's world size is 2 (or tools/test.py read
 #: torchrun's WORLD_SIZE first), or the launch guard found two processes
 SPLIT, MANY = 'cannot be split across 2 ranks', 'was started as 2 processes'
+#: MMEngine's logger on rank 1 of two processes on a 1-GPU machine
+MMENGINE_ONE_GPU = 'in _get_device_id'
 
 
 def cases():
@@ -67,6 +69,14 @@ def test_two_processes_stop_before_the_stream(script, launcher, device,
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log[-3000:]
     expected = (SPLIT, ) if launcher == 'pytorch' else (SPLIT, MANY)
+    if script == 'mmseg' and device == 'cuda' and \
+            torch.cuda.device_count() < 2:
+        # MMSeg's script builds MMEngine's logger before any code of ours
+        # runs; on rank 1 it reads a second GPU (``_get_device_id``) and
+        # raises IndexError on a 1-GPU machine. Whether rank 0 prints our
+        # refusal before torchrun stops it is a race (lost once on an H100,
+        # 2026-11-27, fifth run): either stop is before the stream.
+        expected += (MMENGINE_ONE_GPU, )
     assert any(message in log for message in expected), log[-3000:]
     assert 'Iter(test)' not in log
     assert not glob.glob(osp.join(str(work_dir), '**',
