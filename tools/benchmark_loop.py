@@ -22,14 +22,9 @@ import platform
 import sys
 import tempfile
 
-import torch
-
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
-
-from mmseg_stag.analysis.loop_benchmark import (  # noqa: E402
-    method_config, run_method)
 
 PATTERN = ('configs/stag_acdc/'
            'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
@@ -59,6 +54,10 @@ def parse_args(argv=None):
         parser.error(f'checkpoint file not found: {args.checkpoint}')
     if not osp.isdir(args.data_root):
         parser.error(f'--data-root is not a folder: {args.data_root}')
+    # the paths checked first, before the seconds of importing torch,
+    # MMEngine and MMSeg
+    from mmseg_stag.analysis.loop_benchmark import method_config
+
     # the configs relative to the repository
     args.config_pattern = osp.join(REPO, args.config_pattern)
     for method in args.methods:
@@ -70,6 +69,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    import torch
+
+    from mmseg_stag.analysis.loop_benchmark import run_method
     results = {}
     with tempfile.TemporaryDirectory() as work_root:
         for method in args.methods:

@@ -1,7 +1,8 @@
 """Figure hp_sensitivity through ``tools/analysis/hp_sensitivity.py``: a
 2 x 2 beta0 x gamma grid on a local Ray instance (tools/sweep.py) and the
 baseline, on the first corruption of a tiny CIFAR-C stream; the files'
-numbers against the runs' own results."""
+numbers against the runs' own results. It is also the test of a sweep of
+classification configs (the segmentation ones: tests/tools/test_sweep.py)."""
 import csv
 import json
 import os.path as osp
@@ -53,7 +54,13 @@ def test_grid_baseline_and_figure(tmp_path):
     assert out['baseline'] == base['stages'][0]['score']
     sweep = json.load(open(work / 'sweep' / 'sweep_results.json'))['runs']
     for row in sweep:  # one stage each: the first corruption
-        assert row['stages_done'] == 1
+        assert row['status'] == 'finished' and row['stages_done'] == 1
+        # the sweep of classification configs: each row's accuracy is its
+        # own tools/test.py run's, under the corruption's name
+        with open(work / 'sweep' / 'runs' / row['name'] /
+                  'continual_results.json') as f:
+            assert row['r1 gaussian_noise'] == \
+                json.load(f)['stages'][0]['score']
         point = next(g for g in out['grid']
                      if g['beta0'] == row['test_cfg.method.stag.beta0']
                      and g['gamma'] == row['test_cfg.method.stag.gamma'])
