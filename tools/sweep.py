@@ -311,15 +311,33 @@ def trial_resources(config):
     return tune.PlacementGroupFactory([bundle])
 
 
-def child_env(environ, cpus):
+def child_env(environ, cpus, launcher_variables):
     """The Ray worker's ``environ`` for a run of ``cpus`` CPUs: its
     ``OMP_NUM_THREADS`` those CPUs, no launcher's process counts (the
-    run is one process; the node's ``srun`` step or MPI job is not its)."""
-    from mmseg_stag.engine.launch_guard import LAUNCHER_VARIABLES
-    env = {k: v for k, v in environ.items() if k not in LAUNCHER_VARIABLES}
+    run is one process; the node's ``srun`` step or MPI job is not its):
+    ``launcher_variables``, the names the launch guard reads (given by the
+    driver: see :func:`run_trial`)."""
+    env = {k: v for k, v in environ.items() if k not in launcher_variables}
     # Ray sets it only where unset: a shell's 1 would leave torch 1 thread
     env['OMP_NUM_THREADS'] = str(max(1, int(cpus)))
     return env
+
+
+def partial_reader():
+    """``mmseg_stag.engine.report.read_partial``, loaded by its file path.
+
+    A trial only polls its run's text file; importing the module by name
+    would first import the package, i.e. torch, MMEngine and MMSeg (3.4 s
+    on a 2-core CPU machine, 17 s on a GPU machine with transformers
+    installed) into every trial's Ray worker. ``report.py`` imports only
+    the standard library and numpy at the top (the sweep's tests load it
+    so)."""
+    import importlib.util
+    path = osp.join(REPO, 'mmseg_stag', 'engine', 'report.py')
+    spec = importlib.util.spec_from_file_location('_sweep_report', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.read_partial
 
 
 # -- one run (inside a Ray worker) --------------------------------------
@@ -334,10 +352,12 @@ def die_with_parent():
 
 def run_trial(config):
     """Ray Tune trial: one ``tools/test.py`` run, each finished stage
-    reported (its score, mIoU or accuracy, and the mean so far)."""
+    reported (its score, mIoU or accuracy, and the mean so far). It
+    imports nothing of the package (values the driver computed come in
+    ``config``: the worker is not burdened with torch)."""
     from ray import tune
 
-    from mmseg_stag.engine.report import read_partial
+    read_partial = partial_reader()
     run, options, resume = config['run'], config['options'], config['resume']
     os.makedirs(run['work_dir'], exist_ok=True)
     cmd = [sys.executable, TEST_PY, run['config'], run['checkpoint'],
@@ -354,7 +374,8 @@ def run_trial(config):
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=REPO, preexec_fn=die_with_parent,
-                                env=child_env(os.environ, run['cpus']))
+                                env=child_env(os.environ, run['cpus'],
+                                              config['launcher_variables']))
     with open(osp.join(run['work_dir'], 'pid'), 'w') as f:
         f.write(str(proc.pid))
     reported, values = 0, []
@@ -420,6 +441,7 @@ def main(argv=None):
     runs = expand_runs(args)
     check_runs(runs, args)
     check_address(args.address)
+    from mmseg_stag.engine.launch_guard import LAUNCHER_VARIABLES
     try:
         import ray
         from ray import tune
@@ -447,7 +469,8 @@ def main(argv=None):
     tuner = tune.Tuner(
         tune.with_resources(run_trial, trial_resources),
         param_space=dict(run=tune.grid_search(runs),
-                         options=args.cfg_options, resume=args.resume),
+                         options=args.cfg_options, resume=args.resume,
+                         launcher_variables=list(LAUNCHER_VARIABLES)),
         tune_config=tune.TuneConfig(
             metric='score', mode='max', scheduler=scheduler,
             max_concurrent_trials=args.max_concurrent or None,

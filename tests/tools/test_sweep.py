@@ -196,10 +196,33 @@ def test_the_run_gets_its_cpus_as_omp_threads_and_is_one_process(
     monkeypatch.setenv('SLURM_JOB_ID', '7')
     run = dict(name='r', config='c.py', checkpoint='k.pth', seed=0,
                overrides={}, work_dir=str(tmp_path / 'r'), cpus=3, gpus=1)
-    sweep.run_trial(dict(run=run, options=[], resume=False))
+    from mmseg_stag.engine.launch_guard import (LAUNCHER_VARIABLES,
+                                                check_single_process)
+    sweep.run_trial(dict(run=run, options=[], resume=False,
+                         launcher_variables=list(LAUNCHER_VARIABLES)))
     assert seen['OMP_NUM_THREADS'] == '3'
     assert 'SLURM_STEP_NUM_TASKS' not in seen and 'SLURM_PROCID' not in seen
     assert seen['SLURM_JOB_ID'] == '7'  # everything else is inherited
-    from mmseg_stag.engine.launch_guard import check_single_process
     check_single_process(1, seen)  # the run's own guard lets it through
-    assert sweep.child_env({}, 0.5)['OMP_NUM_THREADS'] == '1'
+    assert sweep.child_env({}, 0.5, ())['OMP_NUM_THREADS'] == '1'
+
+
+def test_a_trial_reads_the_partial_results_without_the_package(tmp_path):
+    """The trial's reader is the report's own ``read_partial`` (loaded
+    by its path, so the Ray worker imports no torch): whole lines up to a
+    cut one."""
+    code = (
+        'import sys, runpy\n'
+        f'sweep = runpy.run_path({SWEEP!r})\n'
+        'read = sweep["partial_reader"]()\n'
+        f'print(len(read({str(tmp_path)!r})))\n'
+        'print(sorted(m for m in ("torch", "mmengine", "mmseg_stag")'
+        ' if m in sys.modules))\n')
+    from mmseg_stag.engine.report import PARTIAL_FILE, read_partial
+    (tmp_path / PARTIAL_FILE).write_text(
+        '{"score": 1.5, "condition": "fog"}\n{"score": 2}\n{"sco')
+    proc = run_quick([sys.executable, '-c', code])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split('\n')[:2] == ['2', '[]']
+    assert read_partial(str(tmp_path)) == [
+        {'score': 1.5, 'condition': 'fog'}, {'score': 2}]
