@@ -353,8 +353,9 @@ def die_with_parent():
 def run_trial(config):
     """Ray Tune trial: one ``tools/test.py`` run, each finished stage
     reported (its score, mIoU or accuracy, and the mean so far). It
-    imports nothing of the package (values the driver computed come in
-    ``config``: the worker is not burdened with torch)."""
+    imports nothing of the package: what it needs of it comes in
+    ``config`` (the launchers' variables) or by path
+    (:func:`partial_reader`)."""
     from ray import tune
 
     read_partial = partial_reader()
