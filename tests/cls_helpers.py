@@ -11,7 +11,6 @@ test modules import no other test module. The fixtures (``stream``,
 ``tests/classification/conftest.py``."""
 import json
 import os.path as osp
-import subprocess
 import sys
 
 import torch
@@ -20,6 +19,7 @@ import torch
 #: run in the tests' process; returns the run's results
 from run_helpers import killable_config  # noqa: F401
 from run_helpers import run_config as run  # noqa: F401
+import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: the real classification configs (``.format(method)``)
@@ -54,9 +54,9 @@ def options(root, names, batch_size=16, scenario=None, n_examples=40,
 
 def run_tool(*args, env=None):
     """``tools/test.py ARGS`` in a process of its own."""
-    return subprocess.run([sys.executable, osp.join(REPO, 'tools/test.py'),
-                           *args], capture_output=True, text=True, cwd=REPO,
-                          env=env)
+    return tool_runs.run([sys.executable, osp.join(REPO, 'tools/test.py'),
+                          *args], capture_output=True, text=True, cwd=REPO,
+                         env=env)
 
 
 def assert_same_run(whole, cut):

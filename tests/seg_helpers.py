@@ -147,10 +147,11 @@ def run_script(cmd, cwd, timeout=300, **env):
     """Run a script on the CPU with one thread: fast on a shared machine,
     and two runs of the same stream give the same numbers."""
     import os
-    import subprocess
+
+    import tool_runs
     env = dict(os.environ, OMP_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='',
                **env)
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
+    return tool_runs.run(cmd, capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout)
 
 

@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import os.path as osp
-import subprocess
 import sys
 import uuid
 
@@ -21,6 +20,7 @@ from cls_helpers import options
 from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
                          python_path, tiny_options)
+import tool_runs
 
 #: the device parameter: the CPU always, CUDA where there is one
 DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]
@@ -175,8 +175,8 @@ def run_command(cmd, device: str, timeout=600, **env):
     full_env.update(env)
     if device == 'cpu':
         full_env['CUDA_VISIBLE_DEVICES'] = ''
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                          env=full_env, timeout=timeout)
+    return tool_runs.run(cmd, capture_output=True, text=True, cwd=REPO,
+                         env=full_env, timeout=timeout)
 
 
 def run_tool(args, device: str, timeout=600, **env):

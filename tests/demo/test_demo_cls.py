@@ -6,7 +6,6 @@ STAG selection and the table."""
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
 
 import numpy as np
@@ -18,6 +17,7 @@ from demo_data.cls_data import (corrupt_images, split_train_test,
                                 write_corrupted_set)
 from demo_data.cls_train import random_shift, train_classifier
 from mmseg_stag.classification import CIFARC, SmallCNN, to_uint8_chw
+import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -81,7 +81,7 @@ ARGS = ['--n-test', '30', '--nets', 'bn', '--scenarios', 'mild',
 
 
 def run_demo(work_dir):
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
          str(work_dir)] + ARGS, capture_output=True, text=True, cwd=REPO,
         env=ENV)
@@ -136,7 +136,7 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
 def test_reduced_demo_cls_runs_ecotta_from_its_warm_up(tmp_path):
     """The continual setting's EcoTTA rows: the meta networks are warmed
     up on the clean training digits first (cached), then the stream."""
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
          str(tmp_path), '--n-test', '30', '--nets', 'bn', '--scenarios',
          'continual', '--methods', 'ecotta', '--epochs', '1',
@@ -161,7 +161,7 @@ def test_demo_cls_rejects_bad_options(tmp_path):
                          (['--epochs', '0'], '--epochs'),
                          (['--warmup-epochs', '0'], '--warmup-epochs'),
                          (['--gamma-grid', '0'], '--gamma-grid')):
-        proc = subprocess.run(
+        proc = tool_runs.run(
             [sys.executable, osp.join(REPO, 'tools/demo_cls.py'),
              '--work-dir', str(tmp_path)] + bad,
             capture_output=True, text=True, cwd=REPO)
@@ -178,7 +178,7 @@ def test_reduced_demo_cls_hard_scenarios(tmp_path):
     from mmengine.config import Config
 
     from mmseg_stag.classification import CorruptionStream
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
          str(tmp_path), '--n-test', '30', '--nets', 'gn', '--scenarios',
          'label-shift', 'bs1', '--methods', 'tent', 'eata', '--epochs', '1',

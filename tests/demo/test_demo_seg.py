@@ -3,10 +3,10 @@ benchmark, a trained source model and the online runs through the same
 scripts, end to end."""
 import json
 import os.path as osp
-import subprocess
 import sys
 
 from recorded import ENV, check_or_record
+import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -22,8 +22,8 @@ def test_reduced_demo_end_to_end(tmp_path):
            '--methods', 'source', 'tent', 'tent-stag', 'hybrid-tta-stag',
            '--beta-grid', '100',
            '--log-interval', '4']
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                          env=ENV)
+    proc = tool_runs.run(cmd, capture_output=True, text=True, cwd=REPO,
+                         env=ENV)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((work / 'demo_summary.json').read_text())
     methods = ('source', 'tent', 'tent-stag', 'hybrid-tta-stag')

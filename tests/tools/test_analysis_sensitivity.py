@@ -6,13 +6,13 @@ classification configs (the segmentation ones: tests/tools/test_sweep.py)."""
 import csv
 import json
 import os.path as osp
-import subprocess
 import sys
 
 import pytest
 
 from cls_helpers import tiny_cifar_c
 from seg_helpers import REPO
+import tool_runs
 
 pytest.importorskip('ray', reason='the sweep extra: pip install -e '
                     "'.[sweep]'")
@@ -38,7 +38,7 @@ def tiny_setup(tmp_path):
 def test_grid_baseline_and_figure(tmp_path):
     config, ckpt = tiny_setup(tmp_path)
     work = tmp_path / 'sens'
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, TOOL, config, ckpt, '--beta-grid', '1', '10',
          '--gamma-grid', '2', '20', '--optimum', '10', '20', '--num-cpus',
          '2', '--work-dir', str(work)], cwd=REPO, capture_output=True,
@@ -76,7 +76,7 @@ def test_config_without_stag_is_refused(tmp_path):
     plain = tmp_path / 'plain.py'
     plain.write_text(f"_base_ = [{config!r}]\n"
                      "test_cfg = dict(method=dict(stag=None))\n")
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, TOOL, str(plain), ckpt, '--beta-grid', '1',
          '--gamma-grid', '2', '--work-dir', str(tmp_path / 'w')], cwd=REPO,
         capture_output=True, text=True)

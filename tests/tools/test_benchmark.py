@@ -4,7 +4,6 @@ steps and arms (mmseg_stag.analysis.step_benchmark) and meters
 import argparse
 import json
 import os.path as osp
-import subprocess
 import sys
 
 import pytest
@@ -13,13 +12,14 @@ import torch
 from mmseg_stag.analysis import meters, step_benchmark
 from mmseg_stag.segmentation.methods.cotta import \
     view_probabilities as original_view_probabilities
+import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 def test_benchmark_counts_passes(tmp_path):
     out = tmp_path / 'bench.json'
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
          'b0', '--size', '64', '32', '--steps', '2', '--warmup', '0',
          '--out', str(out)], capture_output=True, text=True, cwd=REPO)
@@ -45,7 +45,7 @@ def test_benchmark_counts_passes(tmp_path):
 
 def test_benchmark_classification_arms(tmp_path):
     out = tmp_path / 'bench.json'
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
          'resnet50', '--cls-size', '32', '--batch-size', '2', '--steps',
          '1', '--warmup', '0', '--out', str(out)],
@@ -243,7 +243,7 @@ def test_saved_for_backward_counts_distinct_storages():
 
 def test_benchmark_under_bf16_autocast(tmp_path):
     out = tmp_path / 'bench.json'
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
          'b0', '--methods', 'tent', '--size', '64', '32', '--steps', '1',
          '--warmup', '0', '--skip-reference', '--mixed-precision', 'bf16',
@@ -290,7 +290,7 @@ def test_benchmark_on_cuda(tmp_path):
         torch.ones(1000, device='cuda').sum()
     assert timer.cuda and timer.seconds > 0
     out = tmp_path / 'bench.json'
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
          'b0', '--methods', 'tent', '--size', '128', '64', '--steps', '2',
          '--warmup', '1', '--out', str(out)], capture_output=True,
@@ -312,7 +312,7 @@ def test_benchmark_hybrid_tta_beside_tent_and_cotta(tmp_path):
     cmd = [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
            'b0', '--methods', 'tent', 'cotta', 'hybrid_tta', '--steps', '1',
            '--warmup', '0', '--skip-reference', '--out', str(out)]
-    proc = subprocess.run(cmd + ['--size', '128', '64'], capture_output=True,
+    proc = tool_runs.run(cmd + ['--size', '128', '64'], capture_output=True,
                           text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())['models']['b0']
@@ -325,14 +325,14 @@ def test_benchmark_hybrid_tta_beside_tent_and_cotta(tmp_path):
                     res[kind][arm]['backwards']) == (1, 1)
             assert res[kind][arm]['peak_mb'] > 0
         assert res[kind]['stag_time_ratio']['median'] > 0
-    proc = subprocess.run(cmd + ['--size', '960', '540'],
+    proc = tool_runs.run(cmd + ['--size', '960', '540'],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert 'multiples of 32' in proc.stderr
 
 
 def test_benchmark_refuses_a_size_too_small_for_cottas_views(tmp_path):
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/benchmark.py'), '--models',
          'b0', '--methods', 'cotta', '--size', '64', '32', '--out',
          str(tmp_path / 'b.json')], capture_output=True, text=True, cwd=REPO)

@@ -6,7 +6,6 @@ precision switch on their own. No timing is asserted."""
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
 import time
 from types import SimpleNamespace
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from mmseg_stag.analysis import gpu_report, gpu_steps
+import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -23,7 +23,7 @@ def run_gpu_check(*args):
     """The tool in a process of its own with CUDA hidden (the CPU path on
     any machine)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1')
-    return subprocess.run(
+    return tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools/gpu_check.py'), *args],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
+import tool_runs
 
 ray = pytest.importorskip('ray', reason='the sweep extra: pip install -e '
                           "'.[sweep]' (tools/install_env.sh installs it)")
@@ -79,7 +80,7 @@ def test_sweep_on_local_ray_with_a_killed_run(tiny_acdc, tiny_checkpoint,
 
 
 def run_quick(cmd):
-    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True,
+    return tool_runs.run(cmd, cwd=REPO, env=env(), capture_output=True,
                           text=True, timeout=300)
 
 

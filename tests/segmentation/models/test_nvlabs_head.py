@@ -3,7 +3,6 @@ converter (``tools/convert_nvlabs_segformer.py``)."""
 import copy
 import importlib.util
 import os.path as osp
-import subprocess
 import sys
 
 import pytest
@@ -21,6 +20,7 @@ from mmseg_stag.segmentation.models import (NVSegformerHead,
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import (NVLABS_SEG_CFG, REPO, build_from_config,
                          build_segmentor, mit_backbone, tiny_options)
+import tool_runs
 
 NUM_CLASSES = 5
 EMBED = 12  # embedding_dim (768 for B5)
@@ -433,7 +433,7 @@ def test_cli_subprocess(tmp_path):
     nv = nvlabs_state_dict()
     src, dst = tmp_path / 'nv.pth', tmp_path / 'mm.pth'
     torch.save({'state_dict': nv}, src)
-    proc = subprocess.run(
+    proc = tool_runs.run(
         [sys.executable, osp.join(REPO, 'tools',
                                   'convert_nvlabs_segformer.py'),
          str(src), str(dst)],

@@ -1,0 +1,92 @@
+"""``tool_runs.run``: a script run as a fork of the pre-imported server is
+the process ``python SCRIPT ARGS`` would be, as the real subprocess shows."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tool_runs
+
+PROBE = '''\
+import json, os, sys
+if sys.argv[1] == 'crash':
+    raise RuntimeError('probe crashed')
+if sys.argv[1] == 'refuse':
+    raise SystemExit('error: probe refused')
+if sys.argv[1] == 'kill':
+    os.kill(os.getpid(), 9)
+if sys.argv[1] == 'sleep':
+    import time
+    time.sleep(60)
+print(json.dumps(dict(
+    argv=sys.argv, path=sys.path, cwd=os.getcwd(), name=__name__,
+    file=__file__, stdin=sys.stdin.read(), probe=os.environ.get('MMSEG_STAG_PROBE'),
+    kill=os.environ.get('KILL_AT_STAGE'),
+    ours='mmseg_stag' in sys.modules, helper=__import__('helper').VALUE)))
+print('to stderr', file=sys.stderr)
+sys.exit(int(sys.argv[2]))
+'''
+
+
+@pytest.fixture
+def probe(tmp_path):
+    (tmp_path / 'bin').mkdir()
+    (tmp_path / 'lib').mkdir()
+    (tmp_path / 'bin' / 'probe.py').write_text(PROBE)
+    (tmp_path / 'lib' / 'helper.py').write_text('VALUE = 7\n')
+    return tmp_path
+
+
+def both(probe, *args, **env):
+    """The probe through the server and as a real subprocess."""
+    env = dict(os.environ, PYTHONPATH='lib', MMSEG_STAG_PROBE='x', **env)
+    cmd = [sys.executable, 'bin/probe.py', *args]
+    kwargs = dict(cwd=str(probe), env=env, capture_output=True, text=True,
+                  timeout=60)
+    forked = tool_runs.run(cmd, **kwargs)
+    real = subprocess.run(cmd, **kwargs)
+    return forked, real
+
+
+def test_a_forked_run_is_the_process_python_would_start(probe):
+    forked, real = both(probe, 'ok', '3', KILL_AT_STAGE='1,2')
+    assert real.returncode == forked.returncode == 3
+    assert json.loads(forked.stdout) == json.loads(real.stdout) == dict(
+        json.loads(real.stdout), argv=['bin/probe.py', 'ok', '3'],
+        cwd=str(probe), name='__main__', stdin='', probe='x', kill='1,2',
+        ours=False, helper=7)
+    assert forked.stderr == real.stderr == 'to stderr\n'
+    # the run went through a server: the probe's pid is not a child's
+    assert tool_runs._SERVERS
+
+
+@pytest.mark.parametrize('how, code, message', [
+    ('crash', 1, 'RuntimeError: probe crashed'),
+    ('refuse', 1, 'error: probe refused'),
+    ('kill', -9, '')])
+def test_failures_read_as_from_a_real_process(probe, how, code, message):
+    forked, real = both(probe, how)
+    assert forked.returncode == real.returncode == code
+    assert message in forked.stderr and message in real.stderr
+
+
+def test_timeout_kills_the_run(probe):
+    with pytest.raises(subprocess.TimeoutExpired):
+        tool_runs.run([sys.executable, str(probe / 'bin' / 'probe.py'),
+                       'sleep'], capture_output=True, text=True, timeout=1)
+
+
+def test_what_could_differ_runs_as_a_real_subprocess(probe):
+    """Another thread count (read when OpenMP loads) gets a server of its
+    own; a PYTHONPATH that shadows a preloaded module, a real process."""
+    one = tool_runs.import_time_env(dict(os.environ, OMP_NUM_THREADS='1'))
+    two = tool_runs.import_time_env(dict(os.environ, OMP_NUM_THREADS='2'))
+    assert one != two
+    assert one == tool_runs.import_time_env(dict(
+        os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',
+        KILL_AT_STAGE='3,1', CUDA_VISIBLE_DEVICES=''))
+    (probe / 'lib' / 'yaml.py').write_text('raise ImportError("shadow")\n')
+    assert tool_runs.shadows([str(probe / 'lib')], {'yaml'})
+    assert not tool_runs.shadows([str(probe / 'bin')], {'yaml'})
