@@ -365,7 +365,10 @@ def main(argv=None):
     import torch
 
     import mmseg_stag  # noqa: F401  (registers the methods, STAGLoss)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    # two threads where the machine has them, unless OMP_NUM_THREADS says
+    # otherwise (the tests run it with one beside another test process)
+    torch.set_num_threads(int(os.environ.get(
+        'OMP_NUM_THREADS', max(1, min(2, os.cpu_count() or 1)))))
     os.makedirs(args.work_dir, exist_ok=True)
     start = time.time()
 
