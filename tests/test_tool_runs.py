@@ -24,7 +24,8 @@ print(json.dumps(dict(
     argv=sys.argv, path=sys.path, cwd=os.getcwd(), name=__name__,
     file=__file__, stdin=sys.stdin.read(), probe=os.environ.get('MMSEG_STAG_PROBE'),
     kill=os.environ.get('KILL_AT_STAGE'),
-    ours='mmseg_stag' in sys.modules, helper=__import__('helper').VALUE)))
+    ours='mmseg_stag' in sys.modules, helper=__import__('helper').VALUE,
+    parent=os.getppid())))
 print('to stderr', file=sys.stderr)
 sys.exit(int(sys.argv[2]))
 '''
@@ -51,15 +52,16 @@ def both(probe, *args, **env):
 
 
 def test_a_forked_run_is_the_process_python_would_start(probe):
-    forked, real = both(probe, 'ok', '3', KILL_AT_STAGE='1,2')
-    assert real.returncode == forked.returncode == 3
-    assert json.loads(forked.stdout) == json.loads(real.stdout) == dict(
-        json.loads(real.stdout), argv=['bin/probe.py', 'ok', '3'],
-        cwd=str(probe), name='__main__', stdin='', probe='x', kill='1,2',
-        ours=False, helper=7)
-    assert forked.stderr == real.stderr == 'to stderr\n'
-    # the run went through a server: the probe's pid is not a child's
-    assert tool_runs._SERVERS
+    forked_run, real_run = both(probe, 'ok', '3', KILL_AT_STAGE='1,2')
+    assert real_run.returncode == forked_run.returncode == 3
+    assert forked_run.stderr == real_run.stderr == 'to stderr\n'
+    forked, real = json.loads(forked_run.stdout), json.loads(real_run.stdout)
+    # started by the server, not by this process
+    assert real.pop('parent') == os.getpid() != forked.pop('parent')
+    assert forked == real == dict(
+        real, argv=['bin/probe.py', 'ok', '3'], cwd=str(probe),
+        name='__main__', stdin='', probe='x', kill='1,2', ours=False,
+        helper=7)
 
 
 @pytest.mark.parametrize('how, code, message', [
@@ -76,6 +78,26 @@ def test_timeout_kills_the_run(probe):
     with pytest.raises(subprocess.TimeoutExpired):
         tool_runs.run([sys.executable, str(probe / 'bin' / 'probe.py'),
                        'sleep'], capture_output=True, text=True, timeout=1)
+
+
+def test_a_server_whose_forks_cannot_use_cuda_is_not_used(probe,
+                                                          monkeypatch):
+    """Nor any with ``MMSEG_STAG_TESTS_FORK=0``."""
+    env = dict(os.environ, PYTHONPATH='lib')
+    server = tool_runs._server(env)
+    assert server.fork_safe  # this machine: the preloading starts no CUDA
+
+    def parent():
+        done = tool_runs.run([sys.executable, 'bin/probe.py', 'ok', '0'],
+                             cwd=str(probe), env=env, capture_output=True,
+                             text=True)
+        return json.loads(done.stdout)['parent']
+    assert parent() != os.getpid()
+    monkeypatch.setattr(server, 'fork_safe', False)
+    assert parent() == os.getpid()
+    monkeypatch.setattr(server, 'fork_safe', True)
+    monkeypatch.setenv('MMSEG_STAG_TESTS_FORK', '0')  # all real processes
+    assert parent() == os.getpid()
 
 
 def test_what_could_differ_runs_as_a_real_subprocess(probe):

@@ -7,9 +7,10 @@ and serves the runs whose environment differs from it only in variables
 that the preloaded modules do not read (:data:`RUN_TIME_VARIABLES`); a test
 process keeps a few. A run goes through one only if it is a plain
 ``[sys.executable, 'x.py', ...]`` with captured text output and no input,
-and its ``PYTHONPATH`` shadows no preloaded module; anything else runs as a
-real subprocess, as does everything when ``MMSEG_STAG_TESTS_FORK=0``. The
-saving: ~3 s of imports per tool run (docs/tests.md).
+its ``PYTHONPATH`` shadows no preloaded module, and the preloading did
+not start the CUDA driver (a fork could not use CUDA); anything else runs
+as a real subprocess, as does everything when ``MMSEG_STAG_TESTS_FORK=0``.
+The saving: ~3 s of imports per tool run (docs/tests.md).
 """
 import atexit
 import collections
@@ -66,7 +67,9 @@ class _Server:
             [sys.executable, SERVER], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self.log, env=env, text=True,
             cwd=osp.dirname(SERVER))
-        self.modules = set(self._reply()['modules'])
+        hello = self._reply()
+        self.modules, self.fork_safe = set(hello['modules']), \
+            hello['fork_safe']
 
     def close(self):
         if self.proc.poll() is None:
@@ -146,7 +149,7 @@ def run(cmd, *, cwd=None, env=None, timeout=None, capture_output=False,
         cwd = osp.abspath(cwd or os.getcwd())
         path = [osp.join(cwd, p)
                 for p in env.get('PYTHONPATH', '').split(os.pathsep) if p]
-        if shadows(path, server.modules):
+        if not server.fork_safe or shadows(path, server.modules):
             server = None
     if server is None:
         return subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout,

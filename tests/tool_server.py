@@ -12,8 +12,9 @@ environment are the request's, and it imports everything else itself
 (``mmseg_stag`` included: registration through ``custom_imports`` is what
 it always is). :mod:`tool_runs` sends here only what that holds for.
 
-Protocol (one JSON object per line): first ``{"modules": [...]}``, the
-top-level modules loaded; then per request ``{"argv", "cwd", "env",
+Protocol (one JSON object per line): first ``{"modules": [...],
+"fork_safe": ...}``, the top-level modules loaded and whether a fork can
+use CUDA (false if the preloading started the CUDA driver); then per request ``{"argv", "cwd", "env",
 "stdout", "stderr"}`` (the last two: files that take the streams); the
 replies ``{"pid": PID}`` when the child starts and ``{"rc": CODE}`` when it
 ended (``-N`` for a signal, as ``subprocess`` reports it).
@@ -34,6 +35,21 @@ def base_path():
     extra = {os.path.abspath(p) for p in
              os.environ.get('PYTHONPATH', '').split(os.pathsep) if p}
     return [p for p in sys.path[1:] if os.path.abspath(p) not in extra]
+
+
+def cuda_driver_started() -> bool:
+    """Whether this process has initialised the CUDA driver: a forked child
+    of it could not use CUDA. (``torch.cuda.is_available()`` can do that
+    without starting torch's CUDA state; ``cuDeviceGetCount`` answers
+    CUDA_ERROR_NOT_INITIALIZED = 3 before ``cuInit``.)"""
+    import ctypes
+    try:
+        driver = ctypes.CDLL('libcuda.so.1',
+                             mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False  # not even loaded
+    count = ctypes.c_int()
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != 3
 
 
 def reply(message):
@@ -95,10 +111,14 @@ def run_main(path):
 
 if __name__ == '__main__':
     import importlib
+    # a CUDA check while preloading asks NVML, not the driver (the forks
+    # get the run's own environment back)
+    os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'
     for name in PRELOAD:
         importlib.import_module(name)
     PATH = base_path()
-    reply(dict(modules=sorted({m.split('.')[0] for m in sys.modules})))
+    reply(dict(modules=sorted({m.split('.')[0] for m in sys.modules}),
+               fork_safe=not cuda_driver_started()))
     REQUEST = serve()
     if REQUEST is None:
         sys.exit(0)
