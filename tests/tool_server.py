@@ -3,6 +3,7 @@ runs a test's ``python tools/<script>.py ...`` in a forked child.
 
 Started by :mod:`tool_runs` (one per environment). Importing those three
 takes ~3.2 s of the ~3.4 s a tool spends before its first line of work;
+a run then imports ``torch._dynamo`` and pyplot (~1.4 s), preloaded too;
 the suite starts ~100 tool processes. A fork of this process is a fresh
 process (own pid, memory, exit status, ``atexit`` handlers, interpreter
 finalisation) that has these modules loaded; the script then runs exactly
@@ -26,7 +27,10 @@ import sys
 #: what the tools import before their work; never ``mmseg_stag`` nor any
 #: package a test hides (ray, mmseg's absence is tested in real processes)
 PRELOAD = ('torch', 'mmengine.runner', 'mmengine.optim', 'mmseg.models',
-           'mmseg.datasets', 'mmseg.evaluation', 'mmseg.visualization')
+           'mmseg.datasets', 'mmseg.evaluation', 'mmseg.visualization',
+           # what every run imports later: torch.optim's first optimizer
+           # imports dynamo, MMEngine's visualizer pyplot (~1.4 s a run)
+           'torch._dynamo', 'matplotlib.pyplot')
 
 
 def base_path():
