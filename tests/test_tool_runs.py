@@ -101,14 +101,16 @@ def test_a_server_whose_forks_cannot_use_cuda_is_not_used(probe,
 
 
 def test_what_could_differ_runs_as_a_real_subprocess(probe):
-    """Another thread count (read when OpenMP loads) gets a server of its
-    own; a PYTHONPATH that shadows a preloaded module, a real process."""
-    one = tool_runs.import_time_env(dict(os.environ, OMP_NUM_THREADS='1'))
-    two = tool_runs.import_time_env(dict(os.environ, OMP_NUM_THREADS='2'))
-    assert one != two
-    assert one == tool_runs.import_time_env(dict(
-        os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',
-        KILL_AT_STAGE='3,1', CUDA_VISIBLE_DEVICES=''))
+    """Another thread count (read when OpenMP loads) or CUDA_VISIBLE_DEVICES
+    gets a server of its own; a PYTHONPATH that shadows a preloaded module,
+    a real process."""
+    key = tool_runs.import_time_env
+    base = dict(PATH='/bin', OMP_NUM_THREADS='1')
+    assert key(base) != key(dict(base, OMP_NUM_THREADS='2'))
+    assert key(base) == key(dict(base, MKL_NUM_THREADS='1',
+                                 KILL_AT_STAGE='3,1', PYTHONPATH='lib'))
+    # MMCV keeps whether CUDA was available when it was imported
+    assert key(base) != key(dict(base, CUDA_VISIBLE_DEVICES=''))
     (probe / 'lib' / 'yaml.py').write_text('raise ImportError("shadow")\n')
     assert tool_runs.shadows([str(probe / 'lib')], {'yaml'})
     assert not tool_runs.shadows([str(probe / 'bin')], {'yaml'})

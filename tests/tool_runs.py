@@ -25,10 +25,11 @@ import tempfile
 import time
 
 SERVER = osp.join(osp.dirname(osp.abspath(__file__)), 'tool_server.py')
-#: read at run time only, by code the server has not imported (CUDA's is
-#: read when CUDA starts; PYTHONPATH the child applies itself)
-RUN_TIME_VARIABLES = ('KILL_AT_STAGE', 'CUDA_VISIBLE_DEVICES', 'PYTHONPATH',
-                      'PYTHONUNBUFFERED', 'RAY_DEDUP_LOGS', 'LOCAL_RANK')
+#: read at run time only, by code the server has not imported (PYTHONPATH
+#: the child applies itself). Not CUDA_VISIBLE_DEVICES: importing MMCV asks
+#: whether CUDA is available and keeps the answer
+RUN_TIME_VARIABLES = ('KILL_AT_STAGE', 'PYTHONPATH', 'PYTHONUNBUFFERED',
+                      'RAY_DEDUP_LOGS', 'LOCAL_RANK')
 RUN_TIME_PREFIXES = ('PYTEST_', 'MMSEG_STAG_', 'GPU_CHECK_')
 #: servers kept per test process (each holds ~0.5 GB)
 MAX_SERVERS = 3
