@@ -366,9 +366,14 @@ def main(argv=None):
 
     import mmseg_stag  # noqa: F401  (registers the methods, STAGLoss)
     # two threads where the machine has them, unless OMP_NUM_THREADS says
-    # otherwise (the tests run it with one beside another test process)
-    torch.set_num_threads(int(os.environ.get(
-        'OMP_NUM_THREADS', max(1, min(2, os.cpu_count() or 1)))))
+    # otherwise (the tests run it with one beside another test process);
+    # empty counts as unset, as for OpenMP
+    threads = os.environ.get('OMP_NUM_THREADS') or \
+        str(max(1, min(2, os.cpu_count() or 1)))
+    if not threads.isdigit() or int(threads) < 1:
+        raise SystemExit(f'error: OMP_NUM_THREADS={threads!r} is not a '
+                         'positive integer')
+    torch.set_num_threads(int(threads))
     os.makedirs(args.work_dir, exist_ok=True)
     start = time.time()
 

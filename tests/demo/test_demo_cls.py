@@ -6,6 +6,7 @@ STAG selection and the table."""
 import json
 import os
 import os.path as osp
+import subprocess
 import sys
 
 import numpy as np
@@ -167,6 +168,15 @@ def test_demo_cls_rejects_bad_options(tmp_path):
             capture_output=True, text=True, cwd=REPO)
         assert proc.returncode == 2 and message in proc.stderr, bad
     assert not os.listdir(tmp_path)  # nothing written
+    # a thread count that is no number: said before anything is written
+    # (a real process: no server is preloaded with it)
+    proc = subprocess.run(
+        [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
+         str(tmp_path / 'w')], capture_output=True, text=True, cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS='two'))
+    assert proc.returncode == 1
+    assert "OMP_NUM_THREADS='two' is not a positive integer" in proc.stderr
+    assert not os.listdir(tmp_path)
 
 
 def test_reduced_demo_cls_hard_scenarios(tmp_path):
