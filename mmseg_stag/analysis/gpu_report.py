@@ -1,6 +1,5 @@
 """The GPU check's report: ``gpu_check.json`` and ``gpu_check.md`` from
 the steps' results (:mod:`.gpu_steps`), rewritten after every step."""
-import os
 import os.path as osp
 import time
 
@@ -196,10 +195,10 @@ def md_profile(r):
         ('what', 'per', 'wall (ms)', 'CUDA kernels (ms)', 'GPU busy (%)',
          'host sync calls', 'host sync (ms)', 'scalar reads',
          'loader wait (ms)'),
-        [profile_cells('step alone', 'step', r['step'])]
-        + ([profile_cells('step alone, fused Adam', 'step',
-                          r['step_fused'])] if 'step_fused' in r else [])
-        + [profile_cells('loop', 'iteration', r['loop'])])
+        [profile_cells(name, per, r[key]) for name, per, key in (
+            ('step alone', 'step', 'step'),
+            ('step alone, fused Adam', 'step', 'step_fused'),
+            ('loop', 'iteration', 'loop')) if key in r])
     out += ['', 'Host sync calls: ' + ', '.join(SYNC_EVENTS) + '; scalar '
             f'reads: `{SCALAR_READ}` (`.item()`, `float(t)`, of a device or '
             'a CPU tensor). Loader wait: from the end of an iteration to the '
@@ -223,13 +222,11 @@ def md_profile(r):
 
 
 def write_report(report, out_dir):
-    """``gpu_check.{json,md}``: after every step and step-cost row, and at
-    the end (``finished``)."""
-    os.makedirs(out_dir, exist_ok=True)
-    base = osp.join(out_dir, 'gpu_check')
+    """``gpu_check.{json,md}`` in ``out_dir``; returns their path without
+    the extension."""
     total = (time.perf_counter() - report['_t0']) / 60
     report.update(total_minutes=total,
                   over_budget=total > report['budget_minutes'])
     public = {k: v for k, v in report.items() if not k.startswith('_')}
     write_files(out_dir, 'gpu_check', public, text=markdown(public))
-    return base
+    return osp.join(out_dir, 'gpu_check')

@@ -1,11 +1,6 @@
 """The GPU check's measuring steps (``tools/gpu_check.py``): the CUDA
-tests, one step's cost per method and precision, the loader, the whole
-loop and the profile, each a function of the tool's context ``ctx``
-(its options, the device, the generated stream, the random checkpoint and
-``ctx.repo``) returning the step's result; the report is
-:mod:`.gpu_report`. The step benchmark's arms and meters
-(:mod:`.step_benchmark`, :mod:`.meters`) do the measuring.
-"""
+tests, the step cost, the loader, the whole loop and the profile, each a
+function of the tool's context ``ctx`` returning the step's result."""
 import argparse
 import contextlib
 import copy
@@ -13,17 +8,13 @@ import gc
 import importlib.util
 import os
 import os.path as osp
-import re
 import statistics
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 
-#: step_cost's SegFormer baselines, each against its +STAG arm; cotta_fast
-#: is CoTTA with restore_on_device and batch_views, cotta_graph the same
-#: with cuda_graph=True, tent_graph TENT with cuda_graph=True (the
-#: ResNet-50 runs it too when it is named)
+#: step_cost's SegFormer baselines (step_benchmark.BASELINES), each against
+#: its +STAG arm; the ResNet-50 runs tent_graph too when it is named
 SEG_METHODS = ('tent', 'tent_graph', 'cotta', 'cotta_fast', 'cotta_graph',
                'hybrid_tta')
 #: the rows replayed as CUDA graphs (a CUDA device only)
@@ -37,18 +28,14 @@ PRECISIONS = ('fp32', 'tf32', 'bf16')
 NVLABS_CFG = ('configs/stag_acdc/'
               'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
 
-#: shares of the budget: the tests (their time limit: 35 % was 178 s at
-#: --budget 8.5 in the fourth H100 run of 2026-11-27, one test of 66 still
-#: running) and what loader, loop and profile took on one H100 (75 s in
-#: the first run, 127 s in the third: 38 + 29 + 60, the images generated
-#: twice; 114 s in the fourth)
+#: shares of the budget: the tests' time limit (35 % left one test of 66
+#: running on an H100) and what loader, loop and profile take on one H100
+#: (75-127 s measured)
 TESTS_SHARE, FIXED_STEPS_S = 0.4, 130.0
 
-#: what a step-cost row takes besides its timed pairs (building the model,
-#: each arm's memory, the STAG term alone and its device ops): 7-14 s on
-#: the H100 (second run of 2026-11-27: 12 TENT rows in 101 s, 14 rows with
-#: CoTTA and Hybrid-TTA in 293 s; third: 12 rows in 217 s with 3.9 s of
-#: pairs each), and what the timed pairs get of the rest
+#: what a step-cost row takes besides its timed pairs (the model, each
+#: arm's memory, the STAG term alone: 7-14 s measured on an H100), and
+#: what the timed pairs get of the rest
 ROW_OVERHEAD_S, PAIRS_SHARE = 15.0, 0.8
 
 #: the SegFormer rows' MiT: (attention, token_maps) of
@@ -87,53 +74,23 @@ def free_memory():
 
 
 # ------------------------------------------------------------- 1. tests
-def junit_summary(path):
-    """Counts, failures, skip reasons and recorded properties of a JUnit
-    XML file written by pytest."""
-    root = ET.parse(path).getroot()
-    out = dict(passed=0, failed=0, errors=0, skipped=0, failures=[],
-               skip_reasons={}, properties=[])
-    for case in root.iter('testcase'):
-        name = f'{case.get("classname")}::{case.get("name")}'
-        kinds = {child.tag: child for child in case}
-        if 'failure' in kinds or 'error' in kinds:
-            tag = 'failure' if 'failure' in kinds else 'error'
-            out['failed' if tag == 'failure' else 'errors'] += 1
-            out['failures'].append(dict(
-                test=name, kind=tag,
-                message=(kinds[tag].get('message') or '')[:500]))
-        elif 'skipped' in kinds:
-            out['skipped'] += 1
-            reason = kinds['skipped'].get('message') or ''
-            out['skip_reasons'][reason] = out['skip_reasons'].get(
-                reason, 0) + 1
-        else:
-            out['passed'] += 1
-        for prop in case.iter('property'):
-            out['properties'].append(dict(test=name, name=prop.get('name'),
-                                          value=prop.get('value')))
-    return out
-
-
 def run_tests(ctx):
-    """``pytest -m cuda`` in a process of its own, its output streamed into
-    the log (one line per test: a stopped run's log says what ran).
+    """``pytest -m cuda`` in a process of its own, each test's start and
+    outcome streamed into files as it happens (:mod:`.pytest_stream`).
 
     Raises:
-        TimeoutError: If the tests ran past their time limit (the step is
-            reported failed, with what had run by then).
+        TimeoutError: If the tests ran past their time limit (after saving
+            what had run by then).
     """
-    from mmseg_stag.analysis.pytest_stream import (read_durations,
-                                                   read_failures)
+    from mmseg_stag.analysis.pytest_stream import ENV, read_outcomes
     args = ctx.args
     os.makedirs(args.out_dir, exist_ok=True)
     xml = osp.join(args.out_dir, 'cuda_tests.xml')
     log = osp.join(args.out_dir, 'cuda_tests.log')
-    failures = osp.join(args.out_dir, 'cuda_tests_failures.txt')
-    durations = osp.join(args.out_dir, 'cuda_tests_durations.tsv')
-    # -v without pytest.ini's -q: one line per test as it ends; each
-    # failure's traceback and each test's time into files at once
-    # (pytest_stream)
+    files = {key: osp.join(args.out_dir, f'cuda_tests_{key}.{ext}')
+             for key, ext in dict(outcomes='jsonl', failures='txt',
+                                  durations='tsv').items()}
+    # -v without pytest.ini's -q: one line per test as it ends
     cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
            'no:cacheprovider', '-p', 'mmseg_stag.analysis.pytest_stream',
            '-o', 'addopts=', '-v', '-rfEs', f'--junitxml={xml}',
@@ -141,16 +98,14 @@ def run_tests(ctx):
     workers = test_workers(args.test_workers)
     if workers > 1:  # pytest-xdist: the tests share the GPU
         cmd[3:3] = ['-n', str(workers), '--dist', 'worksteal']
-    for path in (xml, failures, durations):
+    for path in (xml, *files.values()):
         if osp.exists(path):
             os.remove(path)
     timeout = args.tests_timeout or TESTS_SHARE * 60 * args.budget
     # the repository first on the path (the plugin), the parent's kept
-    env = dict(os.environ, GPU_CHECK_FAILURES=failures,
-               GPU_CHECK_DURATIONS=durations,
-               PYTHONPATH=os.pathsep.join(
-                   [ctx.repo] + [p for p in [os.environ.get('PYTHONPATH')]
-                                 if p]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [ctx.repo] + [p for p in [os.environ.get('PYTHONPATH')] if p]),
+        **{ENV[key]: path for key, path in files.items()})
     with open(log, 'w') as out:
         proc = subprocess.Popen(cmd, cwd=ctx.repo, stdout=out, env=env,
                                 stderr=subprocess.STDOUT, text=True)
@@ -160,28 +115,19 @@ def run_tests(ctx):
             proc.kill()
             proc.wait()
             code = None
+    outcomes = read_outcomes(files['outcomes'])
     result = dict(command=' '.join(['python'] + cmd[1:]), returncode=code,
-                  log=log, junit=xml, failure_reports=failures,
-                  durations=durations, workers=workers,
-                  slowest=[dict(test=test, seconds=seconds) for test, seconds
-                           in read_durations(durations)[:SLOWEST]])
-    if osp.exists(xml):
-        result.update(junit_summary(xml))
-    else:  # stopped before pytest wrote it: count the log's verdicts
-        result.update(log_summary(log))
-        result['running_at_limit'] = running_tests(log)
-        reports = read_failures(failures)
-        for failure in result['failures']:
-            for test, text in reports.items():
-                # the log names it from the rootdir, pytest from its own
-                if same_test(failure['test'], test):
-                    failure['message'] = text
+                  log=log, junit=xml, failure_reports=files['failures'],
+                  durations=files['durations'], workers=workers,
+                  slowest=outcomes.pop('slowest')[:SLOWEST], **outcomes)
+    if code is not None:  # ended: none was running
+        del result['running_at_limit']
     # pytest: 0 all passed, 5 none collected (no test marked cuda)
-    result['passed_all'] = code in (0, 5) and not result.get('failed') \
-        and not result.get('errors')
-    print(f"[gpu_check] tests: {result.get('passed', 0)} passed, "
-          f"{result.get('failed', 0)} failed, {result.get('errors', 0)} "
-          f"errors, {result.get('skipped', 0)} skipped (log: {log})")
+    result['passed_all'] = code in (0, 5) and not result['failed'] \
+        and not result['errors']
+    print(f"[gpu_check] tests: {result['passed']} passed, "
+          f"{result['failed']} failed, {result['errors']} errors, "
+          f"{result['skipped']} skipped (log: {log})")
     if code is None:
         ctx.save_partial(result)
         raise TimeoutError(
@@ -202,8 +148,7 @@ def test_workers(asked):
     where pytest-xdist imports and else 1, said on the console.
 
     Raises:
-        RuntimeError: If more than one is asked and pytest-xdist does not
-            import.
+        RuntimeError: If more than one is asked without pytest-xdist.
     """
     xdist = importlib.util.find_spec('xdist') is not None
     if asked is None:
@@ -217,61 +162,6 @@ def test_workers(asked):
             f'--test-workers {asked} needs pytest-xdist, which does not '
             'import here: pip install pytest-xdist, or pass --test-workers 1')
     return asked
-
-
-def same_test(a, b):
-    """Whether two pytest node ids name one test, one of them relative to
-    a folder the other names."""
-    return a == b or a.endswith('/' + b) or b.endswith('/' + a)
-
-
-#: pytest -v's verdict at the end of a test's line, or (pytest-xdist)
-#: at its start
-VERDICT = re.compile(
-    r'^(?:(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)'
-    r'|\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) '
-    r'(\S+::\S+))')
-
-
-def log_summary(path):
-    """Counts and failed tests from the ``pytest -v`` lines of ``path``:
-    the summary of a run stopped before its JUnit file."""
-    out = dict(passed=0, failed=0, errors=0, skipped=0, failures=[],
-               skip_reasons={}, properties=[])
-    key = dict(PASSED='passed', XPASS='passed', FAILED='failed',
-               ERROR='errors', SKIPPED='skipped', XFAIL='skipped')
-    with open(path, errors='replace') as f:
-        for line in f:
-            match = VERDICT.match(line)
-            if match:
-                test, verdict, xdist_verdict, xdist_test = match.groups()
-                test, verdict = test or xdist_test, verdict or xdist_verdict
-                out[key[verdict]] += 1
-                if verdict in ('FAILED', 'ERROR'):
-                    out['failures'].append(dict(
-                        test=test, kind=verdict.lower(),
-                        message='(the run was stopped: see the log)'))
-    return out
-
-
-#: a test's node id alone on its line: pytest -v has started it (under
-#: pytest-xdist; without it, the verdict follows on the same line)
-STARTED = re.compile(r'^(\S+::\S+)\s*$')
-
-
-def running_tests(path):
-    """The tests that ``pytest -v``'s log at ``path`` shows started and
-    not ended: those a time limit stopped."""
-    started, ended = [], set()
-    with open(path, errors='replace') as f:
-        for line in f:
-            match = STARTED.match(line)
-            if match:
-                started.append(match.group(1))
-            match = VERDICT.match(line)
-            if match:
-                ended.add(match.group(1) or match.group(4))
-    return [test for test in dict.fromkeys(started) if test not in ended]
 
 
 # --------------------------------------------------------- 2. step cost
@@ -323,9 +213,8 @@ def seg_task(ctx, size=None):
 
 def cls_task(ctx):
     """``(label, BenchTask, settings, batch)``: the paper's ImageNet-C
-    ResNet-50, torchvision's when it imports (``.venv-real``), else the
-    same architecture from MMSeg's ``ResNet`` (a ResNet-18 under
-    ``--quick``)."""
+    ResNet-50, torchvision's when it imports, else MMSeg's ``ResNet`` (a
+    ResNet-18 under ``--quick``)."""
     import torch
 
     from mmseg_stag.analysis import step_benchmark as benchmark
@@ -354,10 +243,9 @@ def cls_task(ctx):
 
 
 def step_cost_plan(ctx):
-    """``(build the task, its baselines, its MiT modes)`` in turn:
-    the SegFormer at ``--seg-size`` (TENT, CoTTA with the ACDC config's 14
-    teacher views), at the size Hybrid-TTA's masks need, and the ResNet-50
-    (TENT)."""
+    """``(build the task, its baselines, its MiT modes)`` in turn: the
+    SegFormer at ``--seg-size``, at the size Hybrid-TTA's masks need, and
+    the ResNet-50."""
     methods, mit = ctx.args.seg_methods, ctx.args.mit
     graphs = [m for m in methods if m in GRAPH_METHODS]
     if not ctx.cuda and graphs:  # --allow-cpu
@@ -380,15 +268,13 @@ def pair_seconds(ctx, plan):
     later = FIXED_STEPS_S if {'loader', 'loop', 'profile'} & set(
         ctx.args.only) else 0.0
     left = ctx.t0 + 60 * ctx.args.budget - time.perf_counter() - later
-    rows = max(rows, 1)
     return PAIRS_SHARE * max(left - rows * ROW_OVERHEAD_S, 0.0) / rows
 
 
 def time_arms(task, ctx, kind, stag, pairs):
     """Whole-step seconds of ``kind`` and ``kind+stag``, interleaved (A B,
-    B A, ...), CUDA events around each step and nothing inside it:
-    ``pairs`` pairs, or (None) as many as ``ctx.pair_seconds`` allows
-    within ``--min-pairs`` .. ``--max-pairs``."""
+    B A, ...): ``pairs`` pairs, or (None) as many as ``ctx.pair_seconds``
+    allows within ``--min-pairs`` .. ``--max-pairs``."""
     from mmseg_stag.analysis.meters import StepTimer
     args = ctx.args
     arms = {kind: task.make_method(kind, None)[0],
@@ -449,7 +335,7 @@ def arm_figures(seconds, batch, memory):
 
 
 def cost_row(model, note, batch, name, kind, times, memory, term,
-             kernels=None, graph_term=None):
+             kernels, graph_term):
     """One model x baseline x precision (x MiT mode): both arms' figures
     and STAG's share."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
@@ -488,7 +374,6 @@ def method_cost(ctx, built, kind, save):
         stag, note = dict(stag, compile=True), note + ', STAG term compiled'
     pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
         else ctx.args.method_pairs
-    rows = []
     for name in ctx.args.precisions:
         with precision(task, name):
             times = time_arms(task, ctx, kind, stag, pairs)
@@ -509,14 +394,12 @@ def method_cost(ctx, built, kind, save):
             del terms
         row = cost_row(model, note, batch, name, kind, times, memory, term,
                        kernels, graph_term)
-        rows.append(row)
         save(row)
         print(f"[gpu_check] {model} {kind} {name}: "
               f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
               f"{row['arms'][kind + '+stag']['step_ms']:.1f} ms "
               f"({row['stag_time_share_pct']:+.2f} %), memory "
               f"{row['stag_memory_share_pct']:+.3f} %", flush=True)
-    return rows
 
 
 def measure_step_cost(ctx):
@@ -633,10 +516,9 @@ def device_us(event):
     return 0
 
 
-def summarize_profile(prof, count, wall_s, cuda, extra=None):
+def summarize_profile(prof, count, wall_s, cuda, extra):
     """Per step/iteration: kernel time, host syncs, scalar reads, loader
-    wait, and the operators with the most kernel time (the kernel and
-    busy figures are None on the CPU)."""
+    wait, the operators with the most kernel time, and ``extra``."""
     averages = prof.key_averages()
     kernel_ms = sum(device_us(e) for e in averages) / 1e3 if cuda else None
     syncs = {e.key: dict(calls=e.count / count,
@@ -646,7 +528,7 @@ def summarize_profile(prof, count, wall_s, cuda, extra=None):
     loader = sum(e.cpu_time_total for e in averages
                  if e.key.startswith('enumerate(DataLoader)'))
     top = sorted(averages, key=device_us, reverse=True)[:10]
-    out = dict(
+    return dict(
         count=count, wall_ms=1e3 * wall_s / count,
         cuda_kernel_ms=kernel_ms / count if cuda else None,
         gpu_busy_pct=100 * kernel_ms / (1e3 * wall_s) if cuda and wall_s
@@ -657,9 +539,7 @@ def summarize_profile(prof, count, wall_s, cuda, extra=None):
         loader_wait_ms=loader / 1e3 / count,
         top_kernel_ops=[dict(op=e.key[:90], kernel_ms=device_us(e) / 1e3 /
                              count, calls=e.count / count) for e in top
-                        if device_us(e) > 0])
-    out.update(extra or {})
-    return out
+                        if device_us(e) > 0], **extra)
 
 
 def profiler(ctx):
@@ -677,8 +557,7 @@ def sync(ctx):
 
 def profile_steps(ctx, task, fused=False):
     """TENT+STAG steps alone (no loader, no metric), its Adam as the
-    config's or ``fused``; then one step counting its transfers between
-    device and host by kind and call site."""
+    config's or ``fused``, and one step's host-device transfers."""
     from mmseg_stag.analysis.meters import HostTransfers
     optimizer = dict(task.methods['tent'].get('optimizer') or dict(
         type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
@@ -711,9 +590,8 @@ def profile_steps(ctx, task, fused=False):
 
 def iteration_profiler(ctx, start, count):
     """An observing hook: profiles loop iterations ``start ..
-    start + count - 1`` from the end of the one before (so the loader's
-    fetch is inside), and times each loader wait (end of an iteration to
-    the start of the next)."""
+    start + count - 1`` from the end of the one before (the loader's fetch
+    inside), and times each wait from an iteration's end to the next."""
     from mmengine.hooks import Hook
 
     class IterationProfiler(Hook):

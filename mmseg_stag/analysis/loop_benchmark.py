@@ -14,10 +14,8 @@ from mmseg_stag.engine.online_task import head_layer_of
 @METHODS.register_module(name='tent_two_forward')
 class TwoForwardTENT(TENT):
     """TENT as CoTTA's ``single_gpu_tent`` runs it: the prediction from a
-    forward without gradients, the loss from a second forward, trained to
-    the prediction's labels at the original size. A speed reference, not a
-    method to use: registered when this module is imported (the benchmark's
-    config names it), not by the plugin.
+    forward without gradients, the loss from a second forward. A speed
+    reference, registered when this module is imported, not by the plugin.
 
     Raises:
         ValueError: If the config's TENT loss is not CoTTA's ACDC loss.
@@ -42,8 +40,7 @@ class TwoForwardTENT(TENT):
 
 def build_runner(config, args, work_dir, method):
     """MMEngine's runner of ``config`` on the first ``args.images`` images
-    at ``args.data_root``, ``args.checkpoint`` loaded; ``two-forward``:
-    the reference method."""
+    at ``args.data_root``, ``args.checkpoint`` loaded."""
     from mmengine.config import Config
     from mmengine.runner import Runner
 

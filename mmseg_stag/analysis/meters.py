@@ -1,6 +1,5 @@
 """Meters of one step or one run: time, peak memory, autograd's saved
-tensors, forward and backward passes (``tools/benchmark.py``,
-``tools/gpu_check.py``, ``tools/analysis/efficiency.py``)."""
+tensors, forward and backward passes, host-device transfers."""
 import collections
 import os
 import os.path as osp
@@ -30,14 +29,11 @@ def rss_bytes():
 class PeakMemory:
     """Peak memory above the start of the block: on a GPU
     ``max_memory_allocated`` (``peak``) and ``max_memory_reserved``
-    (``peak_reserved``) over the whole block; on the CPU the RSS, sampled
-    every 0.5 ms by a thread.
+    (``peak_reserved``); on the CPU the RSS, sampled every 0.5 ms.
 
     A GPU's peak statistics are global: whatever resets them inside the
-    block must fold them first (:func:`fold_peak_memory`), as a nested
-    block does when it opens and ``tools/analysis/efficiency.py``'s hook
-    does before MMEngine's log processor resets them (once per log
-    interval)."""
+    block (a nested block, MMEngine's log processor) must fold them first
+    (:func:`fold_peak_memory`)."""
 
     #: the open blocks on a GPU, outermost first
     active = []
@@ -91,9 +87,7 @@ def fold_peak_memory():
 
 
 class PassCounter:
-    """Counts the calls of one module (the decode head, or the whole
-    classifier network): its forward passes (a forward pre-hook);
-    :class:`BackwardPasses` counts the backward passes."""
+    """Counts the forward passes of one module (a forward pre-hook)."""
 
     def __init__(self, module):
         self.forwards = 0
@@ -105,14 +99,12 @@ class PassCounter:
 
 class BackwardPasses:
     """Counts autograd's backward passes of the graphs built in the block,
-    through the saved-tensor hooks (``torch.autograd.graph.
-    saved_tensors_hooks``): a pass starts at the first unpack of a saved
-    tensor after tensors were saved (a backward through a graph that saved
-    nothing is not seen). ``on_backward()``, if given, is called then."""
+    through the saved-tensor hooks: a pass starts at the first unpack of a
+    saved tensor after tensors were saved (a backward through a graph that
+    saved nothing is not seen)."""
 
-    def __init__(self, on_backward=None):
+    def __init__(self):
         self.count = 0
-        self.on_backward = on_backward
         self._saving = False
 
     def _pack(self, tensor):
@@ -127,8 +119,7 @@ class BackwardPasses:
         return tensor
 
     def backward_started(self):
-        if self.on_backward is not None:
-            self.on_backward()
+        """Called as a backward pass starts."""
 
     def __enter__(self):
         self._hooks = torch.autograd.graph.saved_tensors_hooks(
@@ -141,11 +132,10 @@ class BackwardPasses:
 
 
 class SavedForBackward(BackwardPasses):
-    """Bytes of the distinct storages autograd saves for backward: the
-    graph's exact memory. ``mb``: the largest graph of the block (EcoTTA's
-    two updates free the first graph first), parameters included;
-    ``activations_mb``: the same without the model's parameters and
-    buffers; ``count``: the backward passes (:class:`BackwardPasses`)."""
+    """Bytes of the distinct storages autograd saves for backward. ``mb``:
+    the largest graph of the block (EcoTTA's two updates free the first
+    graph first), parameters included; ``activations_mb``: without the
+    model's parameters and buffers; ``count``: the backward passes."""
 
     def __init__(self, model=None):
         super().__init__()
@@ -208,21 +198,11 @@ class StepTimer:
 class HostTransfers(TorchDispatchMode):
     """Counts, while active, what moves values between the device and the
     host, by kind and by call site (``file:line function`` of the first
-    frame outside torch):
-
-    * ``device_read``: a value read from a device tensor (``.item()``,
-      ``bool(t)``, ``.tolist()``; aten ``_local_scalar_dense``) or an op
-      whose output size depends on device data (``nonzero``, ...): each
-      makes the host wait for the device;
-    * ``host_read``: a value read from a tensor on the CPU (an optimizer's
-      ``step`` count unless ``fused`` or ``capturable``): no wait, a call;
-    * ``to_device`` / ``to_host``: a copy between the two (``.to``,
-      ``copy_``); one to the host waits, one to the device from pageable
-      memory may.
-
-    On the CPU every tensor is a host tensor: the counts say ``host_read``
-    only (``tests/host_syncs.py`` is the CPU's proxy for device reads).
-    """
+    frame outside torch): ``device_read`` (a value or a data-dependent
+    size read from a device tensor: the host waits), ``host_read`` (the
+    same of a CPU tensor, e.g. an optimizer's ``step``: no wait),
+    ``to_device`` / ``to_host`` (copies). On the CPU every read is a
+    ``host_read``."""
 
     #: aten ops that read a value or a data-dependent size to the host
     READ_OPS = frozenset({
@@ -232,7 +212,7 @@ class HostTransfers(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.sites = collections.Counter()
+        self.sites, self.kinds = collections.Counter(), collections.Counter()
 
     def _record(self, kind):
         here = osp.dirname(torch.__file__)
@@ -245,6 +225,7 @@ class HostTransfers(TorchDispatchMode):
         else:
             site = 'torch'
         self.sites[(kind, site)] += 1
+        self.kinds[kind] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -262,10 +243,7 @@ class HostTransfers(TorchDispatchMode):
 
     def counts(self):
         """``{kind: count}`` over every site."""
-        out = collections.Counter()
-        for (kind, _), n in self.sites.items():
-            out[kind] += n
-        return dict(out)
+        return dict(self.kinds)
 
     def top_sites(self, count=10):
         """The ``count`` busiest ``(kind, site, calls)``."""

@@ -1,62 +1,115 @@
 """A pytest plugin of the GPU check (``-p mmseg_stag.analysis.
-pytest_stream``): as each test ends, its failure report is appended to the
-file named by ``$GPU_CHECK_FAILURES`` and its time (setup, call and
-teardown) to the one named by ``$GPU_CHECK_DURATIONS``, so that a run
-stopped at its time limit keeps why its tests failed and how long each
-took (pytest, and pytest-xdist's controller, print the tracebacks and
-``--durations`` only at the end of the session)."""
+pytest_stream``): each test's start and outcome (as JUnit XML counts it),
+failure report and time go to the files named by :data:`ENV` as it
+happens, so that a run stopped at its time limit keeps them (pytest writes
+JUnit XML, tracebacks and durations only at the end of the session)."""
+import collections
+import json
 import os
 
 #: the environment variables naming the files
-FAILURES_ENV, DURATIONS_ENV = 'GPU_CHECK_FAILURES', 'GPU_CHECK_DURATIONS'
+ENV = dict(outcomes='GPU_CHECK_OUTCOMES', failures='GPU_CHECK_FAILURES',
+           durations='GPU_CHECK_DURATIONS')
 _paths = {}
-_seconds = {}
+_tests = {}
 
 
 def pytest_configure(config):
     # under pytest-xdist the controller writes: it sees every worker's
     # reports, and a worker's would be written twice
     if not hasattr(config, 'workerinput'):
-        _paths.update(failures=os.environ.get(FAILURES_ENV),
-                      durations=os.environ.get(DURATIONS_ENV))
+        _paths.update((key, os.environ.get(env)) for key, env in ENV.items())
+
+
+def _append(key, text):
+    if _paths.get(key):
+        with open(_paths[key], 'a') as out:
+            out.write(text)
+
+
+def _outcome(**record):
+    _append('outcomes', json.dumps(record) + '\n')
+
+
+def pytest_runtest_logstart(nodeid):
+    _outcome(started=nodeid)
+
+
+def pytest_collectreport(report):
+    # a module whose collection failed or skipped counts as JUnit XML's
+    if report.failed:
+        _outcome(test=report.nodeid, outcome='errors',
+                 message='collection failure')
+    elif report.skipped:
+        _outcome(test=report.nodeid, outcome='skipped',
+                 reason='collection skipped')
+
+
+def crash_message(report):
+    """JUnit XML's message of a failed report: its crash line, outside
+    the call ``failed on setup/teardown with "..."``."""
+    crash = getattr(report.longrepr, 'reprcrash', None)
+    message = str(report.longrepr) if crash is None else crash.message
+    if report.when == 'call':
+        return message
+    return f'failed on {report.when} with "{message}"'
 
 
 def pytest_runtest_logreport(report):
-    if _paths.get('failures') and report.failed:
-        with open(_paths['failures'], 'a') as out:
-            out.write(f'___ {report.nodeid} ({report.when}) ___\n'
-                      f'{report.longreprtext}\n\n')
-    if _paths.get('durations'):
-        _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + \
-            report.duration
-        if report.when == 'teardown':
-            with open(_paths['durations'], 'a') as out:
-                out.write(f'{report.nodeid}\t'
-                          f'{_seconds.pop(report.nodeid):.2f}\n')
+    test = _tests.setdefault(report.nodeid, dict(
+        test=report.nodeid, outcome='passed', seconds=0.0))
+    test['seconds'] += report.duration
+    if report.failed:
+        _append('failures', f'___ {report.nodeid} ({report.when}) ___\n'
+                f'{report.longreprtext}\n\n')
+        message = crash_message(report)[:500]
+        if test['outcome'] == 'failed':  # JUnit XML: an error entry too
+            test['error'] = message
+        else:
+            test.update(outcome='failed' if report.when == 'call'
+                        else 'errors', message=message)
+    elif report.skipped:
+        test.update(outcome='skipped', reason=report.wasxfail.removeprefix(
+            'reason: ') if hasattr(report, 'wasxfail') else
+            report.longrepr[2].removeprefix('Skipped: '))
+    if report.when == 'teardown':
+        del _tests[report.nodeid]
+        _append('durations', f'{report.nodeid}\t{test["seconds"]:.2f}\n')
+        error = test.pop('error', None)
+        _outcome(seconds=round(test.pop('seconds'), 2), properties=[
+            (name, str(value)) for name, value in report.user_properties],
+            **test)
+        if error:
+            _outcome(test=report.nodeid, outcome='errors', message=error)
 
 
-def read_failures(path):
-    """``{test: report text}`` of a file this plugin wrote (empty if none)."""
-    if not os.path.exists(path):
-        return {}
-    texts, test = {}, None
-    with open(path, errors='replace') as f:
-        for line in f:
-            if line.startswith('___ ') and line.rstrip().endswith(' ___'):
-                test = line[4:].rsplit(' (', 1)[0]
-                texts[test] = ''
-            elif test is not None:
-                texts[test] += line
-    return {test: text.strip() for test, text in texts.items()}
-
-
-def read_durations(path):
-    """``[(test, seconds)]`` of a file this plugin wrote, slowest first
-    (empty if none)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, errors='replace') as f:
-        rows = [line.rstrip('\n').rsplit('\t', 1) for line in f
-                if '\t' in line]
-    return sorted(((test, float(s)) for test, s in rows),
-                  key=lambda row: -row[1])
+def read_outcomes(path):
+    """Counts, failures, skip reasons, properties and times (slowest
+    first) of a file this plugin wrote, and ``running_at_limit``: the
+    tests started and not ended."""
+    out = dict(passed=0, failed=0, errors=0, skipped=0, failures=[],
+               skip_reasons={}, properties=[])
+    records, running, reasons, times = [], {}, collections.Counter(), []
+    if os.path.exists(path):
+        with open(path) as f:  # a line cut by a kill has no newline
+            records = [json.loads(line) for line in f if line.endswith('\n')]
+    for record in records:
+        test = record.get('test')
+        if test is None:
+            running[record['started']] = True
+            continue
+        running.pop(test, None)
+        out[record['outcome']] += 1
+        if 'message' in record:
+            out['failures'].append(dict(
+                test=test, kind='failure' if record['outcome'] == 'failed'
+                else 'error', message=record['message']))
+        elif record['outcome'] == 'skipped':
+            reasons[record['reason']] += 1
+        out['properties'] += [dict(test=test, name=name, value=value)
+                              for name, value in record.get('properties', ())]
+        if 'seconds' in record:
+            times.append(dict(test=test, seconds=record['seconds']))
+    return dict(out, skip_reasons=dict(reasons),
+                running_at_limit=list(running),
+                slowest=sorted(times, key=lambda row: -row['seconds']))

@@ -1,7 +1,6 @@
 """The step benchmark (``tools/benchmark.py``, ``tools/gpu_check.py``):
-interleaved adaptation steps of a baseline and of baseline + STAG, each on
-its own model copy and the same input, driven by the model's online task
-and measured by :mod:`mmseg_stag.analysis.meters`."""
+interleaved steps of a baseline and of baseline + STAG, each on its own
+model copy and the same input."""
 import contextlib
 import copy
 import functools
@@ -14,13 +13,13 @@ import torch.nn as nn
 
 from .meters import PassCounter, PeakMemory, SavedForBackward, StepTimer
 
+SEG_TENT = 'configs/stag_acdc/segformer_mit-b5_acdc-continual_tent.py'
 #: SegFormers: (config, relative to the repository; backbone overrides;
 #: the head's input channels, None: the config's)
 SEG_MODELS = {
-    'b0': ('configs/stag_acdc/segformer_mit-b5_acdc-continual_tent.py',
-           dict(embed_dims=32, num_layers=[2, 2, 2, 2]), [32, 64, 160, 256]),
-    'b5': ('configs/stag_acdc/segformer_mit-b5_acdc-continual_tent.py', {},
-           None),
+    'b0': (SEG_TENT, dict(embed_dims=32, num_layers=[2, 2, 2, 2]),
+           [32, 64, 160, 256]),
+    'b5': (SEG_TENT, {}, None),
     'b5-nvlabs': (
         'configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_tent.py',
         {}, None),
@@ -57,6 +56,9 @@ SEG_VIEWS = 'configs/_base_/datasets/acdc_continual_views.py'
 #: the paper's row of a method whose name there differs
 PAPER_ROW = {'ecotta': 'ecotta-k4', 'cotta_fast': 'cotta',
              'cotta_graph': 'cotta', 'tent_graph': 'tent'}
+COTTA = 'configs/_base_/methods/cotta.py'
+SGD = dict(type='SGD', lr=0.00025, momentum=0.9)
+ADAM = dict(type='Adam', lr=1e-3, betas=(0.9, 0.999))
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
     'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
@@ -64,25 +66,21 @@ BASELINES = {
             'tent_graph': dict(type='tent', cuda_graph=True),
             'hybrid_tta': dict(type='hybrid_tta'),
             # the ACDC config's (Adam 7.5e-6, ap 0.69, restore 0.01)
-            'cotta': 'configs/_base_/methods/cotta.py',
+            'cotta': COTTA,
             # the same with its GPU options: the restore mask drawn on the
             # device, a scale's two views in one teacher pass
-            'cotta_fast': ('configs/_base_/methods/cotta.py', dict(
-                restore_on_device=True, batch_views=True)),
+            'cotta_fast': (COTTA, dict(restore_on_device=True,
+                                       batch_views=True)),
             # and its whole step, teacher views included, as a CUDA graph
-            'cotta_graph': ('configs/_base_/methods/cotta.py', dict(
-                restore_on_device=True, batch_views=True, cuda_graph=True))},
-    'cls': {'tent': dict(type='tent', optimizer=dict(
-        type='SGD', lr=0.00025, momentum=0.9)),
-        'tent_graph': dict(type='tent', cuda_graph=True, optimizer=dict(
-            type='SGD', lr=0.00025, momentum=0.9)),
-        # random weights: EATA's filters would reject every sample
-        'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
-    'cifar': {'tent': dict(type='tent', optimizer=dict(
-        type='Adam', lr=1e-3, betas=(0.9, 0.999))),
-        'cotta': dict(type='cotta', ap=0.72, optimizer=dict(
-            type='Adam', lr=1e-3, betas=(0.9, 0.999))),
-        'ecotta': dict(type='ecotta')},
+            'cotta_graph': (COTTA, dict(restore_on_device=True,
+                                        batch_views=True, cuda_graph=True))},
+    'cls': {'tent': dict(type='tent', optimizer=SGD),
+            'tent_graph': dict(type='tent', cuda_graph=True, optimizer=SGD),
+            # random weights: EATA's filters would reject every sample
+            'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
+    'cifar': {'tent': dict(type='tent', optimizer=ADAM),
+              'cotta': dict(type='cotta', ap=0.72, optimizer=ADAM),
+              'ecotta': dict(type='ecotta')},
 }
 
 
@@ -146,21 +144,16 @@ def random_batch(kind, args):
                               for _ in range(args.batch_size)])
 
 
-def config_method(path, root='.'):
-    """``test_cfg.method`` of the config ``path`` (under ``root``)."""
-    from mmengine.config import Config
-    return Config.fromfile(osp.join(root, path)).test_cfg.method.to_dict()
-
-
 def method_settings(entry, root='.'):
     """A :data:`BASELINES` entry as a method's settings: a dict as it is,
     a config's ``test_cfg.method`` (its path), or such a path with
     overrides."""
-    if isinstance(entry, str):
-        return config_method(entry, root)
-    if isinstance(entry, tuple):
-        return dict(config_method(entry[0], root), **entry[1])
-    return entry
+    from mmengine.config import Config
+    if isinstance(entry, dict):
+        return entry
+    path, overrides = (entry, {}) if isinstance(entry, str) else entry
+    method = Config.fromfile(osp.join(root, path)).test_cfg.method
+    return dict(method.to_dict(), **overrides)
 
 
 def seg_views_cfg(root='.'):
@@ -206,7 +199,6 @@ class BenchTask:
         self.online.setup(None)
         self.raw = random_batch(self.kind, args)  # the loader's batch
         self.batch = self.online.batch(model, self.raw)
-        self.inputs = self.batch.inputs
         self.adapter = self.online.adapter
         self.probe = self.online.probe  # its autocast_dtype: mixed precision
         self.base = self.online.adapted_module(model)
@@ -248,7 +240,7 @@ class BenchTask:
             blocks = ECOTTA_PRESETS['WideResNet'][0]
             attach_meta_networks(model, blocks, preset_partition(
                 'WideResNet', len(find_blocks(model, blocks)), 4))
-            model.to(self.inputs.device)
+            model.to(self.batch.inputs.device)
         elif self.kind != 'seg':
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
@@ -294,11 +286,9 @@ def measure(step, method, counter, dtype=None):
     with PeakMemory() as mem, SavedForBackward(method.model) as saved:
         with StepTimer() as timer, mixed_precision(dtype):
             step(method)
-        seconds = timer.seconds
-    return dict(seconds=seconds, peak_mb=mem.delta_mb, saved_mb=saved.mb,
-                activations_mb=saved.activations_mb,
-                forwards=counter.forwards - f0,
-                backwards=saved.count)
+    return dict(seconds=timer.seconds, peak_mb=mem.delta_mb,
+                saved_mb=saved.mb, activations_mb=saved.activations_mb,
+                forwards=counter.forwards - f0, backwards=saved.count)
 
 
 def interleave(arms, steps, warmup, dtype=None):
@@ -308,8 +298,7 @@ def interleave(arms, steps, warmup, dtype=None):
     for i in range(warmup + steps):
         order = list(arms) if i % 2 == 0 else list(reversed(arms))
         for name in order:
-            step, method, counter = arms[name]
-            rec = measure(step, method, counter, dtype)
+            rec = measure(*arms[name], dtype)
             if i >= warmup:
                 records[name].append(rec)
     return records
@@ -342,21 +331,9 @@ TERM_VARIANTS = {'analytic': dict(analytic_backward=True),
                  'autograd': dict(analytic_backward=False, compile=False)}
 
 
-def time_stag_term(task, kind, stag, repeats=10, variants=None):
-    """Median seconds of the STAG term alone (forward and backward) on the
-    classifier inputs/outputs of one real forward of ``kind``'s model:
-    what +STAG adds, without the noise of a whole step. The term is the
-    method's own (its ``STAGLoss`` options; no finiteness check, which
-    would wait for the device), as a step runs it; ``variants``
-    (``{label: STAGLoss options}``, default ``{'analytic': {}}``) are
-    timed in turn on the same outputs (the default label ``'analytic'``
-    is the method's loss as configured: on the CPU, autograd unless
-    ``analytic_backward=True``). Returns ``{label: seconds}``."""
-    return time_terms(stag_terms(task, kind, stag, variants), repeats)
-
-
 def time_terms(terms, repeats=10):
-    """:func:`time_stag_term` of the calls of :func:`stag_terms`."""
+    """Median seconds of each call of :func:`stag_terms`: what +STAG adds,
+    without the noise of a whole step. ``{label: seconds}``."""
     times = {label: [] for label in terms}
     for i in range(repeats + 1):
         for label, term in terms.items():
@@ -368,10 +345,9 @@ def time_terms(terms, repeats=10):
 
 
 def count_term_kernels(terms):
-    """Device operations (kernels, copies, fills) one call of the STAG term
-    (forward and backward) launches on a CUDA device, per call of
-    :func:`stag_terms` (after a first call: anchors cached, a compiled
-    variant compiled): ``{label: count}``."""
+    """Device operations (kernels, copies, fills) of one call of each of
+    :func:`stag_terms` on a CUDA device, after a first call (anchors
+    cached, a compiled variant compiled): ``{label: count}``."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     counts = {}
@@ -386,13 +362,11 @@ def count_term_kernels(terms):
     return counts
 
 
-def time_terms_in_graph(terms, repeats=10):
-    """Median seconds of one replay of each call of :func:`stag_terms`
-    (made with ``fixed_leaves``) captured as a CUDA graph: the device's own
-    time for the term's kernels, with no launch from the host between
-    them, i.e. what the term adds to a step replayed with
-    ``cuda_graph=True``. ``{label: seconds}``; where a capture fails, the
-    error's text instead (printed)."""
+def time_terms_in_graph(terms, repeats):
+    """Median seconds of a replay of each call of :func:`stag_terms` (made
+    with ``fixed_leaves``) captured as a CUDA graph: what the term adds to
+    a step with ``cuda_graph=True``. ``{label: seconds}``; where a
+    capture fails, the error's text instead (printed)."""
     out = {}
     for label, term in terms.items():
         try:
@@ -424,12 +398,13 @@ def replay_seconds(run, repeats):
     return statistics.median(times[1:])
 
 
-def stag_terms(task, kind, stag, variants=None, fixed_leaves=False):
+def stag_terms(task, kind, stag, variants, fixed_leaves=False):
     """``{label: call}``: one forward and backward of the STAG term of
-    ``kind`` (+``stag``) per variant, on the classifier inputs and outputs
-    of one forward of its model: fresh leaves per call, or (``fixed_leaves``,
-    for a capture) the same leaves, their gradients dropped first so that
-    each backward writes them anew."""
+    ``kind`` (+``stag``) per ``variants`` (``{label: STAGLoss options}``),
+    on the classifier inputs and outputs of one forward of its model:
+    fresh leaves per call, or (``fixed_leaves``, for a capture) the same
+    leaves, their gradients dropped first so that each backward writes
+    them anew. No finiteness check (a device wait)."""
     from mmseg_stag.core import STAGLoss, mean_over_outputs
     from mmseg_stag.core.methods.base import stag_loss_options
     method, _ = task.make_method(kind, stag)
@@ -455,7 +430,7 @@ def stag_terms(task, kind, stag, variants=None, fixed_leaves=False):
 
     calls = {label: functools.partial(term, STAGLoss(**dict(
         stag_loss_options(method.stag_cfg), **options)))
-        for label, options in (variants or {'analytic': {}}).items()}
+        for label, options in variants.items()}
     for call in calls.values():
         call.leaves = fixed  # their gradients: the last call's
     return calls
@@ -482,8 +457,8 @@ def compare_arms(task, kind, records):
            for label, recs in records.items()}
     for ratio, key in STAG_RATIOS.items():
         res[ratio] = arm_ratio(records, kind, f'{kind}+stag', key)
-    terms = time_stag_term(task, kind, task.stag[kind],
-                           variants=TERM_VARIANTS)
+    terms = time_terms(stag_terms(task, kind, task.stag[kind],
+                                  TERM_VARIANTS))
     res['stag_term'] = dict(
         seconds=terms['analytic'], autograd_seconds=terms['autograd'],
         fraction_of_step=terms['analytic'] / res[kind]['seconds'])

@@ -1,8 +1,8 @@
 """tools/gpu_check.py without a GPU: it says so and exits non-zero before
 running anything; its development mode (``--allow-cpu --quick``) runs the
 whole pipeline on the CPU with tiny sizes and writes the one report
-(Markdown + JSON) with every step and figure; the JUnit summary and the
-precision switch on their own. No timing is asserted."""
+(Markdown + JSON) with every step and figure; the tests step's summary
+and the precision switch on their own. No timing is asserted."""
 import json
 import os
 import os.path as osp
@@ -123,51 +123,72 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     assert 'images/s' in text and 'peak allocated (MB)' in text
 
 
-def test_junit_summary(tmp_path, gpu_check):
-    xml = tmp_path / 'junit.xml'
-    xml.write_text(
-        '<testsuites><testsuite>'
-        '<testcase classname="a" name="ok"><properties><property '
-        'name="fp16" value="ran"/></properties></testcase>'
-        '<testcase classname="a" name="bad"><failure message="boom"/>'
-        '</testcase>'
-        '<testcase classname="a" name="off"><skipped message="no CUDA '
-        'device"/></testcase>'
-        '<testcase classname="a" name="err"><error message="e"/></testcase>'
-        '</testsuite></testsuites>')
-    res = gpu_steps.junit_summary(str(xml))
+def run_suite(tmp_path, source, **args):
+    """The context of ``gpu_steps.run_tests`` on a suite of one file
+    ``source``, and what the step saves as it goes."""
+    tests = tmp_path / 'suite' / 'test_suite.py'
+    tests.parent.mkdir()
+    # the project's pytest.ini has -q, which -v alone cancels
+    (tests.parent / 'pytest.ini').write_text('[pytest]\naddopts = -q\n')
+    tests.write_text(source)
+    saved = []
+    ctx = SimpleNamespace(
+        args=SimpleNamespace(out_dir=str(tmp_path / 'out'),
+                             test_paths=[str(tests.parent)], budget=9,
+                             **args),
+        repo=REPO, save_partial=saved.append)
+    return ctx, saved
+
+
+def test_tests_summary(tmp_path, gpu_check):
+    """A finished run counted as JUnit XML counts it, from the outcomes
+    the plugin streamed: properties, failures and errors with their
+    messages, skip and xfail reasons, a module skipped at collection."""
+    ctx, _ = run_suite(
+        tmp_path, 'import pytest\n\n\n@pytest.fixture\ndef broken():\n'
+        '    raise RuntimeError("no device")\n\n\n@pytest.mark.cuda\n'
+        'def test_ok(record_property):\n    record_property("fp16", 1)\n'
+        '\n\n@pytest.mark.cuda\ndef test_bad():\n    assert 1 == 2\n\n\n'
+        '@pytest.mark.cuda\n@pytest.mark.skip(reason="no CUDA device")\n'
+        'def test_off():\n    pass\n\n\n@pytest.mark.cuda\n'
+        '@pytest.mark.xfail(reason="known")\ndef test_known():\n'
+        '    assert False\n\n\n@pytest.mark.cuda\n'
+        'def test_err(broken):\n    pass\n', tests_timeout=120,
+        test_workers=1)
+    (tmp_path / 'suite' / 'test_skipped.py').write_text(
+        'import pytest\n\npytest.importorskip("not_a_module_here")\n')
+    res = gpu_steps.run_tests(ctx)
+    assert res['returncode'] == 1 and not res['passed_all']
     assert (res['passed'], res['failed'], res['errors'], res['skipped']) \
-        == (1, 1, 1, 1)
-    assert res['skip_reasons'] == {'no CUDA device': 1}
-    assert res['properties'] == [dict(test='a::ok', name='fp16',
-                                      value='ran')]
-    assert [f['test'] for f in res['failures']] == ['a::bad', 'a::err']
+        == (1, 1, 1, 3)
+    assert res['skip_reasons'] == {'collection skipped': 1,
+                                   'no CUDA device': 1, 'known': 1}
+    assert res['properties'] == [dict(
+        test='test_suite.py::test_ok', name='fp16', value='1')]
+    assert [(f['test'], f['kind']) for f in res['failures']] == [
+        ('test_suite.py::test_bad', 'failure'),
+        ('test_suite.py::test_err', 'error')]
+    assert 'assert 1 == 2' in res['failures'][0]['message']
+    assert res['failures'][1]['message'].startswith(
+        'failed on setup with "RuntimeError: no device')
+    assert 'running_at_limit' not in res
 
 
 def test_tests_past_their_limit_fail_with_what_ran(tmp_path, gpu_check):
     """A stopped test run: the step fails naming its limit, and the tests
-    that had finished are counted from the streamed log."""
-    tests = tmp_path / 'suite' / 'test_slow.py'
-    tests.parent.mkdir()
-    # the project's pytest.ini has -q, which -v alone cancels
-    (tests.parent / 'pytest.ini').write_text('[pytest]\naddopts = -q\n')
-    tests.write_text(
-        'import time\nimport pytest\n\n\n@pytest.mark.cuda\n'
+    that had finished are counted from the streamed outcomes."""
+    ctx, saved = run_suite(
+        tmp_path, 'import time\nimport pytest\n\n\n@pytest.mark.cuda\n'
         'def test_a():\n    time.sleep(1.5)\n\n\n@pytest.mark.cuda\n'
         'def test_b():\n    assert False\n\n\n@pytest.mark.cuda\n'
-        'def test_c():\n    time.sleep(120)\n')
-    saved = []
-    ctx = SimpleNamespace(
-        args=SimpleNamespace(out_dir=str(tmp_path / 'out'),
-                             test_paths=[str(tests)], tests_timeout=12,
-                             budget=9, test_workers=2),
-        repo=REPO, save_partial=saved.append)
+        'def test_c():\n    time.sleep(120)\n', tests_timeout=12,
+        test_workers=2)
     with pytest.raises(TimeoutError, match='past their 12 s'):
         gpu_steps.run_tests(ctx)
     res = saved[-1]
     assert res['returncode'] is None and not res['passed_all']
     assert (res['passed'], res['failed']) == (1, 1)
-    assert res['failures'][0]['test'].endswith('test_slow.py::test_b')
+    assert res['failures'][0]['test'].endswith('test_suite.py::test_b')
     # its traceback kept though pytest never reached the session's end
     assert 'assert False' in res['failures'][0]['message']
     assert osp.isfile(res['failure_reports'])
@@ -200,41 +221,6 @@ def test_test_workers_follow_pytest_xdist(monkeypatch, capsys):
     assert gpu_steps.test_workers(1) == 1
     with pytest.raises(RuntimeError, match='--test-workers 4 needs'):
         gpu_steps.test_workers(4)
-
-
-def test_log_summary_reads_both_verdict_formats(tmp_path):
-    """``pytest -v`` puts the verdict after the test, pytest-xdist before
-    it: a stopped run's log is counted either way."""
-    log = tmp_path / 'log'
-    log.write_text(
-        'tests/a.py::test_one PASSED                    [ 25%]\n'
-        'tests/a.py::test_two FAILED                    [ 50%]\n'
-        '[gw1] [ 75%] SKIPPED tests/b.py::test_three\n'
-        '[gw0] [100%] ERROR tests/b.py::test_four[cuda-1]\n'
-        'FAILED tests/a.py::test_two - assert 0\n')
-    res = gpu_steps.log_summary(str(log))
-    assert (res['passed'], res['failed'], res['errors'], res['skipped']) \
-        == (1, 1, 1, 1)
-    assert [f['test'] for f in res['failures']] == [
-        'tests/a.py::test_two', 'tests/b.py::test_four[cuda-1]']
-
-
-def test_tests_still_running_in_a_stopped_log(tmp_path):
-    """Started and not ended: under pytest-xdist a test's id alone on its
-    line, then its verdict; without it, the id and a verdict on one line,
-    the last test's id alone when stopped."""
-    xdist, plain = tmp_path / 'xdist', tmp_path / 'plain'
-    xdist.write_text(
-        'tests/a.py::test_one \n'
-        'tests/b.py::test_two[cuda-1] \n'
-        '[gw0] [ 50%] PASSED tests/a.py::test_one \n'
-        'tests/a.py::test_three \n')
-    plain.write_text(
-        'tests/a.py::test_one PASSED                    [ 25%]\n'
-        'tests/a.py::test_two ')
-    assert gpu_steps.running_tests(str(xdist)) == [
-        'tests/b.py::test_two[cuda-1]', 'tests/a.py::test_three']
-    assert gpu_steps.running_tests(str(plain)) == ['tests/a.py::test_two']
 
 
 @pytest.mark.parametrize('name,tf32,dtype', [
