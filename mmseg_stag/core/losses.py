@@ -27,11 +27,8 @@ def cross_entropy_to_teacher(student_logits: torch.Tensor,
 
 def symmetric_cross_entropy(student_logits: torch.Tensor,
                             teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Per-sample mean of both cross-entropies (CoTTA's ImageNet).
-
-    Returns:
-        Tensor: ``0.5 CE(teacher, student) + 0.5 CE(student, teacher)``.
-    """
+    """Per-sample ``0.5 CE(teacher, student) + 0.5 CE(student, teacher)``
+    (CoTTA's ImageNet)."""
     # qinenergy/cotta imagenet/cotta.py: softmax_entropy(x, x_ema)
     return 0.5 * cross_entropy_to_teacher(student_logits, teacher_logits) + \
         0.5 * cross_entropy_to_teacher(teacher_logits, student_logits)
@@ -50,14 +47,8 @@ def mean_over_outputs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 
 def flatten_outputs(head_outputs: HeadOutputs
                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate the pairs of a forward pass, one row per sample or pixel.
-
-    The probe gave pairs of one prediction kind (``HeadProbe``), the method
-    was checked to support it (``BaseMethod.check_supports``).
-
-    Returns:
-        tuple[Tensor, Tensor]: ``features [M, D]`` and ``logits [M, C]``.
-    """
+    """Concatenate the pairs of a forward pass, one row per sample or
+    pixel: ``features [M, D]`` and ``logits [M, C]``."""
     if len(head_outputs) == 1 and head_outputs[0][1].dim() == 2:
         return head_outputs[0]
     feats, logits = zip(*[(pixels_as_rows(f), pixels_as_rows(z))

@@ -16,11 +16,7 @@ NORM_LAYER_TYPES = {
 def norm_layers(model: nn.Module,
                 norm_types: Sequence[str] = ('BN', 'LN', 'GN', 'IN')
                 ) -> List[Tuple[str, nn.Module]]:
-    """``(name, module)`` of every normalisation layer of the given types.
-
-    Raises:
-        ValueError: On an unknown type in ``norm_types``.
-    """
+    """``(name, module)`` of every normalisation layer of ``norm_types``."""
     # by type, not name: MiT's stage-final LayerNorms are ``layers.{i}.2``
     unknown = set(norm_types) - set(NORM_LAYER_TYPES)
     if unknown:
@@ -36,15 +32,9 @@ def select_parameters(model: nn.Module,
                       norm_types: Sequence[str] = ('BN', 'LN', 'GN', 'IN'),
                       name_regex: Optional[str] = None
                       ) -> List[Tuple[str, nn.Parameter]]:
-    """The parameters a method adapts, as ``(name, parameter)``.
-
-    Args:
-        model (nn.Module): The model.
-        kind (str): ``'norm_affine'`` (normalisation weight and bias) or
-            ``'all'``.
-        norm_types (Sequence[str]): Keys of :data:`NORM_LAYER_TYPES`.
-        name_regex (str, optional): Keep only the names it matches.
-    """
+    """The parameters a method adapts, as ``(name, parameter)``: of
+    ``kind`` ``'norm_affine'`` (the weight and bias of the layers of
+    ``norm_types``) or ``'all'``, whose names ``name_regex`` matches."""
     if kind == 'norm_affine':
         selected = [(f'{mod_name}.{p_name}' if mod_name else p_name, p)
                     for mod_name, m in norm_layers(model, norm_types)

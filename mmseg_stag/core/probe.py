@@ -33,9 +33,6 @@ class HeadProbe:
         autocast_dtype (torch.dtype, optional): Runs each forward pass, and
             only the forward pass, under ``torch.autocast`` of this dtype.
             Default: None (no autocast).
-
-    Raises:
-        ValueError: If ``prediction_kind`` or ``head_layer`` is invalid.
     """
 
     def __init__(self,
@@ -55,11 +52,8 @@ class HeadProbe:
         self.head_layer = head_layer
 
     def find(self, model: nn.Module) -> Tuple[str, nn.Module]:
-        """Return ``(name, module)`` of the classifier in ``model``.
-
-        Raises:
-            ValueError: If there is no such module or it is no classifier.
-        """
+        """Return ``(name, module)`` of the classifier in ``model``;
+        ``ValueError`` if there is no such module or it is no classifier."""
         name = self.head_layer
         if name is None:
             linears = [(n, m) for n, m in model.named_modules()
@@ -81,10 +75,8 @@ class HeadProbe:
                     f'(its linear and conv layers: {candidates[-8:]})'
                 ) from err
         if self.prediction_kind == 'per_pixel':
-            check_pixel_classifier(module, name)
-        else:
-            check_sample_classifier(module, name)
-        return name, module
+            return name, check_pixel_classifier(module, name)
+        return name, check_sample_classifier(module, name)
 
     def classifier(self, model: nn.Module) -> nn.Module:
         """The classifier module of ``model``."""
@@ -93,21 +85,14 @@ class HeadProbe:
     def __call__(self, model: nn.Module, inputs: Any,
                  run: Optional[Callable[[Any], Any]] = None
                  ) -> Tuple[Any, HeadOutputs]:
-        """Run ``model`` once on ``inputs`` and record its classifier;
-        ``run(inputs) -> prediction`` runs it instead of ``model(inputs)``
-        (a segmentor's ``inference`` with its metainfo bound).
+        """Run ``model`` (or ``run``, e.g. a segmentor's ``inference`` with
+        its metainfo bound) once on ``inputs``; return ``(prediction,
+        [(features, logits), ...])``, one pair per classifier call, with
+        their autograd graphs.
 
         Under :attr:`autocast_dtype` the prediction and the logits come
         back in float32 (the losses run outside autocast) and the features
         in the autocast dtype (a float32 copy would be ``D``-sized).
-
-        Returns:
-            tuple: ``(prediction, [(features, logits), ...])``, one pair per
-            classifier call, with their autograd graphs.
-
-        Raises:
-            RuntimeError: If the classifier did not run.
-            ValueError: If its input has the wrong number of dimensions.
         """
         name, module = self.find(model)
         records: HeadOutputs = []
@@ -134,19 +119,16 @@ class HeadProbe:
                 raise ValueError(
                     f'classifier {name!r} got an input of shape '
                     f'{tuple(features.shape)}; {self.prediction_kind} outputs '
-                    f'need '
-                    f'{want}-d features')
+                    f'need {want}-d features')
         if self.autocast_dtype is not None:
             prediction = to_float32(prediction)
             records = [(f, to_float32(z)) for f, z in records]
         return prediction, records
 
     def autocast(self, inputs: Any):
-        """``torch.autocast`` on the inputs' device, or a no-op.
-
-        The region ends with the forward pass: autocast caches its casts of
-        the weights, so a forward after an update in the same region would
-        read the old weights (and backward should run outside it).
+        """``torch.autocast`` on the inputs' device, or a no-op; it ends
+        with the forward pass (autocast caches its casts of the weights: a
+        forward after an update in the same region would read the old ones).
         """
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
@@ -180,15 +162,12 @@ def check_pixel_classifier(module: nn.Module, name: str) -> nn.Conv2d:
             'not an nn.Conv2d: head without a 1x1 classifier (STAG needs a '
             '1x1 conv whose weight is [C, D, 1, 1], applied to every pixel '
             'of the head features)')
-    problems = []
-    if tuple(module.kernel_size) != (1, 1):
-        problems.append(f'kernel_size={tuple(module.kernel_size)}')
-    if tuple(module.stride) != (1, 1):
-        problems.append(f'stride={tuple(module.stride)}')
-    if module.groups != 1:
-        problems.append(f'groups={module.groups}')
-    if module.padding not in ((0, 0), 'valid', 'same'):
-        problems.append(f'padding={module.padding}')
+    problems = [f'{key}={value}' for key, value, fine in (
+        ('kernel_size', tuple(module.kernel_size), [(1, 1)]),
+        ('stride', tuple(module.stride), [(1, 1)]),
+        ('groups', module.groups, [1]),
+        ('padding', module.padding, [(0, 0), 'valid', 'same']))
+        if value not in fine]
     if problems:
         raise ValueError(
             f"classifier {name!r} is {module!r} ({', '.join(problems)}): "

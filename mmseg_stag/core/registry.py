@@ -9,12 +9,8 @@ METHODS = Registry('online adaptation method', scope='mmseg_stag',
 
 def build_method(cfg: dict):
     """Build a method of ``METHODS`` whatever the caller's default scope;
-    ``type`` a registered name or a method class.
-
-    Raises:
-        ValueError: If ``cfg`` has no ``type``.
-        KeyError: If the type is unknown, listing the known ones.
-    """
+    ``type`` a registered name (``KeyError`` listing the known ones if
+    unknown) or a method class."""
     cfg = dict(cfg)
     if 'type' not in cfg:
         raise ValueError(f'a method config needs a type, got {cfg}')

@@ -5,12 +5,9 @@ import torch
 
 
 class SAM(torch.optim.Optimizer):
-    """Sharpness-aware minimisation around a built base optimizer.
-
-    Args:
-        base_optimizer (Optimizer): Takes the step; its groups become SAM's.
-        rho (float): Neighbourhood size. Default: 0.05.
-    """
+    """Sharpness-aware minimisation around a built base optimizer, which
+    takes the step and whose groups become SAM's; ``rho``: the
+    neighbourhood size."""
 
     def __init__(self, base_optimizer: torch.optim.Optimizer,
                  rho: float = 0.05):
@@ -69,17 +66,14 @@ class SAM(torch.optim.Optimizer):
         self.unperturb()
         self.base_optimizer.step()
 
-    def load_base_state_dict(self, state_dict: dict) -> None:
-        """Load the base optimizer's state and share its new param groups."""
-        self.base_optimizer.load_state_dict(state_dict)
-        self.param_groups = self.base_optimizer.param_groups
-
     def state_dict(self) -> dict:
         """The base optimizer's state (SAM keeps none between steps)."""
         return self.base_optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.load_base_state_dict(state_dict)
+        """Load the base optimizer's state and share its new param groups."""
+        self.base_optimizer.load_state_dict(state_dict)
+        self.param_groups = self.base_optimizer.param_groups
 
     def step(self, closure=None):
         raise RuntimeError('SAM needs first_step() and second_step() around '

@@ -11,11 +11,8 @@ LABEL_MODES = ('hard', 'soft')
 
 
 def flatten_classifier_weight(weight: torch.Tensor) -> torch.Tensor:
-    """Classifier weight ``[C, D, 1, 1]`` or ``[C, D]`` as ``[C, D]``.
-
-    Raises:
-        ValueError: For any other shape.
-    """
+    """Classifier weight ``[C, D, 1, 1]`` or ``[C, D]`` as ``[C, D]``;
+    ``ValueError`` for any other shape."""
     if weight.dim() == 4 and weight.shape[2:] == (1, 1):
         return weight.flatten(1)
     if weight.dim() != 2:
@@ -23,12 +20,6 @@ def flatten_classifier_weight(weight: torch.Tensor) -> torch.Tensor:
             'classifier weight must be [C, D] or a 1x1 conv weight '
             f'[C, D, 1, 1], got shape {tuple(weight.shape)}')
     return weight
-
-
-def _check_finite(name: str, tensor: torch.Tensor) -> None:
-    """Raise ``ValueError`` naming ``name`` if ``tensor`` has nan or inf."""
-    if not bool(torch.isfinite(tensor).all()):
-        raise ValueError(f'{name} contains non-finite values (nan or inf)')
 
 
 def check_classifier(weight: torch.Tensor,
@@ -43,11 +34,11 @@ def check_classifier(weight: torch.Tensor,
         raise ValueError(
             f'classifier bias must have shape [C] = [{weight.shape[0]}], '
             f'got {tuple(bias.shape)} (weight {tuple(weight.shape)})')
-    if not check_finite:
-        return weight
-    _check_finite('classifier weight', weight)
-    if bias is not None:
-        _check_finite('classifier bias', bias)
+    for name, tensor in (('weight', weight), ('bias', bias)):
+        if check_finite and tensor is not None and \
+                not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f'classifier {name} contains non-finite values '
+                             '(nan or inf)')
     return weight
 
 
@@ -68,16 +59,14 @@ def check_inputs(features: torch.Tensor,
             'features and logits must share batch and spatial sizes; got '
             f'features {tuple(features.shape)} and logits '
             f'{tuple(logits.shape)}')
-    if feature_dim is not None and features.shape[1] != feature_dim:
-        raise ValueError(
-            f'feature dim D={features.shape[1]} (features '
-            f'{tuple(features.shape)}) does not match the classifier '
-            f'weight D={feature_dim}')
-    if num_classes is not None and logits.shape[1] != num_classes:
-        raise ValueError(
-            f'number of classes C={logits.shape[1]} (logits '
-            f'{tuple(logits.shape)}) does not match the classifier '
-            f'weight C={num_classes}')
+    for what, sym, name, tensor, want in (
+            ('feature dim', 'D', 'features', features, feature_dim),
+            ('number of classes', 'C', 'logits', logits, num_classes)):
+        if want is not None and tensor.shape[1] != want:
+            raise ValueError(
+                f'{what} {sym}={tensor.shape[1]} ({name} '
+                f'{tuple(tensor.shape)}) does not match the classifier '
+                f'weight {sym}={want}')
     if valid_mask is not None:
         expected = (logits.shape[0], ) + tuple(logits.shape[2:])
         if tuple(valid_mask.shape) != expected:
@@ -119,15 +108,9 @@ def anchor_coefficients(weight: torch.Tensor,
                         bias: Optional[torch.Tensor] = None,
                         mode: str = 'diagonal',
                         check_finite: bool = True) -> torch.Tensor:
-    """Anchor coefficients ``V`` (eq:appendix_sk; eq:appendix_dHk_dZ if full).
-
-    ``check_finite``: as in :func:`check_classifier`.
-
-    Returns:
-        Tensor: ``s [C]`` (``diagonal``) or ``V [C, C]`` (``full``).
-
-    Raises:
-        ValueError: If ``mode`` or the classifier is invalid.
+    """Anchor coefficients (eq:appendix_sk; eq:appendix_dHk_dZ if full):
+    ``s [C]`` (``diagonal``) or ``V [C, C]`` (``full``); ``check_finite``
+    as in :func:`check_classifier`; ``ValueError`` on an invalid ``mode``.
     """
     if mode not in ANCHOR_MODES:
         raise ValueError(f'anchor must be one of {ANCHOR_MODES}, got {mode!r}')
@@ -148,21 +131,16 @@ def anchors_from_coefficients(weight: torch.Tensor,
 def structural_anchors(weight: torch.Tensor,
                        bias: Optional[torch.Tensor] = None,
                        mode: str = 'diagonal') -> torch.Tensor:
-    """Anchors ``[C, D]`` (eq:structural_anchor, eq:appendix_anchor).
-
-    Returns:
-        Tensor: One anchor per class, not detached.
-    """
+    """Anchors ``[C, D]``, one per class, not detached
+    (eq:structural_anchor, eq:appendix_anchor)."""
     return anchors_from_coefficients(
         weight, anchor_coefficients(weight, bias, mode))
 
 
-def sample_sensitivity(logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Logit-level sensitivity and pseudo-label (eq:sample_sensitivity).
-
-    Returns:
-        tuple[Tensor, Tensor]: ``(s, y)``, each ``[N]`` or ``[N, H, W]``.
-    """
+def sample_sensitivity(
+        logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Logit-level sensitivity and pseudo-label ``(s, y)``, each ``[N]`` or
+    ``[N, H, W]`` (eq:sample_sensitivity)."""
     pred = logits.argmax(dim=1, keepdim=True)
     sens = entropy_logit_gradient(logits, dim=1).gather(1, pred)
     return sens.squeeze(1), pred.squeeze(1)
@@ -187,16 +165,9 @@ def projections_from_logits(logits: torch.Tensor,
                             coefficients: torch.Tensor,
                             bias: Optional[torch.Tensor] = None
                             ) -> torch.Tensor:
-    """Projections ``h . a_k`` from the logits of a frozen classifier.
-
-    Args:
-        logits (Tensor): ``z = W h + b``, ``[N, C]`` or ``[N, C, H, W]``.
-        coefficients (Tensor): ``V`` of :func:`anchor_coefficients`.
-        bias (Tensor, optional): Classifier bias ``[C]``.
-
-    Returns:
-        Tensor: ``sum_j V_kj (z_j - b_j)``, shaped like ``logits``.
-    """
+    """Projections ``h . a_k = sum_j V_kj (z_j - b_j)`` from the logits
+    ``z = W h + b`` of a frozen classifier, shaped like ``logits``; ``V``
+    of :func:`anchor_coefficients`."""
     shape = (1, -1) + (1, ) * (logits.dim() - 2)
     centred = logits if bias is None else logits - bias.view(shape).to(
         logits.dtype)
@@ -242,19 +213,11 @@ def stag_alignment(features: torch.Tensor,
                    ) -> torch.Tensor:
     """Per-sample (per-pixel) alignment loss ``L_STAG(x)`` (eq:stag_loss).
 
-    Args:
-        features (Tensor): ``h``, ``[N, D(, H, W)]``.
-        logits (Tensor): ``z``, ``[N, C(, H, W)]``.
-        anchors (Tensor): ``[C, D]``, constants of the loss.
-        eps (float): The ``epsilon`` of the cosine. Default: 1e-8.
-        label (str): ``'hard'`` (paper) or ``'soft'`` (ablation).
-        projections (Tensor, optional): ``h . a_k`` if already known.
-
-    Returns:
-        Tensor: ``[N]`` or ``[N, H, W]``.
-
-    Raises:
-        ValueError: If ``label`` is unknown.
+    ``features`` ``h [N, D(, H, W)]``, ``logits`` ``z [N, C(, H, W)]``,
+    ``anchors`` ``[C, D]`` (constants of the loss); ``label``: ``'hard'``
+    (paper) or ``'soft'`` (ablation); ``projections``: ``h . a_k`` if
+    already known. Returns ``[N]`` or ``[N, H, W]``; ``ValueError`` on an
+    unknown ``label``.
     """
     if label not in LABEL_MODES:
         raise ValueError(f'label must be one of {LABEL_MODES}, got {label!r}')
@@ -283,44 +246,21 @@ def stag_alignment(features: torch.Tensor,
 class HardAlignment(torch.autograd.Function):
     """``mean L_STAG(x)`` with hard labels, its backward written out.
 
-    The value of ``stag_alignment(...).mean()`` for ``label='hard'``; the
-    gradients are autograd's through the same formula, derived once
-    (docs/stag-loss.md, "The analytic backward") so that a step costs a few
-    whole-tensor ops instead of one autograd node per small op: on a GPU
-    each op is a kernel launch, and the term's cost was those launches.
+    The value of ``stag_alignment(...).mean()`` for ``label='hard'`` and
+    autograd's gradients through the same formula, derived in
+    docs/stag-loss.md ("The analytic backward"): a few whole-tensor ops
+    instead of one autograd node (on a GPU, one kernel launch) per small op.
 
-    With ``r = s P / (|s| n alpha + eps)`` per sample (pixel), ``s`` the
-    predicted class's sensitivity (eq:sample_sensitivity), ``P = h . a_y``,
-    ``n = ||h||``, ``alpha = ||a_y||``, ``D`` the denominator, the loss is
-    ``-mean(r)`` and (``sn = -s``, ``rho = sn P / D = -r``)::
-
-        d rho / d sn = P eps / D^2        d rho / d P = sn / D
-        d rho / d n  = -rho |sn| alpha / D
-        d sn / d z_j = p_y [(d_yj - p_j)(t + 1) - p_j (log p_j + H)],
-                       t = log p_y + H
-
-    so ``dL/dz = -p * (e log p + v) + onehot(y) w`` and ``dL/dh = c h``
-    with one coefficient of each per sample (pixel).
-
-    Args (of ``apply``):
-        features (Tensor): ``h``, ``[N, D, M]``.
-        logits (Tensor): ``z``, ``[N, C, M]``, float32 or float64.
-        table (Tensor): ``[C, 3]`` per class: ``(s_k, b_k, ||a_k||)``;
-            ``P = s_y (z_y - b_y)`` when ``matrix`` is None (a frozen ``W``
-            with diagonal anchors), else ``P = (matrix @ (z - b))_y`` or
-            ``P = (matrix @ h)_y``.
-        eps (float): The ``epsilon`` of eq:stag_loss.
-        eps_tensor (Tensor): The same as a 0-d tensor of the logits' dtype
-            and device (made once, with the table).
-        matrix (Tensor, optional): ``[C, D]`` anchors (applied to the
-            features) or ``[C, C]`` coefficients (applied to the logits).
-        on_features (bool): Which of the two ``matrix`` is applied to.
-        bias (Tensor, optional): The classifier's live ``b`` where it is
-            trained beside a frozen ``W``: not read (the table has its
-            values), given its gradient.
-        compiled (bool): Run :func:`hard_alignment_forward` and
-            :func:`hard_alignment_backward` through ``torch.compile`` (each
-            pure tensor math: a few fused kernels, no graph break).
+    ``apply(features, logits, table, eps, eps_tensor, matrix=None,
+    on_features=False, bias=None, compiled=False)``: ``h [N, D, M]``,
+    ``z [N, C, M]`` (float32 or float64); ``table [C, 3]`` holds
+    ``(s_k, b_k, ||a_k||)`` per class; ``P = s_y (z_y - b_y)`` when
+    ``matrix`` is None (a frozen ``W``, diagonal anchors), else
+    ``(matrix @ h)_y`` (``on_features``: ``[C, D]`` anchors) or
+    ``(matrix @ (z - b))_y`` (``[C, C]`` coefficients); ``eps_tensor``:
+    ``eps`` as a 0-d tensor of the logits' dtype and device; ``bias``: the
+    live ``b`` trained beside a frozen ``W`` (not read, given its
+    gradient); ``compiled``: the math through ``torch.compile``.
     """
 
     @staticmethod
@@ -346,9 +286,8 @@ class HardAlignment(torch.autograd.Function):
 
 def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
                            matrix, on_features: bool, bias_grad: bool):
-    """:class:`HardAlignment`'s forward: ``(mean L_STAG, saved)``, with
-    ``saved`` what :func:`hard_alignment_backward` takes after the
-    features (the per-sample coefficients of the gradients)."""
+    """:class:`HardAlignment`'s forward: ``(mean L_STAG, saved)``, ``saved``
+    the per-sample coefficients :func:`hard_alignment_backward` takes."""
     log_p = torch.log_softmax(logits, 1)
     p = log_p.exp()
     neg_h = (p * log_p).sum(1, keepdim=True)  # -H(p), eq:ent
@@ -422,9 +361,8 @@ _KERNELS = {False: (hard_alignment_forward, hard_alignment_backward)}
 
 
 def alignment_kernels(compiled: bool):
-    """:class:`HardAlignment`'s forward and backward math, compiled by
-    ``torch.compile`` on first use if ``compiled`` (once per process; each
-    new input shape compiles again)."""
+    """:class:`HardAlignment`'s forward and backward math; if ``compiled``,
+    through ``torch.compile`` (once per process and input shape)."""
     if compiled not in _KERNELS:
         _KERNELS[compiled] = (torch.compile(hard_alignment_forward),
                               torch.compile(hard_alignment_backward))
@@ -437,19 +375,12 @@ def hard_alignment_inputs(anchors: torch.Tensor,
                           frozen: bool = True
                           ) -> Tuple[torch.Tensor, Optional[torch.Tensor],
                                      bool]:
-    """What :class:`HardAlignment` needs of a classifier, once per update.
+    """``(table, matrix, on_features)`` of :class:`HardAlignment` for a
+    classifier (detached ``anchors``, ``V``, ``b``), once per update.
 
-    Args:
-        anchors (Tensor): ``[C, D]``, of :func:`anchors_from_coefficients`
-            (detached).
-        coefficients (Tensor): ``V`` of :func:`anchor_coefficients`.
-        bias (Tensor, optional): ``b`` ``[C]``, detached.
-        frozen (bool): Whether ``W`` is constant during the step: then the
-            projections come from the logits (``h . a_k = (V (z - b))_k``)
-            and the ``D``-sized features are only read for ``||h||``.
-
-    Returns:
-        tuple: ``(table, matrix, on_features)`` for ``HardAlignment``.
+    ``frozen``: ``W`` is constant during the step, so the projections come
+    from the logits (``h . a_k = (V (z - b))_k``) and the ``D``-sized
+    features are read only for ``||h||``.
     """
     zeros = anchors.new_zeros(anchors.shape[0])
     bias = zeros if bias is None or not frozen else bias
@@ -475,18 +406,14 @@ def hard_alignment(features: torch.Tensor,
     """``L_STAG(B)``, hard labels, per sample or pixel (eq:stag_batch_loss).
 
     The value of ``stag_alignment(..., label='hard').mean()`` through
-    :class:`HardAlignment`'s analytic backward; ``table``, ``matrix`` and
-    ``on_features`` from :func:`hard_alignment_inputs` in the logits'
-    dtype (``matrix`` in the dtype of what it is applied to). ``bias``:
-    the classifier's live bias, where it is trained and ``W`` is not (its
-    values are the table's; autograd gets its gradient). ``compiled``:
-    the math through ``torch.compile`` (:func:`alignment_kernels`).
+    :class:`HardAlignment` (``bias``, ``compiled``: as there); ``table``,
+    ``matrix`` and ``on_features`` from :func:`hard_alignment_inputs` in
+    the logits' dtype (``matrix`` in that of what it is applied to).
     """
     if features.dim() == 2:
-        if not features.is_contiguous():
-            # a strided view (ViT class token) would keep the token map alive
-            features = features.contiguous()
-        features, logits = features.unsqueeze(-1), logits.unsqueeze(-1)
+        # a strided view (ViT class token) would keep the token map alive
+        features = features.contiguous().unsqueeze(-1)
+        logits = logits.unsqueeze(-1)
     else:
         features, logits = features.flatten(2), logits.flatten(2)
     return HardAlignment.apply(features, logits, table, eps, eps_tensor,
@@ -505,15 +432,10 @@ def batch_alignment(features: torch.Tensor,
     """``L_STAG(B)`` through autograd (eq:stag_batch_loss): the mean of
     :func:`stag_alignment` over samples (valid pixels).
 
-    Args:
-        features, logits, anchors, eps, label: As :func:`stag_alignment`;
-            ``anchors`` in the logits' dtype.
-        coefficients (Tensor, optional): ``V`` of a frozen classifier: the
-            projections come from the logits
-            (:func:`projections_from_logits`, with ``bias``), else from the
-            features.
-        bias (Tensor, optional): The classifier's ``b``.
-        valid_mask (Tensor, optional): As :func:`reduce_batch_loss`.
+    ``anchors`` in the logits' dtype. ``coefficients``: ``V`` of a frozen
+    classifier, whose projections come from the logits
+    (:func:`projections_from_logits`, with ``bias``); None: from the
+    features.
     """
     if coefficients is not None:
         projections = projections_from_logits(logits, coefficients, bias)

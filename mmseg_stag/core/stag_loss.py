@@ -18,21 +18,13 @@ class STAGLoss(nn.Module):
             Default: ``'diagonal'``.
         label (str): ``'hard'`` (paper) or ``'soft'``. Default: ``'hard'``.
         check_finite (bool): Raise at once on nan/inf in the classifier or
-            the loss. Each check waits for the device; the online methods
-            turn it off and the loop checks ``loss_stag`` when it reads it.
-            Default: True.
+            the loss (each check waits for the device; the online methods
+            turn it off, the loop checks ``loss_stag``). Default: True.
         analytic_backward (bool, optional): Hard labels through
-            :class:`~mmseg_stag.core.stag.HardAlignment` (40 ops, its
-            gradient written out) instead of autograd through
-            :func:`~mmseg_stag.core.stag.stag_alignment` (65 ops, a node
-            each). Equal up to rounding; soft labels always use autograd.
-            None: on a CUDA device (where launches are the term's cost);
-            autograd on the CPU, whose demos keep their float32 numbers to
-            the last digit. Default: None.
-        compile (bool): Run the hard-label term's forward and backward
-            math through ``torch.compile`` (each a pure function: its
-            elementwise ops fused into a few kernels, no graph break; the
-            first call of each input shape compiles, seconds to a minute);
+            :class:`~mmseg_stag.core.stag.HardAlignment` (its gradient
+            written out) instead of autograd; equal up to rounding. None:
+            on a CUDA device only (docs/stag-loss.md). Default: None.
+        compile (bool): The hard-label math through ``torch.compile``;
             implies the analytic backward. Default: False.
 
     Raises:
@@ -67,8 +59,6 @@ class STAGLoss(nn.Module):
         self.analytic_backward = None if analytic_backward is None \
             else bool(analytic_backward)
         self.compile = bool(compile)
-        self._hard_alignment = functools.partial(stag.hard_alignment,
-                                                 compiled=self.compile)
         self._anchor_key: Optional[Tuple] = None
         self._anchors: Optional[torch.Tensor] = None
         self._coefficients: Optional[torch.Tensor] = None
@@ -140,17 +130,9 @@ class STAGLoss(nn.Module):
                 logits: torch.Tensor,
                 cls_weight: torch.Tensor,
                 cls_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Compute ``L_STAG(B)``: the mean over samples (pixels).
-
-        Args:
-            features (Tensor): Classifier inputs ``[N, D(, H, W)]``.
-            logits (Tensor): Its outputs ``[N, C(, H, W)]``, same pass.
-            cls_weight (Tensor): ``[C, D]`` or ``[C, D, 1, 1]``.
-            cls_bias (Tensor, optional): ``[C]``.
-
-        Returns:
-            Tensor: The scalar loss.
-        """
+        """``L_STAG(B)``, the mean over samples (pixels), of the classifier's
+        inputs ``[N, D(, H, W)]`` and outputs ``[N, C(, H, W)]`` of one
+        pass; ``cls_weight`` ``[C, D]`` or ``[C, D, 1, 1]``."""
         self._check(features, logits, cls_weight, cls_bias)
         # float32 for the C-sized tensors; D-sized features are not copied
         dtype = torch.float32 if features.dtype in (
@@ -165,10 +147,10 @@ class STAGLoss(nn.Module):
                 bias = cls_bias if cls_bias is not None and \
                     cls_bias.requires_grad and \
                     not cls_weight.requires_grad else None
-                loss = self._hard_alignment(
+                loss = stag.hard_alignment(
                     features, logits, *self._hard_alignment_inputs(
                         cls_weight, cls_bias, dtype, features.dtype),
-                    bias=bias)
+                    bias=bias, compiled=self.compile)
             else:
                 loss = self._autograd_loss(features, logits, cls_weight,
                                            cls_bias, dtype)
@@ -201,10 +183,9 @@ class STAGLoss(nn.Module):
     def over_outputs(self, head_outputs, cls_weight: torch.Tensor,
                      cls_bias: Optional[torch.Tensor] = None
                      ) -> torch.Tensor:
-        """``L_STAG(B)`` over every sample (pixel) of a forward pass: the
-        loss of each ``(features, logits)`` pair (one per classifier call,
-        a sliding window's crops) weighted by its number of samples by
-        ``mean_over_outputs``, as a base loss."""
+        """``L_STAG(B)`` over every sample (pixel) of a forward pass: each
+        ``(features, logits)`` pair's (one per classifier call) weighted by
+        its number of samples."""
         if len(head_outputs) == 1:  # whole inference: one call, no weights
             return self(*head_outputs[0], cls_weight, cls_bias)
         return mean_over_outputs(

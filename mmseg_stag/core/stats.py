@@ -1,11 +1,8 @@
 """What one adaptation step logs, typed: every STAG value has its field.
 
-A method fills a :class:`PassStats` per forward pass (the terms of
-eq:total_objective, then its own numbers) and returns a :class:`StepStats`
-with ``adapt``'s prediction; the loop reads it at the logger's interval and
-stops the run on a non-finite ``loss_stag`` of any pass. The logged names
-are the fields' (``loss_stag``), numbered by pass where a method logs
-several (SAR: ``loss_stag1``, ``loss_stag2``).
+A method fills a :class:`PassStats` per forward pass and returns a
+:class:`StepStats` with ``adapt``'s prediction; the loop reads it at the
+logger's interval and stops the run on a non-finite ``loss_stag``.
 """
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -38,17 +35,10 @@ class Logged(Mapping):
 
 @dataclass
 class PassStats(Logged):
-    """One forward pass: its loss terms (eq:total_objective) and the
-    method's own numbers (``extra``: kept samples, a regulariser, ...);
-    read as a mapping of the logged names (``fwd.stats['num_kept']``).
-
-    Attributes:
-        loss_base (Stat, optional): ``L_base``.
-        loss_stag (Stat, optional): ``L_STAG``; the loop checks it is finite.
-        beta (Stat, optional): ``beta_t``.
-        loss (Stat, optional): ``L_base + beta_t L_STAG``.
-        extra (dict[str, Stat]): Logged as named.
-    """
+    """One forward pass: its loss terms (eq:total_objective: ``L_base``,
+    ``L_STAG``, ``beta_t`` and their sum) and the method's own numbers
+    (``extra``: kept samples, a regulariser, ...); read as a mapping of the
+    logged names (``fwd.stats['num_kept']``)."""
     loss_base: Optional[Stat] = None
     loss_stag: Optional[Stat] = None
     beta: Optional[Stat] = None
@@ -72,16 +62,10 @@ class PassStats(Logged):
 
 @dataclass
 class StepStats(Logged):
-    """One step: its passes and the step's own numbers; read as a mapping
-    of the logged names (``stats['loss_stag']``).
-
-    Attributes:
-        passes (list[PassStats]): In order.
-        extra (dict[str, Stat]): The step's own numbers, logged as named.
-        numbered (bool): Number the passes' names (``loss1``, ``loss2``)
-            even when one pass ran (SAR, whose second pass may not run).
-            Several passes are always numbered.
-    """
+    """One step: its ``passes`` and its own numbers (``extra``); read as a
+    mapping of the logged names (``stats['loss_stag']``), the passes'
+    numbered (``loss1``, ``loss2``) where there are several or
+    ``numbered`` (SAR, whose second pass may not run)."""
     passes: List[PassStats]
     extra: Dict[str, Stat] = field(default_factory=dict)
     numbered: bool = False

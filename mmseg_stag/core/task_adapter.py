@@ -12,12 +12,8 @@ from .stats import PassStats
 
 @dataclass
 class Batch:
-    """One preprocessed batch; the task's operations read the rest.
-
-    Args:
-        inputs (Any): The model's inputs, e.g. images ``[N, 3, H, W]``.
-        data_samples (list, optional): The task's data samples.
-    """
+    """One preprocessed batch: the model's ``inputs`` (e.g. images
+    ``[N, 3, H, W]``) and the task's ``data_samples``."""
     inputs: Any
     data_samples: Optional[list] = None
 
@@ -26,13 +22,10 @@ class Batch:
 class ForwardPass:
     """One forward pass of a batch and the numbers a method logs on it.
 
-    Args:
-        output (Tensor): The model's output, what the batch is scored on:
-            per sample the classifier's logits, per pixel the segmentor's
-            (MMSeg's ``seg_logits`` at the input size, not the head's).
-        head_outputs (HeadOutputs): ``[(features, logits), ...]``, the
-            classifier's input and output, one pair per call.
-        stats (PassStats): What the method logs for the pass.
+    ``output``: what the batch is scored on, per sample the classifier's
+    logits, per pixel the segmentor's (MMSeg's ``seg_logits`` at the input
+    size); ``head_outputs``: the classifier's ``[(features, logits), ...]``,
+    one pair per call.
     """
     output: torch.Tensor
     head_outputs: HeadOutputs
@@ -44,14 +37,10 @@ class ForwardPass:
 
 @dataclass(frozen=True)
 class Logits:
-    """A method's prediction as the batch's logits, which the task turns
-    into its outputs (segmentation: resized to each image's original size).
-
-    Args:
-        value (Tensor): The logits, as ``ForwardPass.output``.
-        postprocessed (list, optional): Their post-processed data samples,
-            where the method made them already (its loss needed them).
-    """
+    """A method's prediction as the batch's logits (``ForwardPass.output``),
+    which the task turns into its outputs (segmentation: resized to each
+    image's original size); ``postprocessed``: their post-processed data
+    samples, where the method's loss made them already."""
     value: torch.Tensor
     postprocessed: Optional[list] = field(default=None, repr=False)
 
@@ -74,19 +63,14 @@ OPERATIONS = {'original_size': "logits, labels and a loss at each image's "
 
 
 class TaskAdapter:
-    """The per-sample task's operations: the probe's forward pass.
+    """The per-sample task's operations: the forward pass of ``probe``.
 
     What a task can do for a method is its :attr:`prediction_kind` and its
-    :attr:`operations`; a method checks both once, in ``configure``
-    (``BaseMethod.check_supports``).
-
-    Args:
-        probe (HeadProbe): Finds the classifier and records its calls.
+    :attr:`operations` (``BaseMethod.check_supports``).
     """
 
-    #: named operations beyond :meth:`forward` that a method may need;
-    #: ``'original_size'``: logits, labels and a loss at each image's
-    #: original size (the segmentation task's)
+    #: named operations beyond :meth:`forward` that a method may need
+    #: (:data:`OPERATIONS`)
     operations: FrozenSet[str] = frozenset()
 
     def __init__(self, probe: HeadProbe):
@@ -110,11 +94,7 @@ class TaskAdapter:
 
     def graph_key(self, batch: Batch) -> Hashable:
         """What a step captured as a CUDA graph was made for besides its
-        input values: the inputs' shape, dtype and device.
-
-        Raises:
-            ValueError: If the inputs are not one tensor.
-        """
+        input values: the inputs' shape, dtype and device."""
         inputs = batch.inputs
         if not torch.is_tensor(inputs):
             raise ValueError('cuda_graph=True needs a batch whose inputs are '

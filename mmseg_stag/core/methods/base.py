@@ -1,7 +1,5 @@
-"""The base class of the online-adaptation methods and STAG's place in it.
-
-Follows the life cycle of DequanWang/tent's tent.py (Tent.forward).
-"""
+"""The base class of the online-adaptation methods and STAG's place in it;
+the life cycle of DequanWang/tent's tent.py (Tent.forward)."""
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -22,24 +20,10 @@ from .step_graph import StepGraphs, check_capturable_optimizer
 class BaseMethod:
     """Base class of the online-adaptation methods.
 
-    Args:
-        stag (dict, optional): ``dict(beta0, gamma,
-            restart_beta_per_stage=False, **STAGLoss args)`` adds
-            ``beta_t L_STAG``. Default: None.
-        optimizer (dict, optional): An MMEngine ``OPTIMIZERS`` config
-            without params. Default: Adam, lr 7.5e-6, betas (0.9, 0.999).
-        trainable (dict, optional): For :func:`select_parameters`.
-            Default: ``dict(kind='norm_affine')``.
-        fresh_optimizer_per_stage (bool): Build a fresh optimizer when the
-            stage changes. Default: False.
-        cuda_graph (bool): Replay the whole step (forward, loss, backward,
-            optimizer step) as a CUDA graph per input shape
-            (:class:`StepGraphs`), for the methods whose step reads nothing
-            back (:attr:`graph_capturable`); Adam/AdamW run with
-            ``capturable=True`` (the same update, its step count on the
-            device). The model must be on a CUDA device. Default: False.
-        graph_warmup (int): Eager steps per input shape before the
-            capture (cuda_graph). Default: 2.
+    Its life cycle and options (``stag``, ``optimizer``, ``trainable``,
+    ``fresh_optimizer_per_stage``): docs/methods.md ("How a method runs");
+    ``cuda_graph`` (replay the step as a CUDA graph, :class:`StepGraphs`)
+    and ``graph_warmup``: docs/running.md.
 
     Raises:
         ValueError: If ``stag`` lacks ``beta0`` or ``gamma``; if
@@ -58,6 +42,8 @@ class BaseMethod:
     #: whether the step (:meth:`forward_and_adapt`) can be replayed as a
     #: CUDA graph: no host read, no host-side branch on a device value
     graph_capturable = False
+    #: attributes :meth:`__repr__` shows after the base options
+    repr_fields: Tuple[str, ...] = ()
 
     def __init__(self,
                  stag: Optional[dict] = None,
@@ -124,14 +110,8 @@ class BaseMethod:
         return ()
 
     def check_supports(self, adapter: TaskAdapter) -> None:
-        """Check, once, that the method is defined on the task ``adapter``
-        serves: its prediction kind and its operations.
-
-        Raises:
-            ValueError: If the kind is not in
-                :attr:`supported_prediction_kinds` or an operation of
-                :attr:`required_operations` is missing.
-        """
+        """Raise ``ValueError`` unless the method is defined on the task
+        ``adapter`` serves: its prediction kind and its operations."""
         kind = check_prediction_kind(adapter.prediction_kind)
         supported = self.supported_prediction_kinds
         if kind not in supported:
@@ -149,16 +129,8 @@ class BaseMethod:
                 f'operations: {sorted(adapter.operations)})')
 
     def configure(self, model: nn.Module, adapter: TaskAdapter) -> None:
-        """Set the modes, unfreeze the adapted parameters, build the optimizer.
-
-        Args:
-            model (nn.Module): The module to adapt.
-            adapter (TaskAdapter): The task's operations on a batch.
-
-        Raises:
-            ValueError: If no parameter matches ``trainable``, or the task
-                does not serve the method (:meth:`check_supports`).
-        """
+        """Set the modes, unfreeze the adapted parameters, build the optimizer;
+        ``ValueError`` if no parameter matches ``trainable``."""
         self.check_supports(adapter)
         self.prepare_model(model)
         if self.cuda_graph:
@@ -193,11 +165,7 @@ class BaseMethod:
         support check (Hybrid-TTA adds its modules); nothing by default."""
 
     def use_grad_scaler(self, device_type: str = 'cuda') -> None:
-        """Scale the losses of every update (float16 autocast).
-
-        Raises:
-            ValueError: If the method cannot scale its gradients.
-        """
+        """Scale the losses of every update (float16 autocast)."""
         if not self.supports_grad_scaler:
             raise ValueError(f'{self.name} cannot scale its gradients (a '
                              'GradScaler); use bfloat16 or float32')
@@ -211,11 +179,8 @@ class BaseMethod:
             dict(self.optimizer_cfg, params=[p for _, p in self.params]))
 
     def exclude_modules(self, exclude_regex: Optional[str]) -> None:
-        """Freeze the parameters of the modules ``exclude_regex`` matches.
-
-        Raises:
-            ValueError: If it matches every selected parameter.
-        """
+        """Freeze the parameters of the modules ``exclude_regex`` matches;
+        ``ValueError`` if it matches every selected parameter."""
         if exclude_regex is None:
             return
         kept = exclude_by_module(self.params, exclude_regex)
@@ -244,11 +209,8 @@ class BaseMethod:
         """Use :meth:`source_statistics` of an earlier fit instead."""
 
     def start_stage(self, index: int) -> None:
-        """Restart ``t`` and/or the optimizer at a new stage, if set.
-
-        The online loop calls it at the first batch of each stage, with the
-        stage's ``index`` in the stream (``StreamStage.index``).
-        """
+        """Restart ``t`` and/or the optimizer, if set, when the stage
+        ``index`` (``StreamStage.index``) differs from the last one."""
         if self.stage_index is not None and index != self.stage_index:
             if self.restart_beta_per_stage:
                 self.step = 0
@@ -259,11 +221,7 @@ class BaseMethod:
         self.stage_index = index
 
     def state_dict(self) -> dict:
-        """Return what the rest of the stream depends on (live tensors).
-
-        Raises:
-            RuntimeError: If the method is not configured.
-        """
+        """Return what the rest of the stream depends on (live tensors)."""
         if self.model is None:
             raise RuntimeError(f'{self.name}: configure before state_dict')
         return dict(
@@ -276,10 +234,8 @@ class BaseMethod:
             stage=self.stage_index)
 
     def changing_state(self) -> Dict[str, torch.Tensor]:
-        """The adapted parameters and every buffer: what steps can change.
-
-        The frozen parameters are the checkpoint's, which the run's identity
-        pins; saving them would write the whole model at every stage.
+        """The adapted parameters and every buffer: what steps can change
+        (the frozen ones are the checkpoint's, pinned by the run's identity).
         """
         state = {name: p.detach() for name, p in self.params}
         state.update((n, b) for n, b in self.model.named_buffers())
@@ -287,11 +243,7 @@ class BaseMethod:
 
     @torch.no_grad()
     def load_changing_state(self, state: Dict[str, torch.Tensor]) -> None:
-        """Copy :meth:`changing_state` back, onto the model's devices.
-
-        Raises:
-            ValueError: If the saved names are not this model's.
-        """
+        """Copy :meth:`changing_state` back, onto the model's devices."""
         current = self.changing_state()
         if set(state) != set(current):
             missing = sorted(set(current) - set(state))[:5]
@@ -303,12 +255,7 @@ class BaseMethod:
             tensor.copy_(state[name])  # copy_ converts device and dtype
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict` of a method of the same config.
-
-        Raises:
-            RuntimeError: If the method is not configured.
-            ValueError: If the saved state disagrees on having an optimizer.
-        """
+        """Continue from :meth:`state_dict` of a method of the same config."""
         if self.model is None:
             raise RuntimeError(f'{self.name}: configure before '
                                'load_state_dict')
@@ -330,22 +277,14 @@ class BaseMethod:
 
     def base_loss(self, batch: Batch,
                   fwd: ForwardPass) -> Optional[torch.Tensor]:
-        """Return ``L_base`` (eq:total_objective), None if nothing is kept.
-
-        Source and BN Adapt have no loss; SAR and CoTTA make theirs in
-        :meth:`adapt` (two passes; a teacher).
-        """
+        """Return ``L_base`` (eq:total_objective), None if nothing is kept."""
         raise TypeError(f'{self.name} has no base_loss')
 
     def loss(self, batch: Batch, fwd: ForwardPass,
              beta: Any = None) -> Optional[torch.Tensor]:
-        """Return ``L_base + beta_t L_STAG`` (eq:total_objective);
-        ``beta``: ``beta_t`` (a float or a 0-d tensor; default
-        :attr:`beta`).
-
-        Returns:
-            Tensor | None: The loss; None if there is nothing to minimise.
-        """
+        """Return ``L_base + beta_t L_STAG`` (eq:total_objective), None if
+        there is nothing to minimise; ``beta``: ``beta_t`` (a float or a 0-d
+        tensor; default :attr:`beta`)."""
         base = self.base_loss(batch, fwd) if self.has_base_loss else None
         return self.add_stag(base, fwd, beta)
 
@@ -374,11 +313,8 @@ class BaseMethod:
             self.optimizer.zero_grad(set_to_none=True)
 
     def backward_step(self, loss: torch.Tensor) -> None:
-        """Zero the gradients, backward ``loss``, step (scaled under fp16).
-
-        Under a ``GradScaler`` a step whose gradients overflow is skipped by
-        the scaler, as in any fp16 training.
-        """
+        """Zero the gradients, backward ``loss``, step (scaled under fp16:
+        a step whose gradients overflow is skipped)."""
         self.optimizer.zero_grad(set_to_none=True)
         if self.grad_scaler is None:
             loss.backward()
@@ -404,15 +340,8 @@ class BaseMethod:
                                'be called before adapting')
 
     def adapt(self, batch: Batch) -> Tuple[Prediction, StepStats]:
-        """Predict, then adapt: one forward, at most one backward.
-
-        Returns:
-            tuple[Logits | Labels, StepStats]: The prediction before the
-            update and the step's statistics.
-
-        Raises:
-            RuntimeError: If the method is not configured.
-        """
+        """Predict, then adapt: one forward, at most one backward; return the
+        prediction before the update and the step's :class:`StepStats`."""
         self.check_configured()
         if self.graphs is None:
             fwd = self.adapter.forward(self.model, batch)
@@ -448,14 +377,16 @@ class BaseMethod:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg
         fresh = (', fresh_optimizer_per_stage=True'
                  if self.fresh_optimizer_per_stage else '')
+        extra = ''.join(f', {f}={getattr(self, f)!r}'
+                        for f in self.repr_fields)
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
-                f'trainable={self.trainable_cfg}{fresh})')
+                f'trainable={self.trainable_cfg}{fresh}{extra})')
 
 
 def stag_loss_options(stag_cfg: dict) -> dict:
-    """The ``STAGLoss`` arguments of a method's ``stag`` config; the loop
-    checks ``loss_stag`` when it reads it, so the loss does not (no wait
-    for the device a step)."""
+    """The ``STAGLoss`` arguments of a method's ``stag`` config;
+    ``check_finite`` off by default (no wait for the device: the loop
+    checks ``loss_stag`` when it reads it)."""
     return {'check_finite': False, **{
         k: v for k, v in stag_cfg.items()
         if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage')}}
@@ -463,11 +394,8 @@ def stag_loss_options(stag_cfg: dict) -> dict:
 
 @torch.no_grad()
 def log_anchor_signs(classifier: nn.Module) -> Tuple[int, float, float]:
-    """Log the number of classes with ``s_k > 0`` (eq:structural_anchor).
-
-    Returns:
-        tuple[int, float, float]: That number and the range of ``s_k``.
-    """
+    """Log and return the number of classes with ``s_k > 0``
+    (eq:structural_anchor) and the range of ``s_k``."""
     weight = classifier.weight.detach().flatten(1).double()
     bias = None if classifier.bias is None else classifier.bias.detach()
     s = anchor_coefficients(weight, None if bias is None else bias.double())

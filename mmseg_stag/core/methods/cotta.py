@@ -29,23 +29,12 @@ def ema_update_(teacher: nn.Module, student: nn.Module, a: float) -> None:
 class CoTTA(BaseMethod):
     """CoTTA: a student trained on an EMA teacher, with stochastic restore.
 
-    Follows CoTTA's cifar/cotta.py (CoTTA.forward_and_adapt).
-
-    Args:
-        ema_momentum (float): Teacher EMA momentum. Default: 0.999.
-        restore_prob (float): Restore probability per element. Default: 0.01.
-        ap (float): Confidence threshold of augmenting. Default: 0.92.
-        num_augs (int): Augmented teacher forwards. Default: 32.
-        augment (dict, optional): Arguments of :class:`CoTTAAugment`, plus
-            ``soft`` and ``gaussian_std``. Default: the authors' preset.
-        always_augment (bool): Augment even when unused. Default: False.
-        restore_on_device (bool): Draw the restore mask on the parameters'
-            device, in one call for all of them. Default: False (the
-            authors' per-tensor draw on the CPU, copied to the device).
-        optimizer (dict, optional): Default: Adam, lr 1e-3.
-        trainable (dict, optional): Default: ``dict(kind='all')``.
-        loss (str): ``'ce'`` or ``'symmetric_ce'``. Default: ``'ce'``.
-        **kwargs: See :class:`BaseMethod`.
+    Follows CoTTA's cifar/cotta.py (CoTTA.forward_and_adapt); the options,
+    their defaults and the deviations: docs/methods.md (CoTTA).
+    ``restore_on_device``: draw the restore mask on the parameters' device,
+    in one call for all of them (default False: the authors' per-tensor
+    draw on the CPU, copied to the device). ``**kwargs``: see
+    :class:`BaseMethod`.
 
     Raises:
         ValueError: If an argument is out of range.
@@ -111,9 +100,8 @@ class CoTTA(BaseMethod):
         # CoTTA's copy_model_and_optimizer, after configure_model
         self.teacher = copy.deepcopy(model)
         self.source_model = copy.deepcopy(model)
-        for copy_ in (self.teacher, self.source_model):
-            for p in copy_.parameters():
-                p.requires_grad_(False)
+        self.teacher.requires_grad_(False)
+        self.source_model.requires_grad_(False)
         self.restore_params = [
             (name, p) for name, p in model.named_parameters()
             if p.requires_grad and name.rsplit('.', 1)[-1] in ('weight',
@@ -144,15 +132,11 @@ class CoTTA(BaseMethod):
         source_prob = source_logits.softmax(1).max(1)[0]
         standard_ema = forward(self.teacher, batch).output
         use_augs = self.num_augs > 0 and bool(source_prob.mean(0) < self.ap)
-        outputs = None
         if self.num_augs > 0 and (use_augs or self.always_augment):
             outputs = [forward(self.teacher, batch,
                                self.augment(batch.inputs)).output.detach()
                        for _ in range(self.num_augs)]
-        if use_augs:
-            teacher = torch.stack(outputs).mean(0)
-        else:
-            teacher = standard_ema
+        teacher = torch.stack(outputs).mean(0) if use_augs else standard_ema
         stats.extra.update(source_prob=source_prob.mean().detach(),
                            augmented=float(use_augs))
         return Logits(teacher.detach())

@@ -90,11 +90,8 @@ def hsv_to_rgb(img: torch.Tensor) -> torch.Tensor:
 
 
 def adjust_hue(img: torch.Tensor, factor: float) -> torch.Tensor:
-    """Rotate the hue by ``factor`` (a fraction of the colour wheel).
-
-    Raises:
-        ValueError: If ``factor`` is outside ``[-0.5, 0.5]``.
-    """
+    """Rotate the hue by ``factor``, a fraction of the colour wheel in
+    ``[-0.5, 0.5]``."""
     if not -0.5 <= factor <= 0.5:
         raise ValueError(f'hue factor {factor} is not in [-0.5, 0.5]')
     h, s, v = rgb_to_hsv(img).unbind(dim=-3)
@@ -131,11 +128,8 @@ def affine(img: torch.Tensor, angle: float, translate: Sequence[float],
            scale: float, shear: Sequence[float] = (0.0, 0.0),
            fill: float = 0.0,
            crop: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-    """Warp ``img [N, C, H, W]`` about its centre, as torchvision's affine.
-
-    Args:
-        crop (tuple[int, int], optional): Compute only this centre crop.
-    """
+    """Warp ``img [N, C, H, W]`` about its centre, as torchvision's affine;
+    ``crop``: compute only this centre crop."""
     n, c, h, w = img.shape
     m = inverse_affine_matrix(angle, translate, scale, shear)
     # from pixel to affine_grid's normalised coordinates
@@ -155,31 +149,21 @@ def affine(img: torch.Tensor, angle: float, translate: Sequence[float],
     return out * mask + (1.0 - mask) * fill
 
 
-def gaussian_kernel1d(kernel_size: int, sigma: float,
-                      dtype=torch.float32, device=None) -> torch.Tensor:
-    half = (kernel_size - 1) * 0.5
-    x = torch.linspace(-half, half, steps=kernel_size, dtype=dtype,
-                       device=device)
-    pdf = torch.exp(-0.5 * (x / sigma).pow(2))
-    return pdf / pdf.sum()
-
-
 def gaussian_blur(img: torch.Tensor, kernel_size: int,
                   sigma: float, pad: bool = True) -> torch.Tensor:
-    """Blur ``img [N, C, H, W]`` separably, as torchvision's GaussianBlur.
-
-    Args:
-        pad (bool): Reflect padding; False: valid pixels only.
-
-    Raises:
-        ValueError: If ``kernel_size`` or ``sigma`` is invalid.
-    """
+    """Blur ``img [N, C, H, W]`` separably, as torchvision's GaussianBlur,
+    with reflect padding (``pad``) or over the valid pixels only."""
     if kernel_size <= 0 or kernel_size % 2 == 0:
         raise ValueError(f'kernel_size must be odd and positive, got '
                          f'{kernel_size}')
     if sigma <= 0:
         raise ValueError(f'sigma must be positive, got {sigma}')
-    k = gaussian_kernel1d(kernel_size, sigma, img.dtype, img.device)
+    # torchvision's _get_gaussian_kernel1d
+    pos = torch.linspace(-(kernel_size - 1) * 0.5, (kernel_size - 1) * 0.5,
+                         steps=kernel_size, dtype=img.dtype,
+                         device=img.device)
+    pdf = torch.exp(-0.5 * (pos / sigma).pow(2))
+    k = pdf / pdf.sum()
     half = kernel_size // 2
     if pad:
         x = F.pad(img, [half, half, half, half], mode='reflect')
@@ -254,24 +238,10 @@ def cotta_augment_params(soft: bool = False,
 class CoTTAAugment:
     """CoTTA's augmentation chain as one callable on a batch.
 
-    Follows CoTTA's cifar/cotta.py (get_tta_transforms); None turns a step
-    off.
-
-    Args:
-        brightness, contrast, saturation, gamma (tuple | float): Factor
-            ranges.
-        hue (tuple | float): Hue shift range within ``[-0.5, 0.5]``.
-        pad_fraction (float): Edge padding per side, a fraction of H and W.
-        degrees (tuple | float): Rotation range in degrees.
-        translate (tuple): Maximal shifts, fractions of the padded size.
-        scale (tuple): Scale range.
-        blur_kernel (int): Gaussian kernel size (odd).
-        blur_sigma (tuple): Sigma range.
-        hflip_prob (float): Probability of a horizontal flip.
-        noise_std (float): Std of the additive Gaussian noise.
-        clip (tuple): ``(min, max)`` clip at the start and at the end.
-        mean, std (Sequence[float], optional): Normalisation of the inputs,
-            undone around the augmentation.
+    Follows CoTTA's cifar/cotta.py (get_tta_transforms); the options (each
+    None to turn a step off) and the order of the random draws:
+    docs/methods.md (CoTTA). ``mean``, ``std``: a normalisation of the
+    inputs, undone around the augmentation.
 
     Raises:
         ValueError: If an argument is out of range.
@@ -338,42 +308,25 @@ class CoTTAAugment:
                self.gamma)
         if all(op is None for op in ops):
             return img
+        # the authors clamp before gamma (NaN gradients of x**gamma at 0)
+        fns = (adjust_brightness, adjust_contrast, adjust_saturation,
+               adjust_hue, lambda x, f: adjust_gamma(x.clamp(1e-8, 1.0), f))
         for fn_id in torch.randperm(5).tolist():
-            rng = ops[fn_id]
-            if rng is None:
-                continue
-            factor = _uniform(*rng)
-            if fn_id == 0:
-                img = adjust_brightness(img, factor)
-            elif fn_id == 1:
-                img = adjust_contrast(img, factor)
-            elif fn_id == 2:
-                img = adjust_saturation(img, factor)
-            elif fn_id == 3:
-                img = adjust_hue(img, factor)
-            else:
-                # the authors clamp first (NaN gradients of x**gamma at 0)
-                img = adjust_gamma(img.clamp(1e-8, 1.0), factor)
+            if ops[fn_id] is not None:
+                img = fns[fn_id](img, _uniform(*ops[fn_id]))
         return img
 
     def affine_params(self, width: int,
                       height: int) -> Tuple[float, Tuple[int, int], float]:
         """Draw angle, integer translation and scale (RandomAffine)."""
         angle = 0.0 if self.degrees is None else _uniform(*self.degrees)
+        tx = ty = 0
         if self.translate is not None:
-            max_dx = float(self.translate[0] * width)
-            max_dy = float(self.translate[1] * height)
-            tx = int(round(_uniform(-max_dx, max_dx)))
-            ty = int(round(_uniform(-max_dy, max_dy)))
-        else:
-            tx = ty = 0
+            max_d = (float(self.translate[0] * width),
+                     float(self.translate[1] * height))
+            tx, ty = (int(round(_uniform(-m, m))) for m in max_d)
         scale = 1.0 if self.scale is None else _uniform(*self.scale)
         return angle, (tx, ty), scale
-
-    @property
-    def uses_affine(self) -> bool:
-        return not (self.degrees is None and self.translate is None
-                    and self.scale is None)
 
     def augment01(self, x: torch.Tensor) -> torch.Tensor:
         """Augment a batch of images in ``[0, 1]``."""
@@ -391,7 +344,8 @@ class CoTTAAugment:
         half = self.blur_kernel // 2 if self.blur_sigma is not None else 0
         window = (h + 2 * half, w + 2 * half) \
             if ph >= half and pw >= half else None
-        if self.uses_affine:
+        if not (self.degrees is None and self.translate is None
+                and self.scale is None):
             angle, translate, scale = self.affine_params(x.shape[-1],
                                                          x.shape[-2])
             x = affine(x, angle, translate, scale, crop=window)
@@ -415,10 +369,8 @@ class CoTTAAugment:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.mean is None:
             return self.augment01(x)
-        mean = torch.tensor(self.mean, dtype=x.dtype,
-                            device=x.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, dtype=x.dtype,
-                           device=x.device).view(1, -1, 1, 1)
+        mean, std = (torch.tensor(v, dtype=x.dtype, device=x.device).view(
+            1, -1, 1, 1) for v in (self.mean, self.std))
         return (self.augment01(x * std + mean) - mean) / std
 
     def __repr__(self) -> str:

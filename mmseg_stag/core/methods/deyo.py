@@ -17,22 +17,11 @@ def patch_shuffle(x: torch.Tensor,
                   patch_len: int = 4,
                   generator: Optional[torch.Generator] = None,
                   perm: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Shuffle each image's ``patch_len x patch_len`` patches.
+    """Shuffle the ``patch_len x patch_len`` patches of each image of
+    ``x [N, C, H, W]``; follows DeYO's methods/deyo.py (``aug_type='patch'``).
 
-    Follows DeYO's methods/deyo.py (``aug_type='patch'``).
-
-    Args:
-        x (Tensor): Images ``[N, C, H, W]``.
-        patch_len (int): Patches per row and per column. Default: 4.
-        generator (torch.Generator, optional): For the permutations.
-        perm (Tensor, optional): ``[N, patch_len**2]``: output patch ``k``
-            is input patch ``perm[b, k]`` (row-major); None: drawn.
-
-    Returns:
-        Tensor: The shuffled images, same shape.
-
-    Raises:
-        ValueError: If the shapes do not fit.
+    ``perm`` ``[N, patch_len**2]``: output patch ``k`` is input patch
+    ``perm[b, k]`` (row-major); None: drawn with ``generator``.
     """
     if x.dim() != 4:
         raise ValueError(f'patch_shuffle needs images [N, C, H, W], got '
@@ -69,26 +58,18 @@ def patch_shuffle(x: torch.Tensor,
 class DeYO(SampleFilteringMethod):
     """DeYO: entropy minimisation on samples whose prediction needs shape.
 
-    Follows DeYO's methods/deyo.py (forward_and_adapt_deyo).
-
-    Args:
-        deyo_margin (float): Entropy filter / ``ln C``. Default: 0.5.
-        reweight_margin (float): ``Ent_0`` / ``ln C`` of the weights (the
-            authors' ``deyo_margin_e0``). Default: 0.4.
-        plpd_threshold (float): PLPD filter. Default: 0.2.
-        patch_len (int): Patches per row and column. Default: 4.
-        reweight_ent (bool | float): Entropy weight factor. Default: 1.0.
-        reweight_plpd (bool | float): PLPD weight factor. Default: 1.0.
-        exclude_regex (str, optional): Modules left frozen.
-            Default: :data:`~.sar.SAR_AUTHORS_EXCLUDE`.
-        optimizer (dict, optional): Default: SGD, lr 0.00025, momentum 0.9.
-        **kwargs: See :class:`BaseMethod`.
+    Follows DeYO's methods/deyo.py (forward_and_adapt_deyo); the options and
+    their defaults: docs/methods.md (DeYO). ``**kwargs``: see
+    :class:`BaseMethod`.
 
     Raises:
         ValueError: If a margin or ``patch_len`` is not positive.
     """
 
     supported_prediction_kinds = ('per_sample', 'per_pixel')
+    repr_fields = ('deyo_margin', 'reweight_margin', 'plpd_threshold',
+                   'patch_len', 'reweight_ent', 'reweight_plpd',
+                   'exclude_regex')
 
     def __init__(self,
                  deyo_margin: float = 0.5,
@@ -131,19 +112,9 @@ class DeYO(SampleFilteringMethod):
         self.margin_e0 = self.reweight_margin * math.log(self.num_classes)
 
     def select(self, batch: Batch, head_outputs: HeadOutputs):
-        """Apply both filters to one batch.
-
-        Args:
-            batch (Batch): Its images ``[N, C, H, W]`` are shuffled.
-            head_outputs (HeadOutputs): Of its forward pass.
-
-        Returns:
-            tuple: Entropies, reliable and selected masks ``[M]``, and the
-            PLPD of the reliable samples (None if there is none).
-
-        Raises:
-            ValueError: If ``batch.inputs`` are not the batch's images.
-        """
+        """Apply both filters to one batch (its images are shuffled); return
+        the entropies, the reliable and selected masks ``[M]`` and the PLPD
+        of the reliable samples (None if there is none)."""
         logits = flatten_logits(head_outputs)
         inputs = batch.inputs
         per_pixel = head_outputs[0][1].dim() == 4
@@ -181,11 +152,7 @@ class DeYO(SampleFilteringMethod):
 
     def shuffled_pixel_probs(self, batch: Batch, head_outputs: HeadOutputs,
                              reliable: torch.Tensor) -> torch.Tensor:
-        """Return the shuffled images' probabilities at the reliable pixels.
-
-        Raises:
-            ValueError: If the shuffled forward gives other shapes.
-        """
+        """The shuffled images' probabilities at the reliable pixels."""
         num_images = head_outputs[0][1].shape[0]
         image_of_pixel = torch.cat([
             torch.arange(num_images, device=reliable.device
@@ -229,13 +196,3 @@ class DeYO(SampleFilteringMethod):
                      self.reweight_plpd * (1 / torch.exp(-1. * plpd)))
             ent = ent.mul(coeff)
         return ent.mean(0)
-
-    def __repr__(self) -> str:
-        return (super().__repr__()[:-1] +
-                f', deyo_margin={self.deyo_margin}, '
-                f'reweight_margin={self.reweight_margin}, '
-                f'plpd_threshold={self.plpd_threshold}, '
-                f'patch_len={self.patch_len}, '
-                f'reweight_ent={self.reweight_ent}, '
-                f'reweight_plpd={self.reweight_plpd}, '
-                f'exclude_regex={self.exclude_regex!r})')

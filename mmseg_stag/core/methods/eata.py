@@ -12,10 +12,8 @@ from .base import SampleFilteringMethod
 
 def update_model_probs(current: Optional[torch.Tensor],
                        new_probs: torch.Tensor) -> Optional[torch.Tensor]:
-    """Return the moving average ``p_bar`` of the selected probabilities.
-
-    Follows EATA's eata.py (update_model_probs).
-    """
+    """Return the moving average ``p_bar`` of the selected probabilities;
+    follows EATA's eata.py (update_model_probs)."""
     new_probs = new_probs.detach()
     if current is None:
         if new_probs.size(0) == 0:
@@ -30,20 +28,15 @@ def update_model_probs(current: Optional[torch.Tensor],
 class EATA(SampleFilteringMethod):
     """EATA: reliable, non-redundant entropy minimisation with EWC.
 
-    Follows EATA's eata.py (forward_and_adapt_eata).
-
-    Args:
-        entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
-        d_margin (float): Redundancy cosine threshold. Default: 0.05.
-        fisher_alpha (float): EWC weight; 0 gives ETA. Default: 2000.
-        optimizer (dict, optional): Default: SGD, lr 0.00025, momentum 0.9.
-        **kwargs: See :class:`BaseMethod`.
+    Follows EATA's eata.py (forward_and_adapt_eata); the options and their
+    defaults: docs/methods.md (EATA). ``**kwargs``: see :class:`BaseMethod`.
 
     Raises:
         ValueError: If a margin is not positive or ``fisher_alpha < 0``.
     """
 
     supported_prediction_kinds = ('per_sample', 'per_pixel')
+    repr_fields = ('entropy_margin', 'd_margin', 'fisher_alpha')
 
     def __init__(self,
                  entropy_margin: float = 0.4,
@@ -109,17 +102,8 @@ class EATA(SampleFilteringMethod):
             for name, pair in fishers.items()}
 
     def fit_source(self, batches) -> None:
-        """Compute the Fisher information of the trainable parameters.
-
-        Follows the Fisher loop of EATA's main.py.
-
-        Args:
-            batches (Iterable[Batch]): Clean source batches.
-
-        Raises:
-            RuntimeError: If the method is not configured.
-            ValueError: If ``batches`` is empty.
-        """
+        """Compute the Fisher information of the trainable parameters on
+        clean source batches (the Fisher loop of EATA's main.py)."""
         if self.fisher_alpha == 0:
             return  # ETA
         self.check_configured()
@@ -168,14 +152,8 @@ class EATA(SampleFilteringMethod):
 
     def select(self, logits: torch.Tensor
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Apply both filters and update ``p_bar`` for one batch.
-
-        Args:
-            logits (Tensor): ``[M, C]``, one row per sample (pixel).
-
-        Returns:
-            tuple[Tensor]: Entropies, reliable and selected masks, ``[M]``.
-        """
+        """Apply both filters and update ``p_bar`` for one batch of logits
+        ``[M, C]``; return the entropies, reliable and selected masks."""
         entropies = softmax_entropy(logits)
         reliable = entropies < self.e_margin
         selected = reliable.clone()
@@ -214,9 +192,3 @@ class EATA(SampleFilteringMethod):
                 'fit_source(clean_batches) before adapt, or set '
                 'fisher_alpha=0 (ETA)')
         return super().adapt(batch)
-
-    def __repr__(self) -> str:
-        return (super().__repr__()[:-1] +
-                f', entropy_margin={self.entropy_margin}, '
-                f'd_margin={self.d_margin}, '
-                f'fisher_alpha={self.fisher_alpha})')

@@ -17,17 +17,13 @@ from .base import BaseMethod
 class EcoTTA(BaseMethod):
     """EcoTTA: a regularisation step, then an entropy step, per batch.
 
-    Follows the community completion in Lily-Le/EcoTTA (main.py adapt).
-
-    Args:
-        reg_weight (float): Regularisation weight. Default: 0.5.
-        entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
-        optimizer (dict, optional): Default: SGD, lr 5e-3, momentum 0.9.
-        trainable (dict, optional): Default: the meta networks.
-        **kwargs: See :class:`BaseMethod`.
+    Follows the community completion in Lily-Le/EcoTTA (main.py adapt); the
+    options and their defaults: docs/methods.md (EcoTTA). ``**kwargs``: see
+    :class:`BaseMethod`.
     """
 
     supported_prediction_kinds = ('per_sample', )
+    repr_fields = ('reg_weight', 'entropy_margin')
 
     def __init__(self, reg_weight: float = 0.5, entropy_margin: float = 0.4,
                  optimizer: Optional[dict] = None,
@@ -77,7 +73,3 @@ class EcoTTA(BaseMethod):
         prediction, stats = super().adapt(batch)
         stats.extra['loss_reg'] = loss_reg
         return prediction, stats
-
-    def __repr__(self) -> str:
-        return (super().__repr__()[:-1] + f', reg_weight={self.reg_weight},'
-                f' entropy_margin={self.entropy_margin})')

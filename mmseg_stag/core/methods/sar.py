@@ -20,24 +20,9 @@ SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
 class SAR(BaseMethod):
     """SAR: reliable entropy minimisation with a SAM update and recovery.
 
-    Follows SAR's sar.py (forward_and_adapt_sar, SAR.forward).
-
-    Args:
-        entropy_margin (float): ``E0`` as a fraction of ``ln C``. Default: 0.4.
-        rho (float): SAM neighbourhood size. Default: 0.05.
-        recovery_threshold (float): Recovery when the loss EMA is below
-            it (the authors' literal 0.2). Default: 0.2.
-        exclude_regex (str, optional): Modules left frozen.
-            Default: :data:`SAR_AUTHORS_EXCLUDE`.
-        momentum_step_on_empty (bool): Step by momentum alone when nothing
-            is kept. Default: True.
-        recovery_restores_optimizer (bool): Recovery clears momentum.
-            Default: False.
-        recovery_clears_ema (bool): Restart the EMA on recovery.
-            Default: False.
-        optimizer (dict, optional): SAM's base optimizer. Default: SGD,
-            lr 0.00025, momentum 0.9.
-        **kwargs: See :class:`BaseMethod`.
+    Follows SAR's sar.py (forward_and_adapt_sar, SAR.forward); the options,
+    their defaults and the deviations: docs/methods.md (SAR). ``**kwargs``:
+    see :class:`BaseMethod`.
 
     Raises:
         ValueError: If ``entropy_margin <= 0`` or ``rho < 0``.
@@ -46,6 +31,9 @@ class SAR(BaseMethod):
     supported_prediction_kinds = ('per_sample', 'per_pixel')
     #: SAM's ascent step needs unscaled gradients between two backwards
     supports_grad_scaler = False
+    repr_fields = ('entropy_margin', 'rho', 'recovery_threshold',
+                   'recovery_restores_optimizer', 'recovery_clears_ema',
+                   'exclude_regex')
 
     def __init__(self,
                  entropy_margin: float = 0.4,
@@ -106,15 +94,8 @@ class SAR(BaseMethod):
     def reliable_entropy(self, fwd: ForwardPass,
                          among: Optional[torch.Tensor] = None
                          ) -> Tuple[Optional[torch.Tensor], torch.Tensor]:
-        """Return the mean entropy of the samples below ``E0`` and the mask.
-
-        Args:
-            fwd (ForwardPass): A forward pass of the batch.
-            among (Tensor, optional): Samples an earlier pass kept.
-
-        Returns:
-            tuple: The loss (None if nothing is kept) and the kept mask.
-        """
+        """Return the mean entropy of the samples of ``fwd`` below ``E0``
+        (of those ``among`` keeps, if given; None if none) and their mask."""
         logits = flatten_logits(fwd.head_outputs)
         entropies = softmax_entropy(logits)
         keep = entropies < self.e_margin
@@ -132,17 +113,14 @@ class SAR(BaseMethod):
                 p.copy_(self._initial_params[name])
         if self.recovery_restores_optimizer:
             # deviation: SAR.reset keeps the momentum buffers
-            self.optimizer.load_base_state_dict(
+            self.optimizer.load_state_dict(
                 copy.deepcopy(self._initial_optimizer))
         self.ema = None
         self.num_recoveries += 1
 
     def recover(self) -> bool:
-        """Recover when ``ema < recovery_threshold``, as SAR.forward.
-
-        Returns:
-            bool: Whether the recovery fired.
-        """
+        """Recover when ``ema < recovery_threshold``, as SAR.forward;
+        return whether it did."""
         ema = self.ema
         if ema is None or not ema < self.recovery_threshold:
             return False
@@ -205,12 +183,3 @@ class SAR(BaseMethod):
         if self.ema is not None:
             stats.extra['ema'] = self.ema
         return self.prediction(first), stats
-
-    def __repr__(self) -> str:
-        return (super().__repr__()[:-1] +
-                f', entropy_margin={self.entropy_margin}, rho={self.rho}, '
-                f'recovery_threshold={self.recovery_threshold}, '
-                f'recovery_restores_optimizer='
-                f'{self.recovery_restores_optimizer}, '
-                f'recovery_clears_ema={self.recovery_clears_ema}, '
-                f'exclude_regex={self.exclude_regex!r})')

@@ -4,11 +4,8 @@ from .base import BaseMethod
 
 @METHODS.register_module(name='source')
 class Source(BaseMethod):
-    """The source model, unchanged: no update, evaluation mode.
-
-    Raises:
-        ValueError: If ``stag`` is given (nothing to update).
-    """
+    """The source model, unchanged: no update, evaluation mode (``stag``
+    refused: nothing to update)."""
 
     has_base_loss = False
 

@@ -1,21 +1,13 @@
 """A method's whole adaptation step replayed as a CUDA graph.
 
-An eager SegFormer-B5 step launches thousands of kernels, one by one from
-the host; on a fast GPU the host cannot keep up and the GPU waits
-(docs/benchmark.md). A captured graph (``torch.cuda.graphs``) launches
-them all at once. What it needs of the step:
-
-- nothing read back to the host and no host-side branch on a device value
-  (a captured step replays the value read at capture);
-- an optimizer whose state lives on the device (Adam/AdamW with
-  ``capturable=True``: its step counts and bias corrections on the device);
-- ``beta_t`` (eq:adaptive_decay), which the host changes every step, fed
-  through a device tensor filled before each replay;
-- one input shape per graph: a graph is captured per key (the task
-  adapter's ``graph_key``: input shapes, dtype, device and the task's
-  metainfo), on a static copy of the batch (``static_batch``) whose input
-  tensors (``graph_inputs``: the images, and CoTTA's teacher views) each
-  later batch of that key is copied into.
+A captured graph launches an eager step's thousands of kernels at once
+(docs/running.md, ``cuda_graph``). The step must read nothing back to the
+host and branch on no device value (a replay repeats the capture's); its
+optimizer keeps its state on the device (Adam/AdamW ``capturable=True``);
+``beta_t`` (eq:adaptive_decay) comes in a device tensor filled before each
+replay; a graph is captured per input key (``TaskAdapter.graph_key``), on
+a static copy of the batch whose ``graph_inputs`` later batches are copied
+into.
 """
 import dataclasses
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
@@ -43,23 +35,16 @@ class StepGraphs:
     a captured CUDA graph.
 
     Per key, the first ``warmup`` batches run eagerly on a side stream
-    (they are real steps: they adapt the model and give their predictions;
-    they also create the optimizer's state, which the graph then updates in
-    place); the next batch is captured and replayed; every later batch of
-    that key is copied into the captured inputs and replayed. Every batch
-    is stepped on exactly once, as in eager mode. The graphs share one
-    memory pool.
+    (real steps, which also create the optimizer's state that the graph
+    then updates in place); the next batch is captured and replayed, every
+    later one copied into the captured inputs and replayed: each batch is
+    stepped on once, as in eager mode. The graphs share one memory pool.
 
-    Args:
-        step (callable): ``step(batch, beta) -> (prediction, stats)``; beta
-            a float or a 0-d device tensor (None without STAG).
-        adapter (TaskAdapter): The task's: its ``static_batch`` (a batch
-            with its input tensors cloned) and ``graph_inputs`` (those
-            tensors, copied into the captured ones before a replay).
-        warmup (int): Eager batches per key before the capture. Default: 2.
-        zero_grad (callable): Sets the adapted parameters' gradients to
-            None before a capture, so that the graph's backward writes
-            (not adds) them.
+    ``step(batch, beta) -> (prediction, stats)``, beta a float or a 0-d
+    device tensor (None without STAG); ``adapter`` gives ``static_batch``
+    and ``graph_inputs``; ``zero_grad`` sets the adapted parameters'
+    gradients to None before a capture, so that the graph's backward
+    writes (not adds) them.
     """
 
     def __init__(self, step: Step, adapter, warmup: int = 2,
@@ -149,11 +134,7 @@ def copy_outputs(prediction, stats: StepStats) -> Tuple[Any, StepStats]:
 def check_capturable_optimizer(optimizer_cfg: dict) -> dict:
     """``optimizer_cfg`` as a graph can replay it: Adam/AdamW with
     ``capturable=True`` (same update; its step count on the device), SGD
-    as it is.
-
-    Raises:
-        ValueError: For another optimizer, or ``capturable=False`` set.
-    """
+    as it is; ``ValueError`` for another or ``capturable=False``."""
     kind = optimizer_cfg.get('type')
     name = kind if isinstance(kind, str) else getattr(kind, '__name__', '')
     if name in ('Adam', 'AdamW'):

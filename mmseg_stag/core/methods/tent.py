@@ -10,18 +10,8 @@ class TENT(BaseMethod):
 
     Follows DequanWang/tent's tent.py (forward_and_adapt), in eval mode;
     ``loss='pseudo_ce_fullres'`` follows CoTTA's ACDC mmseg/apis/test.py
-    (single_gpu_tent).
-
-    Args:
-        loss (str): ``'entropy'`` (eq:ent), ``'pseudo_ce'`` (cross-entropy
-            to the own argmax) or ``'pseudo_ce_fullres'`` (CoTTA's ACDC
-            loss: the head's logits resized to each image's original size,
-            cross-entropy to the labels predicted there; needs the task's
-            ``'original_size'`` operation, segmentation). Default:
-            ``'entropy'``.
-        align_corners (bool): Of the resize of ``'pseudo_ce_fullres'``.
-            Default: False.
-        **kwargs: See :class:`BaseMethod`.
+    (single_gpu_tent). ``loss`` and ``align_corners``: docs/methods.md
+    (TENT); ``**kwargs``: see :class:`BaseMethod`.
 
     Raises:
         ValueError: If ``loss`` is unknown.
