@@ -60,11 +60,8 @@ OUR_STAG: List[Tuple[str, str, str, str, float, float, str]] = [
 
 def paper_stag(benchmark: str, scenario: str, model: str,
                method: str) -> Dict[str, float]:
-    """``dict(beta0, gamma)`` of the paper for one setting.
-
-    Raises:
-        KeyError: If the paper has no row for it.
-    """
+    """``dict(beta0, gamma)`` of the paper for one setting (``KeyError``
+    if the paper has no row for it)."""
     for b, s, m, base, beta0, gamma in PAPER_STAG:
         if (b, s, m, base) == (benchmark, scenario, model, method):
             return dict(beta0=beta0, gamma=gamma)
@@ -75,11 +72,8 @@ def paper_stag(benchmark: str, scenario: str, model: str,
 def stag_hparams(benchmark: str, scenario: str, model: str,
                  method: str) -> Dict[str, float]:
     """The paper's ``dict(beta0, gamma)`` for one setting, else ours
-    (:data:`OUR_STAG`), as the configs take them.
-
-    Raises:
-        KeyError: If neither table has the setting.
-    """
+    (:data:`OUR_STAG`), as the configs take them (``KeyError`` if neither
+    table has the setting)."""
     for b, s, m, base, beta0, gamma, _ in OUR_STAG:
         if (b, s, m, base) == (benchmark, scenario, model, method):
             return dict(beta0=beta0, gamma=gamma)

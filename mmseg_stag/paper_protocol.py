@@ -11,12 +11,9 @@ from mmengine.config import Config
 
 
 def load_config(config, checkpoint: str, cfg_options: dict) -> Config:
-    """The config with its options, checked before any run.
-
-    Raises:
-        FileNotFoundError: If the config or the checkpoint is not there.
-        ValueError: If the config has no STAG.
-    """
+    """The config with its options, checked before any run
+    (``FileNotFoundError`` for a missing config or checkpoint,
+    ``ValueError`` for a config without STAG)."""
     for name, path in (('config', config), ('checkpoint', checkpoint)):
         if isinstance(path, str) and not osp.isfile(path):
             raise FileNotFoundError(f'{name} file not found: {path}')

@@ -1,12 +1,7 @@
 """Finished runs as the paper's table: our score beside the paper's.
 
 A run is a work dir of ``tools/test.py`` with its ``continual_results.json``
-and the config MMEngine dumped there, whose file name says the setting:
-``segformer_mit-b5-nvlabs_acdc-continual_<method>[-stag].py`` (ACDC) or
-``<benchmark>_<scenario>_<model>_<method>[-stag].py`` (``configs/cls``).
-The paper's scores are :data:`mmseg_stag.paper_results.PAPER_RESULTS`
-(ACDC: mean mIoU over the 40 stages; ImageNet-C: accuracy %; CIFAR-C:
-error %, each averaged over the corruptions).
+and the config MMEngine dumped there, whose file name says the setting.
 """
 import glob
 import os.path as osp
@@ -15,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .engine.report import RESULTS_FILE, read_results, write_files
+from .engine.report import RESULTS_FILE, new_figure, read_results, write_files
 from .paper_results import METRICS, paper_result
 
 #: ``configs/stag_acdc`` names; only the NVlabs B5 is the paper's model
@@ -66,11 +61,7 @@ def setting_of(config_name: str) -> Optional[dict]:
 
 def run_config(work_dir: str) -> str:
     """The config file MMEngine dumped into ``work_dir`` whose name says
-    the setting.
-
-    Raises:
-        ValueError: If there is none, or more than one.
-    """
+    the setting (``ValueError`` if there is none, or more than one)."""
     names = sorted(osp.basename(p) for p in glob.glob(osp.join(work_dir,
                                                                '*.py')))
     known = [n for n in names if setting_of(n)]
@@ -84,13 +75,9 @@ def run_config(work_dir: str) -> str:
 
 
 def read_run(work_dir: str) -> Run:
-    """Read a finished run and its setting.
-
-    Raises:
-        FileNotFoundError: If the run did not finish.
-        ValueError: For results of another schema, or a work dir whose
-            setting cannot be told.
-    """
+    """Read a finished run and its setting (``FileNotFoundError`` if it
+    did not finish, ``ValueError`` for results of another schema or a work
+    dir whose setting cannot be told)."""
     work_dir = osp.normpath(work_dir)
     if not osp.isdir(work_dir):
         raise FileNotFoundError(f'{work_dir}: no such work dir')
@@ -137,22 +124,19 @@ def table_rows(runs: Sequence[Run]) -> List[dict]:
     lower_better = METRICS[runs[0].benchmark][1]
     rows: Dict[tuple, dict] = OrderedDict()
     for run in runs:
-        key = (run.model, run.method)
-        if key in rows and (run.stag and rows[key]['stag_ours'] is not None
-                            or not run.stag and rows[key]['base_ours']
-                            is not None):
-            raise ValueError(f'two runs of {run.model} {run.method}'
-                             f'{"+STAG" if run.stag else ""}: '
-                             f"{rows[key]['work_dirs'][-1]} and "
-                             f'{run.work_dir}')
-        row = rows.setdefault(key, dict(
+        row = rows.setdefault((run.model, run.method), dict(
             model=run.model, method=run.method, base_ours=None,
             base_paper=paper_result(run.benchmark, run.scenario, run.model,
                                     run.method, False),
             stag_ours=None, stag_paper=paper_result(
                 run.benchmark, run.scenario, run.model, run.method, True),
             work_dirs=[]))
-        row['stag_ours' if run.stag else 'base_ours'] = run.score
+        ours = 'stag_ours' if run.stag else 'base_ours'
+        if row[ours] is not None:
+            raise ValueError(f'two runs of {run.model} {run.method}'
+                             f'{"+STAG" if run.stag else ""}: '
+                             f"{row['work_dirs'][-1]} and {run.work_dir}")
+        row[ours] = run.score
         row['work_dirs'].append(run.work_dir)
     for row in rows.values():
         for who in ('ours', 'paper'):
@@ -198,7 +182,6 @@ def format_table(runs: Sequence[Run], rows: Sequence[dict]) -> str:
 
 def plot_table(path: str, runs: Sequence[Run], rows: Sequence[dict]) -> None:
     """Bars per (model, method): ours and the paper's, baseline and +STAG."""
-    from .engine.report import new_figure
     metric, _ = METRICS[runs[0].benchmark]
     fig = new_figure(max(6.0, 1.3 * len(rows) + 2), 4.2)
     ax = fig.add_subplot(1, 1, 1)
@@ -228,10 +211,8 @@ def plot_table(path: str, runs: Sequence[Run], rows: Sequence[dict]) -> None:
 def collect(work_dirs: Sequence[str], out_dir: str,
             stem: str = 'paper_table') -> Dict[str, str]:
     """Write the table of finished runs (Markdown, CSV, JSON, PNG) into
-    ``out_dir``; every run is read and checked before anything is written.
-
-    Returns:
-        dict[str, str]: The paths, keyed ``md``, ``csv``, ``json``, ``png``.
+    ``out_dir``, every run read and checked first; return the paths, keyed
+    ``md``, ``csv``, ``json``, ``png``.
 
     Raises:
         FileNotFoundError: For a missing or unfinished work dir.

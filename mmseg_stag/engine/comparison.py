@@ -16,17 +16,12 @@ def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
     return read_partial(work_dir), False
 
 
-def _stage_key(stage: dict) -> str:
-    return f"r{stage['round']} {stage['condition']}"
-
-
 def _conditions(runs: Sequence[dict]) -> List[str]:
     return list(OrderedDict.fromkeys(
         s['condition'] for r in runs for s in r['stages']))
 
 
 def _score(runs: Sequence[dict]) -> str:
-    """The runs' score name (``score_name`` of their stages)."""
     stages = [s for r in runs for s in r['stages']]
     return stages[0]['score_name'] if stages else 'mIoU'
 
@@ -45,7 +40,7 @@ def comparison_rows(runs: Sequence[dict]) -> List[dict]:
             values = [s['score'] for s in stages if s['condition'] == c]
             row[f'mean {c}'] = mean_ignoring_nan(values) if values else None
         for s in stages:
-            row[_stage_key(s)] = s['score']
+            row[f"r{s['round']} {s['condition']}"] = s['score']
         rows.append(row)
     return rows
 
@@ -53,18 +48,9 @@ def comparison_rows(runs: Sequence[dict]) -> List[dict]:
 def write_comparison(out_dir: str, runs: Sequence[dict],
                      prefix: str = 'comparison',
                      title: str = 'continual mIoU') -> Dict[str, str]:
-    """Write the table and the figure of ``runs``.
-
-    Args:
-        out_dir (str): Folder, created if needed.
-        runs (Sequence[dict]): Each with ``name``, ``stages`` and other
-            plain fields kept as columns.
-        prefix (str): File name stem. Default: 'comparison'.
-        title (str): Figure title. Default: 'continual mIoU'.
-
-    Returns:
-        dict[str, str]: Paths keyed ``json``, ``csv``, ``md``, ``png``.
-    """
+    """Write the table and the figure of ``runs`` (each with ``name``,
+    ``stages`` and other plain fields kept as columns) into ``out_dir``;
+    return the paths keyed ``json``, ``csv``, ``md``, ``png``."""
     rows, conditions = comparison_rows(runs), _conditions(runs)
     columns = list(OrderedDict.fromkeys(k for row in rows for k in row))
 

@@ -58,18 +58,9 @@ REMAINING_NONDETERMINISTIC_OPS: Dict[str, str] = {
 def raises_on_cuda(func, args: Tuple = (),
                    kwargs: Optional[Mapping[str, Any]] = None
                    ) -> Optional[str]:
-    """Return why an aten call would raise on CUDA in deterministic mode.
-
-    Args:
-        func (torch._ops.OpOverload): The op, as a ``TorchDispatchMode``
-            sees it, e.g. ``torch.ops.aten.histc.default``.
-        args (tuple): The call's positional arguments.
-        kwargs (Mapping, optional): Its keyword arguments.
-
-    Returns:
-        str | None: The docstring's wording of the op, or None if the call
-        has a deterministic CUDA kernel.
-    """
+    """Return why an aten call (``func``, an ``OpOverload`` as a
+    ``TorchDispatchMode`` sees it) would raise on CUDA in deterministic
+    mode: the op's wording in the list, or None if it would not."""
     op = func.overloadpacket.__name__
     if op not in NONDETERMINISTIC_CUDA_OPS:
         return None
@@ -100,25 +91,10 @@ def _condition_holds(op: str, named: Mapping[str, Any]) -> bool:
 
 def configure_determinism(logger: Optional[logging.Logger] = None,
                           warn_only: bool = True) -> bool:
-    """Let deterministic mode warn on the remaining ops, and log the state.
-
-    With ``torch.use_deterministic_algorithms(True)`` (MMEngine's
-    ``randomness.deterministic``), switches to ``warn_only=True`` so that an
-    op of :data:`REMAINING_NONDETERMINISTIC_OPS` (or one this project does
-    not know of) warns instead of stopping the run at its first image, and
-    logs one line: the remaining ops, cuDNN's ``deterministic`` and
-    ``benchmark`` flags and the TF32 flags. Does nothing when deterministic
-    mode is off.
-
-    Args:
-        logger (logging.Logger, optional): Where the line goes. Default:
-            None (MMEngine's current logger).
-        warn_only (bool): Whether to switch to warnings; False keeps
-            PyTorch's errors. Default: True.
-
-    Returns:
-        bool: Whether deterministic mode is on.
-    """
+    """In deterministic mode, switch to ``warn_only`` (so that an op of
+    :data:`REMAINING_NONDETERMINISTIC_OPS`, or an unknown one, warns rather
+    than stops the run) and log the remaining ops, cuDNN's and TF32 flags
+    (docs/running.md); return whether deterministic mode is on."""
     if not torch.are_deterministic_algorithms_enabled():
         return False
     torch.use_deterministic_algorithms(True, warn_only=warn_only)
@@ -135,31 +111,10 @@ def configure_determinism(logger: Optional[logging.Logger] = None,
 
 
 def configure_cuda_math(tf32: Optional[bool] = None) -> None:
-    """Set whether float32 matmuls and cuDNN convolutions may use TF32.
-
-    What each switch costs in reproducibility:
-
-    - TF32 (Ampere and later GPUs) rounds the inputs of float32 matrix
-      products and convolutions to a 10-bit mantissa: results differ from
-      IEEE float32 by about 1e-3 relative, the same on every run of the
-      same machine and software, different from a run without TF32 and
-      from a CPU run. PyTorch's defaults: matmuls off, cuDNN convolutions
-      on.
-    - ``cudnn.benchmark`` (MMEngine's ``env_cfg.cudnn_benchmark``; not set
-      here) times several convolution algorithms on the first batch of each
-      shape and keeps the fastest, so two runs may pick different
-      algorithms and give different numbers; deterministic mode turns it
-      off.
-
-    Sets PyTorch's ``allow_tf32`` flags, as ``tools/gpu_check.py`` and
-    MMCV read them (torch 2.13 refuses to read them once its newer
-    ``fp32_precision`` settings were used: do not mix the two).
-
-    Args:
-        tf32 (bool, optional): True allows TF32 in both, False forbids it
-            in both (IEEE float32), None keeps PyTorch's settings. Default:
-            None.
-    """
+    """Set whether float32 matmuls and cuDNN convolutions may use TF32
+    (None: PyTorch's settings; docs/running.md) by the ``allow_tf32`` flags
+    that ``tools/gpu_check.py`` and MMCV read (torch 2.13 refuses to read
+    them once its ``fp32_precision`` settings were used: do not mix)."""
     if tf32 is None:
         return
     torch.backends.cuda.matmul.allow_tf32 = bool(tf32)

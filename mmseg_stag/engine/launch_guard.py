@@ -1,11 +1,5 @@
-"""Refuse a continual stream started as several processes, by any launcher.
-
-MMEngine sees other processes only when its launcher initialised
-``torch.distributed``; ``srun``, ``mpirun`` or ``torchrun`` with
-``--launcher none`` start processes that each see a world size of 1. The
-launchers' environment variables below tell them apart (docs/sweeps.md
-says which counts what, and why ``SLURM_NTASKS`` is not read).
-"""
+"""Refuse a continual stream started as several processes, by any launcher
+(MMEngine's world size, else the launchers' variables: docs/sweeps.md)."""
 import os
 from typing import List, Mapping, Optional, Tuple, Union
 
@@ -67,16 +61,10 @@ def _integer(environ: Mapping[str, str], name: str) -> Optional[int]:
 
 def launcher_evidence(
         environ: Mapping[str, str]) -> Tuple[List[str], Union[int, str]]:
-    """What the launchers' variables say about other processes of this job.
-
-    Args:
-        environ (Mapping[str, str]): The process environment.
-
-    Returns:
-        tuple[list[str], int | str]: ``NAME=value (who)`` for each variable
-        that shows another process, and the largest process count shown
-        (``'several'`` when only a rank > 0 shows them; 1 if none does).
-    """
+    """Return ``NAME=value (who)`` for each launcher variable of
+    ``environ`` that shows another process of this job, and the largest
+    process count shown (``'several'`` when only a rank > 0 shows them; 1
+    if none does)."""
     found, sizes = [], []
     for name, who in SIZE_VARIABLES.items():
         value = _integer(environ, name)
@@ -92,14 +80,9 @@ def launcher_evidence(
 
 
 class LaunchError(RuntimeError):
-    """A continual stream started as several processes.
-
-    Args:
-        message (str): What was found and what to do instead.
-        every_rank_reports (bool): Ranks that MMEngine's launcher counts
-            were started: each should say so before the launcher stops the
-            others.
-    """
+    """A continual stream started as several processes;
+    ``every_rank_reports``: ranks that MMEngine's launcher counts were
+    started, so each should say so before the launcher stops the others."""
 
     def __init__(self, message: str, every_rank_reports: bool = False):
         super().__init__(message)
@@ -109,23 +92,11 @@ class LaunchError(RuntimeError):
 def check_single_process(world_size: int,
                          environ: Optional[Mapping[str, str]] = None,
                          launcher: str = 'none'):
-    """Raise unless this stream runs as a single process: the one check
-    of a run's launch (``tools/test.py`` before the runner is built, the
-    loop when it is).
-
-    Args:
-        world_size (int): MMEngine's world size (``get_world_size()``), or
-            ``WORLD_SIZE`` before MMEngine runs.
-        environ (Mapping[str, str], optional): The environment to read.
-            Default: ``os.environ``.
-        launcher (str): MMEngine's ``--launcher``. Default: ``'none'``.
-
-    Raises:
-        LaunchError: If ``world_size > 1`` or a launcher other than
-            ``'none'`` is set, or (unless
-            ``MMSEG_STAG_ALLOW_MANY_PROCESSES=1``) a launcher's variable
-            shows another process of this job; the message names it.
-    """
+    """Raise ``LaunchError`` unless this stream runs as a single process:
+    ``world_size`` (MMEngine's, or ``WORLD_SIZE`` before MMEngine runs) is
+    1, ``launcher`` is ``'none'`` and (unless :data:`ALLOW_ENV` is ``1``)
+    no launcher variable of ``environ`` (default: ``os.environ``) shows
+    another process of this job."""
     if world_size > 1 or launcher != 'none':
         n = world_size if world_size > 1 else 'several'
         raise LaunchError(DISTRIBUTED_ERROR.format(n=n),

@@ -28,9 +28,9 @@ STATE_FILE = 'online_adaptation_state.pth'
 #: config keys a resumed run may change (they do not change its numbers)
 RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
                   'test_cfg.resume', 'test_cfg.save_state', '*num_workers',
-                  '*persistent_workers', '*pin_memory', 'default_hooks.*', 'visualizer.*',
-                  'vis_backends*', 'log_processor.*', 'log_level',
-                  'env_cfg.*')
+                  '*persistent_workers', '*pin_memory', 'default_hooks.*',
+                  'visualizer.*', 'vis_backends*', 'log_processor.*',
+                  'log_level', 'env_cfg.*')
 
 
 @LOOPS.register_module()
@@ -38,10 +38,8 @@ class OnlineAdaptationLoop(TestLoop):
     """Test loop that predicts each batch, then adapts the model on it.
 
     Args:
-        runner (Runner): The runner.
         dataloader (DataLoader | dict): The stream, in order; its dataset
             declares the stages (``stream_stages()``, else one stage).
-        evaluator (Evaluator | dict | list): E.g. ``ContinualIoUMetric``.
         method (dict): Config of a ``mmseg_stag.core.METHODS`` method, e.g.
             ``dict(type='tent', stag=dict(beta0=500, gamma=35))``.
         head_layer (str, optional): Module name of the classifier in the
@@ -51,7 +49,6 @@ class OnlineAdaptationLoop(TestLoop):
         bn_batch_stats (bool): Whether BatchNorm uses test-batch statistics
             from before the method is configured. Default: False.
         fp16 (bool): MMEngine's flag, same as ``mixed_precision='fp16'``.
-            Default: False.
         main_view (int, optional): The view a multi-view segmentation
             pipeline adapts on and scores. Default: the pipeline's.
         source_dataloader (DataLoader | dict, optional): Clean source images
@@ -59,12 +56,10 @@ class OnlineAdaptationLoop(TestLoop):
         save_state (bool): Whether to save the run state at every stage
             end. Default: True.
         resume (bool): Whether to continue from the saved run state.
-            Default: False.
         mixed_precision (str, optional): ``'bf16'`` or ``'fp16'`` autocast
             of the forward passes. Default: None (float32).
         tf32 (bool, optional): Whether float32 matmuls and cuDNN
-            convolutions may use TF32 (``configure_cuda_math``).
-            Default: None (PyTorch's settings).
+            convolutions may use TF32. Default: None (PyTorch's settings).
 
     Raises:
         RuntimeError: If launched on more than one rank.
@@ -151,18 +146,16 @@ class OnlineAdaptationLoop(TestLoop):
         return osp.join(self.runner.work_dir, STATE_FILE)
 
     def run(self) -> dict:
-        """Configure the method (or resume) and run the stream.
-
-        Returns:
-            dict: The evaluator's metrics.
-        """
+        """Configure the method (or resume), run the stream, return the
+        evaluator's metrics."""
         configure_cuda_math(self.tf32)
         configure_determinism()  # warn-only list + one log line
         self.runner.call_hook('before_test')
         self.runner.call_hook('before_test_epoch')
         model = self._model(self.runner)
         model.eval()
-        identity = self.run_identity(model)  # the weights before adapting
+        # the weights before adapting
+        identity = run_identity(self.runner.cfg.to_dict(), model)
         adapted = self.task.adapted_module(model)
         if self.bn_batch_stats:
             use_batch_statistics(adapted)
@@ -170,7 +163,7 @@ class OnlineAdaptationLoop(TestLoop):
         if self.schedule.restarts_from_source:
             self.source_state = {k: v.detach().clone()
                                  for k, v in adapted.state_dict().items()}
-        self.configure_method()
+        self.task.configure(self.method, adapted)
         for metric in self.evaluator.metrics:
             if getattr(metric, 'output_dir', False) is None:
                 metric.output_dir = self.runner.work_dir
@@ -207,11 +200,6 @@ class OnlineAdaptationLoop(TestLoop):
         self.runner.call_hook('after_test')
         return metrics
 
-    def configure_method(self) -> None:
-        """Configure the method on the adapted module and its classifier."""
-        self.task.configure(self.method,
-                            self.task.adapted_module(self._model(self.runner)))
-
     def start_stage(self, stage: StreamStage) -> None:
         """Open ``stage``: restart from the source if set, tell the others."""
         if stage.from_source:
@@ -223,27 +211,19 @@ class OnlineAdaptationLoop(TestLoop):
                 metric.start_stage(stage)
 
     def restart_from_source(self, index: int) -> None:
-        """Restart from the source weights and a fresh method at stage
-        ``index``."""
+        """Restart from the source weights and a fresh method."""
         torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(index))
         adapted = self.task.adapted_module(self._model(self.runner))
         adapted.load_state_dict(self.source_state)
         self.method = self.task.build_method(self.method_cfg)
         self.setup_precision()
-        self.configure_method()
+        self.task.configure(self.method, adapted)
         if self.source_dataloader is not None:
             self.fit_source()
 
-    def run_identity(self, model) -> dict:
-        """Return the config settings and weights fingerprint of the run."""
-        return run_identity(self.runner.cfg.to_dict(), model)
-
     def check_stateful(self) -> bool:
-        """Return whether the run state can be saved.
-
-        Raises:
-            ValueError: If ``resume`` is set and a metric has no state.
-        """
+        """Return whether the run state can be saved (a ``resume`` whose
+        metrics keep no state raises ``ValueError``)."""
         if not (self.save_state or self.resume):
             return False
         lacking = [type(m).__name__ for m in self.evaluator.metrics
@@ -259,8 +239,7 @@ class OnlineAdaptationLoop(TestLoop):
 
     def end_stage(self, batches_done: int, identity: dict,
                   stateful: bool) -> None:
-        """Check and log the steps' statistics, close the stage in the
-        metrics and save the run state."""
+        """Log the steps' statistics, close the stage, save the state."""
         self.log_stats()  # a non-finite STAG loss stops before the save
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'end_stage'):
@@ -275,14 +254,9 @@ class OnlineAdaptationLoop(TestLoop):
             rng=rng_state()))
 
     def load_state(self, identity: dict):
-        """Restore the run state saved by :meth:`end_stage`.
-
-        Returns:
-            tuple: Batches done and the random states to set.
-
-        Raises:
-            ValueError: If the state belongs to another run or stream.
-        """
+        """Restore the run state of :meth:`end_stage`; return the batches
+        done and the random states to set (``ValueError`` if the state is
+        another run's or stream's)."""
         path = self.state_path
         state = load_run_state(path)
         diffs = identity_differences(state['identity'], identity,
@@ -340,12 +314,7 @@ class OnlineAdaptationLoop(TestLoop):
         self.source_statistics = self.method.source_statistics()
 
     def run_iter(self, idx: int, data_batch: dict) -> None:
-        """Predict, then adapt, on one batch.
-
-        Args:
-            idx (int): Index of the batch in the stream.
-            data_batch (dict): The batch from the dataloader.
-        """
+        """Predict, then adapt, on batch ``idx`` of the stream."""
         self.runner.call_hook(
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
         batch = self.task.batch(self._model(self.runner), data_batch)
@@ -362,12 +331,8 @@ class OnlineAdaptationLoop(TestLoop):
             outputs=outputs)
 
     def log_stats(self) -> None:
-        """Read and log the statistics of the steps since the last read.
-
-        At the logger's interval and a stage's end (the last batch ends
-        the last stage): reading a statistic waits for the device, so it
-        is not done every step.
-        """
+        """Read and log the steps' statistics since the last read (not
+        every step: reading waits for the device)."""
         log_step_stats(self.pending_stats, self.runner.message_hub)
         self.pending_stats = []
 

@@ -75,11 +75,7 @@ class OnlineTask(ABC):
         return model
 
     def check_dataset(self, dataset) -> None:
-        """Check that ``dataset`` is a stream of this task.
-
-        Raises:
-            ValueError: If the dataset declares another task.
-        """
+        """Raise ``ValueError`` if ``dataset`` declares another task."""
         task = getattr(dataset, 'task', None)
         if task is not None and task != self.name:
             raise ValueError(
@@ -119,11 +115,8 @@ def head_layer_of(cfg) -> Optional[str]:
 
 def build_task(model: nn.Module, task: Optional[str],
                head_layer: Optional[str], **options) -> OnlineTask:
-    """Build the task named ``task``, or the one matching ``model``.
-
-    Raises:
-        ValueError: If no task fits or ``task`` does not match the model.
-    """
+    """Build the task named ``task``, or the one matching ``model``
+    (``ValueError`` if none fits or ``task`` does not match the model)."""
     if task is None:
         found = [cls for cls in ONLINE_TASKS.module_dict.values()
                  if cls.matches(model)]

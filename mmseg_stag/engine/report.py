@@ -1,19 +1,7 @@
 """Result table and files (JSON, CSV, PNG, partial JSONL) of an online run,
-and the writers every result file of the package goes through
-(:func:`write_files`, :func:`write_json`, :func:`new_figure`): the
-comparisons, the corruption tables, the analyses, the paper's tables and
-the GPU report give them their content and read no other task's fields.
-
-Every stream metric writes one record, whatever the task:
-
-- ``continual_results.json``: ``schema``, ``task``, ``score_name``
-  (``'mIoU'``, ``'acc'``), ``stages`` (below), ``mean_over_stages``,
-  ``conditions``, ``rounds``, ``num_updates`` and the task's ``details``;
-- a stage: ``stage``, ``round``, ``condition``, ``num_images``,
-  ``score_name``, ``score`` and the task's ``details`` (segmentation: the
-  per-class IoU; classification: the per-corruption counts);
-- ``continual_results.partial.jsonl``: one stage per line, as it finishes.
-"""
+one record for both tasks (docs/running.md), and the writers every result
+file of the package goes through (:func:`write_files`, :func:`write_json`,
+:func:`new_figure`)."""
 import csv
 import json
 import math
@@ -59,12 +47,8 @@ def write_files(out_dir: str, stem: str, record: Optional[dict] = None,
                 ) -> Dict[str, str]:
     """Write ``<stem>.json`` (``record``), ``<stem>.csv`` (``cells``, rows
     of cells) and ``<stem>.<text_ext>`` (``text``), those given, in
-    ``out_dir`` (made if needed).
-
-    Returns:
-        dict[str, str]: The paths keyed ``json``, ``csv``, ``text_ext`` and
-        ``png`` (for the caller's figure).
-    """
+    ``out_dir`` (made if needed); return the paths keyed ``json``, ``csv``,
+    ``text_ext`` and ``png`` (for the caller's figure)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {k: osp.join(out_dir, f'{stem}.{k}')
              for k in ('json', 'csv', text_ext, 'png')}
@@ -90,16 +74,8 @@ def new_figure(width: float, height: float):
 
 
 def format_table(stages: List[dict], conditions: Sequence[str]) -> str:
-    """Format the paper's round-by-condition table of a continual run.
-
-    Args:
-        stages (list[dict]): Stage results (``round``, ``condition``, the
-            ``score`` in % and its ``score_name``).
-        conditions (Sequence[str]): Column order.
-
-    Returns:
-        str: The table with row and column means.
-    """
+    """Format the paper's round-by-condition table of stage results, with
+    row and column means; ``conditions`` give the column order."""
     rounds = sorted({s['round'] for s in stages})
     name = stages[0]['score_name'] if stages else ''
 
@@ -128,16 +104,9 @@ def format_table(stages: List[dict], conditions: Sequence[str]) -> str:
 
 def append_partial(output_dir: str, result: dict, fresh: bool = False
                    ) -> str:
-    """Append one finished stage to ``continual_results.partial.jsonl``.
-
-    Args:
-        output_dir (str): Folder, created if needed.
-        result (dict): One stage result.
-        fresh (bool): Whether to start the file afresh. Default: False.
-
-    Returns:
-        str: The file path.
-    """
+    """Append one finished stage to ``continual_results.partial.jsonl`` in
+    ``output_dir`` (made if needed; ``fresh``: start the file afresh);
+    return its path."""
     os.makedirs(output_dir, exist_ok=True)
     path = osp.join(output_dir, PARTIAL_FILE)
     with open(path, 'w' if fresh else 'a') as f:
@@ -161,15 +130,8 @@ def read_partial(output_dir: str) -> List[dict]:
 
 def results_record(task: str, stages: List[dict], conditions: Sequence[str],
                    details: Optional[dict] = None, **run_info) -> dict:
-    """Return the run's record (the module docstring), without writing it.
-
-    Args:
-        task (str): ``'segmentation'`` or ``'classification'``.
-        stages (list[dict]): Stage results.
-        conditions (Sequence[str]): Condition order.
-        details (dict, optional): The task's run-level numbers.
-        **run_info: Facts of the run (``num_updates``).
-    """
+    """Return the run's record (docs/running.md), without writing it;
+    ``run_info``: facts of the run (``num_updates``)."""
     return dict(schema=RESULTS_SCHEMA, task=task,
                 score_name=stages[0]['score_name'], stages=stages,
                 mean_over_stages=mean_ignoring_nan(
@@ -180,12 +142,9 @@ def results_record(task: str, stages: List[dict], conditions: Sequence[str],
 
 
 def read_results(work_dir: str) -> dict:
-    """Return the record of a finished run's ``continual_results.json``.
-
-    Raises:
-        FileNotFoundError: If the run did not finish.
-        ValueError: If the file is of another schema.
-    """
+    """Return the record of a finished run's ``continual_results.json``
+    (``FileNotFoundError`` if the run did not finish, ``ValueError`` if the
+    file is of another schema)."""
     path = osp.join(work_dir, RESULTS_FILE)
     if not osp.isfile(path):
         raise FileNotFoundError(f'no {path} (the run did not finish)')
@@ -202,17 +161,10 @@ def read_results(work_dir: str) -> dict:
 def write_results(output_dir: str, record: dict,
                   detail: Optional[Tuple[str, Sequence[str]]] = None
                   ) -> Dict[str, str]:
-    """Write the JSON, CSV and PNG results of an online run.
-
-    Args:
-        output_dir (str): Folder, created if needed.
-        record (dict): :func:`results_record`.
-        detail (tuple, optional): ``(key, columns)`` of a dict in each
-            stage's ``details`` written as CSV columns. Default: None.
-
-    Returns:
-        dict[str, str]: Paths keyed ``json``, ``csv``, ``png``.
-    """
+    """Write the JSON, CSV and PNG results of an online run's ``record``
+    into ``output_dir`` (made if needed), ``detail``: ``(key, columns)`` of
+    a dict in each stage's ``details`` written as CSV columns; return the
+    paths keyed ``json``, ``csv``, ``png``."""
     score = record['score_name']
     stages, conditions = record['stages'], record['conditions']
 

@@ -4,14 +4,14 @@ import json
 import os
 import os.path as osp
 import random
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 #: version of the state-file layout (a file of another version is refused)
-STATE_VERSION = 3  # 2: adapted parameters and buffers; 3: num_recoveries
+STATE_VERSION = 3
 
 
 def rng_state() -> dict:
@@ -30,11 +30,8 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` returned.
-
-    Raises:
-        RuntimeError: If the state holds CUDA states and CUDA is missing.
-    """
+    """Restore what :func:`rng_state` returned (``RuntimeError`` if it
+    holds CUDA states and CUDA is missing)."""
     torch.set_rng_state(state['torch'])
     n = state['numpy']
     np.random.set_state((n['kind'], n['keys'].numpy().astype(np.uint32),
@@ -124,15 +121,9 @@ def save_atomic(obj, path: str) -> None:
     os.replace(tmp, path)
 
 
-def load_run_state(path: str, map_location: Optional[str] = 'cpu',
-                   mmap: bool = False) -> dict:
-    """Read a file of :func:`save_run_state` with ``weights_only=True``.
-
-    Args:
-        path (str): The file.
-        map_location (str, optional): Where its tensors go. Default: 'cpu'.
-        mmap (bool): Map the tensors rather than read them (to read the
-            identity alone). Default: False.
+def load_run_state(path: str, mmap: bool = False) -> dict:
+    """Read a file of :func:`save_run_state` with ``weights_only=True``
+    (``mmap``: map the tensors, to read the identity alone).
 
     Raises:
         FileNotFoundError: If there is no such file.
@@ -141,8 +132,8 @@ def load_run_state(path: str, map_location: Optional[str] = 'cpu',
     if not osp.isfile(path):
         raise FileNotFoundError(f'no run state to resume from: {path}')
     try:
-        state = torch.load(path, map_location=map_location,
-                           weights_only=True, mmap=mmap)
+        state = torch.load(path, map_location='cpu', weights_only=True,
+                           mmap=mmap)
     except Exception as err:  # zip errors, EOF, unpickling: all "corrupt"
         first = str(err).strip().splitlines()[0] if str(err).strip() else ''
         raise RuntimeError(

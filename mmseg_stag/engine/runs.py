@@ -20,24 +20,15 @@ from .online_task import head_layer_of
 from .report import read_results
 
 
-def is_online(cfg: Config) -> bool:
-    return cfg.get('test_cfg', {}).get('type') == 'OnlineAdaptationLoop'
-
-
 def prepare_config(cfg: Config, work_dir: Optional[str] = None,
                    config_path: Optional[str] = None,
                    launcher: str = 'none', seed: Optional[int] = None,
                    deterministic: bool = False,
                    resume: bool = False) -> Config:
-    """Set a run's work dir and randomness; check its launch and resume.
-
-    Raises:
-        LaunchError: If an online run is started as several processes
-            (before any process group or worker starts).
-        ValueError: If ``resume`` cannot apply.
-    """
+    """Set a run's work dir and randomness; check its launch
+    (``LaunchError``) and resume (``ValueError``)."""
     cfg.launcher = launcher
-    online = is_online(cfg)
+    online = cfg.get('test_cfg', {}).get('type') == 'OnlineAdaptationLoop'
     if online:
         # before any process group or worker starts (the loop checks too)
         check_single_process(int(os.environ.get('WORLD_SIZE', '1')),
@@ -74,17 +65,9 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
 
 def run_test(cfg: Config, checkpoint: str,
              allow_unsafe_pickle: bool = False, hooks=()) -> tuple:
-    """Build the Runner, load the source weights and run the test loop.
-
-    Args:
-        cfg (Config): The prepared config.
-        checkpoint (str): The source checkpoint.
-        allow_unsafe_pickle (bool): Whether to unpickle beyond
-            ``weights_only``. Default: False.
-        hooks (Sequence[Hook]): Hook objects to register. Default: ().
-
-    Returns:
-        tuple: The evaluator's metrics and the adapted model.
+    """Build the Runner of the prepared ``cfg``, register ``hooks``, load
+    the source weights and run the test loop; return the evaluator's
+    metrics and the adapted model.
 
     Raises:
         FileNotFoundError: If ``checkpoint`` does not exist.
@@ -115,13 +98,9 @@ def run_test(cfg: Config, checkpoint: str,
 
 def starting_identity(cfg: Config, checkpoint: str,
                       allow_unsafe_pickle: bool = False) -> dict:
-    """The identity the online loop gives a run of ``cfg``, without the run.
-
-    The config's settings and the fingerprint of its model as
-    :func:`run_test` starts it: built as MMEngine's ``Runner`` builds it (in
-    the config's default scope, after seeding with ``randomness.seed``), the
-    checkpoint loaded by the strict loader.
-    """
+    """The identity the online loop gives a run of ``cfg``, without the
+    run: the model built as MMEngine's ``Runner`` builds it (default scope,
+    ``randomness.seed``), the checkpoint loaded by the strict loader."""
     from mmseg_stag.checkpoint import load_model_checkpoint
     model_cfg = dict(cfg.model)
     if cfg.get('data_preprocessor') is not None:
@@ -156,18 +135,10 @@ def finished_identity(work_dir: str, needs=()) -> Optional[dict]:
 def run_cached(cfg: Config, checkpoint: str, work_dir: str,
                needs=('continual_results.json', ),
                config_name: str = 'run_config.py') -> dict:
-    """Run ``cfg`` in ``work_dir`` unless a finished run of it is there.
-
-    A finished run is this one when the identity the online loop saved in
-    its run state is this run's (as ``--resume`` checks it): the config's
-    settings but :data:`RESUME_IGNORES`, and the starting weights, so a
-    changed config or checkpoint runs again; so do results of an older
-    schema. A run that saves no run state (``test_cfg.save_state=False``)
-    always runs. ``config_name`` records the config of the last run.
-
-    Returns:
-        dict: The run's results (``report.read_results``).
-    """
+    """Run ``cfg`` in ``work_dir`` unless a finished run of it is there
+    (the identity its run state saved is this run's, as ``--resume``
+    checks it, and its results are of this schema); write the config to
+    ``config_name`` and return the results (``report.read_results``)."""
     prepared = prepare_config(cfg.copy(), work_dir)
     saved = finished_identity(work_dir, needs)
     if saved is not None and readable_results(work_dir) and not \

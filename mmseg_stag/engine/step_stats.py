@@ -15,12 +15,8 @@ Pending = List[Tuple[int, StepStats]]
 def read_step_stats(pending: Pending
                     ) -> List[Tuple[int, Dict[str, float], List[str]]]:
     """Return the pending statistics as ``(batch index, values by logged
-    name, the names of its STAG values)``, read in one transfer.
-
-    A method returns 0-d tensors where reading a value would wait for the
-    device (``.item()`` drains the GPU queue): they are read together, at
-    the logger's interval.
-    """
+    name, the names of its STAG values)``, read in one transfer (reading
+    each 0-d tensor, ``.item()``, would drain the GPU queue)."""
     logged = [stats.logged() for _, stats in pending]
     tensors = [v.detach().reshape(()) for values in logged
                for v in values.values() if torch.is_tensor(v)]
@@ -32,11 +28,8 @@ def read_step_stats(pending: Pending
 
 
 def log_step_stats(pending: Pending, message_hub) -> None:
-    """Log the pending statistics under ``test/`` in batch order.
-
-    Raises:
-        ValueError: If the STAG loss of any pass is not finite.
-    """
+    """Log the pending statistics under ``test/`` in batch order
+    (``ValueError`` if the STAG loss of any pass is not finite)."""
     for idx, values, stag_names in read_step_stats(pending):
         for name in stag_names:
             if not math.isfinite(values[name]):

@@ -1,10 +1,6 @@
-"""The stages of an online stream, declared once by its dataset.
-
-A stream dataset (``ACDCContinualDataset``, ``CorruptionStream``) returns
-its stages from ``stream_stages()``; the batch sampler batches within them
-and ``OnlineAdaptationLoop`` alone turns batch indices into stage events
-(:class:`StreamSchedule`). No other place detects a stage boundary.
-"""
+"""The stages of an online stream, declared once by its dataset
+(``stream_stages()``) and turned into per-batch stage events by
+:class:`StreamSchedule` alone."""
 import bisect
 from dataclasses import dataclass, replace
 from typing import List, Sequence
@@ -12,23 +8,13 @@ from typing import List, Sequence
 
 @dataclass(frozen=True)
 class StreamStage:
-    """One stage of a stream: consecutive samples of one condition.
-
-    Args:
-        index (int): Position of the stage in the stream (0, 1, ...).
-        round (int): The round of a repeated cycle (1, 2, ...).
-        condition (str): ACDC condition or corruption (``'mixed'`` for a
-            stage of all corruptions).
-        start (int): Its first sample index.
-        stop (int): One past its last sample index.
-        from_source (bool): Whether the stage starts from the source
-            weights (the loop's ``restart_from_source``). Default: False.
-    """
-    index: int
-    round: int
-    condition: str
-    start: int
-    stop: int
+    """One stage of a stream: consecutive samples of one condition."""
+    index: int  # its position in the stream (0, 1, ...)
+    round: int  # the round of a repeated cycle (1, 2, ...)
+    condition: str  # ACDC condition or corruption ('mixed': all of them)
+    start: int  # its first sample index
+    stop: int  # one past its last sample index
+    # whether it starts from the source weights (restart_from_source)
     from_source: bool = False
 
     def tags(self) -> dict:
@@ -43,12 +29,8 @@ def whole_stream(num_samples: int) -> List[StreamStage]:
 
 
 def dataset_stages(dataset) -> List[StreamStage]:
-    """Return the dataset's checked ``stream_stages()``, else one stage.
-
-    Raises:
-        ValueError: If the stages do not tile ``range(len(dataset))`` in
-            order.
-    """
+    """Return the dataset's checked ``stream_stages()``, else one stage
+    (``ValueError`` if they do not tile the samples in order)."""
     if not hasattr(dataset, 'stream_stages'):
         return whole_stream(len(dataset))
     stages = list(dataset.stream_stages())
@@ -67,11 +49,8 @@ def dataset_stages(dataset) -> List[StreamStage]:
 
 
 def stages_from_tags(infos: Sequence[dict]) -> List[StreamStage]:
-    """Return the stages of data infos tagged ``stage``/``round``/``condition``.
-
-    Raises:
-        KeyError: If an info lacks a tag.
-    """
+    """Return the stages of data infos tagged ``stage``/``round``/``condition``
+    (``KeyError`` if an info lacks a tag)."""
     stages: List[StreamStage] = []
     for i, info in enumerate(infos):
         index = int(info['stage'])
@@ -97,29 +76,17 @@ def stage_of(stages: Sequence[StreamStage], index: int) -> StreamStage:
 
 @dataclass(frozen=True)
 class BatchPosition:
-    """Where a batch is in the stream.
-
-    Args:
-        stage (StreamStage): Its stage.
-        starts (bool): Whether it is the stage's first batch.
-        ends (bool): Whether it is the stage's last batch.
-    """
+    """Where a batch is in the stream: its stage, whether it is the
+    stage's first batch (``starts``) and last (``ends``)."""
     stage: StreamStage
     starts: bool
     ends: bool
 
 
 class StreamSchedule:
-    """The stage position of every batch of a loader, computed once.
-
-    Args:
-        stages (Sequence[StreamStage]): The stream's stages.
-        batch_sampler (Iterable[list[int]]): The loader's batches of sample
-            indices, in stream order.
-
-    Raises:
-        ValueError: If a batch spans two stages or a stage comes back.
-    """
+    """The stage position of every batch of ``batch_sampler`` (batches of
+    sample indices, in stream order), computed once (``ValueError`` if a
+    batch spans two stages or a stage comes back)."""
 
     def __init__(self, stages: Sequence[StreamStage], batch_sampler):
         per_batch = []

@@ -15,17 +15,12 @@ from .report import (append_partial, format_table, results_record,
 
 
 class StreamMetric(BaseMetric):
-    """Base metric that scores an online stream per stage.
-
-    ``OnlineAdaptationLoop`` opens each stage (:meth:`start_stage`) before
-    its first batch and closes it (:meth:`end_stage`) after its last: each
-    image's record carries the open stage's tags.
+    """Base metric that scores an online stream per stage, whose stages
+    ``OnlineAdaptationLoop`` opens and closes (docs/running.md).
 
     Args:
         output_dir (str, optional): Where results are written. Default: None
             (the online loop sets the work dir).
-        collect_device (str): See ``BaseMetric``. Default: 'cpu'.
-        prefix (str, optional): See ``BaseMetric``. Default: None.
     """
 
     #: the name of each stage's ``score`` (``'mIoU'``, ``'acc'``)
@@ -76,10 +71,8 @@ class StreamMetric(BaseMetric):
         self._current, self._tags = stage, stage.tags()
 
     def process(self, data_batch, data_samples: Sequence) -> None:
-        """Append each image's numbers and its stage's tags to ``results``.
-
-        Raises:
-            RuntimeError: If no stage is open (not run by the online loop).
+        """Append each image's numbers and its stage's tags to ``results``
+        (``RuntimeError`` if no stage is open: not run by the online loop).
         """
         if self._current is None:
             raise RuntimeError(
@@ -113,16 +106,20 @@ class StreamMetric(BaseMetric):
 
     def end_stage(self) -> None:
         """Close the open stage: log it, append it to the partial file."""
-        if self._current is not None:
-            self._finish_stage(self._current.index)
+        if self._current is None:
+            return
+        stage = self._current.index
+        result, = self.stage_results(
+            [r for r in self.results if r['stage'] == stage])
+        self._append_partial(result)
+        print_log(f"stage {stage} (round {result['round']}, "
+                  f"{result['condition']}): {self.score_name} "
+                  f"{result['score']:.2f}", logger='current')
         self._current = None
 
     def state_dict(self) -> dict:
-        """Return the per-image records as plain tensors and numbers.
-
-        Raises:
-            RuntimeError: If a stage is still open.
-        """
+        """Return the per-image records as plain tensors and numbers (a
+        stage still open raises ``RuntimeError``)."""
         if self._current is not None:
             raise RuntimeError(f'{type(self).__name__}.state_dict: call '
                                'end_stage() first (a stage is open)')
@@ -140,35 +137,18 @@ class StreamMetric(BaseMetric):
                                 default=-1)
         if self.output_dir is not None:
             for result in self.stage_results(self.results):
-                append_partial(self.output_dir, result,
-                               fresh=not self._partial_started)
-                self._partial_started = True
+                self._append_partial(result)
 
-    def _finish_stage(self, stage: int) -> None:
-        """Log a finished stage and append it to the partial file."""
-        result, = self.stage_results(
-            [r for r in self.results if r['stage'] == stage])
+    def _append_partial(self, result: dict) -> None:
         if self.output_dir is not None:
             append_partial(self.output_dir, result,
                            fresh=not self._partial_started)
             self._partial_started = True
-        print_log(f"stage {stage} (round {result['round']}, "
-                  f"{result['condition']}): {self.score_name} "
-                  f"{result['score']:.2f}", logger='current')
 
     def compute_metrics(self, results: list) -> Dict[str, float]:
-        """Compute the per-stage scores, print the table, write the files.
-
-        Args:
-            results (list): The gathered per-image records.
-
-        Returns:
-            dict[str, float]: :meth:`summary` and one
-            ``r<round>_<condition>`` score per stage (rounded to 0.01).
-
-        Raises:
-            ValueError: If no sample was processed.
-        """
+        """Compute the per-stage scores, print the table, write the files;
+        return :meth:`summary` and one ``r<round>_<condition>`` score per
+        stage (rounded to 0.01)."""
         self.end_stage()
         self._partial_started = False
         if not results:
