@@ -16,11 +16,9 @@ from .stream import (CorruptionStream, SeededShuffleSampler, SourceImages,
 from .wide_resnet import WideResNet, wrn28_10_standard, wrn40_2_augmix
 
 #: display names of the registered methods (paper spelling)
-METHOD_NAMES = {
-    'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
-    'eata': 'EATA', 'sar': 'SAR', 'deyo': 'DeYO', 'cotta': 'CoTTA',
-    'ecotta': 'EcoTTA'
-}
+METHOD_NAMES = dict(source='Source', bn_adapt='BN Adapt', tent='TENT',
+                    eata='EATA', sar='SAR', deyo='DeYO', cotta='CoTTA',
+                    ecotta='EcoTTA')
 
 __all__ = [
     'CORRUPTIONS', 'SHORT_NAMES', 'IMAGENET_MEAN', 'IMAGENET_STD',

@@ -11,24 +11,18 @@ from .registry import CLS_MODELS
 
 @MODELS.register_module()
 class ClassifierPreprocessor(BaseDataPreprocessor):
-    """Scale uint8 images to ``[0, 1]`` and normalise them if configured.
-
-    Args:
-        mean (Sequence[float], optional): Channel means. Default: None.
-        std (Sequence[float], optional): Channel stds. Default: None.
-    """
+    """Scale uint8 images to ``[0, 1]`` and normalise them by the channel
+    ``mean`` and ``std`` if either is given."""
 
     def __init__(self, mean: Optional[Sequence[float]] = None,
                  std: Optional[Sequence[float]] = None):
         super().__init__()
         self.normalise = mean is not None or std is not None
         if self.normalise:
-            self.register_buffer('mean', torch.tensor(
-                mean if mean is not None else (0., ) * 3).view(1, -1, 1, 1),
-                False)
-            self.register_buffer('std', torch.tensor(
-                std if std is not None else (1., ) * 3).view(1, -1, 1, 1),
-                False)
+            for name, value, fill in (('mean', mean, 0.), ('std', std, 1.)):
+                value = (fill, ) * 3 if value is None else value
+                self.register_buffer(
+                    name, torch.tensor(value).view(1, -1, 1, 1), False)
 
     def forward(self, data: dict, training: bool = False) -> dict:
         data = self.cast_data(data)
@@ -43,14 +37,8 @@ class ClassifierPreprocessor(BaseDataPreprocessor):
 
 @MODELS.register_module()
 class OnlineClassifier(BaseModel):
-    """A ``CLS_MODELS`` network with its data preprocessor.
-
-    Args:
-        network (dict): A ``CLS_MODELS`` config.
-        data_preprocessor (dict, optional): A ``ClassifierPreprocessor``
-            config. Default: None (no normalisation).
-        init_cfg (dict, optional): See ``BaseModel``. Default: None.
-    """
+    """A ``CLS_MODELS`` config ``network`` with a ``ClassifierPreprocessor``
+    config ``data_preprocessor`` (default: no normalisation)."""
 
     def __init__(self, network: dict,
                  data_preprocessor: Optional[dict] = None,
@@ -70,11 +58,8 @@ class OnlineClassifier(BaseModel):
 
     def forward(self, inputs: torch.Tensor,
                 data_samples: Optional[List] = None, mode: str = 'tensor'):
-        """Return the logits; the online loop's task adapts and scores.
-
-        Raises:
-            ValueError: For MMEngine's ``'predict'``/``'loss'`` modes.
-        """
+        """Return the logits (mode ``'tensor'`` only: the online loop's task
+        adapts and scores)."""
         if mode != 'tensor':
             raise ValueError(f"OnlineClassifier has mode 'tensor' only (it "
                              'runs in OnlineAdaptationLoop), got '

@@ -1,31 +1,20 @@
 """The paper's corruption table of classification runs: a column per
-corruption, Avg. and Gain (accuracy or error %), as text, JSON, CSV and a
-figure (written through ``engine.report``'s writers)."""
+corruption, Avg. and Gain (accuracy or error %), as text, JSON, CSV, PNG."""
 import math
 from typing import Dict, List, Optional, Sequence
 
 from mmseg_stag.engine.report import new_figure, read_results, write_files
 
 #: what a corruption table can show: accuracy or error (%)
-TABLE_METRICS = ('acc', 'err')
+METRIC_WORDS = dict(acc='accuracy', err='error')
+TABLE_METRICS = tuple(METRIC_WORDS)
 
 
 def read_run(work_dir: str, name: str, base: Optional[str] = None) -> dict:
-    """Read one corruption-table row from a classification run.
-
-    Args:
-        work_dir (str): The run's work dir.
-        name (str): The row's name.
-        base (str, optional): Name of the baseline row of a +STAG row.
-
-    Returns:
-        dict: The row, with ``per_corruption``, ``avg_acc`` and ``avg_err``
-        (the mean over corruptions, the tables' Avg.).
-
-    Raises:
-        FileNotFoundError: If the run did not finish.
-        ValueError: If it is not a classification run.
-    """
+    """Read the row ``name`` of a classification run (``base``: the
+    baseline row of a +STAG row), with ``per_corruption``, ``avg_acc`` and
+    ``avg_err`` (the tables' Avg.); FileNotFoundError if the run did not
+    finish, ValueError if it is no classification run."""
     try:
         results = read_results(work_dir)
     except FileNotFoundError as err:
@@ -46,18 +35,17 @@ def table_values(rows: Sequence[dict], corruptions: Sequence[str],
     if metric not in TABLE_METRICS:
         raise ValueError(f'metric must be one of {TABLE_METRICS}, got '
                          f'{metric!r}')
-    out, avg_of = [], {}
+    avg_of = {r['name']: r[f'avg_{metric}'] for r in rows}
+    out = []
     for r in rows:
         values = [r['per_corruption'][c][metric] if c in r['per_corruption']
                   else None for c in corruptions]
-        avg = r[f'avg_{metric}']
-        avg_of[r['name']] = avg
-        out.append(dict(name=r['name'], base=r.get('base'), values=values,
-                        avg=avg, gain=None))
-    for r in out:
-        if r['base'] in avg_of:
-            diff = r['avg'] - avg_of[r['base']]
-            r['gain'] = diff if metric == 'acc' else -diff
+        avg, base, gain = r[f'avg_{metric}'], r.get('base'), None
+        if base in avg_of:
+            diff = avg - avg_of[base]
+            gain = diff if metric == 'acc' else -diff
+        out.append(dict(name=r['name'], base=base, values=values, avg=avg,
+                        gain=gain))
     return out
 
 
@@ -74,9 +62,8 @@ def format_corruption_table(rows: Sequence[dict],
     """Format a plain-text table in the paper's layout; ``labels`` maps a
     corruption to its column title (default: its name)."""
     vals = table_values(rows, corruptions, metric)
-    header = [f'{title} ({"accuracy" if metric == "acc" else "error"} %)'
-              .strip()] + [(labels or {}).get(c, c) for c in corruptions] + \
-        ['Avg.', 'Gain']
+    header = [f'{title} ({METRIC_WORDS[metric]} %)'.strip()] + [
+        (labels or {}).get(c, c) for c in corruptions] + ['Avg.', 'Gain']
     body = [[r['name']] + [_fmt(v) for v in r['values']] +
             [_fmt(r['avg']), _fmt(r['gain'], sign=True)] for r in vals]
     widths = [max(len(line[i]) for line in [header] + body)
@@ -96,11 +83,8 @@ def write_corruption_table(out_dir: str, rows: Sequence[dict],
                            meta: Optional[dict] = None,
                            labels: Optional[Dict[str, str]] = None
                            ) -> Dict[str, str]:
-    """Write :func:`format_corruption_table`'s table and its JSON, CSV, PNG.
-
-    Returns:
-        dict[str, str]: Paths keyed ``json``, ``csv``, ``txt``, ``png``.
-    """
+    """Write :func:`format_corruption_table`'s table and its JSON, CSV,
+    PNG; return their paths keyed ``json``, ``csv``, ``txt``, ``png``."""
     vals = table_values(rows, corruptions, metric)
     cells = [['method'] + list(corruptions) + [f'avg_{metric}', 'gain']] + [
         [r['name']] + [_fmt(v) for v in r['values']] +
@@ -128,7 +112,7 @@ def plot_corruptions(path: str, vals: Sequence[dict],
                 label=f"{r['name']} ({_fmt(r['avg'])})")
     ax.set_xticks(xs)
     ax.set_xticklabels(titles, rotation=45, ha='right', fontsize='small')
-    ax.set_ylabel(f'{"accuracy" if metric == "acc" else "error"} (%)')
+    ax.set_ylabel(f'{METRIC_WORDS[metric]} (%)')
     ax.set_title(title)
     ax.grid(alpha=.3)
     fig.legend(*ax.get_legend_handles_labels(), loc='lower center',

@@ -17,14 +17,9 @@ CORRUPTIONS = ('gaussian_noise', 'shot_noise', 'impulse_noise',
                'elastic_transform', 'pixelate', 'jpeg_compression')
 
 #: column titles of the paper's tables
-SHORT_NAMES = {
-    'gaussian_noise': 'Gauss.', 'shot_noise': 'Shot',
-    'impulse_noise': 'Impul.', 'defocus_blur': 'Defoc.',
-    'glass_blur': 'Glass', 'motion_blur': 'Motion', 'zoom_blur': 'Zoom',
-    'snow': 'Snow', 'frost': 'Frost', 'fog': 'Fog', 'brightness': 'Brit.',
-    'contrast': 'Contr.', 'elastic_transform': 'Elastic',
-    'pixelate': 'Pixel', 'jpeg_compression': 'JPEG'
-}
+SHORT_NAMES = dict(zip(CORRUPTIONS, (
+    'Gauss.', 'Shot', 'Impul.', 'Defoc.', 'Glass', 'Motion', 'Zoom', 'Snow',
+    'Frost', 'Fog', 'Brit.', 'Contr.', 'Elastic', 'Pixel', 'JPEG')))
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -45,10 +40,8 @@ def imagenet_preprocess(image: Image.Image,
     image = image.convert('RGB')
     if resize is not None:
         w, h = image.size
-        if w <= h:
-            size = (resize, int(resize * h / w))
-        else:
-            size = (int(resize * w / h), resize)
+        size = (resize, int(resize * h / w)) if w <= h else (
+            int(resize * w / h), resize)
         if size != (w, h):
             image = image.resize(size, Image.BILINEAR)
     if crop is not None:
@@ -145,17 +138,13 @@ class ArrayImages(CorruptionSet):
 
 @CLS_DATASETS.register_module()
 class ImageNetC(ImageFiles):
-    """ImageNet-C images of one corruption and severity.
+    """ImageNet-C images of one corruption and severity (1 to 5).
 
     Args:
-        data_root (str): The ImageNet-C root.
-        corruption (str): E.g. ``'gaussian_noise'``.
-        severity (int): 1 to 5. Default: 5.
         wnids (list[str] | str, optional): Class order, or a file of it.
             Default: None (the sorted class folders).
-        n_examples (int, optional): Size of a seeded random subset.
-            Default: None (all).
-        subset_seed (int): Seed of that subset. Default: 0.
+        n_examples (int, optional): Size of a random subset (seeded by
+            ``subset_seed``). Default: None (all).
         resize, crop (int, optional): See :func:`imagenet_preprocess`.
     """
 
@@ -186,12 +175,9 @@ class CIFARC(ArrayImages):
 
     Args:
         data_root (str): Folder of ``<corruption>.npy`` and ``labels.npy``.
-        corruption (str): E.g. ``'gaussian_noise'``.
-        severity (int): 1 to 5. Default: 5.
         n_examples (int, optional): First images of that severity kept.
             Default: None (all).
         severities (Sequence[int]): Severities the files hold, in order.
-            Default: (1, 2, 3, 4, 5).
     """
 
     def __init__(self,
@@ -248,13 +234,8 @@ class ImageFolder(ImageFiles):
 
 @CLS_DATASETS.register_module()
 class NumpyImages(ArrayImages):
-    """Clean source images in a uint8 ``[N, H, W, 3]`` ``.npy`` file.
-
-    Args:
-        images (str): Path of the images ``.npy``.
-        labels (str): Path of the labels ``.npy``.
-        n_examples (int, optional): First images kept. Default: None (all).
-    """
+    """Clean source images in a uint8 ``[N, H, W, 3]`` ``.npy`` file
+    ``images``, with the ``labels`` ``.npy``; the first ``n_examples``."""
 
     def __init__(self,
                  images: str,
@@ -269,7 +250,6 @@ class NumpyImages(ArrayImages):
         if len(array) != len(label_array):
             raise ValueError(f'{images} has {len(array)} images but {labels} '
                              f'{len(label_array)} labels')
-        # [:n] keeps min(n, N) images; None keeps all
         self.images = array[:n_examples]
         self.labels = np.asarray(label_array[:n_examples], dtype=np.int64)
         self.paths = [images, labels]

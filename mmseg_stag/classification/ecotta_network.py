@@ -1,8 +1,5 @@
-"""EcoTTA's network: meta networks joined into a frozen classification
-network as modules (``print(model)`` shows them), and its presets.
-
-Follows EcoTTA's ecotta_sample_code.py (attach_meta_networks).
-"""
+"""EcoTTA's meta networks joined into a frozen classification network as
+modules, and their presets; follows EcoTTA's ecotta_sample_code.py."""
 import contextlib
 import re
 from typing import List, Optional, Sequence, Tuple
@@ -28,37 +25,26 @@ class ConvBlock(nn.Module):
 
 
 class MetaPart(nn.Module):
-    """The meta network of one part of the frozen network: a conv block
-    from the part's input, a BN on its output (``meta_bn(out) + conv
-    block``), joined in by :class:`MetaEntry` and :class:`MetaExit`.
-
-    Follows the notebook's build_meta_block and one_part_of_networks.
-
-    Args:
-        in_channels (int): Channels into the part.
-        out_channels (int): Channels out of the part.
-        stride (int): The part's stride.
-    """
+    """The meta network of one part: ``meta_bn(out) + conv_block(in)``
+    (the notebook's build_meta_block and one_part_of_networks)."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int):
         super().__init__()
         self.meta_bn = nn.BatchNorm2d(out_channels)
         self.conv_block = ConvBlock(in_channels, out_channels, stride)
-        self.regularising = False
-        self.reg_loss = None
-        self._adapted = None
+        self.regularising, self.reg_loss, self._adapted = False, None, None
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """At the part's input: detach it if regularising, run the adapted
-        branch; return what the part's frozen blocks get."""
+        """Run the conv block on the part's input (detached if
+        regularising); return what the frozen blocks get."""
         x = x.detach() if self.regularising else x
         # before the frozen blocks run: their in-place ops cannot touch x
         self._adapted = self.conv_block(x)
         return x
 
     def exit(self, frozen_out: torch.Tensor) -> torch.Tensor:
-        """At the part's output: ``meta_bn(out) + adapted``; record ``R_k``
-        if regularising."""
+        """Return ``meta_bn(out) + adapted``; record ``R_k`` if
+        regularising."""
         adapted, self._adapted = self._adapted, None
         out = self.meta_bn(frozen_out) + adapted
         if self.regularising:
@@ -67,12 +53,8 @@ class MetaPart(nn.Module):
 
 
 class MetaNetworks(nn.Module):
-    """The K meta networks of a network (``<network>.ecotta``).
-
-    Args:
-        shapes (Sequence[tuple]): Per part ``(in, out, stride)``.
-        parts (Sequence[int]): Blocks per part.
-    """
+    """The K meta networks of a network (``<network>.ecotta``), from per
+    part ``(in, out, stride)`` and blocks per part."""
 
     def __init__(self, shapes: Sequence[Tuple[int, int, int]],
                  parts: Sequence[int]):
@@ -92,11 +74,8 @@ class MetaNetworks(nn.Module):
                 part.regularising, part.reg_loss = False, None
 
     def regulariser(self) -> torch.Tensor:
-        """Return ``sum_k R_k`` of the last forward inside ``regularising``.
-
-        Raises:
-            RuntimeError: If no regularised forward ran.
-        """
+        """Return ``sum_k R_k`` of the last forward inside ``regularising``
+        (a RuntimeError if none ran)."""
         losses = [part.reg_loss for part in self.parts]
         if any(loss is None for loss in losses):
             raise RuntimeError('no regularised forward ran: forward inside '
@@ -108,9 +87,8 @@ class MetaNetworks(nn.Module):
 
 
 class MetaEntry(nn.Module):
-    """Where meta network ``k`` joins the frozen network: before its part's
-    first block (in that block's ``nn.Sequential``). It holds no tensor:
-    the part is ``ecotta.parts.k``, the network's ``MetaNetworks``."""
+    """Where meta network ``k`` joins, before its part's first block; it
+    holds no tensor (the part is ``ecotta.parts.k``)."""
 
     def __init__(self, part: MetaPart, index: int):
         super().__init__()
@@ -125,8 +103,7 @@ class MetaEntry(nn.Module):
 
 
 class MetaExit(MetaEntry):
-    """Where meta network ``k`` leaves: after its part's last block,
-    ``meta_bn(out) + conv_block``."""
+    """Where meta network ``k`` leaves, after its part's last block."""
 
     def forward(self, frozen_out: torch.Tensor) -> torch.Tensor:
         return self.part.exit(frozen_out)
@@ -144,17 +121,11 @@ def find_blocks(network: nn.Module, blocks: str) -> List[str]:
 @torch.no_grad()
 def trace_blocks(network: nn.Module, names: List[str],
                  input_size: Sequence[int]) -> List[Tuple[tuple, tuple]]:
-    """Return each block's input and output shape on one zero image.
-
-    Raises:
-        ValueError: If the blocks do not form a chain, once each, in order.
-    """
-    modules = dict(network.named_modules())
+    """Return each block's input and output shape on one zero image; a
+    ValueError unless the blocks form a chain, once each, in order."""
     seen = []
-    handles = [
-        modules[n].register_forward_hook(
-            lambda m, a, o, n=n: seen.append((n, a[0], o))) for n in names
-    ]
+    handles = [network.get_submodule(n).register_forward_hook(
+        lambda m, a, o, n=n: seen.append((n, a[0], o))) for n in names]
     was_training = network.training
     try:
         network.eval()  # leave the running statistics alone
@@ -176,11 +147,8 @@ def trace_blocks(network: nn.Module, names: List[str],
 
 def sequential_parent(network: nn.Module, name: str
                       ) -> Tuple[nn.Sequential, str]:
-    """The ``nn.Sequential`` holding block ``name``, and its key there.
-
-    Raises:
-        ValueError: If the block's parent is not an ``nn.Sequential``.
-    """
+    """The ``nn.Sequential`` holding block ``name``, and its key there (a
+    ValueError if the parent is no ``nn.Sequential``)."""
     parent_name, _, child = name.rpartition('.')
     parent = network.get_submodule(parent_name)
     if not isinstance(parent, nn.Sequential):
@@ -197,13 +165,9 @@ def insert_beside(network: nn.Module, name: str, module: nn.Module,
     """Put ``module`` as ``module_name`` before (after) the block ``name``
     in its ``nn.Sequential``; the blocks keep their names (and keys)."""
     parent, child = sequential_parent(network, name)
-    items = []
-    for key, block in parent._modules.items():
-        if key == child and not after:
-            items.append((module_name, module))
-        items.append((key, block))
-        if key == child and after:
-            items.append((module_name, module))
+    items = list(parent._modules.items())
+    items.insert(list(parent._modules).index(child) + after,
+                 (module_name, module))
     parent._modules.clear()
     parent._modules.update(items)
 
@@ -214,17 +178,12 @@ def attach_meta_networks(network: nn.Module, blocks: str,
                          ) -> MetaNetworks:
     """Attach ``len(parts)`` meta networks as ``network.ecotta``, in place:
     part ``k``'s ``MetaEntry`` before its first block (``ecotta_in{k}``),
-    its ``MetaExit`` after its last (``ecotta_out{k}``), so that
-    ``print(network)`` shows where each joins.
+    its ``MetaExit`` after its last (``ecotta_out{k}``).
 
     Args:
-        network (nn.Module): The source network.
         blocks (str): Regex of the blocks' module names.
         parts (Sequence[int]): Consecutive blocks per part, covering all.
-        input_size (Sequence[int]): One image's size. Default: (3, 32, 32).
-
-    Returns:
-        MetaNetworks: The attached meta networks.
+        input_size (Sequence[int]): One image's size.
 
     Raises:
         ValueError: If the parts do not cover the blocks, the blocks do
@@ -245,15 +204,13 @@ def attach_meta_networks(network: nn.Module, blocks: str,
     shapes = trace_blocks(network, names, input_size)
     specs, spans, start = [], [], 0
     for size in parts:
-        (c_in, h_in), (c_out, h_out) = (
-            (shapes[start][0][1], shapes[start][0][2]),
-            (shapes[start + size - 1][1][1], shapes[start + size - 1][1][2]))
+        c_in, h_in = shapes[start][0][1:3]
+        c_out, h_out = shapes[start + size - 1][1][1:3]
         specs.append((c_in, c_out, h_in // h_out))
         spans.append((names[start], names[start + size - 1]))
         start += size
-    for span in spans:  # all checked before anything changes
-        for name in span:
-            sequential_parent(network, name)
+    for name in (n for span in spans for n in span):  # all checked first
+        sequential_parent(network, name)
     param = next(network.parameters())
     meta = MetaNetworks(specs, parts).to(param.device, param.dtype)
     for k, (part, (first, last)) in enumerate(zip(meta.parts, spans)):
@@ -265,21 +222,18 @@ def attach_meta_networks(network: nn.Module, blocks: str,
     return meta
 
 
-#: the WideResNets' residual blocks (RobustBench names)
-WRN_BLOCKS = r'block\d\.layer\.\d+'
-#: blocks per part, by number of blocks and K (docs/classification.md)
-WRN_PARTS = {18: {4: [3, 3, 6, 6], 5: [3, 3, 3, 3, 6]},
-             12: {4: [2, 2, 4, 4], 5: [2, 2, 2, 2, 4]}}
-#: the demo CNN's 12 modules, one conv-norm-ReLU layer per part at K=4
-SMALL_CNN_BLOCKS = r'features\.\d+'
-SMALL_CNN_PARTS = {12: {4: [3, 3, 3, 3], 2: [6, 6]}}
+#: the WideResNets' residual blocks (RobustBench names) and blocks per
+#: part, by number of blocks and K (docs/classification.md)
+WRN_PRESET = (r'block\d\.layer\.\d+',
+              {18: {4: [3, 3, 6, 6], 5: [3, 3, 3, 3, 6]},
+               12: {4: [2, 2, 4, 4], 5: [2, 2, 2, 2, 4]}})
 
-#: ``network type -> (blocks regex, {number of blocks: {K: parts}})``
+#: ``network type -> (blocks regex, {number of blocks: {K: parts}})``; the
+#: demo CNN has 12 modules, one conv-norm-ReLU layer per part at K=4
 ECOTTA_PRESETS = {
-    'WideResNet': (WRN_BLOCKS, WRN_PARTS),
-    'WRN28_10_Standard': (WRN_BLOCKS, WRN_PARTS),
-    'WRN40_2_AugMix': (WRN_BLOCKS, WRN_PARTS),
-    'SmallCNN': (SMALL_CNN_BLOCKS, SMALL_CNN_PARTS),
+    'WideResNet': WRN_PRESET, 'WRN28_10_Standard': WRN_PRESET,
+    'WRN40_2_AugMix': WRN_PRESET,
+    'SmallCNN': (r'features\.\d+', {12: {4: [3, 3, 3, 3], 2: [6, 6]}}),
 }
 
 
@@ -308,8 +262,7 @@ def ecotta_network(network: dict,
         network (dict): The source network's ``CLS_MODELS`` config.
         K (int, optional): Number of parts, from :data:`ECOTTA_PRESETS`.
         parts (Sequence[int], optional): Blocks per part, instead of ``K``.
-        blocks (str, optional): Regex of the blocks' names.
-            Default: the preset's.
+        blocks (str, optional): Regex of the blocks' names (the preset's).
         input_size (Sequence[int]): ``(C, H, W)`` of one input.
         allow_cold_start (bool): Whether weights without meta networks may
             load.

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmengine.utils import ProgressBar, check_file_exist
 
 from mmseg_stag.core.methods import cotta_transforms as T
 from mmseg_stag.engine.run_state import save_atomic
@@ -34,13 +35,11 @@ def color_jitter(img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     order = torch.randperm(4, generator=g).tolist()
     factors = [float(torch.empty(1).uniform_(0.6, 1.4, generator=g))
                for _ in range(3)]
-    hue = float(torch.empty(1).uniform_(-0.1, 0.1, generator=g))
-    ops = [lambda x: T.adjust_brightness(x, factors[0]),
-           lambda x: T.adjust_contrast(x, factors[1]),
-           lambda x: T.adjust_saturation(x, factors[2]),
-           lambda x: T.adjust_hue(x, hue)]
+    factors.append(float(torch.empty(1).uniform_(-0.1, 0.1, generator=g)))
+    ops = (T.adjust_brightness, T.adjust_contrast, T.adjust_saturation,
+           T.adjust_hue)
     for i in order:
-        img = ops[i](img)
+        img = ops[i](img, factors[i])
     return img
 
 
@@ -83,14 +82,12 @@ def _read_cifar_batch(path: str, label_key: bytes):
 def read_training_set(path: str, labels: Optional[str] = None
                       ) -> Tuple[np.ndarray, np.ndarray]:
     """Return the uint8 ``[N, H, W, 3]`` images and the labels of a CIFAR
-    python folder (or its parent), or of an images ``.npy`` and ``labels``.
-    """
+    python folder (or its parent), or of an images ``.npy`` and ``labels``."""
     if path.endswith('.npy'):
         if labels is None:
             raise ValueError(f'{path}: images as .npy need --train-labels')
         for p in (path, labels):
-            if not osp.isfile(p):
-                raise FileNotFoundError(f'training-set file not found: {p}')
+            check_file_exist(p, 'training-set file not found: {}')
         return np.load(path), np.load(labels)
     for folder in (path, osp.join(path, 'cifar-10-batches-py'),
                    osp.join(path, 'cifar-100-python')):
@@ -114,13 +111,8 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
             seed: int, resume: bool, settings: dict) -> Dict[str, list]:
     """Train the meta networks of ``model`` (an ``OnlineClassifier`` over an
     ``EcoTTANetwork``), saving the state in ``work_dir`` every epoch; the
-    ``settings`` must match to resume. Returns loss and accuracy per epoch.
-    """
-    from mmengine.utils import ProgressBar
+    ``settings`` must match to resume. Return loss and accuracy per epoch."""
     network = model.network
-    if not hasattr(network, 'ecotta'):
-        raise ValueError('the warm-up needs an EcoTTA network (model.network'
-                         " type='EcoTTANetwork')")
     for name, p in network.named_parameters():
         p.requires_grad_(name.startswith('ecotta.'))
     params = [p for p in network.parameters() if p.requires_grad]
@@ -191,8 +183,7 @@ def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
 
 
 def build_ecotta_classifier(config: str, cfg_options: dict) -> nn.Module:
-    """Return the config's ``OnlineClassifier`` over an ``EcoTTANetwork``.
-    """
+    """Return the config's ``OnlineClassifier`` over an ``EcoTTANetwork``."""
     from mmengine.config import Config
 
     import mmseg_stag  # noqa: F401  (registers the classification parts)

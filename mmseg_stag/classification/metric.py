@@ -1,7 +1,6 @@
 """Accuracy metric of a classification stream, per stage and per corruption."""
 import csv
 import os.path as osp
-from collections import OrderedDict
 from typing import Dict, List, Optional
 
 from .corruption_table import TABLE_METRICS
@@ -25,15 +24,9 @@ def counts_result(correct: int, total: int) -> dict:
 
 @METRICS.register_module()
 class StreamAccuracyMetric(StreamMetric):
-    """Top-1 accuracy per stage and per corruption of a classification stream.
-
-    Args:
-        table_metric (str): ``'acc'`` or ``'err'``, what the paper's table
-            shows. Default: 'acc'.
-        output_dir (str, optional): See ``StreamMetric``. Default: None.
-        collect_device (str): See ``BaseMetric``. Default: 'cpu'.
-        prefix (str, optional): See ``BaseMetric``. Default: None.
-    """
+    """Top-1 accuracy per stage and per corruption of a classification stream;
+    ``table_metric`` (``'acc'`` or ``'err'``) is what the paper's table shows,
+    the other arguments are ``StreamMetric``'s."""
 
     default_prefix = 'stream'
     score_name = 'acc'
@@ -62,24 +55,25 @@ class StreamAccuracyMetric(StreamMetric):
     def stage_score(self, records: List[dict]):
         """Return the stage's accuracy; its correct count and
         ``[correct, total]`` per corruption as details."""
+        sums: Dict[str, List[int]] = {}
+        for r in records:
+            counts = sums.setdefault(r['corruption'], [0, 0])
+            counts[0] += r['correct']
+            counts[1] += 1
         correct = sum(r['correct'] for r in records)
         return counts_result(correct, len(records))['acc'], dict(
-            correct=correct,
-            per_corruption={c: [v['correct'], v['total']]
-                            for c, v in per_corruption(records).items()})
+            correct=correct, per_corruption=sums)
 
     def corruption_results(self, stages: List[dict]) -> Dict[str, dict]:
         """Return the counts per corruption over the whole stream."""
-        sums: Dict[str, List[int]] = OrderedDict()
-        for corruption in (self.dataset_meta or {}).get('corruptions', []):
-            sums[corruption] = [0, 0]
+        sums = {c: [0, 0]
+                for c in (self.dataset_meta or {}).get('corruptions', [])}
         for s in stages:
             for c, (correct, total) in s['details']['per_corruption'].items():
-                acc = sums.setdefault(c, [0, 0])
-                acc[0] += correct
-                acc[1] += total
-        return OrderedDict((c, counts_result(*v)) for c, v in sums.items()
-                           if v[1])
+                counts = sums.setdefault(c, [0, 0])
+                counts[0] += correct
+                counts[1] += total
+        return {c: counts_result(*v) for c, v in sums.items() if v[1]}
 
     def run_details(self, stages: List[dict]) -> dict:
         """The paper's numbers: per corruption over the whole stream, their
@@ -108,13 +102,3 @@ class StreamAccuracyMetric(StreamMetric):
             for i, r in enumerate(results):
                 writer.writerow([i, r['batch'], r['stage'], r['round'],
                                  r['corruption'], r['correct']])
-
-
-def per_corruption(records: List[dict]) -> Dict[str, dict]:
-    """Return ``{corruption: counts}`` of image records, in order."""
-    sums: Dict[str, List[int]] = OrderedDict()
-    for r in records:
-        acc = sums.setdefault(r['corruption'], [0, 0])
-        acc[0] += r['correct']
-        acc[1] += 1
-    return OrderedDict((c, counts_result(*v)) for c, v in sums.items())

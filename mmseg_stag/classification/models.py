@@ -34,8 +34,7 @@ def timm_model(model_name: str, num_classes: int = 1000,
     """Build ``timm.create_model(model_name, pretrained=False)``."""
     timm = import_optional('timm')
     if not timm.is_model(model_name):
-        close = [m for m in timm.list_models(f'*{model_name.split("_")[0]}*')
-                 ][:8]
+        close = timm.list_models(f'*{model_name.split("_")[0]}*')[:8]
         raise ValueError(f'TimmModel: timm {timm.__version__} has no model '
                          f'{model_name!r} (model.network.model_name); '
                          f'similar names: {close}')
@@ -43,24 +42,20 @@ def timm_model(model_name: str, num_classes: int = 1000,
                              num_classes=num_classes, **kwargs)
 
 
-def read_state_dict(path: str, allow_unsafe_pickle: bool = False):
-    """Return the state dict of a ``.pth``/``.bin``/``.safetensors`` file."""
-    if path.endswith('.safetensors'):
-        check_file_exist(path, 'checkpoint file not found: {}')
-        st = import_optional('safetensors.torch')
-        return extract_state_dict(st.load_file(path), path)
-    return extract_state_dict(load_checkpoint_file(path, allow_unsafe_pickle),
-                              path)
-
-
 def load_weights(model: nn.Module, path: str,
                  allow_unsafe_pickle: bool = False) -> None:
-    """Strictly load a weight file (a ``.npz``: an original ViT) into
-    ``model``; a mismatch is a ValueError naming the keys."""
+    """Strictly load a ``.pth``/``.bin``/``.safetensors`` file (a ``.npz``:
+    an original ViT) into ``model``; a mismatch is a ValueError naming the
+    keys."""
     if path.endswith('.npz'):
         load_vit_npz(model, path)
         return
-    state = read_state_dict(path, allow_unsafe_pickle)
+    if path.endswith('.safetensors'):
+        check_file_exist(path, 'checkpoint file not found: {}')
+        state = import_optional('safetensors.torch').load_file(path)
+    else:
+        state = load_checkpoint_file(path, allow_unsafe_pickle)
+    state = extract_state_dict(state, path)
     for prefix, module in model.named_modules():  # not in the state dict
         for buf in module._non_persistent_buffers_set:
             state.pop(f'{prefix}.{buf}' if prefix else buf, None)
@@ -99,18 +94,16 @@ def npz_mismatches(model: nn.Module, files, prefix: str) -> list:
     blocks = {int(k[len(prefix):].split('/')[1].split('_')[1])
               for k in files
               if k.startswith(prefix + 'Transformer/encoderblock_')}
+    stacked = shape('Transformer/encoderblock/LayerNorm_0/scale')
     found = dict(head=shape('head/bias'),
                  patch_embedding=shape('embedding/kernel'),
-                 pos_embedding=pos, blocks=len(blocks) or None)
+                 pos_embedding=pos, blocks=len(blocks) or (
+                     None if stacked is None else stacked[0]))
     wanted = dict(head=(model.head.out_features, )
                   if isinstance(model.head, nn.Linear) else None,
                   patch_embedding=tuple(proj.shape[i] for i in (2, 3, 1, 0)),
                   pos_embedding=tuple(model.pos_embed.shape),
                   blocks=len(model.blocks))
-    if found['blocks'] is None and \
-            prefix + 'Transformer/encoderblock/LayerNorm_0/scale' in files:
-        found['blocks'] = files[
-            prefix + 'Transformer/encoderblock/LayerNorm_0/scale'].shape[0]
     return [f'{name}: file {found[name]} vs model {wanted[name]}'
             for name in wanted if found[name] != wanted[name]]
 

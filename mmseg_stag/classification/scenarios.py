@@ -1,5 +1,5 @@
 """Test streams of the paper's classification scenarios, as lists of stages."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
 
 import numpy as np
@@ -15,8 +15,7 @@ class Stage:
     """One stream segment: its corruption (or ``'mixed'``), its global
     indices in stream order, and ``StreamStage.from_source``."""
     name: str
-    indices: np.ndarray = field(
-        default_factory=lambda: np.zeros(0, dtype=np.int64))
+    indices: np.ndarray
     from_source: bool = False
 
 
@@ -41,12 +40,10 @@ def order_indices(indices: np.ndarray, labels: np.ndarray, order: str,
         raise ValueError('a class-ordered stream (label shift) needs the '
                          'labels of its images; this data has unlabelled '
                          'images (label < 0)')
-    classes = np.unique(labels)
+    classes, rank = np.unique(labels, return_inverse=True)
     if shuffle_class_order:
-        classes = classes[rng.permutation(len(classes))]
-    rank = np.empty(int(labels.max()) + 1, dtype=np.int64)
-    rank[classes] = np.arange(len(classes))
-    return indices[np.argsort(rank[labels], kind='stable')]
+        rank = np.argsort(rng.permutation(len(classes)))[rank]
+    return indices[np.argsort(rank, kind='stable')]
 
 
 @CLS_SCENARIOS.register_module(name='per_corruption')
@@ -63,9 +60,7 @@ def per_corruption(data: StreamData,
     for k, name in enumerate(data.names):
         idx = data.indices_of(name)
         idx = order_indices(idx, data.labels[idx], order, stage_rng(seed, k),
-                            shuffle_class_order)
-        if n_per_corruption is not None:
-            idx = idx[:n_per_corruption]
+                            shuffle_class_order)[:n_per_corruption]
         stages.append(Stage(name, idx, from_source=from_source or k == 0))
     return stages
 
@@ -97,12 +92,8 @@ def continual(data: StreamData, seed: int = 0, order: str = 'file',
 def mixed(data: StreamData, seed: int = 0,
           n_per_corruption: Optional[int] = None) -> List[Stage]:
     """All corruptions shuffled into one stream (one stage)."""
-    parts = []
-    for name in data.names:
-        idx = data.indices_of(name)
-        parts.append(idx if n_per_corruption is None
-                     else idx[:n_per_corruption])
-    idx = np.concatenate(parts)
+    idx = np.concatenate([data.indices_of(name)[:n_per_corruption]
+                          for name in data.names])
     idx = idx[stage_rng(seed, 0).permutation(len(idx))]
     return [Stage('mixed', idx, from_source=True)]
 

@@ -16,13 +16,8 @@ def _norm2d(norm: str, channels: int, groups: int) -> nn.Module:
 
 @CLS_MODELS.register_module()
 class SmallCNN(nn.Module):
-    """Four 3x3 conv-norm-ReLU layers, global average pooling and ``fc``.
-
-    Args:
-        num_classes (int): Number of classes. Default: 10.
-        width (int): Channels of the first layer. Default: 16.
-        norm (str): ``'BN'`` or ``'GN'``. Default: 'BN'.
-        groups (int): GroupNorm groups. Default: 8.
+    """Four 3x3 conv-norm-ReLU layers (``width`` channels first; ``norm``
+    ``'BN'`` or ``'GN'`` of ``groups``), global average pooling and ``fc``.
     """
 
     def __init__(self, num_classes: int = 10, width: int = 16,
@@ -68,17 +63,7 @@ class _Block(nn.Module):
 
 @CLS_MODELS.register_module()
 class SmallViT(nn.Module):
-    """A LayerNorm-only ViT with mean pooling over tokens and ``head``.
-
-    Args:
-        num_classes (int): Number of classes. Default: 10.
-        img_size (int): Input side. Default: 32.
-        patch_size (int): Patch side. Default: 4.
-        dim (int): Token width. Default: 64.
-        depth (int): Number of blocks. Default: 4.
-        heads (int): Attention heads. Default: 4.
-        mlp_ratio (int): MLP width over ``dim``. Default: 2.
-    """
+    """A LayerNorm-only ViT with mean pooling over tokens and ``head``."""
 
     def __init__(self, num_classes: int = 10, img_size: int = 32,
                  patch_size: int = 4, dim: int = 64, depth: int = 4,

@@ -29,10 +29,9 @@ class CorruptionStream(Dataset):
         corruption_set (dict): A ``CLS_DATASETS`` config without the
             corruption, e.g. ``dict(type='CIFARC', data_root=...)``.
         corruptions (Sequence[str]): The corruptions, in stream order.
-            Default: the 15 of ImageNet-C.
         scenario (dict, optional): A ``CLS_SCENARIOS`` config.
             Default: None (``dict(type='mild')``).
-        shuffle_seed (int): Seed of the scenario's shuffles. Default: 1.
+        shuffle_seed (int): Seed of the scenario's shuffles.
     """
 
     task = 'classification'
@@ -96,15 +95,8 @@ class SourceImages(Dataset):
 
 @DATA_SAMPLERS.register_module()
 class StageBatchSampler(Sampler):
-    """Batch sampler of consecutive samples that never spans two stages.
-
-    Args:
-        sampler (Sampler): An in-order sampler of the stream.
-        batch_size (int): Samples per batch.
-
-    Raises:
-        ValueError: If ``batch_size < 1`` or the sampler shuffles.
-    """
+    """Batch sampler of consecutive samples of an in-order ``sampler`` that
+    never spans two stages (a ValueError if the sampler shuffles)."""
 
     def __init__(self, sampler: Sampler, batch_size: int):
         if batch_size < 1:
@@ -143,9 +135,8 @@ class SeededShuffleSampler(Sampler):
         self.dataset, self.seed = dataset, 0 if seed is None else int(seed)
 
     def __iter__(self) -> Iterator[int]:
-        order = np.random.default_rng(self.seed).permutation(
-            len(self.dataset))
-        return iter(order.tolist())
+        return iter(np.random.default_rng(self.seed).permutation(
+            len(self.dataset)).tolist())
 
     def __len__(self) -> int:
         return len(self.dataset)

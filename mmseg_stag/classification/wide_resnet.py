@@ -1,7 +1,5 @@
-"""WideResNet for CIFAR with RobustBench's parameter names.
-
-Follows RobustBench's ``robustbench/model_zoo/architectures/wide_resnet.py``.
-"""
+"""WideResNet for CIFAR with RobustBench's parameter names, as RobustBench's
+``robustbench/model_zoo/architectures/wide_resnet.py``."""
 import math
 from typing import Optional, Sequence
 
@@ -55,17 +53,8 @@ class NetworkBlock(nn.Module):
 
 @CLS_MODELS.register_module()
 class WideResNet(nn.Module):
-    """WRN-``depth``-``widen_factor`` for 32x32 inputs.
-
-    Args:
-        depth (int): ``6n + 4``. Default: 28.
-        widen_factor (int): Width multiplier. Default: 10.
-        num_classes (int): Number of classes. Default: 10.
-        input_mean (Sequence[float], optional): Input normalisation mean,
-            kept as a non-persistent buffer. Default: None.
-        input_std (Sequence[float], optional): Input normalisation std,
-            kept as a non-persistent buffer. Default: None.
-    """
+    """WRN-``depth``-``widen_factor`` (``depth = 6n + 4``) for 32x32 inputs,
+    normalised by ``input_mean``/``input_std`` (non-persistent) if given."""
 
     def __init__(self,
                  depth: int = 28,
@@ -87,16 +76,12 @@ class WideResNet(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.fc = nn.Linear(widths[3], num_classes)
         self.nChannels = widths[3]
-        self.normalize_input = input_mean is not None or \
-            input_std is not None
+        self.normalize_input = input_mean is not None or input_std is not None
         if self.normalize_input:
             mean = torch.tensor(input_mean or (0., 0., 0.)).view(1, 3, 1, 1)
             std = torch.tensor(input_std or (1., 1., 1.)).view(1, 3, 1, 1)
             self.register_buffer('mu', mean, persistent=False)
             self.register_buffer('sigma', std, persistent=False)
-        self._init_weights()
-
-    def _init_weights(self) -> None:
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels
@@ -116,18 +101,15 @@ class WideResNet(nn.Module):
         return self.fc(out)
 
 
+@CLS_MODELS.register_module(name='WRN28_10_Standard')
 def wrn28_10_standard(**kwargs) -> WideResNet:
     """RobustBench ``Standard`` (CIFAR-10): WRN-28-10, ``[0, 1]`` inputs."""
     return WideResNet(depth=28, widen_factor=10, num_classes=10, **kwargs)
 
 
+@CLS_MODELS.register_module(name='WRN40_2_AugMix')
 def wrn40_2_augmix(**kwargs) -> WideResNet:
     """RobustBench ``Hendrycks2020AugMix_WRN`` (CIFAR-100): WRN-40-2."""
     return WideResNet(depth=40, widen_factor=2, num_classes=100,
                       input_mean=(0.5, 0.5, 0.5), input_std=(0.5, 0.5, 0.5),
                       **kwargs)
-
-
-CLS_MODELS.register_module(name='WRN28_10_Standard',
-                           module=wrn28_10_standard)
-CLS_MODELS.register_module(name='WRN40_2_AugMix', module=wrn40_2_augmix)
