@@ -47,8 +47,11 @@ class SegmentationTask(OnlineTask):
         return 'decode_head.conv_seg'
 
     def setup(self, dataset) -> None:
-        if self.main_view is None:
-            self.main_view = pipeline_main_view(dataset)
+        if self.main_view is None:  # the pipeline's ScaleFlipViews', else 0
+            transforms = getattr(getattr(dataset, 'pipeline', None),
+                                 'transforms', [])
+            self.main_view = next((t.main_view for t in transforms
+                                   if hasattr(t, 'main_view')), 0)
         self.main_view = int(self.main_view)
 
     #: the method a ``type`` of ``METHODS`` is on this task, where it differs:
@@ -56,8 +59,7 @@ class SegmentationTask(OnlineTask):
     VARIANTS = {'cotta': SegmentationCoTTA}
 
     def build_method(self, cfg: dict):
-        """Build ``cfg`` from ``METHODS``, ``type='cotta'`` as
-        :class:`SegmentationCoTTA` (:attr:`VARIANTS`)."""
+        """Build ``cfg`` from ``METHODS``, or as its :attr:`VARIANTS`."""
         variant = self.VARIANTS.get(cfg.get('type'))
         return build_method(cfg if variant is None else dict(cfg,
                                                              type=variant))
@@ -99,15 +101,6 @@ class SegmentationTask(OnlineTask):
         metas = [dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
                       padding_size=[0, 0, 0, 0])] * len(inputs)
         return SegmentationBatch(inputs, metas=metas)
-
-
-def pipeline_main_view(dataset) -> int:
-    """Return ``main_view`` of the dataset's ``ScaleFlipViews``, else 0."""
-    transforms = getattr(getattr(dataset, 'pipeline', None), 'transforms', [])
-    for transform in transforms:
-        if hasattr(transform, 'main_view'):
-            return transform.main_view
-    return 0
 
 
 def split_views(data_batch: dict) -> list:

@@ -1,6 +1,5 @@
 """A segmentation batch and the operations a method may ask of it: its
-forward pass, and logits, labels and CoTTA's ACDC loss at each image's
-original size (deterministic on CUDA too)."""
+forward pass, and logits, labels and a loss at the original size."""
 import dataclasses
 import functools
 from dataclasses import dataclass, field
@@ -15,26 +14,17 @@ from mmseg_stag.core import Batch, ForwardPass, TaskAdapter
 
 @dataclass
 class SegmentationBatch(Batch):
-    """A preprocessed segmentation batch.
-
-    Args:
-        metas (list[dict]): Each image's metainfo, for ``model.inference``.
-        views (list[SegmentationBatch], optional): Every view (scale, flip)
-            of a multi-view pipeline; None: one view.
-        main_view (int): The index of this batch in ``views``. Default: 0.
-    """
+    """A preprocessed segmentation batch: each image's metainfo (for
+    ``model.inference``) and, from a multi-view pipeline, every view (scale,
+    flip; None: one view) and this batch's index among them."""
     metas: List[dict] = field(default_factory=list)
     views: Optional[List['SegmentationBatch']] = None
     main_view: int = 0
 
 
 class SegmentationAdapter(TaskAdapter):
-    """Operations of an MMSeg segmentor on a :class:`SegmentationBatch`.
-
-    Args:
-        probe (HeadProbe): The per-pixel probe of the decode head.
-        segmentor (BaseSegmentor): Gives ``postprocess_result``.
-    """
+    """Operations of an MMSeg segmentor on a :class:`SegmentationBatch`:
+    ``probe`` is its decode head's, ``segmentor`` post-processes."""
 
     operations = frozenset({'original_size'})
 
@@ -71,11 +61,8 @@ class SegmentationAdapter(TaskAdapter):
     def graph_inputs(self, batch: SegmentationBatch) -> List[torch.Tensor]:
         """The inputs, and every view's (CoTTA's teacher views; the main
         view's inputs are the batch's own, listed once)."""
-        tensors = [batch.inputs]
-        for view in batch.views or ():
-            if view.inputs is not batch.inputs:
-                tensors.append(view.inputs)
-        return tensors
+        return [batch.inputs] + [view.inputs for view in batch.views or ()
+                                 if view.inputs is not batch.inputs]
 
     def static_batch(self, batch: SegmentationBatch) -> SegmentationBatch:
         """The batch and its views with their inputs cloned; the main view
@@ -131,10 +118,8 @@ class SegmentationAdapter(TaskAdapter):
             self, fwd: ForwardPass, labels: Optional[torch.Tensor] = None,
             align_corners: bool = False,
             batch: Optional[SegmentationBatch] = None) -> torch.Tensor:
-        """The mean cross-entropy of ``fwd``'s head logits resized straight
-        to ``[N, H0, W0]`` labels at the original size (CoTTA's ACDC loss,
-        :func:`full_resolution_cross_entropy`); ``labels`` None: those
-        ``fwd`` predicts for ``batch`` (:meth:`labels_at_original_size`).
+        """:func:`full_resolution_cross_entropy` of ``fwd``'s head logits
+        to ``labels`` (None: ``fwd``'s own labels for ``batch``).
 
         Raises:
             ValueError: If the forward pass was not a whole-image one.
@@ -158,10 +143,10 @@ def set_labels(data_samples: list, labels: torch.Tensor) -> list:
         ValueError: If a label map is not at its image's original size.
     """
     for sample, label in zip(data_samples, labels):
-        shape = tuple(sample.metainfo['ori_shape'])
-        if tuple(label.shape) != shape:
-            raise ValueError(f'a label prediction of shape {tuple(label.shape)}'
-                             f' for an image of original size {shape}')
+        shape, got = tuple(sample.metainfo['ori_shape']), tuple(label.shape)
+        if got != shape:
+            raise ValueError(f'a label prediction of shape {got} for an '
+                             f'image of original size {shape}')
         sample.set_data(dict(pred_sem_seg=PixelData(data=label[None])))
     return data_samples
 
@@ -169,20 +154,12 @@ def set_labels(data_samples: list, labels: torch.Tensor) -> list:
 def full_resolution_cross_entropy(logits: torch.Tensor,
                                   labels: torch.Tensor,
                                   align_corners: bool = False) -> torch.Tensor:
-    """Return the cross-entropy of logits resized straight to ``labels``.
+    """The mean cross-entropy of ``[N, C, h, w]`` logits resized straight
+    (bilinear) to ``[N, H, W]`` labels: CoTTA's ACDC loss.
 
-    In deterministic mode :func:`bilinear_resize` and
-    :func:`deterministic_cross_entropy` (``nll_loss2d`` has no
-    deterministic CUDA kernel); else ``F.interpolate`` and
-    ``F.cross_entropy``.
-
-    Args:
-        logits (Tensor): ``[N, C, h, w]`` logits of the head.
-        labels (Tensor): ``[N, H, W]`` labels at the original size.
-        align_corners (bool): Of the bilinear resize. Default: False.
-
-    Returns:
-        Tensor: The mean over all pixels.
+    In deterministic mode through :func:`bilinear_resize` and
+    :func:`deterministic_cross_entropy`: ``nll_loss2d`` and the resize's
+    backward have no deterministic CUDA kernel.
     """
     size = tuple(labels.shape[-2:])
     if torch.are_deterministic_algorithms_enabled():
@@ -195,19 +172,9 @@ def full_resolution_cross_entropy(logits: torch.Tensor,
 
 def deterministic_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
                                 ignore_index: int = -100) -> torch.Tensor:
-    """Return ``F.cross_entropy(logits, labels, ignore_index=...)`` (mean).
-
-    Log-softmax and ``gather``, deterministic on CUDA unlike ``nll_loss2d``
-    (the same mean, NaN if every pixel is ignored, in another order).
-
-    Args:
-        logits (Tensor): ``[N, C, ...]`` logits.
-        labels (Tensor): ``[N, ...]`` integer labels.
-        ignore_index (int): Label that contributes nothing. Default: -100.
-
-    Returns:
-        Tensor: The scalar mean cross-entropy.
-    """
+    """``F.cross_entropy(logits, labels, ignore_index=...)`` (the mean,
+    NaN if every pixel is ignored) through log-softmax and ``gather``:
+    deterministic on CUDA, unlike ``nll_loss2d``."""
     valid = labels != ignore_index
     index = torch.where(valid, labels, torch.zeros_like(labels))
     log_p = logits.log_softmax(dim=1).gather(1, index.unsqueeze(1))
@@ -217,21 +184,12 @@ def deterministic_cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
 
 def bilinear_resize(x: torch.Tensor, size: Tuple[int, int],
                     align_corners: bool = False) -> torch.Tensor:
-    """Return ``F.interpolate(x, size, mode='bilinear')`` as two matmuls.
+    """``F.interpolate(x, size, mode='bilinear')`` as ``R_h @ x @ R_wᵀ``.
 
-    ``R_h @ x @ R_wᵀ`` with :func:`interpolation_matrix`: the backward is
-    two matmuls too, deterministic on CUDA, and lighter than the path
-    ``F.interpolate`` takes there in deterministic mode (four full-size
-    gathers, an index-put backward). Runs in float32 (float64 kept) with
-    autocast off, as ``F.interpolate`` does under autocast.
-
-    Args:
-        x (Tensor): ``[N, C, h, w]``.
-        size (tuple[int, int]): ``(H, W)``.
-        align_corners (bool): As ``F.interpolate``'s. Default: False.
-
-    Returns:
-        Tensor: ``[N, C, H, W]``.
+    The backward is two matmuls too, deterministic on CUDA, and lighter
+    than the path ``F.interpolate`` takes there in deterministic mode (four
+    full-size gathers, an index-put backward). Runs in float32 (float64
+    kept) with autocast off, as ``F.interpolate`` does under autocast.
     """
     (h, w), (out_h, out_w) = x.shape[-2:], size
     with torch.autocast(x.device.type, enabled=False):
@@ -248,26 +206,17 @@ def bilinear_resize(x: torch.Tensor, size: Tuple[int, int],
 
 def interpolation_matrix(in_size: int, out_size: int, align_corners: bool,
                          like: torch.Tensor) -> torch.Tensor:
-    """Return the ``[out, in]`` weights of 1-D linear interpolation.
+    """The ``[out, in]`` weights of 1-D linear interpolation, in ``like``'s
+    dtype and device.
 
     PyTorch's rule (``area_pixel_compute_source_index``): output ``i``
     reads source ``s = (i + 0.5) in/out - 0.5`` clamped to ``[0, in - 1]``
     (``s = i (in-1)/(out-1)`` with ``align_corners``), weight ``1 - |s - j|``
     on the two nearest inputs ``j``.
-
-    Args:
-        in_size (int): Input length.
-        out_size (int): Output length.
-        align_corners (bool): As ``F.interpolate``'s.
-        like (Tensor): Gives the dtype and device.
-
-    Returns:
-        Tensor: The matrix, rows summing to 1.
     """
     dst = torch.arange(out_size, dtype=torch.float64, device=like.device)
     if align_corners:
-        scale = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
-        src = dst * scale
+        src = dst * ((in_size - 1) / (out_size - 1) if out_size > 1 else 0.)
     else:
         src = (dst + 0.5) * (in_size / out_size) - 0.5
     src = src.clamp(min=0, max=in_size - 1)

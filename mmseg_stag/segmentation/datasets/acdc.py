@@ -8,6 +8,7 @@ from mmseg.registry import DATASETS
 
 from mmseg_stag.engine.stream import StreamStage, stages_from_tags
 
+
 @DATASETS.register_module()
 class ACDCContinualDataset(BaseSegDataset):
     """ACDC as a continual stream: the conditions in order, ``rounds`` times.
@@ -15,23 +16,19 @@ class ACDCContinualDataset(BaseSegDataset):
     Args:
         data_root (str): ACDC root folder.
         conditions (Sequence[str]): Conditions in stream order.
-            Default: ('fog', 'night', 'rain', 'snow').
-        split (str): The split read. Default: 'train'.
-        rounds (int): Repetitions of the condition cycle. Default: 10.
+        split (str): The split read.
+        rounds (int): Repetitions of the condition cycle.
         images_per_condition (int, optional): Keep the first N sorted
-            images of each condition (a smoke test). Default: None, all.
-        img_dir (str): Image folder under ``data_root``. Default: 'rgb_anon'.
-        ann_dir (str): Label folder under ``data_root``. Default: 'gt'.
-        img_suffix (str): Image file suffix. Default: '_rgb_anon.png'.
-        seg_map_suffix (str): Label file suffix.
-            Default: '_gt_labelTrainIds.png'.
+            images of each condition (a smoke test); None: all.
+        img_dir, ann_dir, img_suffix, seg_map_suffix: The images are
+            ``{img_dir}/{condition}/{split}/**/*{img_suffix}`` under
+            ``data_root``; each label at the same path under ``ann_dir``,
+            ending in ``seg_map_suffix``.
         **kwargs: Other ``BaseSegDataset`` arguments.
 
     Raises:
-        FileNotFoundError: If ``data_root``, a condition folder, its images
-            or an image's label is missing.
-        ValueError: If ``rounds < 1``, ``images_per_condition < 1``,
-            ``conditions`` is empty or ``reduce_zero_label=True``.
+        FileNotFoundError: If a folder, the images or a label is missing.
+        ValueError: For an option out of range, or reduce_zero_label=True.
     """
 
     METAINFO = CityscapesDataset.METAINFO
@@ -102,41 +99,34 @@ class ACDCContinualDataset(BaseSegDataset):
                 f'no *{self.img_suffix} images under {img_root}')
         files = []
         for rel in rel_paths:
+            img = osp.join(img_root, rel)
             seg = osp.join(ann_root,
                            rel[:-len(self.img_suffix)] + self.seg_map_suffix)
             if not osp.isfile(seg):
                 raise FileNotFoundError(
-                    f'label missing for {osp.join(img_root, rel)}: expected '
-                    f'{seg}')
-            files.append(dict(img_path=osp.join(img_root, rel),
-                              seg_map_path=seg))
+                    f'label missing for {img}: expected {seg}')
+            files.append(dict(img_path=img, seg_map_path=seg))
         return files
 
     def load_data_list(self) -> List[dict]:
-        """Load the stream, ``rounds`` x ``conditions`` x sorted files.
-
-        Returns:
-            list[dict]: Data infos with the paths and the tags ``stage``,
-            ``round`` and ``condition``.
-        """
+        """Load the stream, ``rounds`` x ``conditions`` x sorted files, each
+        with the tags ``stage``, ``round`` and ``condition``."""
         per_condition = [self._condition_files(c)[:self.images_per_condition]
                          for c in self.conditions]
-        data_list = []
         self._stream_stages = None
-        for round_idx in range(self.rounds):
+        return [
+            dict(item,
+                 label_map=self.label_map,
+                 reduce_zero_label=False,
+                 seg_fields=[],
+                 stage=round_idx * len(self.conditions) + cond_idx,
+                 round=round_idx + 1,
+                 condition=condition)
+            for round_idx in range(self.rounds)
             for cond_idx, (condition, files) in enumerate(
-                    zip(self.conditions, per_condition)):
-                stage = round_idx * len(self.conditions) + cond_idx
-                for item in files:
-                    data_list.append(
-                        dict(item,
-                             label_map=self.label_map,
-                             reduce_zero_label=False,
-                             seg_fields=[],
-                             stage=stage,
-                             round=round_idx + 1,
-                             condition=condition))
-        return data_list
+                zip(self.conditions, per_condition))
+            for item in files
+        ]
 
     @staticmethod
     def first_stage_options(dataset_cfg: dict, condition=None) -> dict:

@@ -1,7 +1,5 @@
-"""The scaled and flipped views of an image that CoTTA's teacher averages.
-
-Follows ``MultiScaleFlipAug`` in CoTTA's ACDC code, ``tools/cotta.py``.
-"""
+"""The scaled and flipped views of an image that CoTTA's teacher averages:
+``MultiScaleFlipAug`` of CoTTA's ACDC code, ``tools/cotta.py``."""
 from typing import List, Sequence, Tuple
 
 from mmcv.transforms import TestTimeAug
@@ -18,13 +16,10 @@ class ScaleFlipViews(TestTimeAug):
     Args:
         scale (tuple[int, int]): ``(w, h)`` at ratio 1.
         ratios (Sequence[float]): Resize ratios, containing 1.0.
-            Default: (0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0).
         flip (bool): Whether to add each ratio's flipped view.
-            Default: True.
         transforms (list[dict]): Applied to every view after the resize
-            and flip. Default: ().
-        load_label (bool): Read the label once (MMSeg's
-            ``LoadAnnotations``) for the main view. Default: False.
+            and flip.
+        load_label (bool): Run MMSeg's ``LoadAnnotations`` first.
 
     With ``load_label`` (or a ``LoadAnnotations`` before this transform)
     the label is read once and kept out of the resizes and flips: the main
@@ -50,15 +45,12 @@ class ScaleFlipViews(TestTimeAug):
         w, h = scale
         resizes = [dict(type='Resize', scale=(int(w * r), int(h * r)),
                         keep_ratio=True) for r in ratios]
-        flips = [dict(type='RandomFlip', prob=0., direction='horizontal')]
-        if flip:
-            flips.append(
-                dict(type='RandomFlip', prob=1., direction='horizontal'))
+        flips = [dict(type='RandomFlip', prob=prob, direction='horizontal')
+                 for prob in ((0., 1.) if flip else (0., ))]
         super().__init__([resizes, flips] + [[t] for t in transforms])
         self.main_view = ratios.index(1.0) * len(flips)
         self.load_label = TRANSFORMS.build(
             dict(type='LoadAnnotations')) if load_label else None
-        self.num_views = len(ratios) * len(flips)
 
     def transform(self, results: dict) -> dict:
         """Return the views; a loaded label goes to the main view only.
@@ -81,4 +73,3 @@ class ScaleFlipViews(TestTimeAug):
         views['data_samples'][self.main_view].gt_sem_seg = PixelData(
             data=label_tensor(label))
         return views
-

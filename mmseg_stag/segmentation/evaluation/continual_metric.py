@@ -13,22 +13,14 @@ from mmseg_stag.engine.stream_metric import StreamMetric
 def intersect_and_union(pred: torch.Tensor, label: torch.Tensor,
                         num_classes: int,
                         ignore_index: int) -> torch.Tensor:
-    """Return an image's ``[4, C]`` areas: intersect, union, pred, label.
+    """Return an image's int64 ``[4, C]`` areas: intersect, union, pred,
+    label.
 
     The numbers of MMSeg's ``IoUMetric.intersect_and_union`` (pixels whose
     label is ``ignore_index`` dropped, values outside ``[0, C)`` counted in
     no class), from one ``torch.bincount`` of the confusion matrix instead
     of ``torch.histc``: exact integer counts, and deterministic on CUDA,
     where ``histc`` raises in deterministic mode.
-
-    Args:
-        pred (Tensor): Predicted labels, any shape.
-        label (Tensor): Ground truth, the same shape.
-        num_classes (int): ``C``.
-        ignore_index (int): Label not evaluated.
-
-    Returns:
-        Tensor: ``[4, C]`` int64 areas on the inputs' device.
     """
     keep = label != ignore_index
     pred, label = pred[keep].long(), label[keep].long()
@@ -46,19 +38,13 @@ def intersect_and_union(pred: torch.Tensor, label: torch.Tensor,
                         area_label])
 
 
-def stage_iou(areas: np.ndarray) -> np.ndarray:
-    """Return the per-class IoU ``[C]`` of a stage's summed ``[4, C]`` areas.
-
-    A class absent from label and prediction gets NaN, as in MMSeg.
-    """
+def stage_miou(areas: np.ndarray, class_names: Sequence[str]):
+    """Return a stage's mIoU and per-class IoU (%) from its summed
+    ``[4, C]`` areas; a class absent from label and prediction gets NaN,
+    as in MMSeg."""
     intersect, union = areas[0], areas[1]
     with np.errstate(divide='ignore', invalid='ignore'):
-        return np.where(union > 0, intersect / union, np.nan)
-
-
-def stage_miou(areas: np.ndarray, class_names: Sequence[str]):
-    """Return a stage's mIoU and per-class IoU (%) from its summed areas."""
-    iou = stage_iou(areas) * 100
+        iou = np.where(union > 0, intersect / union, np.nan) * 100
     return mean_ignoring_nan(iou.tolist()), {
         c: None if np.isnan(v) else float(v)
         for c, v in zip(class_names, iou)}
@@ -70,11 +56,9 @@ class ContinualIoUMetric(StreamMetric):
 
     Args:
         ignore_index (int): Label ignored by the metric. Default: 255.
-        output_dir (str, optional): Where results are written. Default: None
-            (the online loop sets the work dir).
-        collect_device (str): See ``BaseMetric``. Default: 'cpu'.
-        prefix (str, optional): See ``BaseMetric``. Default: None
-            ('continual').
+        output_dir (str, optional): Where results are written (the online
+            loop sets the work dir). Default: None.
+        collect_device, prefix: See ``BaseMetric``.
 
     Raises:
         TypeError: If an unknown argument is given.
@@ -100,10 +84,8 @@ class ContinualIoUMetric(StreamMetric):
     @property
     def class_names(self) -> List[str]:
         """Class names of the dataset, else Cityscapes' 19."""
-        meta = self.dataset_meta
-        if not meta or 'classes' not in meta:
-            meta = CityscapesDataset.METAINFO
-        return list(meta['classes'])
+        meta = self.dataset_meta or {}
+        return list(meta.get('classes', CityscapesDataset.METAINFO['classes']))
 
     def image_record(self, sample: dict) -> dict:
         """Return the image's ``[4, C]`` areas (:func:`intersect_and_union`).

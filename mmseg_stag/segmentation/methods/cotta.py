@@ -10,25 +10,19 @@ from ..task_adapter import SegmentationBatch
 class SegmentationCoTTA(CoTTA):
     """CoTTA per pixel: a multi-view teacher label at full size.
 
-    Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta). Not
-    registered: the segmentation task builds it for ``type='cotta'``
-    (``SegmentationTask.build_method``).
+    Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta). The
+    segmentation task builds it for ``type='cotta'``.
 
     Args:
         batch_views (bool): Run consecutive teacher views of one input size
-            (a scale and its flip) as one batch: 7 forward passes for the
-            ACDC config's 14 views instead of one per view, as the authors
-            run them. The same function of the views; batched kernels round
-            differently, so labels can differ where two classes tie.
-            Default: False.
-        **kwargs: :class:`~mmseg_stag.core.CoTTA`'s arguments;
-            ``cuda_graph=True`` (the whole step, teacher views included,
-            replayed as a CUDA graph: its step reads nothing back) needs
-            ``restore_on_device=True``.
+            (a scale and its flip) as one batch, not one at a time as the
+            authors do. Batched kernels round differently, so labels can
+            differ where two classes tie. Default: False.
+        **kwargs: :class:`~mmseg_stag.core.CoTTA`'s arguments.
 
     Raises:
-        ValueError: ``cuda_graph=True`` with the restore mask drawn on the
-            CPU (a graph would replay the mask copied at capture).
+        ValueError: ``cuda_graph=True`` (the whole step, teacher views
+            included) with the restore mask drawn on the CPU.
     """
 
     supported_prediction_kinds = ('per_pixel', )
@@ -101,16 +95,10 @@ def teacher_labels(adapter, teacher: nn.Module, source_model: nn.Module,
                    views: Sequence, main_view: int, threshold: float,
                    batch_views: bool = False
                    ) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """Return the label map CoTTA trains on and evaluates, and stats.
-
-    Args:
-        adapter (SegmentationAdapter): Runs and resizes the views.
-        teacher (nn.Module): The EMA teacher.
-        source_model (nn.Module): CoTTA's anchor (source) model.
-        views (list[SegmentationBatch]): The batch's views.
-        main_view (int): The unflipped view at scale 1.
-        threshold (float): CoTTA's ``ap``.
-        batch_views (bool): Views of one size in one forward pass.
+    """Return the label map CoTTA trains on and evaluates, and stats:
+    the teacher's on the main view (the unflipped one at scale 1) where the
+    source model's confidence there exceeds ``threshold`` (CoTTA's ``ap``),
+    else the argmax of its probabilities averaged over the views.
     """
     total = None
     for group in view_groups(views, batch_views):

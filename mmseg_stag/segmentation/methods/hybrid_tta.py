@@ -1,10 +1,9 @@
 """Hybrid-TTA (Park et al., ICCV 2025): an EMA teacher labels each image;
 the student learns from a masked view (SimMIM) and switches between full
-and efficient tuning by its segmentation loss.
+and efficient tuning by its segmentation loss (docs/methods.md).
 
-Follows hhhyyeee/Hybrid-TTA: mmseg/apis/test_feat.py (single_gpu_our),
-mmseg/ood/base.py (FreezeController, mode loss_seg_with_wma) and the
-modules of :mod:`..models.hybrid_tta_modules` (docs/methods.md).
+Follows hhhyyeee/Hybrid-TTA: mmseg/apis/test_feat.py (single_gpu_our) and
+mmseg/ood/base.py (FreezeController, mode loss_seg_with_wma).
 """
 import copy
 import re
@@ -20,13 +19,11 @@ from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
                                          masked_l1, masked_mit_features)
 
-#: what efficient tuning freezes: the MiT blocks (the authors' "block1" ..
-#: "block4"), not their parallel adapters (PARALLEL_ADAPTER: the authors'
-#: modules, not the task adapter ``self.adapter``); patch embeddings, stage
-#: norms, the mask token, the decode head and the neck keep training
-#: (ood/base.py:24-26)
+#: what efficient tuning freezes (ood/base.py:24-26): the MiT blocks (the
+#: authors' "block1" .. "block4") but their parallel adapters
 BLOCK_PARAM = re.compile(r'^backbone\.layers\.\d+\.1\.')
-#: the parameters of a parallel adapter (``AdaptedMixFFN.adapter``)
+#: a parallel adapter's parameters (``AdaptedMixFFN.adapter``, not the task
+#: adapter ``self.adapter``)
 PARALLEL_ADAPTER = '.adapter.'
 
 
@@ -36,14 +33,9 @@ class TuningSwitch:
     Efficient when the mean of the last ``window`` losses is below
     ``(1 + margin) * threshold``; the threshold is then an EMA of the loss
     (ood/base.py:242-266). Neither the window nor the threshold restart at
-    a new stage; the tuning does (full).
-
-    Args:
-        window (int): Default: 10 (``wma_window_size``).
-        margin (float): Default: 0.1 (``wma_perc``).
-        momentum (float): Of the threshold. Default: 0.999
-            (``loss_seg_alpha``).
-        threshold (float): Its start. Default: 0.0 (``loss_seg_threshold``).
+    a new stage; the tuning does (full). The arguments are the authors'
+    ``wma_window_size``, ``wma_perc``, ``loss_seg_alpha`` (the threshold's
+    momentum) and ``loss_seg_threshold`` (its start).
     """
 
     def __init__(self, window: int = 10, margin: float = 0.1,
@@ -76,30 +68,20 @@ class TuningSwitch:
 
 @METHODS.register_module(name='hybrid_tta')
 class HybridTTA(BaseMethod):
-    """Hybrid-TTA on an MMSeg SegFormer (MiT backbone).
-
-    Per image, every model in eval mode: the EMA teacher predicts the image
-    (its labels at the original size are scored and are the pseudo-labels);
-    the student sees the image with 60 % of its 32-px patches masked at the
-    first level and minimises the cross-entropy to the teacher's labels at
-    the original size plus ``recon_weight`` times the masked L1 of its
-    reconstruction; the switch decides full or efficient tuning after the
-    forward, before the backward; then the step and the EMA update.
+    """Hybrid-TTA on an MMSeg SegFormer (MiT backbone): one image, step by
+    step, in docs/methods.md.
 
     Args:
-        ema_momentum (float): Teacher EMA. Default: 0.999.
-        recon_weight (float): Default: 0.3 (``recon_lambda``).
-        mask_ratio (float): Default: 0.6.
-        mask_patch_size (int): Default: 32.
-        mask_seed (int): Of the mask generator. Default: 42.
-        adapter_hidden (int): Default: 5.
-        adapter_init (str): ``'backbone'`` (the authors' effective init) or
-            ``'zero_up'``. Default: ``'backbone'``.
-        neck_embed_dim (int): Default: 768.
+        ema_momentum (float): Teacher EMA.
+        recon_weight (float): The authors' ``recon_lambda``.
+        mask_ratio, mask_patch_size, mask_seed: Of
+            :class:`PatchMaskGenerator`.
+        adapter_hidden, adapter_init, neck_embed_dim: Of
+            :func:`attach_modules` (``adapter_init``: ``'backbone'``, the
+            authors' effective init, or ``'zero_up'``).
         switch (dict, optional): :class:`TuningSwitch` arguments.
         optimizer (dict, optional): Default: Adam, lr 7.5e-5 (6e-4 / 8).
         trainable (dict, optional): Default: ``dict(kind='all')``.
-        fresh_optimizer_per_stage (bool): Default: True.
         **kwargs: See :class:`BaseMethod` (``stag``).
     """
 
@@ -149,8 +131,7 @@ class HybridTTA(BaseMethod):
         print_log(
             'Hybrid-TTA adds modules the source checkpoint does not have, '
             f'from their initialisation: {counts["num_adapters"]} parallel '
-            'adapters '
-            f'({counts["adapters"]:,} parameters, adapter_init='
+            f'adapters ({counts["adapters"]:,} parameters, adapter_init='
             f'{self.module_cfg["adapter_init"]!r}), the mask token '
             f'({counts["mask_token"]}), the reconstruction neck '
             f'({counts["recon_neck"]:,})', logger='current')
@@ -158,9 +139,7 @@ class HybridTTA(BaseMethod):
     def configure(self, model, task_adapter):
         super().configure(model, task_adapter)
         # the authors' create_ema_model: the teacher starts as the student
-        self.teacher = copy.deepcopy(model)
-        for p in self.teacher.parameters():
-            p.requires_grad_(False)
+        self.teacher = copy.deepcopy(model).requires_grad_(False)
 
     def set_efficient(self, efficient: bool) -> None:
         """Freeze (efficient) or unfreeze the MiT blocks but their parallel
@@ -190,12 +169,8 @@ class HybridTTA(BaseMethod):
 
     def masked_forward(self, batch):
         """The student on the masked image, as MMSeg's ``encode_decode``
-        runs a segmentor: the backbone (its first-level tokens masked), the
-        decode head on its levels (in the head probe).
-
-        Returns:
-            tuple: ``(ForwardPass, the backbone's levels, token mask)``.
-        """
+        runs a segmentor (in the head probe): ``(ForwardPass, the backbone's
+        levels, token mask)``."""
         mask = self.masks(tuple(batch.inputs.shape[-2:])).to(
             batch.inputs.device)
         levels = []

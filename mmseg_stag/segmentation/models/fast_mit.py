@@ -1,24 +1,14 @@
-"""MiT's GPU options: the same modules and parameters, other forwards.
+"""MiT's GPU options: the same modules and parameters, other forwards
+(docs/running.md).
 
-* ``attention='sdpa'``: MMSeg's ``EfficientMultiheadAttention`` calls
-  ``nn.MultiheadAttention`` with ``need_weights=True`` (its default) on
-  sequence-first views: PyTorch's slow path, which materialises the
-  ``[B, heads, Nq, Nk]`` attention matrix, copies the inputs to
-  sequence-first layouts and averages the weights over the heads for a
-  return value nobody reads. :class:`SDPAEfficientAttention` computes the
-  same outputs through ``torch.nn.functional.scaled_dot_product_attention``,
-  whose flash / memory-efficient kernels a GPU runs.
-* ``token_maps='view'``: MMSeg turns the token sequence ``[B, HW, C]`` into
-  a ``[B, C, H, W]`` map for every convolution of a block (MixFFN's three,
-  the attention's spatial reduction) and back, copying both ways
-  (``nlc_to_nchw``, ``nchw_to_nlc``). The sequence is already a
-  channels-last map: :func:`tokens_as_map` views it as one, the
-  convolutions keep that layout, and :func:`map_as_tokens` views the result
-  as tokens again, without a copy.
-
-Both leave the state-dict keys as they are (checkpoints load unchanged)
-and equal MMSeg's outputs up to rounding (``tests/segmentation/models/
-test_fast_mit.py``, float64).
+* ``attention='sdpa'``: MMSeg calls ``nn.MultiheadAttention`` with
+  ``need_weights=True``: PyTorch's slow path, which materialises the
+  attention matrix and averages it over the heads for a return value
+  nobody reads. ``scaled_dot_product_attention`` runs flash /
+  memory-efficient kernels on a GPU.
+* ``token_maps='view'``: MMSeg copies the tokens ``[B, HW, C]`` into a
+  ``[B, C, H, W]`` map for every convolution of a block and back; the
+  sequence is already a channels-last map, so views do without the copies.
 """
 import torch
 import torch.nn.functional as F
@@ -56,10 +46,9 @@ class SDPAEfficientAttention(EfficientMultiheadAttention):
         if self.sr_ratio > 1:  # MMSeg's spatial reduction
             x_kv = self.norm(reduce_tokens(self.sr, x, hw_shape,
                                            self.token_map_views))
-        if identity is None:
-            identity = x
         out = self.attn.out_proj(sdpa_attention(self.attn, x, x_kv))
-        return identity + self.dropout_layer(self.proj_drop(out))
+        return (x if identity is None else identity) + self.dropout_layer(
+            self.proj_drop(out))
 
 
 class ViewSDPAEfficientAttention(SDPAEfficientAttention):
@@ -135,10 +124,9 @@ ATTENTION_CLASSES = {
 def use_attention(backbone: nn.Module, mode: str,
                   token_maps: str = 'copy') -> None:
     """Run ``backbone``'s attention as MMSeg does (``'mmseg'``) or through
-    SDPA (``'sdpa'``), and its convolutions on copies of the tokens as
-    MMSeg does (``'copy'``) or on views (``'view'``), in place: the same
-    modules and parameters, another forward. MixFFNs that another module
-    wraps (Hybrid-TTA's adapters) keep theirs.
+    SDPA, and its convolutions on copies of the tokens (``'copy'``) or on
+    views, in place. MixFFNs that another module wraps (Hybrid-TTA's
+    adapters) keep theirs.
 
     Raises:
         ValueError: For another ``mode`` or ``token_maps``.

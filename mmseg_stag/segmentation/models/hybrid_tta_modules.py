@@ -1,12 +1,8 @@
-"""Hybrid-TTA's modules on an MMSeg MiT: parallel adapters beside every
-block's MLP, a stage-1 mask token, SimMIM's patch-mask generator, the
-reconstruction neck and its masked L1 loss.
-
-Follows hhhyyeee/Hybrid-TTA (ICCV 2025): mmseg/models/pet/adapter.py,
+"""Hybrid-TTA's modules on an MMSeg MiT (docs/methods.md), following
+hhhyyeee/Hybrid-TTA: mmseg/models/pet/adapter.py,
 backbones/mix_transformer_cvp.py, backbones/simmim.py,
 segmentors/simmim_encoder_decoder.py (MaskGenerator), necks/simmim_neck.py
-and mmpretrain's PixelReconstructionLoss (docs/methods.md).
-"""
+and mmpretrain's PixelReconstructionLoss."""
 import math
 from typing import Dict, List, Sequence, Tuple
 
@@ -26,15 +22,11 @@ class ParallelAdapter(nn.Module):
     """``Linear(d, hidden) -> GELU -> Linear(hidden, d)``, times a learnable
     scale (1 at the start): the authors' ``Adapter`` with ``Scaler(None)``.
 
-    Args:
-        dims (int): The block's width d.
-        hidden (int): The bottleneck width. Default: 5.
-        init (str): ``'backbone'``: truncated normal (std 0.02) weights and
-            zero biases, what the authors' adapters start from because the
-            MiT's ``_init_weights`` runs after they are attached
-            (mix_transformer_cvp.py:424 then :448); ``'zero_up'``: their
-            ``reset_parameters``, a zero output at the start (a quirk fixed,
-            off by default). Default: ``'backbone'``.
+    ``init='backbone'``: truncated normal (std 0.02) weights and zero
+    biases, what the authors' adapters start from because the MiT's
+    ``_init_weights`` runs after they are attached (mix_transformer_cvp.py
+    :424 then :448); ``'zero_up'``: their ``reset_parameters``, a zero
+    output at the start (a quirk fixed, off by default).
     """
 
     def __init__(self, dims: int, hidden: int = 5, init: str = 'backbone'):
@@ -63,12 +55,7 @@ class AdaptedMixFFN(nn.Module):
     """MMSeg's ``MixFFN`` with a :class:`ParallelAdapter` beside it:
     ``identity + drop_path(mlp(x) + adapter(x))`` (the authors' parallel
     mode). Keeps the MixFFN's submodules under their names, so the
-    checkpoint's keys load unchanged.
-
-    Args:
-        ffn (MixFFN): The block's MLP.
-        adapter (ParallelAdapter): Its adapter.
-    """
+    checkpoint's keys load unchanged."""
 
     def __init__(self, ffn: nn.Module, adapter: ParallelAdapter):
         super().__init__()
@@ -85,9 +72,6 @@ class AdaptedMixFFN(nn.Module):
 class StageOneMaskToken(nn.Module):
     """A learned token (zeros at the start) that replaces the masked tokens
     of the first patch embedding, after its norm (backbones/simmim.py:47-53).
-
-    Args:
-        dims (int): Width of the first stage.
     """
 
     def __init__(self, dims: int):
@@ -126,22 +110,15 @@ def masked_mit_features(backbone: nn.Module, x: torch.Tensor,
 class ReconstructionNeck(nn.Module):
     """SimMIM's SegFormer decoder: NVlabs' per-level MLPs and fusion, then
     a 1x1 conv to ``stride**2 * 3`` channels and a PixelShuffle to the
-    input's size (necks/simmim_neck.py, ``SimMIMSegFormerDecoder``).
-
-    Args:
-        in_channels (Sequence[int]): Channels of the four MiT levels.
-        embed_dim (int): Width of the projections. Default: 768.
-        encoder_stride (int): The first level's stride. Default: 4.
-        norm_cfg (dict): Of the fusion conv. Default: BN.
-    """
+    input's size (necks/simmim_neck.py, ``SimMIMSegFormerDecoder``)."""
 
     def __init__(self, in_channels: Sequence[int], embed_dim: int = 768,
-                 encoder_stride: int = 4, norm_cfg: dict = dict(type='BN')):
+                 encoder_stride: int = 4):
         super().__init__()
         for level, channels in enumerate(in_channels, start=1):
             self.add_module(f'linear_c{level}', TokenMLP(channels, embed_dim))
         self.linear_fuse = ConvModule(4 * embed_dim, embed_dim, 1,
-                                      norm_cfg=norm_cfg)
+                                      norm_cfg=dict(type='BN'))
         self.decoder = nn.Sequential(
             nn.Conv2d(embed_dim, encoder_stride**2 * 3, kernel_size=1),
             nn.PixelShuffle(encoder_stride))
@@ -155,13 +132,8 @@ class PatchMaskGenerator:
     """SimMIM's mask: exactly ``ceil(ratio * patches)`` masked
     ``mask_patch`` x ``mask_patch`` patches, drawn as the authors' global
     ``np.random.permutation`` does but from a generator of its own (seeded
-    as their ``np.random.seed(42)``; its state is part of the run state).
-
-    Args:
-        mask_patch_size (int): Default: 32.
-        model_patch_size (int): The first level's stride. Default: 4.
-        mask_ratio (float): Default: 0.6.
-        seed (int): Default: 42 (scripts/ours.py).
+    as their ``np.random.seed(42)``, scripts/ours.py; its state is part of
+    the run state). ``model_patch_size``: the first level's stride.
     """
 
     def __init__(self, mask_patch_size: int = 32, model_patch_size: int = 4,
@@ -247,9 +219,8 @@ def attach_modules(model: nn.Module, adapter_hidden: int = 5,
             adapters.append(adapter)
     first_dims = backbone.layers[0][1][0].norm2.normalized_shape[0]
     backbone.mask_token_embed = StageOneMaskToken(first_dims)
-    model.recon_neck = ReconstructionNeck(
-        model.decode_head.in_channels, neck_embed_dim,
-        norm_cfg=dict(type='BN', requires_grad=True))
+    model.recon_neck = ReconstructionNeck(model.decode_head.in_channels,
+                                          neck_embed_dim)
 
     # on the model's device and dtype, as the checkpoint's weights are
     like = next(backbone.parameters())

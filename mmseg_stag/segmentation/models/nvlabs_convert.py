@@ -1,12 +1,10 @@
-"""Convert NVlabs SegFormer checkpoints to MMSeg 1.x names.
-
-Backbone keys follow MMSeg's ``tools/model_converters/mit2mmseg.py``.
-"""
+"""Convert NVlabs SegFormer checkpoints to MMSeg 1.x names (the backbone's
+as MMSeg's ``tools/model_converters/mit2mmseg.py``)."""
 import os
 import os.path as osp
 import re
 from collections import OrderedDict
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 import torch
 
@@ -20,10 +18,10 @@ _BLOCK_SAME = re.compile(r'^(norm1|norm2|attn\.sr|attn\.norm)\.(weight|bias)$')
 _MLP = re.compile(r'^mlp\.(fc1|dwconv\.dwconv|fc2)\.(weight|bias)$')
 _FFN_INDEX = {'fc1': 0, 'dwconv.dwconv': 1, 'fc2': 4}
 _HEAD_SAME = re.compile(
-    r'^(linear_c[1-4]\.proj\.(weight|bias)|linear_fuse\.conv\.weight|'
-    r'linear_fuse\.bn\.(weight|bias|running_mean|running_var|'
+    r'^decode_head\.(linear_c[1-4]\.proj\.(weight|bias)|linear_fuse\.conv\.'
+    r'weight|linear_fuse\.bn\.(weight|bias|running_mean|running_var|'
     r'num_batches_tracked))$')
-_HEAD_PRED = re.compile(r'^linear_pred\.(weight|bias)$')
+_HEAD_PRED = re.compile(r'^decode_head\.linear_pred\.(weight|bias)$')
 #: keys of NVlabs checkpoints that carry no weight of the model, dropped
 DROPPED_KEYS = re.compile(r'^(decode_head\.conv_seg|backbone\.head)\.'
                           r'(weight|bias)$')
@@ -46,14 +44,12 @@ def _convert_block_key(stage: int, index: str, rest: str, value: torch.Tensor,
             return f'{prefix}attn.attn.out_proj.{param}', value
         q_key = f'block{stage}.{index}.attn.q.{param}'
         kv_key = f'block{stage}.{index}.attn.kv.{param}'
+        own, other = (kv_key, q_key) if part == 'kv' else (q_key, kv_key)
+        if other not in backbone:
+            raise ValueError(f'backbone.{own} has no matching '
+                             f'backbone.{other}')
         if part == 'kv':
-            if q_key not in backbone:
-                raise ValueError(f'backbone.{kv_key} has no matching '
-                                 f'backbone.{q_key}')
             return None  # merged with attn.q below
-        if kv_key not in backbone:
-            raise ValueError(f'backbone.{q_key} has no matching '
-                             f'backbone.{kv_key}')
         kv = backbone[kv_key]
         if kv.shape[0] != 2 * value.shape[0] or kv.shape[1:] != \
                 value.shape[1:]:
@@ -122,16 +118,13 @@ def _convert(state_dict: Mapping[str, torch.Tensor]
                 if item is not None:
                     converted['backbone.' + item[0]] = item[1]
                 continue
-            if key.startswith('decode_head.'):
-                name = key[len('decode_head.'):]
-                if _HEAD_SAME.match(name):
-                    converted[key] = value
-                    continue
-                match = _HEAD_PRED.match(name)
-                if match:
-                    converted[f'decode_head.conv_seg.{match.group(1)}'] = \
-                        value
-                    continue
+            if _HEAD_SAME.match(key):
+                converted[key] = value
+                continue
+            match = _HEAD_PRED.match(key)
+            if match:
+                converted[f'decode_head.conv_seg.{match.group(1)}'] = value
+                continue
             raise _Unknown
         except _Unknown:
             unknown.append(key)
@@ -151,15 +144,9 @@ def _convert(state_dict: Mapping[str, torch.Tensor]
 
 def convert_nvlabs_segformer(state_dict: Mapping[str, torch.Tensor]
                              ) -> 'OrderedDict[str, torch.Tensor]':
-    """Map an NVlabs SegFormer state dict onto MMSeg 1.x names.
-
-    Args:
-        state_dict (Mapping[str, Tensor]): NVlabs keys, with or without a
-            DDP ``module.`` prefix.
-
-    Returns:
-        OrderedDict[str, Tensor]: Keys of an ``EncoderDecoder`` with
-        ``NVMixVisionTransformer`` and ``NVSegformerHead``.
+    """Map an NVlabs SegFormer state dict (a DDP ``module.`` prefix or
+    not) onto the keys of an MMSeg ``EncoderDecoder`` with
+    ``NVMixVisionTransformer`` and ``NVSegformerHead``.
 
     Raises:
         ValueError: If a key is unknown or an ``attn.q``/``attn.kv`` pair
@@ -170,19 +157,9 @@ def convert_nvlabs_segformer(state_dict: Mapping[str, torch.Tensor]
 
 def convert_nvlabs_mit(state_dict: Mapping[str, torch.Tensor]
                        ) -> 'OrderedDict[str, torch.Tensor]':
-    """Map an NVlabs MiT state dict onto MMSeg 1.x backbone names.
-
-    Args:
-        state_dict (Mapping[str, Tensor]): NVlabs MiT keys without the
-            ``backbone.`` prefix.
-
-    Returns:
-        OrderedDict[str, Tensor]: Keys of MMSeg's ``MixVisionTransformer``.
-
-    Raises:
-        ValueError: If a key is unknown or an ``attn.q``/``attn.kv`` pair
-            is inconsistent.
-    """
+    """Map an NVlabs MiT state dict (no ``backbone.`` prefix) onto the
+    keys of MMSeg's ``MixVisionTransformer``; errors as
+    :func:`convert_nvlabs_segformer`'s."""
     converted: 'OrderedDict[str, torch.Tensor]' = OrderedDict()
     unknown = []
     for key, value in state_dict.items():
@@ -204,16 +181,11 @@ def convert_nvlabs_mit(state_dict: Mapping[str, torch.Tensor]
 def convert_nvlabs_checkpoint(src: str,
                               dst: str,
                               allow_unsafe_pickle: bool = False) -> int:
-    """Convert the NVlabs checkpoint file ``src`` and save it to ``dst``.
+    """Convert the NVlabs checkpoint file ``src``, save it to ``dst`` (its
+    directory created) and return the number of tensors written.
 
-    Args:
-        src (str): NVlabs checkpoint (``.pth``).
-        dst (str): Output path; its directory is created.
-        allow_unsafe_pickle (bool): Whether to unpickle arbitrary objects of
-            a trusted ``src``. Default: False.
-
-    Returns:
-        int: The number of tensors written.
+    ``allow_unsafe_pickle``: unpickle arbitrary objects of a trusted
+    ``src``.
 
     Raises:
         RuntimeError: If the safe loader refuses ``src``.
@@ -221,10 +193,7 @@ def convert_nvlabs_checkpoint(src: str,
     """
     checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
     converted, dropped = _convert(extract_state_dict(checkpoint, src))
-    source_meta: Dict[str, Any] = {}
-    if isinstance(checkpoint, dict) and isinstance(
-            checkpoint.get('meta'), dict):
-        source_meta = plain_meta(checkpoint['meta']) or {}
+    source = checkpoint.get('meta')  # a dict: extract_state_dict checked
     meta = {
         'converted_from': osp.basename(str(src)),
         'converter': 'mmseg_stag.segmentation.models.nvlabs_convert',
@@ -232,7 +201,7 @@ def convert_nvlabs_checkpoint(src: str,
         'NVSegformerHead',
         'num_tensors': len(converted),
         'dropped_keys': dropped,
-        'source_meta': source_meta,
+        'source_meta': plain_meta(source) if isinstance(source, dict) else {},
     }
     if osp.dirname(str(dst)):
         os.makedirs(osp.dirname(str(dst)), exist_ok=True)

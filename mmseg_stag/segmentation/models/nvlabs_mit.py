@@ -13,19 +13,15 @@ class NVMixVisionTransformer(MixVisionTransformer):
     Follows ``mmseg/models/backbones/mix_transformer.py`` of NVlabs/SegFormer.
 
     Args:
-        patch_embed_norm_eps (float): Eps of the patch-embedding norms.
-            Default: 1e-5.
-        sr_norm_eps (float): Eps of the attention's spatial-reduction
-            norms. Default: 1e-5.
+        patch_embed_norm_eps, sr_norm_eps (float): Eps of the
+            patch-embedding norms and of the attention's spatial-reduction
+            norms.
         norm_cfg (dict): The other norms, a LayerNorm.
-            Default: ``dict(type='LN', eps=1e-6)``.
-        attention (str): ``'mmseg'``: MMSeg's attention (PyTorch's
-            ``nn.MultiheadAttention``); ``'sdpa'``: the same through
-            ``scaled_dot_product_attention`` (equal up to rounding; meant
-            to be faster on a GPU). Default: ``'mmseg'``.
-        token_maps (str): ``'copy'``: MMSeg's copies of the tokens into a
-            map for each convolution and back; ``'view'``: the
-            convolutions on channels-last views of the tokens (no copies;
+        attention (str): ``'mmseg'`` (``nn.MultiheadAttention``) or
+            ``'sdpa'`` (``scaled_dot_product_attention``, equal up to
+            rounding, faster on a GPU). Default: ``'mmseg'``.
+        token_maps (str): ``'copy'`` (MMSeg's copies of the tokens into a
+            map for each convolution) or ``'view'`` (channels-last views,
             equal up to rounding). Default: ``'copy'``.
         **kwargs: The other arguments of ``MixVisionTransformer``.
     """

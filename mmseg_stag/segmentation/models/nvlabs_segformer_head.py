@@ -10,12 +10,7 @@ from mmseg.registry import MODELS
 
 
 class TokenMLP(nn.Module):
-    """Per-pixel linear embedding of a feature map, NVlabs' ``MLP``.
-
-    Args:
-        in_channels (int): Channels of the input level.
-        embedding_dim (int): Output channels.
-    """
+    """Per-pixel linear embedding of a feature map, NVlabs' ``MLP``."""
 
     def __init__(self, in_channels: int, embedding_dim: int):
         super().__init__()
@@ -52,12 +47,8 @@ class NVSegformerHead(BaseDecodeHead):
     Args:
         embedding_dim (int): Width of the per-level projections and of the
             fused feature map. Default: 768.
-        in_channels (Sequence[int]): Channels of the four input levels.
-            Default: (64, 128, 320, 512).
-        channels (int, optional): Must equal ``embedding_dim``.
-            Default: None (``embedding_dim``).
-        in_index (Sequence[int]): Backbone outputs of the four levels.
-            Default: (0, 1, 2, 3).
+        channels (int, optional): Must equal ``embedding_dim`` (None: it).
+        in_channels, in_index (Sequence[int]): Of the four input levels.
         input_transform (str): Must be 'multiple_select'.
         **kwargs: The other arguments of ``BaseDecodeHead``.
 
@@ -73,9 +64,7 @@ class NVSegformerHead(BaseDecodeHead):
                  in_index: Sequence[int] = (0, 1, 2, 3),
                  input_transform: str = 'multiple_select',
                  **kwargs):
-        if channels is None:
-            channels = embedding_dim
-        if channels != embedding_dim:
+        if channels not in (None, embedding_dim):
             raise ValueError(
                 f'NVSegformerHead: channels ({channels}) must equal '
                 f'embedding_dim ({embedding_dim}): the classifier conv_seg '
@@ -89,7 +78,7 @@ class NVSegformerHead(BaseDecodeHead):
                 f'in_channels={list(in_channels)}, in_index={list(in_index)}')
         super().__init__(
             in_channels=list(in_channels),
-            channels=channels,
+            channels=embedding_dim,
             in_index=list(in_index),
             input_transform=input_transform,
             **kwargs)
