@@ -16,6 +16,9 @@ from ..task_adapter import (OPERATIONS, Batch, ForwardPass, Logits,
                             Prediction, TaskAdapter)
 from .step_graph import StepGraphs, check_capturable_optimizer
 
+#: the optimizer of the EATA, SAR and DeYO authors' code
+AUTHORS_SGD = dict(type='SGD', lr=0.00025, momentum=0.9)
+
 
 class BaseMethod:
     """Base class of the online-adaptation methods.
@@ -44,6 +47,12 @@ class BaseMethod:
     graph_capturable = False
     #: attributes :meth:`__repr__` shows after the base options
     repr_fields: Tuple[str, ...] = ()
+    #: the ``optimizer`` and ``trainable`` configs when none is given
+    default_optimizer = dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999))
+    default_trainable = dict(kind='norm_affine')
+    #: attributes :meth:`state_dict` saves under their names (through their
+    #: own ``state_dict`` where they have one)
+    state_attributes: Tuple[str, ...] = ()
 
     def __init__(self,
                  stag: Optional[dict] = None,
@@ -61,9 +70,8 @@ class BaseMethod:
                                  f'{self.stag_cfg}')
             self.stag_loss = STAGLoss(**stag_loss_options(self.stag_cfg))
             stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'], 0)
-        self.optimizer_cfg = dict(optimizer or dict(
-            type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
-        self.trainable_cfg = dict(trainable or dict(kind='norm_affine'))
+        self.optimizer_cfg = dict(optimizer or self.default_optimizer)
+        self.trainable_cfg = dict(trainable or self.default_trainable)
         self.restart_beta_per_stage = bool(
             (self.stag_cfg or {}).get('restart_beta_per_stage', False))
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
@@ -144,8 +152,7 @@ class BaseMethod:
                                      zero_grad=self.zero_grad)
         self.model, self.adapter = model, adapter
         self.classifier = adapter.classifier(model)
-        for p in model.parameters():
-            p.requires_grad_(False)
+        model.requires_grad_(False)
         self.set_modes(model)
         if not self.updates:
             self.params = []
@@ -224,7 +231,7 @@ class BaseMethod:
         """Return what the rest of the stream depends on (live tensors)."""
         if self.model is None:
             raise RuntimeError(f'{self.name}: configure before state_dict')
-        return dict(
+        state = dict(
             model=self.changing_state(),
             optimizer=None if self.optimizer is None
             else self.optimizer.state_dict(),
@@ -232,6 +239,11 @@ class BaseMethod:
             else self.grad_scaler.state_dict(),
             step=self.step, num_updates=self.num_updates,
             stage=self.stage_index)
+        for name in self.state_attributes:
+            value = getattr(self, name)
+            state[name] = value.state_dict() if hasattr(
+                value, 'state_dict') else value
+        return state
 
     def changing_state(self) -> Dict[str, torch.Tensor]:
         """The adapted parameters and every buffer: what steps can change
@@ -274,6 +286,11 @@ class BaseMethod:
             self.graphs.reset()
         self.step, self.num_updates = state['step'], state['num_updates']
         self.stage_index = state['stage']
+        for name in self.state_attributes:
+            if hasattr(getattr(self, name), 'load_state_dict'):
+                getattr(self, name).load_state_dict(state[name])
+            else:
+                setattr(self, name, state[name])
 
     def base_loss(self, batch: Batch,
                   fwd: ForwardPass) -> Optional[torch.Tensor]:
@@ -383,6 +400,16 @@ class BaseMethod:
                 f'trainable={self.trainable_cfg}{fresh}{extra})')
 
 
+def check_range(relation: str, **values) -> None:
+    """Raise ``ValueError`` for the first of ``values`` (by name) that is
+    not ``relation``: ``'> 0'``, ``'>= 0'`` or ``'in [0, 1]'``."""
+    holds = {'> 0': lambda v: v > 0, '>= 0': lambda v: v >= 0,
+             'in [0, 1]': lambda v: 0.0 <= v <= 1.0}[relation]
+    for name, value in values.items():
+        if not holds(value):
+            raise ValueError(f'{name} must be {relation}, got {value}')
+
+
 def stag_loss_options(stag_cfg: dict) -> dict:
     """The ``STAGLoss`` arguments of a method's ``stag`` config;
     ``check_finite`` off by default (no wait for the device: the loop
@@ -410,20 +437,11 @@ def log_anchor_signs(classifier: nn.Module) -> Tuple[int, float, float]:
 class SampleFilteringMethod(BaseMethod):
     """Base of the two-filter baselines (EATA, DeYO); counts kept samples."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.num_samples_update_1 = 0  # passed the first filter, so far
-        self.num_samples_update_2 = 0  # passed both filters, so far
-
-    def state_dict(self) -> dict:
-        return dict(super().state_dict(),
-                    num_samples_update_1=self.num_samples_update_1,
-                    num_samples_update_2=self.num_samples_update_2)
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.num_samples_update_1 = state['num_samples_update_1']
-        self.num_samples_update_2 = state['num_samples_update_2']
+    supported_prediction_kinds = ('per_sample', 'per_pixel')
+    default_optimizer = AUTHORS_SGD
+    state_attributes = ('num_samples_update_1', 'num_samples_update_2')
+    num_samples_update_1 = 0  # passed the first filter, so far
+    num_samples_update_2 = 0  # passed both filters, so far
 
     def record_selection(self, stats: PassStats, reliable: torch.Tensor,
                          selected: torch.Tensor) -> int:

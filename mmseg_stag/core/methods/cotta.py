@@ -10,7 +10,7 @@ from ..losses import (cross_entropy_to_teacher, flatten_outputs,
 from ..registry import METHODS
 from ..stats import PassStats, StepStats
 from ..task_adapter import Batch, ForwardPass, Logits, Prediction
-from .base import BaseMethod
+from .base import BaseMethod, check_range
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
 
 
@@ -41,6 +41,10 @@ class CoTTA(BaseMethod):
     """
 
     supported_prediction_kinds = ('per_sample', )
+    default_optimizer = dict(type='Adam', lr=1e-3, betas=(0.9, 0.999))
+    default_trainable = dict(kind='all')
+    # the source model and the restore targets come from configure
+    state_attributes = ('teacher', )
 
     #: the per-sample losses of option ``loss`` (CIFAR, ImageNet code)
     LOSSES = dict(ce=cross_entropy_to_teacher,
@@ -54,27 +58,17 @@ class CoTTA(BaseMethod):
                  augment: Optional[dict] = None,
                  always_augment: bool = False,
                  restore_on_device: bool = False,
-                 optimizer: Optional[dict] = None,
-                 trainable: Optional[dict] = None,
                  loss: str = 'ce',
                  **kwargs):
         if loss not in self.LOSSES:
             raise ValueError(f'cotta loss must be one of '
                              f'{tuple(self.LOSSES)}, got {loss!r}')
-        if not 0.0 <= ema_momentum <= 1.0:
-            raise ValueError(
-                f'ema_momentum must be in [0, 1], got {ema_momentum}')
-        if not 0.0 <= restore_prob <= 1.0:
-            raise ValueError(
-                f'restore_prob must be in [0, 1], got {restore_prob}')
+        check_range('in [0, 1]', ema_momentum=ema_momentum,
+                    restore_prob=restore_prob)
         if int(num_augs) != num_augs or num_augs < 0:
             raise ValueError(f'num_augs must be an integer >= 0, got '
                              f'{num_augs}')
-        super().__init__(
-            optimizer=optimizer or dict(type='Adam', lr=1e-3,
-                                        betas=(0.9, 0.999)),
-            trainable=trainable or dict(kind='all'),
-            **kwargs)
+        super().__init__(**kwargs)
         self.ema_momentum = float(ema_momentum)
         self.restore_prob = float(restore_prob)
         self.ap = float(ap)
@@ -82,8 +76,7 @@ class CoTTA(BaseMethod):
         self.always_augment = bool(always_augment)
         self.restore_on_device = bool(restore_on_device)
         self.loss_type = loss
-        self.augment_cfg = dict(augment or {})
-        aug_args = dict(self.augment_cfg)
+        aug_args = dict(augment or {})
         preset = cotta_augment_params(
             soft=bool(aug_args.pop('soft', False)),
             gaussian_std=aug_args.pop('gaussian_std', 0.005))
@@ -98,24 +91,14 @@ class CoTTA(BaseMethod):
     def configure(self, model, adapter):
         super().configure(model, adapter)
         # CoTTA's copy_model_and_optimizer, after configure_model
-        self.teacher = copy.deepcopy(model)
-        self.source_model = copy.deepcopy(model)
-        self.teacher.requires_grad_(False)
-        self.source_model.requires_grad_(False)
+        self.teacher = copy.deepcopy(model).requires_grad_(False)
+        self.source_model = copy.deepcopy(model).requires_grad_(False)
         self.restore_params = [
             (name, p) for name, p in model.named_parameters()
             if p.requires_grad and name.rsplit('.', 1)[-1] in ('weight',
                                                                'bias')]
         self.source_params = {name: p.detach().clone()
                               for name, p in self.restore_params}
-
-    def state_dict(self) -> dict:
-        # the source model and the restore targets come from configure
-        return dict(super().state_dict(), teacher=self.teacher.state_dict())
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.teacher.load_state_dict(state['teacher'])
 
     def loss_to_teacher(self, student: ForwardPass,
                         teacher: Prediction) -> torch.Tensor:
@@ -150,16 +133,12 @@ class CoTTA(BaseMethod):
         """Restore each element to its source value w.p. ``restore_prob``."""
         if self.restore_prob <= 0:
             return
-        if self.restore_on_device:
-            self.restore_drawn_on_device()
+        if not self.restore_on_device:
+            for name, p in self.restore_params:
+                mask = (torch.rand(p.shape) < self.restore_prob).to(p)
+                p.copy_(self.source_params[name] * mask + p * (1. - mask))
             return
-        for name, p in self.restore_params:
-            mask = (torch.rand(p.shape) < self.restore_prob).to(p)
-            p.copy_(self.source_params[name] * mask + p * (1. - mask))
-
-    @torch.no_grad()
-    def restore_drawn_on_device(self) -> None:
-        """:meth:`stochastic_restore` with one draw on the device."""
+        # restore_on_device: one draw on the device for all parameters
         params = [p for _, p in self.restore_params]
         draw = torch.rand(sum(p.numel() for p in params),
                           device=params[0].device) < self.restore_prob

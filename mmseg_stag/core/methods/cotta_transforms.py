@@ -99,39 +99,30 @@ def adjust_hue(img: torch.Tensor, factor: float) -> torch.Tensor:
     return hsv_to_rgb(torch.stack((h, s, v), dim=-3))
 
 
-def adjust_gamma(img: torch.Tensor, gamma: float,
-                 gain: float = 1.0) -> torch.Tensor:
-    if gamma < 0:
-        raise ValueError(f'gamma must be non-negative, got {gamma}')
-    return (gain * img ** gamma).clamp(0, 1)
+def adjust_gamma(img: torch.Tensor, gamma: float) -> torch.Tensor:
+    return (img ** gamma).clamp(0, 1)
 
 
 def inverse_affine_matrix(angle: float, translate: Sequence[float],
-                          scale: float,
-                          shear: Sequence[float] = (0.0, 0.0)) -> list:
-    """Return torchvision's ``_get_inverse_affine_matrix`` (2x3, as a list)."""
+                          scale: float) -> list:
+    """Return torchvision's ``_get_inverse_affine_matrix`` (2x3, as a list)
+    without shear."""
     rot = math.radians(angle)
-    sx, sy = math.radians(shear[0]), math.radians(shear[1])
     tx, ty = translate
-    a = math.cos(rot - sy) / math.cos(sy)
-    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
-    c = math.sin(rot - sy) / math.cos(sy)
-    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
-    matrix = [d, -b, 0.0, -c, a, 0.0]
-    matrix = [x / scale for x in matrix]
+    cos, sin = math.cos(rot), math.sin(rot)
+    matrix = [x / scale for x in (cos, sin, 0.0, -sin, cos, 0.0)]
     matrix[2] += matrix[0] * (-tx) + matrix[1] * (-ty)
     matrix[5] += matrix[3] * (-tx) + matrix[4] * (-ty)
     return matrix
 
 
 def affine(img: torch.Tensor, angle: float, translate: Sequence[float],
-           scale: float, shear: Sequence[float] = (0.0, 0.0),
-           fill: float = 0.0,
+           scale: float, fill: float = 0.0,
            crop: Optional[Tuple[int, int]] = None) -> torch.Tensor:
     """Warp ``img [N, C, H, W]`` about its centre, as torchvision's affine;
     ``crop``: compute only this centre crop."""
     n, c, h, w = img.shape
-    m = inverse_affine_matrix(angle, translate, scale, shear)
+    m = inverse_affine_matrix(angle, translate, scale)
     # from pixel to affine_grid's normalised coordinates
     theta = torch.tensor([[m[0], m[1] * h / w, 2.0 * m[2] / w],
                           [m[3] * w / h, m[4], 2.0 * m[5] / h]],
@@ -153,9 +144,6 @@ def gaussian_blur(img: torch.Tensor, kernel_size: int,
                   sigma: float, pad: bool = True) -> torch.Tensor:
     """Blur ``img [N, C, H, W]`` separably, as torchvision's GaussianBlur,
     with reflect padding (``pad``) or over the valid pixels only."""
-    if kernel_size <= 0 or kernel_size % 2 == 0:
-        raise ValueError(f'kernel_size must be odd and positive, got '
-                         f'{kernel_size}')
     if sigma <= 0:
         raise ValueError(f'sigma must be positive, got {sigma}')
     # torchvision's _get_gaussian_kernel1d
@@ -374,9 +362,6 @@ class CoTTAAugment:
         return (self.augment01(x * std + mean) - mean) / std
 
     def __repr__(self) -> str:
-        fields = ('brightness', 'contrast', 'saturation', 'hue', 'gamma',
-                  'pad_fraction', 'degrees', 'translate', 'scale',
-                  'blur_kernel', 'blur_sigma', 'hflip_prob', 'noise_std',
-                  'clip', 'mean', 'std')
-        args = ', '.join(f'{f}={getattr(self, f)}' for f in fields)
+        # the options, in the order __init__ sets them
+        args = ', '.join(f'{f}={v}' for f, v in vars(self).items())
         return f'{type(self).__name__}({args})'

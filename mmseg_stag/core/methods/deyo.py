@@ -9,7 +9,7 @@ from ..losses import (HeadOutputs, flatten_logits, pixels_as_rows,
                       softmax_entropy)
 from ..registry import METHODS
 from ..task_adapter import Batch, ForwardPass
-from .base import SampleFilteringMethod
+from .base import SampleFilteringMethod, check_range
 from .sar import SAR_AUTHORS_EXCLUDE  # DeYO's collect_params is SAR's
 
 
@@ -23,9 +23,6 @@ def patch_shuffle(x: torch.Tensor,
     ``perm`` ``[N, patch_len**2]``: output patch ``k`` is input patch
     ``perm[b, k]`` (row-major); None: drawn with ``generator``.
     """
-    if x.dim() != 4:
-        raise ValueError(f'patch_shuffle needs images [N, C, H, W], got '
-                         f'shape {tuple(x.shape)}')
     n, c, h, w = x.shape
     th, tw = patch_len * (h // patch_len), patch_len * (w // patch_len)
     if patch_len < 1 or th == 0 or tw == 0:
@@ -66,7 +63,6 @@ class DeYO(SampleFilteringMethod):
         ValueError: If a margin or ``patch_len`` is not positive.
     """
 
-    supported_prediction_kinds = ('per_sample', 'per_pixel')
     repr_fields = ('deyo_margin', 'reweight_margin', 'plpd_threshold',
                    'patch_len', 'reweight_ent', 'reweight_plpd',
                    'exclude_regex')
@@ -79,20 +75,13 @@ class DeYO(SampleFilteringMethod):
                  reweight_ent: Union[bool, float] = 1.0,
                  reweight_plpd: Union[bool, float] = 1.0,
                  exclude_regex: Optional[str] = SAR_AUTHORS_EXCLUDE,
-                 optimizer: Optional[dict] = None,
                  **kwargs):
-        if not deyo_margin > 0:
-            raise ValueError(f'deyo_margin must be > 0, got {deyo_margin}')
-        if not reweight_margin > 0:
-            raise ValueError(
-                f'reweight_margin must be > 0, got {reweight_margin}')
+        check_range('> 0', deyo_margin=deyo_margin,
+                    reweight_margin=reweight_margin)
         if int(patch_len) != patch_len or patch_len < 1:
             raise ValueError(f'patch_len must be a positive integer, got '
                              f'{patch_len}')
-        super().__init__(
-            optimizer=optimizer or dict(type='SGD', lr=0.00025,
-                                        momentum=0.9),
-            **kwargs)
+        super().__init__(**kwargs)
         self.deyo_margin = float(deyo_margin)
         self.reweight_margin = float(reweight_margin)
         self.plpd_threshold = float(plpd_threshold)

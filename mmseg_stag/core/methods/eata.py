@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
-from .base import SampleFilteringMethod
+from .base import SampleFilteringMethod, check_range
 
 
 def update_model_probs(current: Optional[torch.Tensor],
@@ -15,12 +15,10 @@ def update_model_probs(current: Optional[torch.Tensor],
     """Return the moving average ``p_bar`` of the selected probabilities;
     follows EATA's eata.py (update_model_probs)."""
     new_probs = new_probs.detach()
-    if current is None:
-        if new_probs.size(0) == 0:
-            return None
-        return new_probs.mean(0)
     if new_probs.size(0) == 0:
         return current
+    if current is None:
+        return new_probs.mean(0)
     return 0.9 * current + (1 - 0.9) * new_probs.mean(0)
 
 
@@ -35,26 +33,19 @@ class EATA(SampleFilteringMethod):
         ValueError: If a margin is not positive or ``fisher_alpha < 0``.
     """
 
-    supported_prediction_kinds = ('per_sample', 'per_pixel')
     repr_fields = ('entropy_margin', 'd_margin', 'fisher_alpha')
+    # saved so that a resumed run skips fit_source
+    state_attributes = SampleFilteringMethod.state_attributes + (
+        'model_probs', 'fishers')
 
     def __init__(self,
                  entropy_margin: float = 0.4,
                  d_margin: float = 0.05,
                  fisher_alpha: float = 2000.0,
-                 optimizer: Optional[dict] = None,
                  **kwargs):
-        if not entropy_margin > 0:
-            raise ValueError(
-                f'entropy_margin must be > 0, got {entropy_margin}')
-        if not d_margin > 0:
-            raise ValueError(f'd_margin must be > 0, got {d_margin}')
-        if not fisher_alpha >= 0:
-            raise ValueError(f'fisher_alpha must be >= 0, got {fisher_alpha}')
-        super().__init__(
-            optimizer=optimizer or dict(type='SGD', lr=0.00025,
-                                        momentum=0.9),
-            **kwargs)
+        check_range('> 0', entropy_margin=entropy_margin, d_margin=d_margin)
+        check_range('>= 0', fisher_alpha=fisher_alpha)
+        super().__init__(**kwargs)
         self.entropy_margin = float(entropy_margin)
         self.d_margin = float(d_margin)
         self.fisher_alpha = float(fisher_alpha)
@@ -76,11 +67,6 @@ class EATA(SampleFilteringMethod):
         self.e_margin = self.entropy_margin * math.log(self.num_classes)
         self.model_probs = None
         self.fishers = None
-
-    def state_dict(self) -> dict:
-        # saved so that a resumed run skips fit_source
-        return dict(super().state_dict(), model_probs=self.model_probs,
-                    fishers=self.fishers)
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)

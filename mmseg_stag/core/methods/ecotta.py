@@ -3,7 +3,6 @@
 Patented by Qualcomm according to its authors (see docs/methods.md).
 """
 import math
-from typing import Optional
 
 import torch
 
@@ -24,14 +23,12 @@ class EcoTTA(BaseMethod):
 
     supported_prediction_kinds = ('per_sample', )
     repr_fields = ('reg_weight', 'entropy_margin')
+    default_optimizer = dict(type='SGD', lr=5e-3, momentum=0.9)
+    default_trainable = dict(kind='all', name_regex=r'^ecotta\.')
 
     def __init__(self, reg_weight: float = 0.5, entropy_margin: float = 0.4,
-                 optimizer: Optional[dict] = None,
-                 trainable: Optional[dict] = None, **kwargs):
-        super().__init__(
-            optimizer=optimizer or dict(type='SGD', lr=5e-3, momentum=0.9),
-            trainable=trainable or dict(kind='all', name_regex=r'^ecotta\.'),
-            **kwargs)
+                 **kwargs):
+        super().__init__(**kwargs)
         self.reg_weight = float(reg_weight)
         self.entropy_margin = float(entropy_margin)
         self.meta = None

@@ -10,7 +10,7 @@ from ..registry import METHODS
 from ..sam import SAM
 from ..stats import StepStats
 from ..task_adapter import Batch, ForwardPass
-from .base import BaseMethod
+from .base import AUTHORS_SGD, BaseMethod, check_range
 
 #: Modules SAR's collect_params never adapts (last stage, final norm).
 SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'
@@ -34,6 +34,9 @@ class SAR(BaseMethod):
     repr_fields = ('entropy_margin', 'rho', 'recovery_threshold',
                    'recovery_restores_optimizer', 'recovery_clears_ema',
                    'exclude_regex')
+    default_optimizer = AUTHORS_SGD
+    # the recovery targets come from configure
+    state_attributes = ('ema', 'num_recoveries')
 
     def __init__(self,
                  entropy_margin: float = 0.4,
@@ -43,17 +46,10 @@ class SAR(BaseMethod):
                  momentum_step_on_empty: bool = True,
                  recovery_restores_optimizer: bool = False,
                  recovery_clears_ema: bool = False,
-                 optimizer: Optional[dict] = None,
                  **kwargs):
-        if not entropy_margin > 0:
-            raise ValueError(
-                f'entropy_margin must be > 0, got {entropy_margin}')
-        if not rho >= 0:
-            raise ValueError(f'rho must be >= 0, got {rho}')
-        super().__init__(
-            optimizer=optimizer or dict(type='SGD', lr=0.00025,
-                                        momentum=0.9),
-            **kwargs)
+        check_range('> 0', entropy_margin=entropy_margin)
+        check_range('>= 0', rho=rho)
+        super().__init__(**kwargs)
         self.entropy_margin = float(entropy_margin)
         self.rho = float(rho)
         self.recovery_threshold = float(recovery_threshold)
@@ -80,16 +76,6 @@ class SAR(BaseMethod):
                                 for n, p in self.params}
         self._initial_optimizer = copy.deepcopy(
             self.optimizer.base_optimizer.state_dict())
-
-    def state_dict(self) -> dict:
-        # the recovery targets come from configure
-        return dict(super().state_dict(), ema=self.ema,
-                    num_recoveries=self.num_recoveries)
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.ema = state['ema']
-        self.num_recoveries = state['num_recoveries']
 
     def reliable_entropy(self, fwd: ForwardPass,
                          among: Optional[torch.Tensor] = None
@@ -125,9 +111,8 @@ class SAR(BaseMethod):
         if ema is None or not ema < self.recovery_threshold:
             return False
         self.restore_initial()
-        if self.recovery_clears_ema:
-            return True  # deviation: the EMA stays None
-        self.ema = ema  # sar.py SAR.forward: `self.ema = ema` after reset
+        if not self.recovery_clears_ema:  # deviation if set: it stays None
+            self.ema = ema  # sar.py SAR.forward: `self.ema = ema` after reset
         return True
 
     def update_ema(self, loss: float) -> None:

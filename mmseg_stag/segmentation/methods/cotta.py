@@ -1,3 +1,4 @@
+import itertools
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -70,14 +71,10 @@ def view_probabilities(adapter, model: nn.Module, view) -> torch.Tensor:
 def view_groups(views: Sequence, batch_views: bool) -> List[List[int]]:
     """Indices of the views run together: runs of consecutive views with
     one input shape if ``batch_views``, else one view each."""
-    groups: List[List[int]] = []
-    for idx, view in enumerate(views):
-        if batch_views and groups and views[groups[-1][0]].inputs.shape \
-                == view.inputs.shape:
-            groups[-1].append(idx)
-        else:
-            groups.append([idx])
-    return groups
+    if not batch_views:
+        return [[idx] for idx in range(len(views))]
+    return [list(group) for _, group in itertools.groupby(
+        range(len(views)), key=lambda idx: views[idx].inputs.shape)]
 
 
 def merge_views(views: Sequence) -> SegmentationBatch:

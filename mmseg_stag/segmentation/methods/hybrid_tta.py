@@ -14,7 +14,7 @@ import torch
 from mmengine.logging import print_log
 
 from mmseg_stag.core import METHODS, Labels, StepStats
-from mmseg_stag.core.methods.base import BaseMethod
+from mmseg_stag.core.methods.base import BaseMethod, check_range
 from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
                                          masked_l1, masked_mit_features)
@@ -87,6 +87,9 @@ class HybridTTA(BaseMethod):
 
     supported_prediction_kinds = ('per_pixel', )
     required_operations = ('original_size', )
+    default_optimizer = dict(type='Adam', lr=7.5e-5, betas=(0.9, 0.999))
+    default_trainable = dict(kind='all')
+    state_attributes = ('teacher', 'switch')
 
     def __init__(self,
                  ema_momentum: float = 0.999,
@@ -98,17 +101,10 @@ class HybridTTA(BaseMethod):
                  adapter_init: str = 'backbone',
                  neck_embed_dim: int = 768,
                  switch: Optional[dict] = None,
-                 optimizer: Optional[dict] = None,
-                 trainable: Optional[dict] = None,
                  fresh_optimizer_per_stage: bool = True,
                  **kwargs):
-        if not 0.0 <= ema_momentum <= 1.0:
-            raise ValueError(
-                f'ema_momentum must be in [0, 1], got {ema_momentum}')
+        check_range('in [0, 1]', ema_momentum=ema_momentum)
         super().__init__(
-            optimizer=optimizer or dict(type='Adam', lr=7.5e-5,
-                                        betas=(0.9, 0.999)),
-            trainable=trainable or dict(kind='all'),
             fresh_optimizer_per_stage=fresh_optimizer_per_stage, **kwargs)
         self.ema_momentum = float(ema_momentum)
         self.recon_weight = float(recon_weight)
@@ -156,14 +152,10 @@ class HybridTTA(BaseMethod):
         super().start_stage(index)
 
     def state_dict(self) -> dict:
-        return dict(super().state_dict(), teacher=self.teacher.state_dict(),
-                    switch=self.switch.state_dict(),
-                    mask_rng=self.masks.rng_state())
+        return dict(super().state_dict(), mask_rng=self.masks.rng_state())
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.teacher.load_state_dict(state['teacher'])
-        self.switch.load_state_dict(state['switch'])
         self.masks.load_rng_state(state['mask_rng'])
         self.set_efficient(self.switch.efficient)
 
