@@ -10,7 +10,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .engine.report import RESULTS_FILE, new_figure, read_results, write_files
+from .engine.report import (RESULTS_FILE, markdown_table, new_figure,
+                            read_results, write_files)
 from .paper_results import METRICS, paper_result
 
 #: ``configs/stag_acdc`` names; only the NVlabs B5 is the paper's model
@@ -169,11 +170,9 @@ def format_table(runs: Sequence[Run], rows: Sequence[dict]) -> str:
     lines = [f'{runs[0].benchmark}, {runs[0].scenario}: {what}'
              f'{", lower is better" if lower_better else ""}; '
              f'{len(runs)} runs, {runs[0].rounds} round(s) of '
-             f'{", ".join(runs[0].conditions)}', '',
-             '| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    for row in rows:
-        lines.append('| ' + ' | '.join(
-            _cell(row[c], sign=c.startswith('gain')) for c in COLUMNS) + ' |')
+             f'{", ".join(runs[0].conditions)}', ''] + markdown_table(
+                 head, [[_cell(row[c], sign=c.startswith('gain'))
+                         for c in COLUMNS] for row in rows])
     if any(row['model'] == 'segformer-b5-mmseg' for row in rows):
         lines += ['', 'segformer-b5-mmseg: the MMSeg model-zoo checkpoint '
                   '(not the paper\'s NVlabs one): no paper score.']

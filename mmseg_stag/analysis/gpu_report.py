@@ -3,20 +3,12 @@ the steps' results (:mod:`.gpu_steps`), rewritten after every step."""
 import os.path as osp
 import time
 
-from mmseg_stag.engine.report import write_files
+from mmseg_stag.engine.report import markdown_table, write_files
 from .gpu_steps import SCALAR_READ, SYNC_EVENTS
 
 
 def fmt(value, digits=1):
     return '–' if value is None else f'{value:,.{digits}f}'
-
-
-def md_table(header, rows):
-    """A Markdown table: the header, its rule, a line per row of cells."""
-    def line(cells):
-        return '| ' + ' | '.join(str(c) for c in cells) + ' |'
-
-    return [line(header), '|' + '---|' * len(header)] + list(map(line, rows))
 
 
 def markdown(report):
@@ -35,7 +27,7 @@ def markdown(report):
     if report['quick']:
         lines += ['**--allow-cpu --quick: a development run of the tool with '
                   'tiny sizes, not a measurement.**', '']
-    lines += ['## Steps', ''] + md_table(
+    lines += ['## Steps', ''] + markdown_table(
         ('step', 'status', 'time (s)'),
         [(s['name'], s['status'] + (f": {s['error']}" if 'error' in s
                                     else ''), s['seconds'])
@@ -118,7 +110,7 @@ def md_step_cost(r):
            'nothing timed inside a step); memory: one step of each arm '
            'alone on the device (its model, optimizer state and input '
            'included), `max_memory_allocated` / `max_memory_reserved`.', '']
-    out += md_table(
+    out += markdown_table(
         ('model', 'precision', 'arm', 'step (ms)', 'fastest (ms)',
          'images/s', 'peak allocated (MB)', 'peak reserved (MB)',
          'step increase (MB)'),
@@ -127,7 +119,7 @@ def md_step_cost(r):
           fmt(a.get('peak_allocated_mb', a.get('peak_rss_mb'))),
           fmt(a.get('peak_reserved_mb')), fmt(a['step_increase_mb']))
          for row in r['rows'] for label, a in row['arms'].items()])
-    out += [''] + md_table(
+    out += [''] + markdown_table(
         ('model', 'baseline', 'precision', 'pairs', 'STAG time share (%)',
          'per-pair ratio (median, min–max)',
          'STAG term alone (ms, % of the baseline step)',
@@ -163,7 +155,7 @@ def md_loader(r):
     return ['## Loader', '', f"{images['count']} generated "
             f"{images['size'][0]}x{images['size'][1]} {images['format']}, "
             f"{images['mean_mb']:.2f} MB per image on average; "
-            f"{r['pipeline']}.", ''] + md_table(
+            f"{r['pipeline']}.", ''] + markdown_table(
         ('workers', 'images', 'start-up (s)', 'images/s'),
         [(row['workers'], row['images'], f"{row['startup_s']:.2f}",
           fmt(row['images_per_s'])) for row in r['rows']])
@@ -172,10 +164,10 @@ def md_loader(r):
 def md_loop(r):
     return ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
             f"per method, timed after the first {r['warmup']}.", ''] + \
-        md_table(('method', 'images/s', 'classifier calls / image'),
-                 [(method, fmt(row['images_per_second'], 2),
-                   fmt(row['classifier_calls_per_image'], 1))
-                  for method, row in r['methods'].items()])
+        markdown_table(('method', 'images/s', 'classifier calls / image'),
+                       [(method, fmt(row['images_per_second'], 2),
+                         fmt(row['classifier_calls_per_image'], 1))
+                        for method, row in r['methods'].items()])
 
 
 def profile_cells(name, per, p):
@@ -191,7 +183,7 @@ def md_profile(r):
            f"{r['settings']}, TENT+STAG; the step alone in fp32 with TF32 "
            'off, the loop with the config as it is (float32, PyTorch\'s '
            'TF32 defaults).', '']
-    out += md_table(
+    out += markdown_table(
         ('what', 'per', 'wall (ms)', 'CUDA kernels (ms)', 'GPU busy (%)',
          'host sync calls', 'host sync (ms)', 'scalar reads',
          'loader wait (ms)'),

@@ -58,13 +58,6 @@ SYNC_EVENTS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
 SCALAR_READ = 'aten::_local_scalar_dense'
 
 
-def image_bytes(root):
-    """Mean size of the stream's image files (bytes)."""
-    sizes = [osp.getsize(osp.join(d, f)) for d, _, files in os.walk(
-        osp.join(root, 'rgb_anon')) for f in files if f.endswith('.png')]
-    return statistics.mean(sizes) if sizes else None
-
-
 def free_memory():
     import torch
     gc.collect()
@@ -252,12 +245,12 @@ def step_cost_plan(ctx):
         print(f'[gpu_check] {" ".join(graphs)} (CUDA graphs) need a CUDA '
               'device: not run', flush=True)
         methods = [m for m in methods if m not in GRAPH_METHODS]
-    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'], mit)]
-    if 'hybrid_tta' in methods:
-        plan.append((lambda c: seg_task(c, mask_size(c.args.seg_size)),
-                     ['hybrid_tta'], mit))
-    cls = ['tent'] + [m for m in methods if m == 'tent_graph']
-    return [entry for entry in plan if entry[1]] + [(cls_task, cls, [None])]
+    plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'], mit),
+            (lambda c: seg_task(c, mask_size(c.args.seg_size)),
+             [m for m in methods if m == 'hybrid_tta'], mit),
+            (cls_task, ['tent'] + [m for m in methods if m == 'tent_graph'],
+             [None])]
+    return [entry for entry in plan if entry[1]]
 
 
 def pair_seconds(ctx, plan):
@@ -304,7 +297,6 @@ def arm_memory(task, ctx, kind, stag):
     benchmark's source copy of the model moved off for the step)."""
     from mmseg_stag.analysis.meters import PeakMemory
     batch = task.batch_for(kind)
-    task.base.to(ctx.device)
     method, _ = task.make_method(kind, stag)
     task.base.to('cpu')
     free_memory()
@@ -327,26 +319,22 @@ def arm_memory(task, ctx, kind, stag):
     return dict(peak_rss_mb=mem.peak / mb, step_increase_mb=mem.delta_mb)
 
 
-def arm_figures(seconds, batch, memory):
-    """One arm's step time (median, fastest), images/s and memory."""
-    median = statistics.median(seconds)
-    return dict(step_ms=1e3 * median, fastest_ms=1e3 * min(seconds),
-                images_per_s=batch / median, **memory)
-
-
 def cost_row(model, note, batch, name, kind, times, memory, term,
              kernels, graph_term):
     """One model x baseline x precision (x MiT mode): both arms' figures
     and STAG's share."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
     plus = f'{kind}+stag'
-    base, stag = (statistics.median(times[k]) for k in (kind, plus))
+    median = {label: statistics.median(t) for label, t in times.items()}
+    base, stag = median[kind], median[plus]
     key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory[kind] \
         else 'peak_rss_mb'
     return dict(
         model=model, settings=note, method=kind, precision=name,
         batch=batch, pairs=len(times[kind]),
-        arms={label: arm_figures(times[label], batch, memory[label])
+        arms={label: dict(step_ms=1e3 * median[label],
+                          fastest_ms=1e3 * min(times[label]),
+                          images_per_s=batch / median[label], **memory[label])
               for label in times},
         stag_time_share_pct=100 * (stag - base) / base,
         stag_pair_ratio=ratio_stats(times[kind], times[plus]),
@@ -361,9 +349,9 @@ def cost_row(model, note, batch, name, kind, times, memory, term,
         memory_key=key)
 
 
-def method_cost(ctx, built, kind, save):
+def method_cost(ctx, built, kind):
     """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
-    each passed to ``save`` as it is measured."""
+    each yielded as it is measured."""
     from mmseg_stag.analysis.step_benchmark import (TERM_VARIANTS,
                                                     count_term_kernels,
                                                     stag_terms, time_terms,
@@ -394,7 +382,7 @@ def method_cost(ctx, built, kind, save):
             del terms
         row = cost_row(model, note, batch, name, kind, times, memory, term,
                        kernels, graph_term)
-        save(row)
+        yield row
         print(f"[gpu_check] {model} {kind} {name}: "
               f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
               f"{row['arms'][kind + '+stag']['step_ms']:.1f} ms "
@@ -405,11 +393,6 @@ def method_cost(ctx, built, kind, save):
 def measure_step_cost(ctx):
     from mmseg_stag.segmentation.models import use_attention
     rows = []
-
-    def save(row):
-        rows.append(row)
-        ctx.save_partial(dict(rows=rows))
-
     plan = step_cost_plan(ctx)
     ctx.pair_seconds = pair_seconds(ctx, plan)
     print(f'[gpu_check] step_cost: {ctx.pair_seconds:.1f} s of timed pairs '
@@ -422,8 +405,9 @@ def measure_step_cost(ctx):
                 label = label.split(',')[0] + (
                     f', MiT {mode}' if mode != 'mmseg' else '')
             for kind in kinds:
-                method_cost(ctx, (label, task, note, batch), kind,
-                            lambda row: save(dict(row, mit=mode)))
+                for row in method_cost(ctx, (label, task, note, batch), kind):
+                    rows.append(dict(row, mit=mode))
+                    ctx.save_partial(dict(rows=rows))
         del task
         free_memory()
     return dict(rows=rows, pair_seconds=ctx.pair_seconds)
@@ -468,10 +452,13 @@ def measure_loader(ctx):
         print(f'[gpu_check] loader, {workers} workers: '
               f"{rows[-1]['images_per_s'] or 0:.1f} images/s", flush=True)
         del loader, batches
+    sizes = [osp.getsize(osp.join(d, f)) for d, _, files in os.walk(
+        osp.join(ctx.data_root(), 'rgb_anon')) for f in files
+        if f.endswith('.png')]
     return dict(rows=rows, images=dict(
         size=list(ctx.args.image_size), count=4 *
-        ctx.args.images_per_condition, mean_mb=image_bytes(
-            ctx.data_root()) / 2**20,
+        ctx.args.images_per_condition,
+        mean_mb=statistics.mean(sizes) / 2**20,
         format='PNG of per-class colours and noise (demo_data generator)'),
         pipeline='configs/_base_/datasets/acdc_continual.py: load, resize '
         'to {}x{} (keep ratio), load the label, pack; batch 1'.format(
@@ -495,8 +482,7 @@ def measure_loop(ctx):
                      ctx.args.loop_warmup)
     rows = {}
     for method in args.methods:
-        rows[method] = run_method(
-            method, args, osp.join(ctx.tmp, 'loop'))
+        rows[method] = run_method(method, args, osp.join(ctx.tmp, 'loop'))
         print(f"[gpu_check] loop {method}: "
               f"{rows[method]['images_per_second'] or 0:.2f} images/s",
               flush=True)
@@ -516,11 +502,15 @@ def device_us(event):
     return 0
 
 
-def summarize_profile(prof, count, wall_s, cuda, extra):
+def summarize_profile(ctx, what, prof, count, wall_s, extra):
     """Per step/iteration: kernel time, host syncs, scalar reads, loader
-    wait, the operators with the most kernel time, and ``extra``."""
+    wait, the operators with the most kernel time, and ``extra``; with
+    ``--trace``, the profile as ``profile_<what>.json``."""
+    if ctx.args.trace:
+        prof.export_chrome_trace(osp.join(ctx.args.out_dir,
+                                          f'profile_{what}.json'))
     averages = prof.key_averages()
-    kernel_ms = sum(device_us(e) for e in averages) / 1e3 if cuda else None
+    kernel_ms = sum(device_us(e) for e in averages) / 1e3
     syncs = {e.key: dict(calls=e.count / count,
                          host_ms=e.cpu_time_total / 1e3 / count)
              for e in averages if e.key in SYNC_EVENTS}
@@ -530,8 +520,8 @@ def summarize_profile(prof, count, wall_s, cuda, extra):
     top = sorted(averages, key=device_us, reverse=True)[:10]
     return dict(
         count=count, wall_ms=1e3 * wall_s / count,
-        cuda_kernel_ms=kernel_ms / count if cuda else None,
-        gpu_busy_pct=100 * kernel_ms / (1e3 * wall_s) if cuda and wall_s
+        cuda_kernel_ms=kernel_ms / count if ctx.cuda else None,
+        gpu_busy_pct=100 * kernel_ms / (1e3 * wall_s) if ctx.cuda and wall_s
         else None,
         host_syncs=syncs,
         host_sync_ms=sum(s['host_ms'] for s in syncs.values()),
@@ -578,13 +568,10 @@ def profile_steps(ctx, task, fused=False):
             task.ours_step(method)
         sync(ctx)  # ours: the kernels must end inside the profile
     wall = time.perf_counter() - t0
-    if ctx.args.trace:
-        prof.export_chrome_trace(osp.join(ctx.args.out_dir,
-                                          'profile_step.json'))
     own = 'one device synchronisation per profile is the tool\'s own'
-    return summarize_profile(prof, ctx.args.profile_steps, wall, ctx.cuda,
+    return summarize_profile(ctx, 'step', prof, ctx.args.profile_steps, wall,
                              dict(note=own, optimizer=optimizer,
-                                  transfers=transfers.counts(),
+                                  transfers=dict(transfers.kinds),
                                   transfer_sites=transfers.top_sites()))
 
 
@@ -633,11 +620,8 @@ def profile_loop(ctx):
     hook = iteration_profiler(ctx, start, count)
     runner.register_hook(hook)
     runner.test()
-    if ctx.args.trace:
-        hook.prof.export_chrome_trace(osp.join(ctx.args.out_dir,
-                                               'profile_loop.json'))
     waits = hook.waits[:count]
-    return summarize_profile(hook.prof, count, hook.wall, ctx.cuda, dict(
+    return summarize_profile(ctx, 'loop', hook.prof, count, hook.wall, dict(
         loader_wait_wall_ms=1e3 * statistics.mean(waits) if waits else None))
 
 

@@ -197,12 +197,12 @@ class StepTimer:
 
 class HostTransfers(TorchDispatchMode):
     """Counts, while active, what moves values between the device and the
-    host, by kind and by call site (``file:line function`` of the first
-    frame outside torch): ``device_read`` (a value or a data-dependent
-    size read from a device tensor: the host waits), ``host_read`` (the
-    same of a CPU tensor, e.g. an optimizer's ``step``: no wait),
-    ``to_device`` / ``to_host`` (copies). On the CPU every read is a
-    ``host_read``."""
+    host, by kind (``kinds``) and by call site (``file:line function`` of
+    the first frame outside torch): ``device_read`` (a value or a
+    data-dependent size read from a device tensor: the host waits),
+    ``host_read`` (the same of a CPU tensor, e.g. an optimizer's ``step``:
+    no wait), ``to_device`` / ``to_host`` (copies). On the CPU every read
+    is a ``host_read``."""
 
     #: aten ops that read a value or a data-dependent size to the host
     READ_OPS = frozenset({
@@ -241,11 +241,7 @@ class HostTransfers(TorchDispatchMode):
                 self._record('to_host' if dst.type == 'cpu' else 'to_device')
         return func(*args, **kwargs)
 
-    def counts(self):
-        """``{kind: count}`` over every site."""
-        return dict(self.kinds)
-
-    def top_sites(self, count=10):
-        """The ``count`` busiest ``(kind, site, calls)``."""
+    def top_sites(self):
+        """The 10 busiest ``(kind, site, calls)``."""
         return [(kind, site, n) for (kind, site), n in
-                self.sites.most_common(count)]
+                self.sites.most_common(10)]

@@ -490,8 +490,8 @@ def run_model(name, args, device, root='.'):
 def compare_activations(name, results):
     """EcoTTA's claim: the activations kept for backward per update, of
     every method run on the model, and their ratio to EcoTTA's."""
-    acts = {kind: res[kind]['activations_mb'] for kind, res in
-            results.items() if isinstance(res, dict) and kind in res}
+    acts = {kind: res[kind]['activations_mb']
+            for kind, res in results.items()}
     print(f'\n{name}: activations kept for backward (largest graph of a '
           'step): ' + ', '.join(
               f'{k} {v:.1f} MB ({v / acts["ecotta"]:.1f}x EcoTTA)'

@@ -5,8 +5,8 @@ import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Sequence, Tuple
 
-from .report import (RESULTS_FILE, mean_ignoring_nan, new_figure,
-                     read_partial, read_results, write_files)
+from .report import (RESULTS_FILE, markdown_table, mean_ignoring_nan,
+                     new_figure, read_partial, read_results, write_files)
 
 
 def read_run_stages(work_dir: str) -> Tuple[List[dict], bool]:
@@ -62,9 +62,8 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
     short = [c for c in ('name', 'status', 'stages_done',
                          f'{_score(runs)}_mean_over_stages')
              if c in columns] + [f'mean {c}' for c in conditions]
-    md = ['| ' + ' | '.join(short) + ' |', '|' + '---|' * len(short)] + [
-        '| ' + ' | '.join(cell(row.get(c)) or '-' for c in short) + ' |'
-        for row in rows]
+    md = markdown_table(short, [[cell(row.get(c)) or '-' for c in short]
+                                for row in rows])
     paths = write_files(out_dir, prefix, dict(runs=rows), [columns] + [
         [cell(row.get(c)) for c in columns] for row in rows], '\n'.join(md))
     plot_comparison(paths['png'], runs, conditions, title)

@@ -7,7 +7,7 @@ import json
 import math
 import os
 import os.path as osp
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -71,6 +71,15 @@ def new_figure(width: float, height: float):
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig
+
+
+def markdown_table(header: Sequence, rows: Iterable[Sequence]) -> List[str]:
+    """The lines of a Markdown table: ``header``, its rule and a line per
+    row of cells."""
+    def line(cells):
+        return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+    return [line(header), '|' + '---|' * len(header)] + list(map(line, rows))
 
 
 def format_table(stages: List[dict], conditions: Sequence[str]) -> str:
