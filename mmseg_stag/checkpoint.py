@@ -14,8 +14,6 @@ UNSAFE_HINT = (
     'or re-publish it once as state_dict + plain meta with '
     '`python tools/publish_checkpoint.py SRC DST --trust-pickle`.')
 
-_PLAIN = (str, int, float, bool, type(None))
-
 
 def load_checkpoint_file(path: str,
                          allow_unsafe_pickle: bool = False) -> Dict[str, Any]:
@@ -112,7 +110,7 @@ def load_segmentor_checkpoint(model: nn.Module,
 
 def plain_meta(meta: Any) -> Any:
     """Keep what ``weights_only=True`` reads back; numpy scalars as numbers."""
-    if isinstance(meta, _PLAIN):
+    if isinstance(meta, (str, int, float, bool, type(None))):
         return meta
     if isinstance(meta, dict):
         out = {}

@@ -10,22 +10,6 @@ from mmengine.config import Config
 # ------------------------------------------------- the first-stage choice
 
 
-def load_config(config, checkpoint: str, cfg_options: dict) -> Config:
-    """The config with its options, checked before any run
-    (``FileNotFoundError`` for a missing config or checkpoint,
-    ``ValueError`` for a config without STAG)."""
-    for name, path in (('config', config), ('checkpoint', checkpoint)):
-        if isinstance(path, str) and not osp.isfile(path):
-            raise FileNotFoundError(f'{name} file not found: {path}')
-    cfg = config.copy() if isinstance(config, Config) \
-        else Config.fromfile(config)
-    cfg.merge_from_dict(cfg_options)
-    if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
-        raise ValueError(f'{config} has no test_cfg.method.stag (choose '
-                         'beta0 on a STAG config)')
-    return cfg
-
-
 def first_stage_options(cfg: Config, condition=None) -> dict:
     """``--cfg-options`` that keep the stream's first stage alone (ACDC:
     round-1 ``condition``; classification: the first corruption)."""
@@ -74,21 +58,25 @@ def as_cli(options: dict) -> list:
     return [f'{k}={fmt(v)}' for k, v in options.items()]
 
 
-def first_stage_score(cfg: Config, checkpoint: str, work_dir: str) -> float:
-    """The first stage's score (mIoU or accuracy) of one run."""
-    from mmseg_stag.engine.runs import prepare_config, run_test
-    from mmseg_stag.engine.report import read_results
-    run_test(prepare_config(cfg.copy(), work_dir), checkpoint)
-    return read_results(work_dir)['stages'][0]['score']
-
-
 def select(config, checkpoint: str, beta_grid, work_dir: str,
            gamma_grid=None, cfg_options=None, condition=None,
            log=print) -> dict:
     """Run each (beta0, gamma) of the grid on the first stage alone (in this
     process); return and write to ``<work_dir>/beta_selection.json`` the
-    best (ties: the smaller beta0, then gamma) and the ``trials``."""
-    cfg = load_config(config, checkpoint, dict(cfg_options or {}))
+    best (ties: the smaller beta0, then gamma) and the ``trials``
+    (``FileNotFoundError`` for a missing config or checkpoint,
+    ``ValueError`` for a config without STAG, before any run)."""
+    from mmseg_stag.engine.report import read_results, write_json
+    from mmseg_stag.engine.runs import prepare_config, run_test
+    for name, path in (('config', config), ('checkpoint', checkpoint)):
+        if isinstance(path, str) and not osp.isfile(path):
+            raise FileNotFoundError(f'{name} file not found: {path}')
+    cfg = config.copy() if isinstance(config, Config) \
+        else Config.fromfile(config)
+    cfg.merge_from_dict(dict(cfg_options or {}))
+    if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
+        raise ValueError(f'{config} has no test_cfg.method.stag (choose '
+                         'beta0 on a STAG config)')
     cfg.merge_from_dict(first_stage_options(cfg, condition))
     os.makedirs(work_dir, exist_ok=True)
     gammas = gamma_grid or [cfg.test_cfg.method.stag.gamma]
@@ -98,9 +86,9 @@ def select(config, checkpoint: str, beta_grid, work_dir: str,
             trial = cfg.copy()
             trial.merge_from_dict({'test_cfg.method.stag.beta0': beta0,
                                    'test_cfg.method.stag.gamma': gamma})
-            score = first_stage_score(
-                trial, checkpoint,
-                osp.join(work_dir, f'beta0_{beta0:g}_gamma_{gamma:g}'))
+            trial_dir = osp.join(work_dir, f'beta0_{beta0:g}_gamma_{gamma:g}')
+            run_test(prepare_config(trial, trial_dir), checkpoint)
+            score = read_results(trial_dir)['stages'][0]['score']
             trials.append(dict(beta0=beta0, gamma=gamma, score=score))
             if log:
                 log(f'beta0={beta0:g}, gamma={gamma:g}: first-stage score '
@@ -109,7 +97,6 @@ def select(config, checkpoint: str, beta_grid, work_dir: str,
     result = dict(config=config if isinstance(config, str) else None,
                   checkpoint=checkpoint, beta0=best['beta0'],
                   gamma=best['gamma'], trials=trials)
-    from mmseg_stag.engine.report import write_json
     write_json(osp.join(work_dir, 'beta_selection.json'), result)
     return result
 

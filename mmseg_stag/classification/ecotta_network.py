@@ -34,23 +34,6 @@ class MetaPart(nn.Module):
         self.conv_block = ConvBlock(in_channels, out_channels, stride)
         self.regularising, self.reg_loss, self._adapted = False, None, None
 
-    def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """Run the conv block on the part's input (detached if
-        regularising); return what the frozen blocks get."""
-        x = x.detach() if self.regularising else x
-        # before the frozen blocks run: their in-place ops cannot touch x
-        self._adapted = self.conv_block(x)
-        return x
-
-    def exit(self, frozen_out: torch.Tensor) -> torch.Tensor:
-        """Return ``meta_bn(out) + adapted``; record ``R_k`` if
-        regularising."""
-        adapted, self._adapted = self._adapted, None
-        out = self.meta_bn(frozen_out) + adapted
-        if self.regularising:
-            self.reg_loss = F.l1_loss(out, frozen_out.detach())
-        return out
-
 
 class MetaNetworks(nn.Module):
     """The K meta networks of a network (``<network>.ecotta``), from per
@@ -96,7 +79,13 @@ class MetaEntry(nn.Module):
         self.index = index
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.part.enter(x)
+        """Run the part's conv block on its input (detached if
+        regularising); return what the frozen blocks get."""
+        part = self.part
+        x = x.detach() if part.regularising else x
+        # before the frozen blocks run: their in-place ops cannot touch x
+        part._adapted = part.conv_block(x)
+        return x
 
     def extra_repr(self) -> str:
         return f'ecotta.parts.{self.index}: conv_block from here'
@@ -106,7 +95,14 @@ class MetaExit(MetaEntry):
     """Where meta network ``k`` leaves, after its part's last block."""
 
     def forward(self, frozen_out: torch.Tensor) -> torch.Tensor:
-        return self.part.exit(frozen_out)
+        """Return ``meta_bn(out) + adapted``; record ``R_k`` if
+        regularising."""
+        part = self.part
+        adapted, part._adapted = part._adapted, None
+        out = part.meta_bn(frozen_out) + adapted
+        if part.regularising:
+            part.reg_loss = F.l1_loss(out, frozen_out.detach())
+        return out
 
     def extra_repr(self) -> str:
         return f'ecotta.parts.{self.index}: meta_bn(out) + conv_block'

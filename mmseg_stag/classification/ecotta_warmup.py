@@ -3,7 +3,6 @@
 import bisect
 import copy
 import hashlib
-import os
 import os.path as osp
 import pickle
 from typing import Dict, Optional, Tuple
@@ -106,7 +105,7 @@ def read_training_set(path: str, labels: Optional[str] = None
         '(with --train-labels)')
 
 
-def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
+def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
             work_dir: str, epochs: int, lr: float, batch_size: int,
             seed: int, resume: bool, settings: dict) -> Dict[str, list]:
     """Train the meta networks of ``model`` (an ``OnlineClassifier`` over an
@@ -130,8 +129,6 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
         network.load_state_dict(state['network'])
         optimizer.load_state_dict(state['optimizer'])
         history, start = state['history'], state['epoch'] + 1
-    x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
-    y_all = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     preprocessor = model.data_preprocessor
     iters = (len(x_all) + batch_size - 1) // batch_size
     network.train()
@@ -157,7 +154,6 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
             bar.update()
         history['loss'].append(total / len(x_all))
         history['acc'].append(correct / len(x_all))
-        os.makedirs(work_dir, exist_ok=True)
         save_atomic(dict(network=network.state_dict(),
                           optimizer=optimizer.state_dict(), epoch=epoch,
                           history=history, settings=settings), state_path)
@@ -165,12 +161,10 @@ def warm_up(model: nn.Module, images: np.ndarray, labels: np.ndarray,
 
 
 @torch.no_grad()
-def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
+def source_loss(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
                 batch_size: int = 256, seed: int = 0) -> float:
     """Return the mean cross-entropy on shuffled, un-augmented batches."""
     network = copy.deepcopy(model.network)
-    x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
-    y_all = torch.as_tensor(np.asarray(labels), dtype=torch.long)
     order = torch.randperm(len(x_all),
                            generator=torch.Generator().manual_seed(seed))
     total = 0.
@@ -180,32 +174,6 @@ def source_loss(model: nn.Module, images: np.ndarray, labels: np.ndarray,
         logits = network(x['inputs'])
         total += F.cross_entropy(logits, y_all[idx], reduction='sum').item()
     return total / len(x_all)
-
-
-def build_ecotta_classifier(config: str, cfg_options: dict) -> nn.Module:
-    """Return the config's ``OnlineClassifier`` over an ``EcoTTANetwork``."""
-    from mmengine.config import Config
-
-    import mmseg_stag  # noqa: F401  (registers the classification parts)
-    from mmseg_stag.registry import MODELS
-    cfg = Config.fromfile(config)
-    cfg.merge_from_dict(cfg_options)
-    model_cfg = cfg.get('model')
-    if not model_cfg or model_cfg.get('type') != 'OnlineClassifier' or \
-            model_cfg['network'].get('type') != 'EcoTTANetwork':
-        raise ValueError(f'{config}: the warm-up needs model=dict(type='
-                         "'OnlineClassifier', network=dict(type="
-                         "'EcoTTANetwork', ...))")
-    return MODELS.build(dict(model_cfg, _scope_='mmseg_stag'))
-
-
-def file_digest(path: str) -> str:
-    """Return the SHA-1 of a file's bytes."""
-    h = hashlib.sha1()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def warm_up_checkpoint(config: str, checkpoint: str, out: str,
@@ -219,9 +187,21 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
     the meta networks of an EcoTTA config from the source weights, save
     them to ``out``; return ``history`` and the source cross-entropy
     ``before`` and ``after``."""
+    from mmengine.config import Config
+
+    import mmseg_stag  # noqa: F401  (registers the classification parts)
+    from mmseg_stag.registry import MODELS
     cfg_options = dict(cfg_options or {})
     torch.manual_seed(seed)  # the meta networks' initialisation
-    model = build_ecotta_classifier(config, cfg_options)
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict(cfg_options)
+    model_cfg = cfg.get('model')
+    if not model_cfg or model_cfg.get('type') != 'OnlineClassifier' or \
+            model_cfg['network'].get('type') != 'EcoTTANetwork':
+        raise ValueError(f'{config}: the warm-up needs model=dict(type='
+                         "'OnlineClassifier', network=dict(type="
+                         "'EcoTTANetwork', ...))")
+    model = MODELS.build(dict(model_cfg, _scope_='mmseg_stag'))
     meta = model.network.ecotta
     cold, meta.allow_cold_start = meta.allow_cold_start, True
     model.load_weights(checkpoint, trust_pickle)  # frozen part
@@ -232,21 +212,26 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
     print(f'EcoTTA warm-up: {len(images)} images, {epochs} epochs, '
           f'batch {batch_size}, lr {lr}, meta networks '
           f'{list(meta.blocks_per_part)} -> {out}')
+    source = hashlib.sha1()  # of the checkpoint file's bytes
+    with open(checkpoint, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            source.update(chunk)
     settings = dict(config=osp.abspath(config),
                     cfg_options=repr(sorted(cfg_options.items())),
-                    source=file_digest(checkpoint),
+                    source=source.hexdigest(),
                     data=hashlib.sha1(np.ascontiguousarray(images)).hexdigest()
                     + hashlib.sha1(np.asarray(labels)).hexdigest())
-    before = source_loss(model, images, labels)
-    history = warm_up(model, images, labels, work_dir, epochs, lr,
-                      batch_size, seed, resume, settings)
-    after = source_loss(model, images, labels)
+    x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
+    y_all = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    before = source_loss(model, x_all, y_all)
+    history = warm_up(model, x_all, y_all, work_dir, epochs, lr, batch_size,
+                      seed, resume, settings)
+    after = source_loss(model, x_all, y_all)
     for epoch, (loss, acc) in enumerate(zip(history['loss'],
                                             history['acc']), 1):
         print(f'epoch {epoch}: train loss {loss:.4f}, acc {acc:.4f}')
     print(f'source cross-entropy (no augmentation): {before:.4f} before, '
           f'{after:.4f} after the warm-up')
-    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     save_atomic(dict(state_dict=model.network.state_dict(),
                       meta=dict(ecotta_warmup=dict(
                           epochs=epochs, lr=lr, batch_size=batch_size,

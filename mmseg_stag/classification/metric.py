@@ -64,8 +64,9 @@ class StreamAccuracyMetric(StreamMetric):
         return counts_result(correct, len(records))['acc'], dict(
             correct=correct, per_corruption=sums)
 
-    def corruption_results(self, stages: List[dict]) -> Dict[str, dict]:
-        """Return the counts per corruption over the whole stream."""
+    def run_details(self, stages: List[dict]) -> dict:
+        """The paper's numbers: per corruption over the whole stream, their
+        mean (the tables' Avg.) and the accuracy pooled over all images."""
         sums = {c: [0, 0]
                 for c in (self.dataset_meta or {}).get('corruptions', [])}
         for s in stages:
@@ -73,12 +74,7 @@ class StreamAccuracyMetric(StreamMetric):
                 counts = sums.setdefault(c, [0, 0])
                 counts[0] += correct
                 counts[1] += total
-        return {c: counts_result(*v) for c, v in sums.items() if v[1]}
-
-    def run_details(self, stages: List[dict]) -> dict:
-        """The paper's numbers: per corruption over the whole stream, their
-        mean (the tables' Avg.) and the accuracy pooled over all images."""
-        per = self.corruption_results(stages)
+        per = {c: counts_result(*v) for c, v in sums.items() if v[1]}
         correct = sum(v['correct'] for v in per.values())
         total = sum(v['total'] for v in per.values())
         return dict(table_metric=self.table_metric, corruptions=list(per),

@@ -11,7 +11,6 @@ class ClassificationTask(OnlineTask):
     """An ``OnlineClassifier`` on a ``CorruptionStream``."""
 
     name = 'classification'
-    prediction_kind = 'per_sample'
     model_kind = 'an OnlineClassifier'
 
     @classmethod

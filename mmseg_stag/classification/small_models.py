@@ -6,14 +6,6 @@ import torch.nn.functional as F
 from .registry import CLS_MODELS
 
 
-def _norm2d(norm: str, channels: int, groups: int) -> nn.Module:
-    if norm == 'BN':
-        return nn.BatchNorm2d(channels)
-    if norm == 'GN':
-        return nn.GroupNorm(min(groups, channels), channels)
-    raise ValueError(f"SmallCNN norm must be 'BN' or 'GN', got {norm!r}")
-
-
 @CLS_MODELS.register_module()
 class SmallCNN(nn.Module):
     """Four 3x3 conv-norm-ReLU layers (``width`` channels first; ``norm``
@@ -23,13 +15,17 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 16,
                  norm: str = 'BN', groups: int = 8):
         super().__init__()
+        if norm not in ('BN', 'GN'):
+            raise ValueError(
+                f"SmallCNN norm must be 'BN' or 'GN', got {norm!r}")
         chans = [3, width, 2 * width, 2 * width, 4 * width]
         strides = [1, 2, 1, 2]
         layers = []
         for i, stride in enumerate(strides):
             layers += [nn.Conv2d(chans[i], chans[i + 1], 3, stride, 1,
                                  bias=False),
-                       _norm2d(norm, chans[i + 1], groups),
+                       nn.BatchNorm2d(chans[i + 1]) if norm == 'BN' else
+                       nn.GroupNorm(min(groups, chans[i + 1]), chans[i + 1]),
                        nn.ReLU(inplace=True)]
         self.features = nn.Sequential(*layers)
         self.fc = nn.Linear(chans[-1], num_classes)

@@ -10,8 +10,6 @@ import torch.nn as nn
 PREDICTION_KINDS = ('per_sample', 'per_pixel')
 
 HeadOutputs = List[Tuple[torch.Tensor, torch.Tensor]]
-#: ``forward(model, inputs) -> (prediction, head_outputs)``
-Forward = Callable[[nn.Module, Any], Tuple[torch.Tensor, HeadOutputs]]
 
 
 def check_prediction_kind(kind: str) -> str:
@@ -76,7 +74,12 @@ class HeadProbe:
                 ) from err
         if self.prediction_kind == 'per_pixel':
             return name, check_pixel_classifier(module, name)
-        return name, check_sample_classifier(module, name)
+        weight = getattr(module, 'weight', None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ValueError(f'classifier {name!r} ({type(module).__name__}) '
+                             'needs a [C, D] weight (a linear layer on [N, D] '
+                             'features)')
+        return name, module
 
     def classifier(self, model: nn.Module) -> nn.Module:
         """The classifier module of ``model``."""
@@ -142,16 +145,6 @@ def to_float32(x: Any) -> Any:
     if torch.is_tensor(x) and x.dtype in (torch.float16, torch.bfloat16):
         return x.float()
     return x
-
-
-def check_sample_classifier(module: nn.Module, name: str) -> nn.Module:
-    """Raise ``ValueError`` unless the classifier has a ``[C, D]`` weight."""
-    weight = getattr(module, 'weight', None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f'classifier {name!r} ({type(module).__name__}) '
-                         'needs a [C, D] weight (a linear layer on [N, D] '
-                         'features)')
-    return module
 
 
 def check_pixel_classifier(module: nn.Module, name: str) -> nn.Conv2d:

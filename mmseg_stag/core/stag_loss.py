@@ -39,14 +39,11 @@ class STAGLoss(nn.Module):
                  analytic_backward: Optional[bool] = None,
                  compile: bool = False):
         super().__init__()
-        if anchor not in stag.ANCHOR_MODES:
-            raise ValueError(
-                f'STAGLoss: anchor must be one of {stag.ANCHOR_MODES}, '
-                f'got {anchor!r}')
-        if label not in stag.LABEL_MODES:
-            raise ValueError(
-                f'STAGLoss: label must be one of {stag.LABEL_MODES}, '
-                f'got {label!r}')
+        for name, value, modes in (('anchor', anchor, stag.ANCHOR_MODES),
+                                   ('label', label, stag.LABEL_MODES)):
+            if value not in modes:
+                raise ValueError(f'STAGLoss: {name} must be one of {modes}, '
+                                 f'got {value!r}')
         if not eps >= 0:
             raise ValueError(f'STAGLoss: eps must be >= 0, got {eps}')
         self.eps = float(eps)
@@ -133,7 +130,16 @@ class STAGLoss(nn.Module):
         """``L_STAG(B)``, the mean over samples (pixels), of the classifier's
         inputs ``[N, D(, H, W)]`` and outputs ``[N, C(, H, W)]`` of one
         pass; ``cls_weight`` ``[C, D]`` or ``[C, D, 1, 1]``."""
-        self._check(features, logits, cls_weight, cls_bias)
+        # the shapes once per shape; with check_finite, the classifier's
+        # values at every call
+        key = tuple(tuple(t.shape) if t is not None else None
+                    for t in (features, logits, cls_weight, cls_bias))
+        if self.check_finite or key != self._checked_shapes:
+            weight = stag.check_classifier(cls_weight, cls_bias,
+                                           check_finite=self.check_finite)
+            stag.check_inputs(features, logits, num_classes=weight.shape[0],
+                              feature_dim=weight.shape[1])
+            self._checked_shapes = key
         # float32 for the C-sized tensors; D-sized features are not copied
         dtype = torch.float32 if features.dtype in (
             torch.float16, torch.bfloat16) else features.dtype
@@ -157,18 +163,6 @@ class STAGLoss(nn.Module):
             if self.check_finite:
                 stag.check_finite_loss(loss, features=features, logits=logits)
         return loss
-
-    def _check(self, features, logits, cls_weight, cls_bias) -> None:
-        """Check the shapes once per shape; with ``check_finite``, the
-        classifier's values at every call."""
-        key = tuple(tuple(t.shape) if t is not None else None
-                    for t in (features, logits, cls_weight, cls_bias))
-        if self.check_finite or key != self._checked_shapes:
-            weight = stag.check_classifier(cls_weight, cls_bias,
-                                           check_finite=self.check_finite)
-            stag.check_inputs(features, logits, num_classes=weight.shape[0],
-                              feature_dim=weight.shape[1])
-            self._checked_shapes = key
 
     def _autograd_loss(self, features, logits, cls_weight, cls_bias, dtype):
         """The loss through autograd (soft labels; the reference)."""

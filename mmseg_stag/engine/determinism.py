@@ -66,27 +66,22 @@ def raises_on_cuda(func, args: Tuple = (),
         return None
     named = {a.name: v for a, v in zip(func._schema.arguments, args)}
     named.update(kwargs or {})
-    if not _condition_holds(op, named):
-        return None
-    return NONDETERMINISTIC_CUDA_OPS[op]
-
-
-def _condition_holds(op: str, named: Mapping[str, Any]) -> bool:
-    """Whether a conditional op's condition holds for these arguments."""
     if op == 'bincount':
-        return named.get('weights') is not None
-    if op == 'median':  # only the overloads with indices
-        return 'dim' in named
-    if op == 'cumsum':  # floating point or complex, given or cast to
+        holds = named.get('weights') is not None
+    elif op == 'median':  # only the overloads with indices
+        holds = 'dim' in named
+    elif op == 'cumsum':  # floating point or complex, given or cast to
         dtype = named.get('dtype') or named['self'].dtype
-        return dtype.is_floating_point or dtype.is_complex
-    if op == 'scatter_reduce':
-        return named.get('reduce') == 'prod'
-    if op == 'nll_loss2d_forward':  # reduction 'none' is deterministic
-        return named.get('reduction', 1) != 0
-    if op in ('_embedding_bag_backward', '_embedding_bag_dense_backward'):
-        return named.get('mode') == 2  # 'max'
-    return True
+        holds = dtype.is_floating_point or dtype.is_complex
+    elif op == 'scatter_reduce':
+        holds = named.get('reduce') == 'prod'
+    elif op == 'nll_loss2d_forward':  # reduction 'none' is deterministic
+        holds = named.get('reduction', 1) != 0
+    elif op in ('_embedding_bag_backward', '_embedding_bag_dense_backward'):
+        holds = named.get('mode') == 2  # 'max'
+    else:
+        holds = True
+    return NONDETERMINISTIC_CUDA_OPS[op] if holds else None
 
 
 def configure_determinism(logger: Optional[logging.Logger] = None,

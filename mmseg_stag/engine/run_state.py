@@ -4,7 +4,8 @@ import json
 import os
 import os.path as osp
 import random
-from typing import Any, Dict, Iterable, List
+from fnmatch import fnmatchcase
+from typing import Any, Dict, List, Sequence
 
 import numpy as np
 import torch
@@ -46,18 +47,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state['cuda'])
 
 
-@torch.no_grad()
-def weights_fingerprint(module: nn.Module) -> str:
-    """Device-independent SHA-1 of a model's parameters and buffers."""
-    digest = hashlib.sha1()
-    for name, tensor in module.state_dict().items():
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f'{name}:{tensor.dtype}:{tuple(tensor.shape)};'.encode())
-        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes()
-                      if tensor.numel() else b'')
-    return digest.hexdigest()
-
-
 def flatten_settings(settings: Any, prefix: str = '') -> Dict[str, str]:
     """Flatten nested settings to ``{'a.b.0.c': json_or_repr}`` strings."""
     if isinstance(settings, dict):
@@ -74,31 +63,31 @@ def flatten_settings(settings: Any, prefix: str = '') -> Dict[str, str]:
     return flat
 
 
-def settings_differences(saved: Dict[str, str], current: Dict[str, str],
-                         ignore: Iterable[str] = ()) -> List[str]:
-    """``'key: saved -> current'`` for each differing key not in ``ignore``."""
-    from fnmatch import fnmatchcase
-    patterns = list(ignore)
-    lines = []
-    for key in sorted(set(saved) | set(current)):
-        if any(fnmatchcase(key, p) for p in patterns):
-            continue
-        old, new = saved.get(key, '<absent>'), current.get(key, '<absent>')
-        if old != new:
-            lines.append(f'{key}: {old} -> {new}')
-    return lines
-
-
+@torch.no_grad()
 def run_identity(settings: dict, model: nn.Module) -> dict:
-    """A run's identity: its flattened settings, its starting weights."""
-    return dict(config=flatten_settings(settings),
-                weights=weights_fingerprint(model))
+    """A run's identity: its flattened settings, and a device-independent
+    SHA-1 of its starting weights (parameters and buffers)."""
+    digest = hashlib.sha1()
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f'{name}:{tensor.dtype}:{tuple(tensor.shape)};'.encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes()
+                      if tensor.numel() else b'')
+    return dict(config=flatten_settings(settings), weights=digest.hexdigest())
 
 
 def identity_differences(saved: dict, current: dict,
-                         ignore: Iterable[str] = ()) -> List[str]:
-    """What differs between two :func:`run_identity`, one line each."""
-    diffs = settings_differences(saved['config'], current['config'], ignore)
+                         ignore: Sequence[str] = ()) -> List[str]:
+    """What differs between two :func:`run_identity`, one line each:
+    ``'key: saved -> current'`` for each setting not in ``ignore``."""
+    old_cfg, new_cfg = saved['config'], current['config']
+    diffs = []
+    for key in sorted(set(old_cfg) | set(new_cfg)):
+        if any(fnmatchcase(key, p) for p in ignore):
+            continue
+        old, new = old_cfg.get(key, '<absent>'), new_cfg.get(key, '<absent>')
+        if old != new:
+            diffs.append(f'{key}: {old} -> {new}')
     if saved['weights'] != current['weights']:
         diffs.append('the starting weights (checkpoint): '
                      f"{saved['weights'][:12]} -> {current['weights'][:12]}")

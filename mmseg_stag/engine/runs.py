@@ -11,6 +11,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import MODELS, DefaultScope
 from mmengine.runner import Runner, set_random_seed
 
+from mmseg_stag.checkpoint import load_model_checkpoint
 from .run_state import (identity_differences, load_run_state,
                         rng_state, run_identity,
                         set_rng_state)
@@ -80,7 +81,6 @@ def run_test(cfg: Config, checkpoint: str,
     runner = Runner.from_cfg(cfg)
     for hook in hooks:
         runner.register_hook(hook)
-    from mmseg_stag.checkpoint import load_model_checkpoint
     model = runner.model.module if is_model_wrapper(runner.model) \
         else runner.model
     try:
@@ -101,7 +101,6 @@ def starting_identity(cfg: Config, checkpoint: str,
     """The identity the online loop gives a run of ``cfg``, without the
     run: the model built as MMEngine's ``Runner`` builds it (default scope,
     ``randomness.seed``), the checkpoint loaded by the strict loader."""
-    from mmseg_stag.checkpoint import load_model_checkpoint
     model_cfg = dict(cfg.model)
     if cfg.get('data_preprocessor') is not None:
         model_cfg.setdefault('data_preprocessor', cfg.data_preprocessor)
@@ -119,7 +118,8 @@ def starting_identity(cfg: Config, checkpoint: str,
 
 def finished_identity(work_dir: str, needs=()) -> Optional[dict]:
     """The identity the online loop saved with a finished run in
-    ``work_dir``; None if none finished there or ``needs`` are missing."""
+    ``work_dir``; None if none finished there, ``needs`` are missing or
+    this version cannot read its results (``report.read_results``)."""
     if not all(osp.isfile(osp.join(work_dir, f))
                for f in (*needs, STATE_FILE)):
         return None
@@ -128,6 +128,10 @@ def finished_identity(work_dir: str, needs=()) -> Optional[dict]:
     except RuntimeError:
         return None
     if state.get('batches_done') != state.get('num_batches'):
+        return None
+    try:
+        read_results(work_dir)
+    except (FileNotFoundError, ValueError):
         return None
     return state.get('identity')
 
@@ -141,10 +145,8 @@ def run_cached(cfg: Config, checkpoint: str, work_dir: str,
     ``config_name`` and return the results (``report.read_results``)."""
     prepared = prepare_config(cfg.copy(), work_dir)
     saved = finished_identity(work_dir, needs)
-    if saved is not None and readable_results(work_dir) and not \
-            identity_differences(saved, starting_identity(prepared,
-                                                          checkpoint),
-                                 RESUME_IGNORES):
+    if saved is not None and not identity_differences(
+            saved, starting_identity(prepared, checkpoint), RESUME_IGNORES):
         print_log(f'{work_dir}: the finished run of this config and '
                   'checkpoint is reused', logger='current')
     else:
@@ -153,12 +155,3 @@ def run_cached(cfg: Config, checkpoint: str, work_dir: str,
         with open(osp.join(work_dir, config_name), 'w') as f:
             f.write(cfg.pretty_text)
     return read_results(work_dir)
-
-
-def readable_results(work_dir: str) -> bool:
-    """Whether ``work_dir`` holds results this version reads."""
-    try:
-        read_results(work_dir)
-    except (FileNotFoundError, ValueError):
-        return False
-    return True

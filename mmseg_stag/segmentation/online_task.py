@@ -2,12 +2,13 @@
 from typing import Optional
 
 import torch
+from mmengine.structures import PixelData
 from mmseg.models.segmentors import BaseSegmentor
 
 from mmseg_stag.core import Labels, Prediction, build_method
 from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
 from .methods import SegmentationCoTTA
-from .task_adapter import SegmentationAdapter, SegmentationBatch, set_labels
+from .task_adapter import SegmentationAdapter, SegmentationBatch
 
 
 @ONLINE_TASKS.register_module(name='segmentation')
@@ -90,7 +91,14 @@ class SegmentationTask(OnlineTask):
     def outputs(self, batch: SegmentationBatch,
                 prediction: Prediction) -> list:
         if isinstance(prediction, Labels):  # already at the original size
-            return set_labels(batch.data_samples, prediction.value)
+            for sample, label in zip(batch.data_samples, prediction.value):
+                shape = tuple(sample.metainfo['ori_shape'])
+                if tuple(label.shape) != shape:
+                    raise ValueError(
+                        f'a label prediction of shape {tuple(label.shape)} '
+                        f'for an image of original size {shape}')
+                sample.set_data(dict(pred_sem_seg=PixelData(data=label[None])))
+            return batch.data_samples
         if prediction.postprocessed is not None:  # made by the loss
             return prediction.postprocessed
         return self.adapter.postprocess(batch, prediction.value)

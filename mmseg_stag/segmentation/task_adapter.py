@@ -7,7 +7,6 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from mmengine.structures import PixelData
 
 from mmseg_stag.core import Batch, ForwardPass, TaskAdapter
 
@@ -134,21 +133,6 @@ class SegmentationAdapter(TaskAdapter):
             labels = self.labels_at_original_size(batch, fwd)
         return full_resolution_cross_entropy(fwd.head_outputs[0][1], labels,
                                              align_corners)
-
-
-def set_labels(data_samples: list, labels: torch.Tensor) -> list:
-    """Set ``pred_sem_seg`` of each sample from ``[N, H0, W0]`` labels.
-
-    Raises:
-        ValueError: If a label map is not at its image's original size.
-    """
-    for sample, label in zip(data_samples, labels):
-        shape, got = tuple(sample.metainfo['ori_shape']), tuple(label.shape)
-        if got != shape:
-            raise ValueError(f'a label prediction of shape {got} for an '
-                             f'image of original size {shape}')
-        sample.set_data(dict(pred_sem_seg=PixelData(data=label[None])))
-    return data_samples
 
 
 def full_resolution_cross_entropy(logits: torch.Tensor,

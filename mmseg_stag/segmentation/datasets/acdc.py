@@ -81,38 +81,35 @@ class ACDCContinualDataset(BaseSegDataset):
             reduce_zero_label=False,
             **kwargs)
 
-    def _condition_files(self, condition: str) -> List[dict]:
-        """Return the image and label paths of one condition, sorted."""
-        img_root = osp.join(self.data_root, self.acdc_img_dir, condition,
-                            self.split)
-        ann_root = osp.join(self.data_root, self.acdc_ann_dir, condition,
-                            self.split)
-        if not osp.isdir(img_root):
-            raise FileNotFoundError(
-                f'ACDC condition folder not found: {img_root}')
-        rel_paths = sorted(
-            osp.relpath(osp.join(dirpath, name), img_root)
-            for dirpath, _, names in os.walk(img_root) for name in names
-            if name.endswith(self.img_suffix))
-        if not rel_paths:
-            raise FileNotFoundError(
-                f'no *{self.img_suffix} images under {img_root}')
-        files = []
-        for rel in rel_paths:
-            img = osp.join(img_root, rel)
-            seg = osp.join(ann_root,
-                           rel[:-len(self.img_suffix)] + self.seg_map_suffix)
-            if not osp.isfile(seg):
-                raise FileNotFoundError(
-                    f'label missing for {img}: expected {seg}')
-            files.append(dict(img_path=img, seg_map_path=seg))
-        return files
-
     def load_data_list(self) -> List[dict]:
         """Load the stream, ``rounds`` x ``conditions`` x sorted files, each
         with the tags ``stage``, ``round`` and ``condition``."""
-        per_condition = [self._condition_files(c)[:self.images_per_condition]
-                         for c in self.conditions]
+        per_condition = []
+        for condition in self.conditions:
+            img_root = osp.join(self.data_root, self.acdc_img_dir, condition,
+                                self.split)
+            ann_root = osp.join(self.data_root, self.acdc_ann_dir, condition,
+                                self.split)
+            if not osp.isdir(img_root):
+                raise FileNotFoundError(
+                    f'ACDC condition folder not found: {img_root}')
+            rel_paths = sorted(
+                osp.relpath(osp.join(dirpath, name), img_root)
+                for dirpath, _, names in os.walk(img_root) for name in names
+                if name.endswith(self.img_suffix))
+            if not rel_paths:
+                raise FileNotFoundError(
+                    f'no *{self.img_suffix} images under {img_root}')
+            files = []
+            for rel in rel_paths:
+                img = osp.join(img_root, rel)
+                seg = osp.join(ann_root, rel[:-len(self.img_suffix)] +
+                               self.seg_map_suffix)
+                if not osp.isfile(seg):
+                    raise FileNotFoundError(
+                        f'label missing for {img}: expected {seg}')
+                files.append(dict(img_path=img, seg_map_path=seg))
+            per_condition.append(files[:self.images_per_condition])
         self._stream_stages = None
         return [
             dict(item,

@@ -131,12 +131,10 @@ def use_attention(backbone: nn.Module, mode: str,
     Raises:
         ValueError: For another ``mode`` or ``token_maps``.
     """
-    if mode not in ATTENTION_MODES:
-        raise ValueError(f'attention must be one of {ATTENTION_MODES}, got '
-                         f'{mode!r}')
-    if token_maps not in TOKEN_MAP_MODES:
-        raise ValueError(f'token_maps must be one of {TOKEN_MAP_MODES}, got '
-                         f'{token_maps!r}')
+    for name, value, modes in (('attention', mode, ATTENTION_MODES),
+                               ('token_maps', token_maps, TOKEN_MAP_MODES)):
+        if value not in modes:
+            raise ValueError(f'{name} must be one of {modes}, got {value!r}')
     for module in backbone.modules():
         if isinstance(module, EfficientMultiheadAttention):
             module.__class__ = ATTENTION_CLASSES[(mode, token_maps)]

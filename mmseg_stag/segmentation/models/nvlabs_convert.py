@@ -1,6 +1,5 @@
 """Convert NVlabs SegFormer checkpoints to MMSeg 1.x names (the backbone's
 as MMSeg's ``tools/model_converters/mit2mmseg.py``)."""
-import os
 import os.path as osp
 import re
 from collections import OrderedDict
@@ -10,6 +9,7 @@ import torch
 
 from mmseg_stag.checkpoint import (extract_state_dict, load_checkpoint_file,
                                    plain_meta)
+from mmseg_stag.engine.run_state import save_atomic
 
 _PATCH_EMBED = re.compile(r'^patch_embed([1-9])\.(proj|norm)\.(weight|bias)$')
 _STAGE_NORM = re.compile(r'^norm([1-9])\.(weight|bias)$')
@@ -203,7 +203,5 @@ def convert_nvlabs_checkpoint(src: str,
         'dropped_keys': dropped,
         'source_meta': plain_meta(source) if isinstance(source, dict) else {},
     }
-    if osp.dirname(str(dst)):
-        os.makedirs(osp.dirname(str(dst)), exist_ok=True)
-    torch.save({'state_dict': converted, 'meta': meta}, dst)
+    save_atomic({'state_dict': converted, 'meta': meta}, dst)
     return len(converted)
