@@ -437,9 +437,10 @@ def measure_loader(ctx):
     init_default_scope('mmseg')
     rows = []
     for workers in ctx.args.workers:
+        # the config first: its data_root() may generate the stream
+        cfg = stream_loader_cfg(ctx, workers)
         t0 = time.perf_counter()
-        loader = Runner.build_dataloader(stream_loader_cfg(ctx, workers),
-                                         seed=0)
+        loader = Runner.build_dataloader(cfg, seed=0)
         batches = iter(loader)
         next(batches)
         first = time.perf_counter()

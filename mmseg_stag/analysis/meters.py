@@ -1,6 +1,7 @@
 """Meters of one step or one run: time, peak memory, autograd's saved
 tensors, forward and backward passes, host-device transfers."""
 import collections
+import ctypes
 import os
 import os.path as osp
 import threading
@@ -9,16 +10,6 @@ import traceback
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-
-def release_freed_memory():
-    """Return freed heap pages to the OS, so that RSS growth measures the
-    next step only."""
-    try:
-        import ctypes
-        ctypes.CDLL('libc.so.6').malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def rss_bytes():
@@ -48,7 +39,10 @@ class PeakMemory:
             self.peak = self.peak_reserved = 0
             PeakMemory.active.append(self)
             return self
-        release_freed_memory()
+        try:  # freed heap pages back to the OS: RSS growth is the step's
+            ctypes.CDLL('libc.so.6').malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
         self.start = self.peak = rss_bytes()
         self._running = True
         self._thread = threading.Thread(target=self._sample, daemon=True)

@@ -1,9 +1,8 @@
 """The task-agnostic core in plain PyTorch and MMEngine: no MMSeg, no MMCV."""
 from . import stag
 from .losses import (cross_entropy_to_teacher, flatten_outputs,
-                     mean_over_outputs,
-                     pseudo_label_cross_entropy, softmax_entropy,
-                     symmetric_cross_entropy)
+                     mean_over_outputs, pseudo_label_cross_entropy,
+                     softmax_entropy, symmetric_cross_entropy)
 from .methods import (BaseMethod, BNAdapt, CoTTA, DeYO, EATA,
                       EcoTTA, SAR, Source, TENT)
 from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
@@ -19,12 +18,10 @@ from .task_adapter import (Batch, ForwardPass, Labels, Logits, Prediction,
 __all__ = [
     'stag', 'STAGLoss', 'HeadProbe', 'PREDICTION_KINDS', 'METHODS',
     'build_method', 'BaseMethod', 'Batch', 'ForwardPass', 'Logits', 'Labels',
-    'Prediction', 'TaskAdapter', 'PassStats', 'StepStats',
-    'Source', 'BNAdapt', 'TENT',
-    'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA', 'SAM', 'NORM_LAYER_TYPES',
-    'norm_layers',
-    'select_parameters', 'use_batch_statistics', 'softmax_entropy',
-    'pseudo_label_cross_entropy', 'cross_entropy_to_teacher',
-    'symmetric_cross_entropy', 'mean_over_outputs',
-    'flatten_outputs'
+    'Prediction', 'TaskAdapter', 'PassStats', 'StepStats', 'Source',
+    'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA', 'SAM',
+    'NORM_LAYER_TYPES', 'norm_layers', 'select_parameters',
+    'use_batch_statistics', 'softmax_entropy', 'pseudo_label_cross_entropy',
+    'cross_entropy_to_teacher', 'symmetric_cross_entropy',
+    'mean_over_outputs', 'flatten_outputs'
 ]

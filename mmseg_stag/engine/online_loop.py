@@ -12,9 +12,8 @@ from mmengine.runner import TestLoop
 from torch.utils.data import DataLoader
 
 from mmseg_stag.core import use_batch_statistics
-from .run_state import (identity_differences, load_run_state,
-                        rng_state, run_identity,
-                        save_run_state, set_rng_state)
+from .run_state import (identity_differences, load_run_state, rng_state,
+                        run_identity, save_run_state, set_rng_state)
 from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task

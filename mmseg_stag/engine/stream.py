@@ -23,16 +23,11 @@ class StreamStage:
                     condition=self.condition)
 
 
-def whole_stream(num_samples: int) -> List[StreamStage]:
-    """Return one stage of all samples: a dataset that declares none."""
-    return [StreamStage(0, 1, 'all', 0, int(num_samples))]
-
-
 def dataset_stages(dataset) -> List[StreamStage]:
     """Return the dataset's checked ``stream_stages()``, else one stage
     (``ValueError`` if they do not tile the samples in order)."""
-    if not hasattr(dataset, 'stream_stages'):
-        return whole_stream(len(dataset))
+    if not hasattr(dataset, 'stream_stages'):  # one stage of all samples
+        return [StreamStage(0, 1, 'all', 0, len(dataset))]
     stages = list(dataset.stream_stages())
     where = f'{type(dataset).__name__}.stream_stages()'
     stop = 0

@@ -16,9 +16,8 @@ MODELS.register_module(module=STAGLoss)
 
 __all__ = [
     'SegmentationTask', 'SegmentationBatch', 'SegmentationAdapter',
-    'SegmentationCoTTA', 'HybridTTA',
-    'ACDCContinualDataset', 'ScaleFlipViews', 'ContinualIoUMetric',
-    'NVMixVisionTransformer',
+    'SegmentationCoTTA', 'HybridTTA', 'ACDCContinualDataset',
+    'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
     'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',
     'convert_nvlabs_checkpoint'
 ]

@@ -223,6 +223,11 @@ def cotta_augment_params(soft: bool = False,
         clip=(0.0, 1.0))
 
 
+def _floats(values):
+    """``values`` as a tuple of floats; None stays None."""
+    return None if values is None else tuple(map(float, values))
+
+
 class CoTTAAugment:
     """CoTTA's augmentation chain as one callable on a batch.
 
@@ -263,32 +268,27 @@ class CoTTAAugment:
         self.pad_fraction = float(pad_fraction)
         if isinstance(degrees, numbers.Number):
             degrees = (-float(degrees), float(degrees))
-        self.degrees = None if degrees is None else tuple(map(float, degrees))
-        if translate is not None:
-            translate = tuple(map(float, translate))
-            if not all(0.0 <= t <= 1.0 for t in translate):
-                raise ValueError(f'translate values must be in [0, 1], got '
-                                 f'{translate}')
-        self.translate = translate
-        if scale is not None:
-            scale = tuple(map(float, scale))
-            if not all(s > 0 for s in scale):
-                raise ValueError(f'scale values must be positive, got {scale}')
-        self.scale = scale
+        self.degrees, self.translate = _floats(degrees), _floats(translate)
+        if translate is not None and not all(
+                0.0 <= t <= 1.0 for t in self.translate):
+            raise ValueError(f'translate values must be in [0, 1], got '
+                             f'{self.translate}')
+        self.scale = _floats(scale)
+        if scale is not None and not all(s > 0 for s in self.scale):
+            raise ValueError(f'scale values must be positive, got '
+                             f'{self.scale}')
         self.blur_kernel = int(blur_kernel)
-        self.blur_sigma = None if blur_sigma is None else \
-            tuple(map(float, blur_sigma))
+        self.blur_sigma = _floats(blur_sigma)
         if self.blur_sigma is not None and (
                 self.blur_kernel <= 0 or self.blur_kernel % 2 == 0):
             raise ValueError(f'blur_kernel must be odd and positive, got '
                              f'{blur_kernel}')
         self.hflip_prob = None if hflip_prob is None else float(hflip_prob)
         self.noise_std = None if noise_std is None else float(noise_std)
-        self.clip = None if clip is None else tuple(map(float, clip))
+        self.clip = _floats(clip)
         if (mean is None) != (std is None):
             raise ValueError('give both mean and std, or neither')
-        self.mean = None if mean is None else tuple(map(float, mean))
-        self.std = None if std is None else tuple(map(float, std))
+        self.mean, self.std = _floats(mean), _floats(std)
 
     def color_jitter(self, img: torch.Tensor) -> torch.Tensor:
         """Jitter colours in a random order, as ``ColorJitterPro``."""
