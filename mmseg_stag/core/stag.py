@@ -252,7 +252,7 @@ class HardAlignment(torch.autograd.Function):
     instead of one autograd node (on a GPU, one kernel launch) per small op.
 
     ``apply(features, logits, table, eps, eps_tensor, matrix=None,
-    on_features=False, bias=None, compiled=False)``: ``h [N, D, M]``,
+    on_features=False, bias=None, kernels='eager')``: ``h [N, D, M]``,
     ``z [N, C, M]`` (float32 or float64); ``table [C, 3]`` holds
     ``(s_k, b_k, ||a_k||)`` per class; ``P = s_y (z_y - b_y)`` when
     ``matrix`` is None (a frozen ``W``, diagonal anchors), else
@@ -260,25 +260,26 @@ class HardAlignment(torch.autograd.Function):
     ``(matrix @ (z - b))_y`` (``[C, C]`` coefficients); ``eps_tensor``:
     ``eps`` as a 0-d tensor of the logits' dtype and device; ``bias``: the
     live ``b`` trained beside a frozen ``W`` (not read, given its
-    gradient); ``compiled``: the math through ``torch.compile``.
+    gradient); ``kernels``: the math as written, through
+    ``torch.compile`` or in Triton (:func:`alignment_kernels`).
     """
 
     @staticmethod
     def forward(ctx, features, logits, table, eps, eps_tensor, matrix=None,
-                on_features=False, bias=None, compiled=False):
+                on_features=False, bias=None, kernels='eager'):
         bias_grad = bias is not None and ctx.needs_input_grad[7]
-        forward, _ = alignment_kernels(compiled)
+        forward, _ = alignment_kernels(kernels)
         loss, saved = forward(features, logits, table, eps, eps_tensor,
                               matrix, on_features, bias_grad)
         ctx.save_for_backward(features, *saved, matrix)
         ctx.on_features, ctx.bias_grad = on_features, bias_grad
-        ctx.compiled = compiled
+        ctx.kernels = kernels
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        _, backward = alignment_kernels(ctx.compiled)
+        _, backward = alignment_kernels(ctx.kernels)
         grad_h, grad_z, grad_b = backward(grad, *ctx.saved_tensors,
                                           ctx.on_features, ctx.bias_grad)
         return grad_h, grad_z, None, None, None, None, None, grad_b, None
@@ -337,6 +338,17 @@ def hard_alignment_backward(grad, features, log_p, p, pred, e, v, w, c, dp,
     grad_z = (p * torch.addcmul(v, e, log_p).neg_()).scatter_add_(
         1, pred, w).mul_(grad)
     grad_h = features * (c * grad).to(features.dtype)
+    return projection_grads(grad, grad_h, grad_z, pred,
+                            dp if scale is None else dp * scale, matrix,
+                            on_features, bias_grad)
+
+
+def projection_grads(grad, grad_h, grad_z, pred, dp, matrix,
+                     on_features: bool, bias_grad: bool):
+    """What ``P`` adds beyond ``dL/dz_y``: through ``matrix`` to ``h`` or
+    ``z``, and ``-dL/dP dP/dz`` to a trainable ``b`` (``dp`` per sample,
+    over the batch size, times ``s_y`` where ``P = s_y (z_y - b_y)``).
+    ``(dL/dh, dL/dz, dL/db)``."""
     if matrix is not None:  # P = (matrix @ x)_y
         onehot = torch.zeros_like(grad_z).scatter_(1, pred, dp * grad)
         back = torch.matmul(matrix.t(), onehot.to(matrix.dtype))
@@ -347,26 +359,37 @@ def hard_alignment_backward(grad, features, log_p, p, pred, e, v, w, c, dp,
     grad_b = None
     if bias_grad:  # -dL/dP dP/dz, summed over the batch
         per_class = torch.zeros(
-            p.shape[1], dtype=dp.dtype, device=dp.device).scatter_add_(
-                0, pred.flatten(), (dp if scale is None
-                                    else dp * scale).flatten())
+            grad_z.shape[1], dtype=dp.dtype,
+            device=dp.device).scatter_add_(0, pred.flatten(), dp.flatten())
         if matrix is not None:
             per_class = matrix.t().to(dp.dtype) @ per_class
         grad_b = per_class.mul_(-grad)
     return grad_h, grad_z, grad_b
 
 
-#: ``compiled`` -> (forward, backward) of :class:`HardAlignment`
-_KERNELS = {False: (hard_alignment_forward, hard_alignment_backward)}
+#: :class:`HardAlignment`'s math: ``eager`` (the functions above),
+#: ``compiled`` (the same through ``torch.compile``) or ``triton``
+KERNELS = ('eager', 'compiled', 'triton')
+_KERNELS = {'eager': (hard_alignment_forward, hard_alignment_backward)}
 
 
-def alignment_kernels(compiled: bool):
-    """:class:`HardAlignment`'s forward and backward math; if ``compiled``,
-    through ``torch.compile`` (once per process and input shape)."""
-    if compiled not in _KERNELS:
-        _KERNELS[compiled] = (torch.compile(hard_alignment_forward),
-                              torch.compile(hard_alignment_backward))
-    return _KERNELS[compiled]
+def alignment_kernels(kernels: str):
+    """``(forward, backward)`` of :class:`HardAlignment` by ``kernels``,
+    one of :data:`KERNELS`; ``compiled`` compiles once per process and
+    input shape, ``triton`` (mmseg_stag/core/stag_triton.py) imports
+    Triton."""
+    if kernels not in _KERNELS:
+        if kernels == 'compiled':
+            _KERNELS[kernels] = (torch.compile(hard_alignment_forward),
+                                 torch.compile(hard_alignment_backward))
+        elif kernels == 'triton':
+            from . import stag_triton
+            _KERNELS[kernels] = (stag_triton.hard_alignment_forward,
+                                 stag_triton.hard_alignment_backward)
+        else:
+            raise ValueError(f'kernels must be one of {KERNELS}, got '
+                             f'{kernels!r}')
+    return _KERNELS[kernels]
 
 
 def hard_alignment_inputs(anchors: torch.Tensor,
@@ -402,11 +425,11 @@ def hard_alignment(features: torch.Tensor,
                    matrix: Optional[torch.Tensor] = None,
                    on_features: bool = False,
                    bias: Optional[torch.Tensor] = None,
-                   compiled: bool = False) -> torch.Tensor:
+                   kernels: str = 'eager') -> torch.Tensor:
     """``L_STAG(B)``, hard labels, per sample or pixel (eq:stag_batch_loss).
 
     The value of ``stag_alignment(..., label='hard').mean()`` through
-    :class:`HardAlignment` (``bias``, ``compiled``: as there); ``table``,
+    :class:`HardAlignment` (``bias``, ``kernels``: as there); ``table``,
     ``matrix`` and ``on_features`` from :func:`hard_alignment_inputs` in
     the logits' dtype (``matrix`` in that of what it is applied to).
     """
@@ -417,7 +440,7 @@ def hard_alignment(features: torch.Tensor,
     else:
         features, logits = features.flatten(2), logits.flatten(2)
     return HardAlignment.apply(features, logits, table, eps, eps_tensor,
-                               matrix, on_features, bias, compiled)
+                               matrix, on_features, bias, kernels)
 
 
 def batch_alignment(features: torch.Tensor,

@@ -1,5 +1,6 @@
 """``STAGLoss``: the STAG alignment loss as a plain ``nn.Module``."""
 import functools
+import importlib.util
 from typing import Optional, Tuple
 
 import torch
@@ -26,9 +27,14 @@ class STAGLoss(nn.Module):
             on a CUDA device only (docs/stag-loss.md). Default: None.
         compile (bool): The hard-label math through ``torch.compile``;
             implies the analytic backward. Default: False.
+        triton (bool): The hard-label math as two Triton kernels, one
+            launch each way (mmseg_stag/core/stag_triton.py; CUDA
+            tensors); implies the analytic backward. Default: False.
 
     Raises:
-        ValueError: If ``anchor``, ``label`` or ``eps`` is invalid.
+        ValueError: If ``anchor``, ``label`` or ``eps`` is invalid, or the
+            options contradict each other.
+        ImportError: ``triton=True`` without the ``triton`` package.
     """
 
     def __init__(self,
@@ -37,7 +43,8 @@ class STAGLoss(nn.Module):
                  label: str = 'hard',
                  check_finite: bool = True,
                  analytic_backward: Optional[bool] = None,
-                 compile: bool = False):
+                 compile: bool = False,
+                 triton: bool = False):
         super().__init__()
         for name, value, modes in (('anchor', anchor, stag.ANCHOR_MODES),
                                    ('label', label, stag.LABEL_MODES)):
@@ -50,12 +57,23 @@ class STAGLoss(nn.Module):
         self.anchor = anchor
         self.label = label
         self.check_finite = bool(check_finite)
-        if compile and analytic_backward is False:
-            raise ValueError('STAGLoss: compile=True needs the analytic '
-                             'backward (analytic_backward True or None)')
+        for name, value in (('compile', compile), ('triton', triton)):
+            if value and (analytic_backward is False or label != 'hard'):
+                raise ValueError(
+                    f'STAGLoss: {name}=True needs the analytic backward '
+                    "(analytic_backward True or None, label='hard')")
+        if compile and triton:
+            raise ValueError('STAGLoss: compile=True and triton=True '
+                             'exclude each other')
+        if triton and importlib.util.find_spec('triton') is None:
+            raise ImportError('STAGLoss(triton=True) needs the triton '
+                              'package (CUDA builds of torch bring it)')
         self.analytic_backward = None if analytic_backward is None \
             else bool(analytic_backward)
         self.compile = bool(compile)
+        self.triton = bool(triton)
+        self.kernels = 'triton' if triton else \
+            'compiled' if compile else 'eager'
         self._anchor_key: Optional[Tuple] = None
         self._anchors: Optional[torch.Tensor] = None
         self._coefficients: Optional[torch.Tensor] = None
@@ -140,12 +158,15 @@ class STAGLoss(nn.Module):
             stag.check_inputs(features, logits, num_classes=weight.shape[0],
                               feature_dim=weight.shape[1])
             self._checked_shapes = key
+        if self.triton:
+            from .stag_triton import check_device
+            check_device(features)
         # float32 for the C-sized tensors; D-sized features are not copied
         dtype = torch.float32 if features.dtype in (
             torch.float16, torch.bfloat16) else features.dtype
         with torch.autocast(device_type=features.device.type, enabled=False):
             logits = logits.to(dtype)
-            analytic = self.compile or (features.is_cuda
+            analytic = self.compile or self.triton or (features.is_cuda
                                         if self.analytic_backward is None
                                         else self.analytic_backward)
             if analytic and self.label == 'hard':
@@ -156,7 +177,7 @@ class STAGLoss(nn.Module):
                 loss = stag.hard_alignment(
                     features, logits, *self._hard_alignment_inputs(
                         cls_weight, cls_bias, dtype, features.dtype),
-                    bias=bias, compiled=self.compile)
+                    bias=bias, kernels=self.kernels)
             else:
                 loss = self._autograd_loss(features, logits, cls_weight,
                                            cls_bias, dtype)
@@ -190,4 +211,4 @@ class STAGLoss(nn.Module):
         return (f'eps={self.eps}, anchor={self.anchor!r}, '
                 f'label={self.label!r}, '
                 f'analytic_backward={self.analytic_backward}, '
-                f'compile={self.compile}')
+                f'compile={self.compile}, triton={self.triton}')

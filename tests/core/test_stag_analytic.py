@@ -116,10 +116,11 @@ def test_few_dispatched_ops_and_no_host_read(per_pixel):
     """A step of the term dispatches 40 ops (forward 32, backward 7, the
     engine's ones_like): autograd through the same formula needs over 60,
     each a kernel on a GPU and most an autograd node too. (Fewer than 40
-    in eager mode is not in reach: 8 are C- or D-sized reductions and
+    in PyTorch ops is not in reach: 8 are C- or D-sized reductions and
     gathers, 4 write the gradients, and the per-sample chain of
     eq:sample_sensitivity and eq:stag_loss with its derivative is ~27
-    elementwise ops deep; ``compile=True`` fuses that chain.)"""
+    elementwise ops deep; ``compile=True`` fuses that chain, ``triton=True``
+    runs it in two kernels: tests/core/test_stag_triton.py.)"""
     loss = STAGLoss(check_finite=False, analytic_backward=True)
     ops = count_dispatched_ops(one_step(loss, per_pixel))
     assert len(ops) <= 40, ops

@@ -1,0 +1,229 @@
+""":class:`~mmseg_stag.core.stag.HardAlignment`'s math as two Triton kernels.
+
+``STAGLoss(triton=True)``: one kernel for the forward (``||h||``, the
+softmax, the argmax and every per-sample coefficient, reading ``h`` and
+``z`` once) and one for the backward (``dL/dz`` and ``dL/dh = c h``), each
+a single launch, where the eager path dispatches ~40 ops. The formulas are
+:func:`~mmseg_stag.core.stag.hard_alignment_forward`'s and
+``hard_alignment_backward``'s, line for line (docs/stag-loss.md, "The
+analytic backward"); the norm and the scale of ``dL/dh`` stay in the
+compute dtype where the eager path rounds them to a bf16/fp16 feature
+dtype. CUDA tensors; CPU tensors only under ``TRITON_INTERPRET=1``
+(Triton's interpreter: the tests).
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+def check_device(tensor: torch.Tensor) -> None:
+    """``ValueError`` unless the kernels can run on ``tensor``."""
+    if not tensor.is_cuda and not interpreting():
+        raise ValueError(
+            'STAGLoss(triton=True) runs on CUDA tensors, got a '
+            f'{tensor.device.type} tensor (on the CPU only under '
+            "Triton's interpreter, TRITON_INTERPRET=1)")
+
+
+def _forward_kernel(z_ptr, h_ptr, x_ptr, table_ptr, eps_ptr, out_ptr,
+                    pred_ptr, rows, M, C, D, z_sn, z_sc, z_sm, h_sn, h_sd,
+                    h_sm, x_sn, x_sc, x_sm, TINY: tl.constexpr,
+                    HAS_X: tl.constexpr, DTYPE: tl.constexpr,
+                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    """Rows ``r = n M + m``; ``out [7, rows]``: rho, ||h||, e, v, w, c, dp
+    (what the bias and a projection matrix take back, times ``s_y`` when
+    the projections come from the logits)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = r < rows
+    n = r // M
+    m = r - n * M
+    # ||h||: the D-sized pass, accumulated in the compute dtype
+    sq = tl.zeros([BLOCK_R], dtype=DTYPE)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        h = tl.load(h_ptr + n[:, None] * h_sn + d[None, :] * h_sd
+                    + m[:, None] * h_sm,
+                    mask=live[:, None] & (d < D)[None, :], other=0.0)
+        h = h.to(DTYPE)
+        sq += tl.sum(h * h, axis=1)
+    if DTYPE == tl.float64:  # sqrt_rn takes float32 only
+        norm = tl.sqrt(sq)
+    else:  # IEEE-rounded, not the approximate tl.sqrt
+        norm = tl.sqrt_rn(sq)
+    # log_softmax, -H, argmax (first on ties), as torch computes them
+    k = tl.arange(0, BLOCK_C)
+    cls = (k < C)[None, :]
+    z = tl.load(z_ptr + n[:, None] * z_sn + k[None, :] * z_sc
+                + m[:, None] * z_sm, mask=live[:, None] & cls,
+                other=float('-inf')).to(DTYPE)
+    z = tl.where(live[:, None], z, 0.0)  # finite rows past the end
+    z_y = tl.max(z, axis=1)
+    y = tl.argmax(z, axis=1, tie_break_left=True)
+    shifted = z - z_y[:, None]
+    log_sum = tl.log(tl.sum(tl.where(cls, tl.exp(shifted), 0.0), axis=1))
+    log_p = tl.where(cls, shifted - log_sum[:, None], 0.0)
+    p = tl.where(cls, tl.exp(log_p), 0.0)
+    neg_h = tl.sum(p * log_p, axis=1)
+    log_py = 0.0 - log_sum  # shifted is 0 at the argmax
+    scale = tl.load(table_ptr + y * 3, mask=live, other=0.0)
+    b_y = tl.load(table_ptr + y * 3 + 1, mask=live, other=0.0)
+    anchor_norm = tl.load(table_ptr + y * 3 + 2, mask=live, other=0.0)
+    if HAS_X:  # P = (matrix @ x)_y, given
+        proj = tl.load(x_ptr + n * x_sn + y * x_sc + m * x_sm, mask=live,
+                       other=0.0).to(DTYPE)
+    else:
+        proj = (z_y - b_y) * scale
+    eps = tl.load(eps_ptr)
+    # 1 / rows in the compute dtype (rows may be a constexpr 1)
+    inv_size = 1.0 / (tl.zeros([BLOCK_R], dtype=DTYPE) + rows)
+    t = log_py - neg_h
+    p_y = tl.exp(log_py)
+    sn = p_y * t
+    abs_sn_alpha = tl.abs(sn) * anchor_norm
+    inv_d = 1.0 / (eps + abs_sn_alpha * norm)
+    q = proj * inv_d
+    rho = sn * q
+    cos = sn * inv_d
+    e = q * (p_y * inv_d) * (eps * inv_size)
+    e_t1 = e + e * t
+    v = e_t1 - e * neg_h
+    dp = cos * inv_size
+    if HAS_X:
+        w = e_t1
+    else:
+        w = e_t1 + dp * scale
+        dp = dp * scale
+    # finfo(dtype).tiny, made in the compute dtype (a literal is float32)
+    tiny = tl.full([BLOCK_R], TINY, DTYPE)
+    c = rho / tl.maximum(norm, tiny) * (abs_sn_alpha * inv_d) * (-inv_size)
+    tl.store(out_ptr + r, rho, mask=live)
+    tl.store(out_ptr + rows + r, norm, mask=live)
+    tl.store(out_ptr + 2 * rows + r, e, mask=live)
+    tl.store(out_ptr + 3 * rows + r, v, mask=live)
+    tl.store(out_ptr + 4 * rows + r, w, mask=live)
+    tl.store(out_ptr + 5 * rows + r, c, mask=live)
+    tl.store(out_ptr + 6 * rows + r, dp, mask=live)
+    tl.store(pred_ptr + r, y.to(tl.int64), mask=live)
+
+
+def _backward_kernel(z_ptr, h_ptr, out_ptr, pred_ptr, grad_ptr, gz_ptr,
+                     gh_ptr, rows, M, C, D, z_sn, z_sc, z_sm, h_sn, h_sd,
+                     h_sm, DTYPE: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``dL/dz = (-p (e log p + v) + onehot(y) w) g`` into ``gz`` (laid
+    out as ``z``, contiguous) and ``dL/dh = h (c g)`` into ``gh`` (as
+    ``h``, contiguous)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    live = r < rows
+    n = r // M
+    m = r - n * M
+    g = tl.load(grad_ptr).to(DTYPE)
+    k = tl.arange(0, BLOCK_C)
+    cls = (k < C)[None, :]
+    tile = live[:, None] & cls
+    z = tl.load(z_ptr + n[:, None] * z_sn + k[None, :] * z_sc
+                + m[:, None] * z_sm, mask=tile,
+                other=float('-inf')).to(DTYPE)
+    z = tl.where(live[:, None], z, 0.0)
+    shifted = z - tl.max(z, axis=1)[:, None]
+    log_sum = tl.log(tl.sum(tl.where(cls, tl.exp(shifted), 0.0), axis=1))
+    log_p = tl.where(cls, shifted - log_sum[:, None], 0.0)
+    p = tl.where(cls, tl.exp(log_p), 0.0)
+    e = tl.load(out_ptr + 2 * rows + r, mask=live, other=0.0)
+    v = tl.load(out_ptr + 3 * rows + r, mask=live, other=0.0)
+    w = tl.load(out_ptr + 4 * rows + r, mask=live, other=0.0)
+    c = tl.load(out_ptr + 5 * rows + r, mask=live, other=0.0)
+    y = tl.load(pred_ptr + r, mask=live, other=0)
+    gz = p * -(v[:, None] + e[:, None] * log_p)
+    gz = tl.where(k[None, :] == y[:, None], gz + w[:, None], gz) * g
+    tl.store(gz_ptr + n[:, None] * (C * M) + k[None, :] * M + m[:, None],
+             gz, mask=tile)
+    scale = c * g
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        at = live[:, None] & (d < D)[None, :]
+        h = tl.load(h_ptr + n[:, None] * h_sn + d[None, :] * h_sd
+                    + m[:, None] * h_sm, mask=at, other=0.0)
+        tl.store(gh_ptr + n[:, None] * (D * M) + d[None, :] * M + m[:, None],
+                 (h.to(DTYPE) * scale[:, None]).to(h.dtype), mask=at)
+
+
+_JIT = {}
+
+
+def _kernel(fn):
+    """``fn`` compiled by Triton, or interpreted (``TRITON_INTERPRET=1``,
+    read at each call: Triton reads it once, when a kernel is defined)."""
+    key = (fn.__name__, interpreting())
+    if key not in _JIT:
+        if key[1]:
+            from triton.runtime.interpreter import InterpretedFunction
+            _JIT[key] = InterpretedFunction(fn)
+        else:
+            _JIT[key] = triton.jit(fn)
+    return _JIT[key]
+
+
+def _blocks(rows, num_classes):
+    """``(BLOCK_R, BLOCK_C, BLOCK_D)``: rows per program, up to 128 and
+    a logits tile of up to 4096 values; feature tiles of 2048 (not tuned
+    on a GPU yet)."""
+    block_c = triton.next_power_of_2(num_classes)
+    block_r = max(1, min(128, 4096 // block_c))
+    block_r = min(block_r, triton.next_power_of_2(rows))
+    return block_r, block_c, max(16, 2048 // block_r)
+
+
+def _dtype(tensor):
+    return tl.float64 if tensor.dtype == torch.float64 else tl.float32
+
+
+def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
+                           matrix, on_features: bool, bias_grad: bool):
+    """The Triton twin of :func:`~mmseg_stag.core.stag.
+    hard_alignment_forward`: ``(mean L_STAG, saved)``."""
+    n, d, m = features.shape
+    num_classes, rows = logits.shape[1], n * m
+    x = None
+    if matrix is not None:  # the projections, then picked at the argmax
+        x = torch.matmul(matrix, features) if on_features else \
+            torch.matmul(matrix, logits - table[:, 1].view(1, -1, 1))
+    out = logits.new_empty((7, rows))
+    pred = torch.empty(rows, dtype=torch.long, device=logits.device)
+    block_r, block_c, block_d = _blocks(rows, num_classes)
+    xs = x if x is not None else logits
+    _kernel(_forward_kernel)[(triton.cdiv(rows, block_r), )](
+        logits, features, xs, table, eps_tensor, out, pred, rows, m,
+        num_classes, d, *logits.stride(), *features.stride(), *xs.stride(),
+        TINY=torch.finfo(logits.dtype).tiny, HAS_X=x is not None,
+        DTYPE=_dtype(logits), BLOCK_R=block_r, BLOCK_C=block_c,
+        BLOCK_D=block_d)
+    return out[0].mean(), (logits, out, pred)
+
+
+def hard_alignment_backward(grad, features, logits, out, pred, matrix,
+                            on_features: bool, bias_grad: bool):
+    """The Triton twin of ``hard_alignment_backward``."""
+    from .stag import projection_grads
+    n, d, m = features.shape
+    num_classes, rows = logits.shape[1], n * m
+    grad_z = torch.empty((n, num_classes, m), dtype=logits.dtype,
+                         device=logits.device)
+    grad_h = torch.empty((n, d, m), dtype=features.dtype,
+                         device=features.device)
+    block_r, block_c, block_d = _blocks(rows, num_classes)
+    _kernel(_backward_kernel)[(triton.cdiv(rows, block_r), )](
+        logits, features, out, pred, grad, grad_z, grad_h, rows, m,
+        num_classes, d, *logits.stride(), *features.stride(),
+        DTYPE=_dtype(logits), BLOCK_R=block_r, BLOCK_C=block_c,
+        BLOCK_D=block_d)
+    return projection_grads(grad, grad_h, grad_z, pred.view(n, 1, m),
+                            out[6].view(n, 1, m), matrix, on_features,
+                            bias_grad)
