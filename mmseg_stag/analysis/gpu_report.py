@@ -123,7 +123,7 @@ def md_step_cost(r):
         ('model', 'baseline', 'precision', 'pairs', 'STAG time share (%)',
          'per-pair ratio (median, min–max)',
          'STAG term alone (ms, % of the baseline step)',
-         'the term through autograd / compiled (ms)',
+         'the term through autograd / compiled / Triton (ms)',
          'device ops of one term call (kernels, copies)',
          'the term replayed as a CUDA graph (ms)',
          'STAG memory share (%)'),

@@ -360,6 +360,8 @@ def method_cost(ctx, built, kind):
     stag = task.stag[kind]
     if ctx.args.stag_compile:
         stag, note = dict(stag, compile=True), note + ', STAG term compiled'
+    elif ctx.args.stag_triton:
+        stag, note = dict(stag, triton=True), note + ', STAG term in Triton'
     pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
         else ctx.args.method_pairs
     for name in ctx.args.precisions:
@@ -372,6 +374,8 @@ def method_cost(ctx, built, kind):
                     not ctx.args.quick:
                 # compiled once per model and shape (seconds to a minute)
                 variants['compiled'] = dict(compile=True)
+            if ctx.cuda and importlib.util.find_spec('triton') is not None:
+                variants['triton'] = dict(triton=True)  # JIT once, cached
             # one method and forward for the three measures of the term;
             # the same leaves each call, as a graph captures them
             terms = stag_terms(task, kind, stag, variants, fixed_leaves=True)
