@@ -377,10 +377,10 @@ def time_terms_in_graph(terms, repeats):
     return out
 
 
-def replay_seconds(run, repeats):
-    """Median CUDA-event seconds of replaying ``run()`` captured as a CUDA
-    graph, after three eager calls on a side stream (the anchors cached,
-    a compiled term compiled, the libraries' workspaces made)."""
+def capture_graph(run):
+    """``run()`` captured as a CUDA graph, after three eager calls on a
+    side stream (the anchors cached, a compiled term compiled, Triton's
+    kernels built, the libraries' workspaces made)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -390,6 +390,13 @@ def replay_seconds(run, repeats):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
+    return graph
+
+
+def replay_seconds(run, repeats):
+    """Median CUDA-event seconds of replaying ``run()`` captured as a CUDA
+    graph (:func:`capture_graph`)."""
+    graph = capture_graph(run)
     times = []
     for _ in range(repeats + 1):
         with StepTimer(cuda=True) as timer:

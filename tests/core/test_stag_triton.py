@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from host_syncs import HostSyncCounter, count_dispatched_ops
+from mmseg_stag.analysis.step_benchmark import capture_graph
 from mmseg_stag.core import STAGLoss, stag
 from test_stag_analytic import (logits_of, make_inputs, one_step, rel,
                                 value_and_grads)
@@ -185,15 +186,7 @@ def test_compiled_kernels_on_cuda(per_pixel, monkeypatch):
     def run():
         h.grad = z.grad = None
         loss_fn(h, z, weight, bias).backward()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
+    graph = capture_graph(run)
     new = feats.flip(0)
     with torch.no_grad():
         h.copy_(new)
