@@ -170,6 +170,9 @@ def test_the_stream_dataset_says_how_to_keep_its_first_stage(config, stage,
         prefix + k: v for k, v in stage.items()}
     assert first_images_options(cfg, 3) == {
         prefix + k: v for k, v in images.items()}
+    if 'conditions' in stage:  # ACDC: one condition given as a string
+        cfg.test_dataloader.dataset.conditions = 'rain'
+        assert first_stage_options(cfg)[prefix + 'conditions'] == ['rain']
     cfg.test_dataloader.dataset.type = 'CityscapesDataset'
     with pytest.raises(ValueError, match="type='CityscapesDataset' is not a "
                        'stream dataset'):

@@ -129,8 +129,10 @@ class ACDCContinualDataset(BaseSegDataset):
     def first_stage_options(dataset_cfg: dict, condition=None) -> dict:
         """Options of ``dataset_cfg`` that keep one stage: round 1 of
         ``condition`` (default: the first)."""
-        conditions = list(dataset_cfg.get('conditions',
-                                          ('fog', 'night', 'rain', 'snow')))
+        conditions = dataset_cfg.get('conditions',
+                                     ('fog', 'night', 'rain', 'snow'))
+        if isinstance(conditions, str):  # one condition, as __init__ reads it
+            conditions = (conditions, )
         return dict(rounds=1, conditions=[condition or conditions[0]])
 
     @staticmethod
