@@ -28,7 +28,8 @@ class CorruptionStream(Dataset):
     Args:
         corruption_set (dict): A ``CLS_DATASETS`` config without the
             corruption, e.g. ``dict(type='CIFARC', data_root=...)``.
-        corruptions (Sequence[str]): The corruptions, in stream order.
+        corruptions (Sequence[str] | str): The corruptions, in stream
+            order; a string is one corruption.
         scenario (dict, optional): A ``CLS_SCENARIOS`` config.
             Default: None (``dict(type='mild')``).
         shuffle_seed (int): Seed of the scenario's shuffles.
@@ -41,6 +42,8 @@ class CorruptionStream(Dataset):
                  corruptions: Sequence[str] = CORRUPTIONS,
                  scenario: Optional[dict] = None,
                  shuffle_seed: int = 1):
+        if isinstance(corruptions, str):  # one corruption, not its letters
+            corruptions = (corruptions, )
         self.data = StreamData(build_corruption_sets(
             dict(corruption_set, corruptions=list(corruptions))))
         self.stages = build_stream(dict(scenario or dict(type='mild')),
@@ -60,7 +63,9 @@ class CorruptionStream(Dataset):
     def first_stage_options(dataset_cfg: dict, corruption=None) -> dict:
         """Options of ``dataset_cfg`` that keep one stage: ``corruption``
         (default: the first), its images in the stream's order."""
-        corruptions = list(dataset_cfg.get('corruptions', CORRUPTIONS))
+        corruptions = dataset_cfg.get('corruptions', CORRUPTIONS)
+        if isinstance(corruptions, str):  # as __init__ reads it
+            corruptions = (corruptions, )
         return dict(corruptions=[corruption or corruptions[0]])
 
     @staticmethod

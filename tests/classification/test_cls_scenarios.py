@@ -83,6 +83,12 @@ def test_stream_dataset_stages_and_stage_aligned_batches(stream, names):
     assert batches[3][0] == 40
     with pytest.raises(ValueError, match='shuffle=False'):
         StageBatchSampler(DefaultSampler(ds, shuffle=True), 16)
+    # a bare string is one corruption, in the stream and its first stage
+    one = CorruptionStream(dict(type='CIFARC', data_root=root),
+                           corruptions=names[1])
+    assert one.data.names == [names[1]] and len(one) == 40
+    assert CorruptionStream.first_stage_options(
+        dict(corruptions=names[1])) == dict(corruptions=[names[1]])
     # batch size 1: one image per step
     assert len(StageBatchSampler(DefaultSampler(ds, shuffle=False), 1)) \
         == 120
