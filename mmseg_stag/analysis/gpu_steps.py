@@ -352,7 +352,7 @@ def cost_row(model, note, batch, name, kind, times, memory, term,
 def method_cost(ctx, built, kind):
     """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
     each yielded as it is measured."""
-    from mmseg_stag.analysis.step_benchmark import (TERM_VARIANTS,
+    from mmseg_stag.analysis.step_benchmark import (TERM_OFF, TERM_VARIANTS,
                                                     count_term_kernels,
                                                     stag_terms, time_terms,
                                                     time_terms_in_graph)
@@ -373,9 +373,11 @@ def method_cost(ctx, built, kind):
             if kind == 'tent' and name == ctx.args.precisions[0] and \
                     not ctx.args.quick:
                 # compiled once per model and shape (seconds to a minute)
-                variants['compiled'] = dict(compile=True)
-            if ctx.cuda and importlib.util.find_spec('triton') is not None:
-                variants['triton'] = dict(triton=True)  # JIT once, cached
+                variants['compiled'] = dict(TERM_OFF, compile=True)
+            if importlib.util.find_spec('triton') is not None and (
+                    ctx.cuda or os.environ.get('TRITON_INTERPRET') == '1'):
+                # compiled once, cached on disk (the CPU: the interpreter)
+                variants['triton'] = dict(TERM_OFF, triton=True)
             # one method and forward for the three measures of the term;
             # the same leaves each call, as a graph captures them
             terms = stag_terms(task, kind, stag, variants, fixed_leaves=True)

@@ -326,9 +326,11 @@ def arm_ratio(records, base, other, key):
                        [r[key] for r in records[other]])
 
 
-#: the STAG term's implementations timed side by side: STAGLoss options
-TERM_VARIANTS = {'analytic': dict(analytic_backward=True),
-                 'autograd': dict(analytic_backward=False, compile=False)}
+#: the STAG term's implementations timed side by side: STAGLoss options,
+#: each overriding the method's (``--stag-compile``, ``--stag-triton``)
+TERM_OFF = dict(compile=False, triton=False)
+TERM_VARIANTS = {'analytic': dict(TERM_OFF, analytic_backward=True),
+                 'autograd': dict(TERM_OFF, analytic_backward=False)}
 
 
 def time_terms(terms, repeats=10):
