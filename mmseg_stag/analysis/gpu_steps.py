@@ -374,10 +374,11 @@ def method_cost(ctx, built, kind):
                     not ctx.args.quick:
                 # compiled once per model and shape (seconds to a minute)
                 variants['compiled'] = dict(TERM_OFF, compile=True)
-            if importlib.util.find_spec('triton') is not None and (
-                    ctx.cuda or os.environ.get('TRITON_INTERPRET') == '1'):
-                # compiled once, cached on disk (the CPU: the interpreter)
-                variants['triton'] = dict(TERM_OFF, triton=True)
+            if importlib.util.find_spec('triton') is not None:
+                from mmseg_stag.core.stag_triton import interpreting
+                if ctx.cuda or interpreting():
+                    # compiled once, cached on disk (the CPU: interpreted)
+                    variants['triton'] = dict(TERM_OFF, triton=True)
             # one method and forward for the three measures of the term;
             # the same leaves each call, as a graph captures them
             terms = stag_terms(task, kind, stag, variants, fixed_leaves=True)

@@ -37,7 +37,7 @@ def _forward_kernel(z_ptr, h_ptr, x_ptr, table_ptr, eps_ptr, out_ptr,
                     HAS_X: tl.constexpr, DTYPE: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                     BLOCK_D: tl.constexpr):
-    """Rows ``r = n M + m``; ``out [7, rows]``: rho, ||h||, e, v, w, c, dp
+    """Rows ``r = n M + m``; ``out [6, rows]``: rho, e, v, w, c, dp
     (what the bias and a projection matrix take back, times ``s_y`` when
     the projections come from the logits)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -104,12 +104,11 @@ def _forward_kernel(z_ptr, h_ptr, x_ptr, table_ptr, eps_ptr, out_ptr,
     tiny = tl.full([BLOCK_R], TINY, DTYPE)
     c = rho / tl.maximum(norm, tiny) * (abs_sn_alpha * inv_d) * (-inv_size)
     tl.store(out_ptr + r, rho, mask=live)
-    tl.store(out_ptr + rows + r, norm, mask=live)
-    tl.store(out_ptr + 2 * rows + r, e, mask=live)
-    tl.store(out_ptr + 3 * rows + r, v, mask=live)
-    tl.store(out_ptr + 4 * rows + r, w, mask=live)
-    tl.store(out_ptr + 5 * rows + r, c, mask=live)
-    tl.store(out_ptr + 6 * rows + r, dp, mask=live)
+    tl.store(out_ptr + rows + r, e, mask=live)
+    tl.store(out_ptr + 2 * rows + r, v, mask=live)
+    tl.store(out_ptr + 3 * rows + r, w, mask=live)
+    tl.store(out_ptr + 4 * rows + r, c, mask=live)
+    tl.store(out_ptr + 5 * rows + r, dp, mask=live)
     tl.store(pred_ptr + r, y.to(tl.int64), mask=live)
 
 
@@ -136,10 +135,10 @@ def _backward_kernel(z_ptr, h_ptr, out_ptr, pred_ptr, grad_ptr, gz_ptr,
     log_sum = tl.log(tl.sum(tl.where(cls, tl.exp(shifted), 0.0), axis=1))
     log_p = tl.where(cls, shifted - log_sum[:, None], 0.0)
     p = tl.where(cls, tl.exp(log_p), 0.0)
-    e = tl.load(out_ptr + 2 * rows + r, mask=live, other=0.0)
-    v = tl.load(out_ptr + 3 * rows + r, mask=live, other=0.0)
-    w = tl.load(out_ptr + 4 * rows + r, mask=live, other=0.0)
-    c = tl.load(out_ptr + 5 * rows + r, mask=live, other=0.0)
+    e = tl.load(out_ptr + rows + r, mask=live, other=0.0)
+    v = tl.load(out_ptr + 2 * rows + r, mask=live, other=0.0)
+    w = tl.load(out_ptr + 3 * rows + r, mask=live, other=0.0)
+    c = tl.load(out_ptr + 4 * rows + r, mask=live, other=0.0)
     y = tl.load(pred_ptr + r, mask=live, other=0)
     gz = p * -(v[:, None] + e[:, None] * log_p)
     gz = tl.where(k[None, :] == y[:, None], gz + w[:, None], gz) * g
@@ -195,7 +194,7 @@ def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
     if matrix is not None:  # the projections, then picked at the argmax
         x = torch.matmul(matrix, features) if on_features else \
             torch.matmul(matrix, logits - table[:, 1].view(1, -1, 1))
-    out = logits.new_empty((7, rows))
+    out = logits.new_empty((6, rows))
     pred = torch.empty(rows, dtype=torch.long, device=logits.device)
     block_r, block_c, block_d = _blocks(rows, num_classes)
     xs = x if x is not None else logits
@@ -225,5 +224,5 @@ def hard_alignment_backward(grad, features, logits, out, pred, matrix,
         DTYPE=_dtype(logits), BLOCK_R=block_r, BLOCK_C=block_c,
         BLOCK_D=block_d)
     return projection_grads(grad, grad_h, grad_z, pred.view(n, 1, m),
-                            out[6].view(n, 1, m), matrix, on_features,
+                            out[5].view(n, 1, m), matrix, on_features,
                             bias_grad)
