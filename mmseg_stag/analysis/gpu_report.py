@@ -128,6 +128,21 @@ def md_step_cost(r):
          'the term replayed as a CUDA graph (ms)',
          'STAG memory share (%)'),
         map(share_cells, r['rows']))
+    others = [(row, label, other) for row in r['rows']
+              for label, other in row.get('other_stag_arms', {}).items()]
+    if others:
+        out += ['', "Other +STAG arms, in the same interleaved steps "
+                "(`--triton-arm`: the term's Triton kernels):", '']
+        out += markdown_table(
+            ('model', 'baseline', 'precision', 'arm', 'pairs',
+             'STAG time share (%)', 'per-pair ratio (median, min–max)',
+             'STAG memory share (%)'),
+            [(row['model'], row['method'], row['precision'], label,
+              row['pairs'], f"{o['stag_time_share_pct']:+.2f}",
+              '{median:.4f} ({min:.4f}–{max:.4f})'.format(
+                  **o['stag_pair_ratio']),
+              f"{o['stag_memory_share_pct']:+.3f}")
+             for row, label, o in others])
     out.append('')
     for (model, kind), settings in {
             (row['model'], row['method']): row['settings']

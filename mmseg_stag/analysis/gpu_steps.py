@@ -264,14 +264,17 @@ def pair_seconds(ctx, plan):
     return PAIRS_SHARE * max(left - rows * ROW_OVERHEAD_S, 0.0) / rows
 
 
-def time_arms(task, ctx, kind, stag, pairs):
-    """Whole-step seconds of ``kind`` and ``kind+stag``, interleaved (A B,
-    B A, ...): ``pairs`` pairs, or (None) as many as ``ctx.pair_seconds``
-    allows within ``--min-pairs`` .. ``--max-pairs``."""
+def time_arms(task, ctx, kind, stag, pairs, extra=None):
+    """Whole-step seconds of ``kind``, ``kind+stag`` and each ``extra``
+    arm (``{label: stag options}``), interleaved (A B C, C B A, ...):
+    ``pairs`` rounds, or (None) as many as ``ctx.pair_seconds`` allows
+    within ``--min-pairs`` .. ``--max-pairs``."""
     from mmseg_stag.analysis.meters import StepTimer
     args = ctx.args
     arms = {kind: task.make_method(kind, None)[0],
             f'{kind}+stag': task.make_method(kind, stag)[0]}
+    for label, options in (extra or {}).items():
+        arms[label] = task.make_method(kind, options)[0]
     batch = task.batch_for(kind)
     times = {label: [] for label in arms}
     for _ in range(args.warmup):
@@ -321,14 +324,21 @@ def arm_memory(task, ctx, kind, stag):
 
 def cost_row(model, note, batch, name, kind, times, memory, term,
              kernels, graph_term):
-    """One model x baseline x precision (x MiT mode): both arms' figures
-    and STAG's share."""
+    """One model x baseline x precision (x MiT mode): each arm's figures
+    and STAG's share (``other_stag_arms``: that of each arm beyond
+    ``kind+stag``)."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
     plus = f'{kind}+stag'
     median = {label: statistics.median(t) for label, t in times.items()}
     base, stag = median[kind], median[plus]
     key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory[kind] \
         else 'peak_rss_mb'
+    others = {label: dict(
+        stag_time_share_pct=100 * (median[label] - base) / base,
+        stag_pair_ratio=ratio_stats(times[kind], times[label]),
+        stag_memory_share_pct=100 * (
+            memory[label][key] / memory[kind][key] - 1))
+        for label in times if label not in (kind, plus)}
     return dict(
         model=model, settings=note, method=kind, precision=name,
         batch=batch, pairs=len(times[kind]),
@@ -346,7 +356,26 @@ def cost_row(model, note, batch, name, kind, times, memory, term,
                             for k, v in (graph_term or {}).items()},
         stag_memory_share_pct=100 * (
             memory[plus][key] / memory[kind][key] - 1),
-        memory_key=key)
+        memory_key=key, other_stag_arms=others)
+
+
+def triton_runs(ctx):
+    """Whether the term's Triton kernels run here: compiled on CUDA,
+    interpreted (``TRITON_INTERPRET=1``) on the CPU."""
+    if importlib.util.find_spec('triton') is None:
+        return False
+    from mmseg_stag.core.stag_triton import interpreting
+    return ctx.cuda or interpreting()
+
+
+def triton_arm(ctx, kind, stag):
+    """``{label: stag options}``: the +STAG arm again with the term's
+    Triton kernels, for the baselines ``--triton-arm`` names."""
+    args = ctx.args
+    if kind not in args.triton_arm or args.stag_compile or \
+            args.stag_triton or not triton_runs(ctx):
+        return {}
+    return {f'{kind}+stag triton': dict(stag, triton=True)}
 
 
 def method_cost(ctx, built, kind):
@@ -366,19 +395,20 @@ def method_cost(ctx, built, kind):
         else ctx.args.method_pairs
     for name in ctx.args.precisions:
         with precision(task, name):
-            times = time_arms(task, ctx, kind, stag, pairs)
+            extra = triton_arm(ctx, kind, stag)
+            times = time_arms(task, ctx, kind, stag, pairs, extra)
             memory = {kind: arm_memory(task, ctx, kind, None),
                       f'{kind}+stag': arm_memory(task, ctx, kind, stag)}
+            for label, options in extra.items():
+                memory[label] = arm_memory(task, ctx, kind, options)
             variants = dict(TERM_VARIANTS)
             if kind == 'tent' and name == ctx.args.precisions[0] and \
                     not ctx.args.quick:
                 # compiled once per model and shape (seconds to a minute)
                 variants['compiled'] = dict(TERM_OFF, compile=True)
-            if importlib.util.find_spec('triton') is not None:
-                from mmseg_stag.core.stag_triton import interpreting
-                if ctx.cuda or interpreting():
-                    # compiled once, cached on disk (the CPU: interpreted)
-                    variants['triton'] = dict(TERM_OFF, triton=True)
+            if triton_runs(ctx):
+                # compiled once, cached on disk (the CPU: interpreted)
+                variants['triton'] = dict(TERM_OFF, triton=True)
             # one method and forward for the three measures of the term;
             # the same leaves each call, as a graph captures them
             terms = stag_terms(task, kind, stag, variants, fixed_leaves=True)
@@ -394,7 +424,11 @@ def method_cost(ctx, built, kind):
               f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
               f"{row['arms'][kind + '+stag']['step_ms']:.1f} ms "
               f"({row['stag_time_share_pct']:+.2f} %), memory "
-              f"{row['stag_memory_share_pct']:+.3f} %", flush=True)
+              f"{row['stag_memory_share_pct']:+.3f} %" + ''.join(
+                  f", {label} {row['arms'][label]['step_ms']:.1f} ms "
+                  f"({other['stag_time_share_pct']:+.2f} %)"
+                  for label, other in row['other_stag_arms'].items()),
+              flush=True)
 
 
 def measure_step_cost(ctx):

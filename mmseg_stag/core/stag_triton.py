@@ -170,14 +170,52 @@ def _kernel(fn):
     return _JIT[key]
 
 
-def _blocks(rows, num_classes):
-    """``(BLOCK_R, BLOCK_C, BLOCK_D)``: rows per program, up to 128 and
-    a logits tile of up to 4096 values; feature tiles of 2048 (not tuned
-    on a GPU yet)."""
+#: the kernels' warps per program: a tile of ``BLOCK_R x BLOCK_D`` <= 2048
+#: features is 16 values a thread
+NUM_WARPS = 4
+
+
+def _blocks(rows, num_classes, multiprocessors):
+    """``(BLOCK_R, BLOCK_C, BLOCK_D)``: a logits tile of up to 4096 values
+    and a feature tile of 2048; rows per program a power of two up to 128,
+    as many as still give each of the GPU's ``multiprocessors`` at least 4
+    programs. The kernels stream ``h``: on an H100 (132 SMs) a B5
+    per-pixel term at 960x540 (32,400 rows) in 128-row programs is 254
+    programs, under 2 an SM (8 warps of its 64); in 32-row ones each SM
+    holds ~8 at once (~30 warps: 56 registers a thread, no spill), ~4x
+    the loads in flight. A ResNet-50 batch of 64 runs a sample a program.
+    Reasoned from the compiled kernels (tests/core/test_stag_triton.py
+    compiles them for sm_90), not yet timed on a GPU."""
     block_c = triton.next_power_of_2(num_classes)
-    block_r = max(1, min(128, 4096 // block_c))
-    block_r = min(block_r, triton.next_power_of_2(rows))
-    return block_r, block_c, max(16, 2048 // block_r)
+    block_r = 128
+    while block_r > 1 and triton.cdiv(rows, block_r) < 4 * multiprocessors:
+        block_r //= 2
+    block_r = min(block_r, max(1, 4096 // block_c))
+    return block_r, block_c, 2048 // block_r
+
+
+def _multiprocessors(tensor):
+    """The GPU's SM count (a cached property: no device wait); 1 in the
+    interpreter, where only the largest blocks matter."""
+    if not tensor.is_cuda:
+        return 1
+    return torch.cuda.get_device_properties(
+        tensor.device).multi_processor_count
+
+
+def _check_size(features, logits, rows):
+    """``ValueError`` past the kernels' 32-bit offsets."""
+    spans = {name: 1 + sum((s - 1) * abs(t) for s, t in zip(
+        tensor.shape, tensor.stride()))
+        for name, tensor in (('features', features), ('logits', logits))}
+    spans['the 6 coefficients of each of the rows'] = 6 * rows
+    for name, span in spans.items():
+        if span > 2**31 - 1:
+            raise ValueError(
+                f'STAGLoss(triton=True): {name} span {span} elements, past '
+                "the kernels' 32-bit offsets (features "
+                f'{tuple(features.shape)}, logits {tuple(logits.shape)}); '
+                'use the default term (triton=False)')
 
 
 def _dtype(tensor):
@@ -194,16 +232,18 @@ def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
     if matrix is not None:  # the projections, then picked at the argmax
         x = torch.matmul(matrix, features) if on_features else \
             torch.matmul(matrix, logits - table[:, 1].view(1, -1, 1))
+    _check_size(features, logits, rows)
     out = logits.new_empty((6, rows))
     pred = torch.empty(rows, dtype=torch.long, device=logits.device)
-    block_r, block_c, block_d = _blocks(rows, num_classes)
+    block_r, block_c, block_d = _blocks(rows, num_classes,
+                                        _multiprocessors(logits))
     xs = x if x is not None else logits
     _kernel(_forward_kernel)[(triton.cdiv(rows, block_r), )](
         logits, features, xs, table, eps_tensor, out, pred, rows, m,
         num_classes, d, *logits.stride(), *features.stride(), *xs.stride(),
         TINY=torch.finfo(logits.dtype).tiny, HAS_X=x is not None,
         DTYPE=_dtype(logits), BLOCK_R=block_r, BLOCK_C=block_c,
-        BLOCK_D=block_d)
+        BLOCK_D=block_d, num_warps=NUM_WARPS)
     return out[0].mean(), (logits, out, pred)
 
 
@@ -217,12 +257,13 @@ def hard_alignment_backward(grad, features, logits, out, pred, matrix,
                          device=logits.device)
     grad_h = torch.empty((n, d, m), dtype=features.dtype,
                          device=features.device)
-    block_r, block_c, block_d = _blocks(rows, num_classes)
+    block_r, block_c, block_d = _blocks(rows, num_classes,
+                                        _multiprocessors(logits))
     _kernel(_backward_kernel)[(triton.cdiv(rows, block_r), )](
         logits, features, out, pred, grad, grad_z, grad_h, rows, m,
         num_classes, d, *logits.stride(), *features.stride(),
         DTYPE=_dtype(logits), BLOCK_R=block_r, BLOCK_C=block_c,
-        BLOCK_D=block_d)
+        BLOCK_D=block_d, num_warps=NUM_WARPS)
     return projection_grads(grad, grad_h, grad_z, pred.view(n, 1, m),
                             out[5].view(n, 1, m), matrix, on_features,
                             bias_grad)
