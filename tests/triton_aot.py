@@ -99,6 +99,9 @@ CASES = {
     # float64, the classifier trained (projections from a matrix)
     'fp64_trained_h100': ((2, 64, 1024), (2, 19, 1024), 'float64',
                           'float64', 'trained', 132, 90),
+    # the B5 with ||h|| tapped beside the classifier (stag.norm_tap)
+    'b5_bf16_tapped_h100': ((1, 768, 32400), (1, 19, 32400), 'bfloat16',
+                            'float32', 'frozen+tap', 132, 90),
 }
 
 
@@ -113,17 +116,20 @@ def compile_case(name):
     table, eps = torch.zeros(c, 3, dtype=z.dtype), torch.tensor(1e-8)
     matrix = torch.zeros(c, h_shape[1], dtype=h.dtype) \
         if classifier == 'trained' else None
+    tapped = classifier.endswith('+tap')
+    norm = torch.zeros(h_shape[0], 1, h_shape[2], dtype=z.dtype) \
+        if tapped else None
     multiprocessors = stag_triton._multiprocessors
     stag_triton._multiprocessors = lambda tensor: sms
 
     def step():
         loss, saved = stag_triton.hard_alignment_forward(
             h, z, table, 1e-8, eps.to(z.dtype), matrix, matrix is not None,
-            False)
+            False, norm)
         saved[2].zero_()  # the labels the forward, not run, did not write
         stag_triton.hard_alignment_backward(
             torch.ones((), dtype=z.dtype), h, *saved, matrix,
-            matrix is not None, False)
+            matrix is not None, False, tapped)
     try:
         launches = launches_of(step)
     finally:

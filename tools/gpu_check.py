@@ -114,14 +114,15 @@ def parse_args(argv=None):
     terms.add_argument('--stag-triton', action='store_true',
                        help="step_cost's +STAG arms with the term's Triton "
                        'kernels (stag=dict(..., triton=True))')
-    p.add_argument('--triton-arm', nargs='*', choices=SEG_METHODS,
+    p.add_argument('--extra-stag-arms', nargs='*', choices=SEG_METHODS,
                    default=['tent_graph'], metavar='BASELINE',
                    help="step_cost's baselines (SegFormer and ResNet-50) "
-                   'whose +STAG arm runs twice in the same interleaved '
-                   "pairs: as configured and with the term's Triton "
-                   'kernels, where Triton runs (default: tent_graph, whose '
-                   'graphed pairs resolve a fraction of a percent; none: '
-                   'no such arm; not with --stag-compile / --stag-triton)')
+                   'whose +STAG arm also runs, in the same interleaved '
+                   "steps, with ||h|| tapped beside the classifier "
+                   "(stag.norm_tap), with the term's Triton kernels where "
+                   'Triton runs, and with both (default: tent_graph, whose '
+                   'graphed steps resolve a fraction of a percent; none: '
+                   'no such arms; not with --stag-compile / --stag-triton)')
     for flag, default, _, text in COUNTS:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),

@@ -131,8 +131,10 @@ def md_step_cost(r):
     others = [(row, label, other) for row in r['rows']
               for label, other in row.get('other_stag_arms', {}).items()]
     if others:
-        out += ['', "Other +STAG arms, in the same interleaved steps "
-                "(`--triton-arm`: the term's Triton kernels):", '']
+        out += ['', 'Other +STAG arms, in the same interleaved steps '
+                '(`--extra-stag-arms`: tap, `||h||` tapped beside the '
+                "classifier, `stag.norm_tap=True`; triton, the term's "
+                'Triton kernels):', '']
         out += markdown_table(
             ('model', 'baseline', 'precision', 'arm', 'pairs',
              'STAG time share (%)', 'per-pair ratio (median, min–max)',

@@ -368,14 +368,21 @@ def triton_runs(ctx):
     return ctx.cuda or interpreting()
 
 
-def triton_arm(ctx, kind, stag):
-    """``{label: stag options}``: the +STAG arm again with the term's
-    Triton kernels, for the baselines ``--triton-arm`` names."""
+def extra_stag_arms(ctx, kind, stag):
+    """``{label: stag options}``: for the baselines ``--extra-stag-arms``
+    names, the +STAG arm again with ``||h||`` tapped beside the classifier
+    (``tap``), with the term's Triton kernels where they run (``triton``)
+    and with both (``triton tap``)."""
     args = ctx.args
-    if kind not in args.triton_arm or args.stag_compile or \
-            args.stag_triton or not triton_runs(ctx):
+    if kind not in args.extra_stag_arms or args.stag_compile or \
+            args.stag_triton:
         return {}
-    return {f'{kind}+stag triton': dict(stag, triton=True)}
+    arms = {f'{kind}+stag tap': dict(stag, norm_tap=True)}
+    if triton_runs(ctx):
+        arms[f'{kind}+stag triton'] = dict(stag, triton=True)
+        arms[f'{kind}+stag triton tap'] = dict(stag, triton=True,
+                                               norm_tap=True)
+    return arms
 
 
 def method_cost(ctx, built, kind):
@@ -395,7 +402,7 @@ def method_cost(ctx, built, kind):
         else ctx.args.method_pairs
     for name in ctx.args.precisions:
         with precision(task, name):
-            extra = triton_arm(ctx, kind, stag)
+            extra = extra_stag_arms(ctx, kind, stag)
             times = time_arms(task, ctx, kind, stag, pairs, extra)
             memory = {kind: arm_memory(task, ctx, kind, None),
                       f'{kind}+stag': arm_memory(task, ctx, kind, stag)}

@@ -1,15 +1,27 @@
 """``HeadProbe``: the prediction and the classifier's inputs and outputs."""
 import contextlib
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
+
+from .stag import tap_feature_norm
 
 #: Prediction kinds: where a classifier predicts, per sample (logits
 #: ``[N, C]``) or per pixel (``[N, C, H, W]``).
 PREDICTION_KINDS = ('per_sample', 'per_pixel')
 
 HeadOutputs = List[Tuple[torch.Tensor, torch.Tensor]]
+
+
+class ProbeRecord(NamedTuple):
+    """What :meth:`HeadProbe.record` returns: the prediction, the
+    classifier's ``[(features, logits), ...]`` and, if tapped, each call's
+    ``||h|| [N, 1(, H, W)]`` (:func:`~mmseg_stag.core.stag.
+    tap_feature_norm`), else None."""
+    prediction: Any
+    head_outputs: HeadOutputs
+    feature_norms: Optional[List[torch.Tensor]]
 
 
 def check_prediction_kind(kind: str) -> str:
@@ -97,18 +109,38 @@ class HeadProbe:
         back in float32 (the losses run outside autocast) and the features
         in the autocast dtype (a float32 copy would be ``D``-sized).
         """
+        return self.record(model, inputs, run)[:2]
+
+    def record(self, model: nn.Module, inputs: Any,
+               run: Optional[Callable[[Any], Any]] = None,
+               tap_norms: bool = False) -> ProbeRecord:
+        """:meth:`__call__`'s pass and, with ``tap_norms`` where gradients
+        are on, each classifier input ``h`` taken through
+        :func:`~mmseg_stag.core.stag.tap_feature_norm`: the classifier
+        reads the tap's ``h`` (the recorded features) and the norms come
+        back for ``STAGLoss(..., feature_norm=...)``."""
         name, module = self.find(model)
         records: HeadOutputs = []
+        norms: List[torch.Tensor] = []
+        tap = tap_norms and torch.is_grad_enabled()
+
+        def tap_input(_, args):
+            features, norm = tap_feature_norm(args[0])
+            norms.append(norm)
+            return (features, ) + tuple(args[1:])
 
         def hook(_, args, output):
             records.append((args[0], output))
 
-        handle = module.register_forward_hook(hook)
+        handles = [module.register_forward_pre_hook(tap_input)] if tap \
+            else []
+        handles.append(module.register_forward_hook(hook))
         try:
             with self.autocast(inputs):
                 prediction = model(inputs) if run is None else run(inputs)
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
             if self.autocast_dtype is not None:
                 # an enclosing autocast region would keep the weights' casts
                 torch.clear_autocast_cache()
@@ -126,7 +158,7 @@ class HeadProbe:
         if self.autocast_dtype is not None:
             prediction = to_float32(prediction)
             records = [(f, to_float32(z)) for f, z in records]
-        return prediction, records
+        return ProbeRecord(prediction, records, norms if tap else None)
 
     def autocast(self, inputs: Any):
         """``torch.autocast`` on the inputs' device, or a no-op; it ends

@@ -1,7 +1,7 @@
 """``STAGLoss``: the STAG alignment loss as a plain ``nn.Module``."""
 import functools
 import importlib.util
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -144,19 +144,28 @@ class STAGLoss(nn.Module):
                 features: torch.Tensor,
                 logits: torch.Tensor,
                 cls_weight: torch.Tensor,
-                cls_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cls_bias: Optional[torch.Tensor] = None,
+                feature_norm: Optional[torch.Tensor] = None
+                ) -> torch.Tensor:
         """``L_STAG(B)``, the mean over samples (pixels), of the classifier's
         inputs ``[N, D(, H, W)]`` and outputs ``[N, C(, H, W)]`` of one
-        pass; ``cls_weight`` ``[C, D]`` or ``[C, D, 1, 1]``."""
+        pass; ``cls_weight`` ``[C, D]`` or ``[C, D, 1, 1]``;
+        ``feature_norm``: ``||h||`` ``[N, 1(, H, W)]`` of
+        :func:`~mmseg_stag.core.stag.tap_feature_norm` on the classifier's
+        input, which then gets the term's gradient through the norm (the
+        features only through projections on them)."""
         # the shapes once per shape; with check_finite, the classifier's
         # values at every call
         key = tuple(tuple(t.shape) if t is not None else None
-                    for t in (features, logits, cls_weight, cls_bias))
+                    for t in (features, logits, cls_weight, cls_bias,
+                              feature_norm))
         if self.check_finite or key != self._checked_shapes:
             weight = stag.check_classifier(cls_weight, cls_bias,
                                            check_finite=self.check_finite)
             stag.check_inputs(features, logits, num_classes=weight.shape[0],
                               feature_dim=weight.shape[1])
+            if feature_norm is not None:
+                stag.check_feature_norm(features, feature_norm)
             self._checked_shapes = key
         if self.triton:
             from .stag_triton import check_device
@@ -166,6 +175,7 @@ class STAGLoss(nn.Module):
             torch.float16, torch.bfloat16) else features.dtype
         with torch.autocast(device_type=features.device.type, enabled=False):
             logits = logits.to(dtype)
+            norm = None if feature_norm is None else feature_norm.to(dtype)
             analytic = self.compile or self.triton or (features.is_cuda
                                         if self.analytic_backward is None
                                         else self.analytic_backward)
@@ -177,15 +187,16 @@ class STAGLoss(nn.Module):
                 loss = stag.hard_alignment(
                     features, logits, *self._hard_alignment_inputs(
                         cls_weight, cls_bias, dtype, features.dtype),
-                    bias=bias, kernels=self.kernels)
+                    bias=bias, kernels=self.kernels, norm=norm)
             else:
                 loss = self._autograd_loss(features, logits, cls_weight,
-                                           cls_bias, dtype)
+                                           cls_bias, dtype, norm)
             if self.check_finite:
                 stag.check_finite_loss(loss, features=features, logits=logits)
         return loss
 
-    def _autograd_loss(self, features, logits, cls_weight, cls_bias, dtype):
+    def _autograd_loss(self, features, logits, cls_weight, cls_bias, dtype,
+                       norm=None):
         """The loss through autograd (soft labels; the reference)."""
         anchors = self.anchors(cls_weight, cls_bias).to(dtype)
         # a frozen W lets the logits stand in for the features
@@ -193,18 +204,31 @@ class STAGLoss(nn.Module):
         return stag.batch_alignment(
             features, logits, anchors, eps=self.eps, label=self.label,
             coefficients=self._coefficients if frozen else None,
-            bias=cls_bias)
+            bias=cls_bias, norm=norm)
 
     def over_outputs(self, head_outputs, cls_weight: torch.Tensor,
-                     cls_bias: Optional[torch.Tensor] = None
+                     cls_bias: Optional[torch.Tensor] = None,
+                     feature_norms: Optional[List[torch.Tensor]] = None
                      ) -> torch.Tensor:
         """``L_STAG(B)`` over every sample (pixel) of a forward pass: each
         ``(features, logits)`` pair's (one per classifier call) weighted by
-        its number of samples."""
+        its number of samples; ``feature_norms``: each pair's
+        ``feature_norm`` (the probe's ``tap_norms``)."""
+        if feature_norms is not None and \
+                len(feature_norms) != len(head_outputs):
+            raise ValueError(
+                f'{len(feature_norms)} feature norms for '
+                f'{len(head_outputs)} classifier calls')
         if len(head_outputs) == 1:  # whole inference: one call, no weights
-            return self(*head_outputs[0], cls_weight, cls_bias)
+            return self(*head_outputs[0], cls_weight, cls_bias,
+                        None if feature_norms is None else feature_norms[0])
+        if feature_norms is None:
+            return mean_over_outputs(
+                functools.partial(self, cls_weight=cls_weight,
+                                  cls_bias=cls_bias), head_outputs)
+        norms = iter(feature_norms)  # in the order of the calls
         return mean_over_outputs(
-            functools.partial(self, cls_weight=cls_weight, cls_bias=cls_bias),
+            lambda f, z: self(f, z, cls_weight, cls_bias, next(norms)),
             head_outputs)
 
     def extra_repr(self) -> str:

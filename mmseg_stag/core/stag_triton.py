@@ -31,32 +31,38 @@ def check_device(tensor: torch.Tensor) -> None:
             "Triton's interpreter, TRITON_INTERPRET=1)")
 
 
-def _forward_kernel(z_ptr, h_ptr, x_ptr, table_ptr, eps_ptr, out_ptr,
-                    pred_ptr, rows, M, C, D, z_sn, z_sc, z_sm, h_sn, h_sd,
-                    h_sm, x_sn, x_sc, x_sm, TINY: tl.constexpr,
-                    HAS_X: tl.constexpr, DTYPE: tl.constexpr,
+def _forward_kernel(z_ptr, h_ptr, x_ptr, norm_ptr, table_ptr, eps_ptr,
+                    out_ptr, pred_ptr, rows, M, C, D, z_sn, z_sc, z_sm,
+                    h_sn, h_sd, h_sm, x_sn, x_sc, x_sm, n_sn, n_sm,
+                    TINY: tl.constexpr, HAS_X: tl.constexpr,
+                    HAS_NORM: tl.constexpr, DTYPE: tl.constexpr,
                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                     BLOCK_D: tl.constexpr):
     """Rows ``r = n M + m``; ``out [6, rows]``: rho, e, v, w, c, dp
     (what the bias and a projection matrix take back, times ``s_y`` when
-    the projections come from the logits)."""
+    the projections come from the logits); ``c``: ``dL/d||h||``, over
+    ``||h||`` unless ``HAS_NORM`` (``||h||`` given: the tap's)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = r < rows
     n = r // M
     m = r - n * M
-    # ||h||: the D-sized pass, accumulated in the compute dtype
-    sq = tl.zeros([BLOCK_R], dtype=DTYPE)
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        h = tl.load(h_ptr + n[:, None] * h_sn + d[None, :] * h_sd
-                    + m[:, None] * h_sm,
-                    mask=live[:, None] & (d < D)[None, :], other=0.0)
-        h = h.to(DTYPE)
-        sq += tl.sum(h * h, axis=1)
-    if DTYPE == tl.float64:  # sqrt_rn takes float32 only
-        norm = tl.sqrt(sq)
-    else:  # IEEE-rounded, not the approximate tl.sqrt
-        norm = tl.sqrt_rn(sq)
+    if HAS_NORM:
+        norm = tl.load(norm_ptr + n * n_sn + m * n_sm, mask=live,
+                       other=0.0).to(DTYPE)
+    else:
+        # ||h||: the D-sized pass, accumulated in the compute dtype
+        sq = tl.zeros([BLOCK_R], dtype=DTYPE)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            h = tl.load(h_ptr + n[:, None] * h_sn + d[None, :] * h_sd
+                        + m[:, None] * h_sm,
+                        mask=live[:, None] & (d < D)[None, :], other=0.0)
+            h = h.to(DTYPE)
+            sq += tl.sum(h * h, axis=1)
+        if DTYPE == tl.float64:  # sqrt_rn takes float32 only
+            norm = tl.sqrt(sq)
+        else:  # IEEE-rounded, not the approximate tl.sqrt
+            norm = tl.sqrt_rn(sq)
     # log_softmax, -H, argmax (first on ties), as torch computes them
     k = tl.arange(0, BLOCK_C)
     cls = (k < C)[None, :]
@@ -100,9 +106,14 @@ def _forward_kernel(z_ptr, h_ptr, x_ptr, table_ptr, eps_ptr, out_ptr,
     else:
         w = e_t1 + dp * scale
         dp = dp * scale
-    # finfo(dtype).tiny, made in the compute dtype (a literal is float32)
-    tiny = tl.full([BLOCK_R], TINY, DTYPE)
-    c = rho / tl.maximum(norm, tiny) * (abs_sn_alpha * inv_d) * (-inv_size)
+    if HAS_NORM:
+        c = rho * (abs_sn_alpha * inv_d) * (-inv_size)
+    else:
+        # finfo(dtype).tiny, made in the compute dtype (a literal is
+        # float32)
+        tiny = tl.full([BLOCK_R], TINY, DTYPE)
+        c = rho / tl.maximum(norm, tiny) * (abs_sn_alpha * inv_d) * (
+            -inv_size)
     tl.store(out_ptr + r, rho, mask=live)
     tl.store(out_ptr + rows + r, e, mask=live)
     tl.store(out_ptr + 2 * rows + r, v, mask=live)
@@ -114,11 +125,13 @@ def _forward_kernel(z_ptr, h_ptr, x_ptr, table_ptr, eps_ptr, out_ptr,
 
 def _backward_kernel(z_ptr, h_ptr, out_ptr, pred_ptr, grad_ptr, gz_ptr,
                      gh_ptr, rows, M, C, D, z_sn, z_sc, z_sm, h_sn, h_sd,
-                     h_sm, DTYPE: tl.constexpr, BLOCK_R: tl.constexpr,
-                     BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+                     h_sm, HAS_NORM: tl.constexpr, DTYPE: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
     """``dL/dz = (-p (e log p + v) + onehot(y) w) g`` into ``gz`` (laid
     out as ``z``, contiguous) and ``dL/dh = h (c g)`` into ``gh`` (as
-    ``h``, contiguous)."""
+    ``h``, contiguous), or with ``HAS_NORM`` ``dL/d||h|| = c g`` (``gh``
+    then ``[rows]``)."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     live = r < rows
     n = r // M
@@ -145,13 +158,17 @@ def _backward_kernel(z_ptr, h_ptr, out_ptr, pred_ptr, grad_ptr, gz_ptr,
     tl.store(gz_ptr + n[:, None] * (C * M) + k[None, :] * M + m[:, None],
              gz, mask=tile)
     scale = c * g
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        at = live[:, None] & (d < D)[None, :]
-        h = tl.load(h_ptr + n[:, None] * h_sn + d[None, :] * h_sd
-                    + m[:, None] * h_sm, mask=at, other=0.0)
-        tl.store(gh_ptr + n[:, None] * (D * M) + d[None, :] * M + m[:, None],
-                 (h.to(DTYPE) * scale[:, None]).to(h.dtype), mask=at)
+    if HAS_NORM:
+        tl.store(gh_ptr + r, scale, mask=live)
+    else:
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            at = live[:, None] & (d < D)[None, :]
+            h = tl.load(h_ptr + n[:, None] * h_sn + d[None, :] * h_sd
+                        + m[:, None] * h_sm, mask=at, other=0.0)
+            tl.store(gh_ptr + n[:, None] * (D * M) + d[None, :] * M
+                     + m[:, None], (h.to(DTYPE) * scale[:, None]).to(
+                         h.dtype), mask=at)
 
 
 _JIT = {}
@@ -223,7 +240,8 @@ def _dtype(tensor):
 
 
 def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
-                           matrix, on_features: bool, bias_grad: bool):
+                           matrix, on_features: bool, bias_grad: bool,
+                           norm=None):
     """The Triton twin of :func:`~mmseg_stag.core.stag.
     hard_alignment_forward`: ``(mean L_STAG, saved)``."""
     n, d, m = features.shape
@@ -238,32 +256,40 @@ def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
     block_r, block_c, block_d = _blocks(rows, num_classes,
                                         _multiprocessors(logits))
     xs = x if x is not None else logits
+    norms = norm if norm is not None else logits
     _kernel(_forward_kernel)[(triton.cdiv(rows, block_r), )](
-        logits, features, xs, table, eps_tensor, out, pred, rows, m,
+        logits, features, xs, norms, table, eps_tensor, out, pred, rows, m,
         num_classes, d, *logits.stride(), *features.stride(), *xs.stride(),
+        norms.stride(0), norms.stride(2),
         TINY=torch.finfo(logits.dtype).tiny, HAS_X=x is not None,
-        DTYPE=_dtype(logits), BLOCK_R=block_r, BLOCK_C=block_c,
-        BLOCK_D=block_d, num_warps=NUM_WARPS)
+        HAS_NORM=norm is not None, DTYPE=_dtype(logits), BLOCK_R=block_r,
+        BLOCK_C=block_c, BLOCK_D=block_d, num_warps=NUM_WARPS)
     return out[0].mean(), (logits, out, pred)
 
 
 def hard_alignment_backward(grad, features, logits, out, pred, matrix,
-                            on_features: bool, bias_grad: bool):
-    """The Triton twin of ``hard_alignment_backward``."""
+                            on_features: bool, bias_grad: bool,
+                            tapped: bool = False):
+    """The Triton twin of ``hard_alignment_backward`` (``features`` None
+    where ``tapped`` and not ``on_features``: not read)."""
     from .stag import projection_grads
-    n, d, m = features.shape
-    num_classes, rows = logits.shape[1], n * m
+    n, num_classes, m = logits.shape
+    rows = n * m
     grad_z = torch.empty((n, num_classes, m), dtype=logits.dtype,
                          device=logits.device)
-    grad_h = torch.empty((n, d, m), dtype=features.dtype,
-                         device=features.device)
+    if tapped:  # dL/d||h||, [N, 1, M]
+        grad_h, feats = logits.new_empty((n, 1, m)), logits
+    else:
+        grad_h, feats = torch.empty_like(
+            features, memory_format=torch.contiguous_format), features
     block_r, block_c, block_d = _blocks(rows, num_classes,
                                         _multiprocessors(logits))
     _kernel(_backward_kernel)[(triton.cdiv(rows, block_r), )](
-        logits, features, out, pred, grad, grad_z, grad_h, rows, m,
-        num_classes, d, *logits.stride(), *features.stride(),
-        DTYPE=_dtype(logits), BLOCK_R=block_r, BLOCK_C=block_c,
-        BLOCK_D=block_d, num_warps=NUM_WARPS)
-    return projection_grads(grad, grad_h, grad_z, pred.view(n, 1, m),
-                            out[5].view(n, 1, m), matrix, on_features,
-                            bias_grad)
+        logits, feats, out, pred, grad, grad_z, grad_h, rows, m,
+        num_classes, feats.shape[1], *logits.stride(), *feats.stride(),
+        HAS_NORM=tapped, DTYPE=_dtype(logits), BLOCK_R=block_r,
+        BLOCK_C=block_c, BLOCK_D=block_d, num_warps=NUM_WARPS)
+    grad_n = grad_h if tapped else None
+    return projection_grads(
+        grad, None if tapped else grad_h, grad_z, pred.view(n, 1, m),
+        out[5].view(n, 1, m), matrix, on_features, bias_grad) + (grad_n, )

@@ -1,4 +1,5 @@
 """What a method may ask of its task: a batch and named operations on it."""
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, FrozenSet, Hashable, List, Optional, Union
@@ -25,11 +26,13 @@ class ForwardPass:
     ``output``: what the batch is scored on, per sample the classifier's
     logits, per pixel the segmentor's (MMSeg's ``seg_logits`` at the input
     size); ``head_outputs``: the classifier's ``[(features, logits), ...]``,
-    one pair per call.
+    one pair per call; ``feature_norms``: each call's ``||h||``, where the
+    adapter taps them (:attr:`TaskAdapter.tap_norms`), else None.
     """
     output: torch.Tensor
     head_outputs: HeadOutputs
     stats: PassStats = field(default_factory=PassStats)
+    feature_norms: Optional[List[torch.Tensor]] = None
     #: the task's post-processed data samples of ``output``, once made
     #: (segmentation: ``SegmentationAdapter.postprocessed``)
     postprocessed: Optional[list] = field(default=None, repr=False)
@@ -72,9 +75,19 @@ class TaskAdapter:
     #: named operations beyond :meth:`forward` that a method may need
     #: (:data:`OPERATIONS`)
     operations: FrozenSet[str] = frozenset()
+    #: each forward pass with gradients takes the classifier's input
+    #: through :func:`~mmseg_stag.core.stag.tap_feature_norm`
+    #: (:meth:`tapping_norms`; STAG's ``norm_tap``)
+    tap_norms: bool = False
 
     def __init__(self, probe: HeadProbe):
         self.probe = probe
+
+    def tapping_norms(self) -> 'TaskAdapter':
+        """A copy of this adapter whose passes tap ``||h||``."""
+        adapter = copy.copy(self)
+        adapter.tap_norms = True
+        return adapter
 
     @property
     def prediction_kind(self) -> str:
@@ -88,9 +101,11 @@ class TaskAdapter:
     def forward(self, model: nn.Module, batch: Batch,
                 inputs: Any = None) -> ForwardPass:
         """Run ``model`` once on the batch, or on ``inputs`` made from it."""
-        logits, head_outputs = self.probe(
-            model, batch.inputs if inputs is None else inputs)
-        return ForwardPass(logits, head_outputs)
+        rec = self.probe.record(model,
+                                batch.inputs if inputs is None else inputs,
+                                tap_norms=self.tap_norms)
+        return ForwardPass(rec.prediction, rec.head_outputs,
+                           feature_norms=rec.feature_norms)
 
     def graph_key(self, batch: Batch) -> Hashable:
         """What a step captured as a CUDA graph was made for besides its

@@ -45,11 +45,12 @@ def test_without_cuda_it_says_so_and_runs_nothing(tmp_path):
 def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     out = tmp_path / 'report'
     # the graph rows need CUDA: said and left out
-    # --triton-arm tent: the arm the default gives tent_graph on a GPU,
-    # here through Triton's interpreter
+    # --extra-stag-arms tent: the arms the default gives tent_graph on a
+    # GPU, here the Triton ones through Triton's interpreter
     proc = run_gpu_check('--allow-cpu', '--quick', '--out-dir', str(out),
                          '--seg-methods', 'tent', 'cotta_fast',
-                         'cotta_graph', 'hybrid_tta', '--triton-arm', 'tent')
+                         'cotta_graph', 'hybrid_tta', '--extra-stag-arms',
+                         'tent')
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert 'all ok' in proc.stdout
     assert 'cotta_graph (CUDA graphs) need a CUDA device' in proc.stdout
@@ -82,11 +83,12 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     assert 'MiT sdpa-views' in rows[2]['model']
     assert rows[4]['settings'].startswith('batch 1, 128x64')
     for row in rows:
-        triton_arm = {row['method'] + '+stag triton'} \
+        extra = {row['method'] + '+stag' + arm for arm in (
+            ' tap', ' triton', ' triton tap')} \
             if row['method'] == 'tent' else set()
         assert set(row['arms']) == {row['method'],
-                                    row['method'] + '+stag'} | triton_arm
-        assert set(row['other_stag_arms']) == triton_arm
+                                    row['method'] + '+stag'} | extra
+        assert set(row['other_stag_arms']) == extra
         for other in row['other_stag_arms'].values():
             assert isinstance(other['stag_time_share_pct'], float)
             assert other['stag_pair_ratio']['median'] > 0
@@ -132,7 +134,7 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
         assert heading in text, heading
     assert 'not a measurement' in text
     assert 'images/s' in text and 'peak allocated (MB)' in text
-    assert '| tent+stag triton |' in text and 'Other +STAG arms' in text
+    assert '| tent+stag triton tap |' in text and 'Other +STAG arms' in text
 
 
 def run_suite(tmp_path, source, **args):

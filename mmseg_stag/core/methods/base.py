@@ -74,6 +74,8 @@ class BaseMethod:
         self.trainable_cfg = dict(trainable or self.default_trainable)
         self.restart_beta_per_stage = bool(
             (self.stag_cfg or {}).get('restart_beta_per_stage', False))
+        #: ||h|| tapped beside the classifier (STAGLoss's feature_norm)
+        self.norm_tap = bool((self.stag_cfg or {}).get('norm_tap', False))
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
         self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
         if self.cuda_graph:
@@ -150,7 +152,8 @@ class BaseMethod:
             self.graphs = StepGraphs(self.forward_and_adapt, adapter,
                                      self.graph_warmup,
                                      zero_grad=self.zero_grad)
-        self.model, self.adapter = model, adapter
+        self.model = model
+        self.adapter = adapter.tapping_norms() if self.norm_tap else adapter
         self.classifier = adapter.classifier(model)
         model.requires_grad_(False)
         self.set_modes(model)
@@ -314,9 +317,15 @@ class BaseMethod:
             stats.loss_base = base.detach()
         if self.stag_loss is not None:
             weight, bias = self.classifier.weight, self.classifier.bias
+            if self.norm_tap and fwd.feature_norms is None:
+                raise RuntimeError(
+                    f'{self.name}: stag.norm_tap=True, but this forward pass '
+                    'did not tap ||h|| (it ran without gradients or not '
+                    "through the method's adapter)")
             # eq:stag_batch_loss, over every sample (pixel) of the pass
-            l_stag = self.stag_loss.over_outputs(fwd.head_outputs, weight,
-                                                 bias)
+            l_stag = self.stag_loss.over_outputs(
+                fwd.head_outputs, weight, bias,
+                feature_norms=fwd.feature_norms if self.norm_tap else None)
             beta = self.beta if beta is None else beta
             stats.loss_stag, stats.beta = l_stag.detach(), beta
             total = beta * l_stag if total is None else total + beta * l_stag
@@ -416,7 +425,8 @@ def stag_loss_options(stag_cfg: dict) -> dict:
     checks ``loss_stag`` when it reads it)."""
     return {'check_finite': False, **{
         k: v for k, v in stag_cfg.items()
-        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage')}}
+        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage',
+                     'norm_tap')}}
 
 
 @torch.no_grad()
