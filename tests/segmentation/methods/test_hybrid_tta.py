@@ -235,3 +235,31 @@ def test_switch_window_threshold_and_state():
     assert again.decide(2.0) == switch.decide(2.0)
     with pytest.raises(ValueError, match='window'):
         TuningSwitch(window=0)
+
+
+@pytest.mark.parametrize('method', ['tent-stag', 'hybrid-tta-stag'])
+def test_the_norm_tap_through_the_configs(method, tiny_acdc, tiny_checkpoint,
+                                          tmp_path):
+    """``--cfg-options test_cfg.method.stag.norm_tap=True`` on the ACDC
+    configs (Hybrid-TTA's student runs masked, through ``run=``): the same
+    adapted weights as without, to float32 rounding. With SGD: Adam turns
+    a rounding difference in a near-zero gradient into a step of ``lr``
+    (Hybrid-TTA's attention biases differ by ~3e-4 then, by 2e-7 here)."""
+    extra = dict(OPTIONS if method.startswith('hybrid') else {}, **{
+        'test_cfg.method.optimizer': dict(_delete_=True, type='SGD',
+                                          lr=1e-3)})
+    states = []
+    for tap in (False, True):
+        runner = make_runner(method, tiny_acdc, tiny_checkpoint,
+                             tmp_path / str(tap), extra=dict(
+                                 extra, **{'test_cfg.method.stag.norm_tap':
+                                           tap}))
+        before = {k: v.clone() for k, v in runner.model.state_dict().items()}
+        runner.test()
+        assert runner.test_loop.method.norm_tap is tap
+        states.append(runner.model.state_dict())
+        assert any(not torch.equal(v, states[-1][k])
+                   for k, v in before.items())  # it adapted
+    for key, value in states[0].items():
+        torch.testing.assert_close(states[1][key], value, rtol=1e-5,
+                                   atol=1e-6, msg=key)
