@@ -24,7 +24,7 @@ EXPECTED = [
     ('engine/online_loop.py:run_iter', 'core/methods/base.py:adapt'),
     ('core/methods/base.py:adapt',
      'segmentation/task_adapter.py:forward'),
-    ('segmentation/task_adapter.py:forward', 'core/probe.py:__call__'),
+    ('segmentation/task_adapter.py:forward', 'core/probe.py:record'),
     ('core/methods/base.py:loss', 'core/methods/tent.py:base_loss'),
     ('core/methods/tent.py:base_loss',
      'segmentation/task_adapter.py:cross_entropy_at_original_size'),
