@@ -346,9 +346,12 @@ class HardAlignment(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         _, backward = alignment_kernels(ctx.kernels)
-        grad_h, grad_z, grad_b, grad_n = backward(
-            grad, *ctx.saved_tensors, ctx.on_features, ctx.bias_grad,
-            ctx.tapped)
+        *saved, matrix = ctx.saved_tensors
+        grad_h, grad_z, pred, dp, grad_n = backward(grad, *saved,
+                                                    ctx.tapped)
+        grad_h, grad_z, grad_b = projection_grads(
+            grad, grad_h, grad_z, pred, dp, matrix, ctx.on_features,
+            ctx.bias_grad)
         return (grad_h, grad_z, None, None, None, None, None, grad_b, None,
                 grad_n)
 
@@ -405,19 +408,17 @@ def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
 
 
 def hard_alignment_backward(grad, features, log_p, p, pred, e, v, w, c, dp,
-                            scale, matrix, on_features: bool,
-                            bias_grad: bool, tapped: bool = False):
-    """:class:`HardAlignment`'s backward: ``(dL/dh, dL/dz, dL/db,
-    dL/d||h||)``; ``tapped``: ``||h||`` was given (its gradient, not
-    ``h``'s)."""
+                            scale, tapped: bool = False):
+    """:class:`HardAlignment`'s backward before the projections' part
+    (:func:`projection_grads`): ``(dL/dh, dL/dz, pred, dp, dL/d||h||)``,
+    ``dp`` the per-sample factor :func:`projection_grads` takes;
+    ``tapped``: ``||h||`` was given (its gradient, not ``h``'s)."""
     # dL/dz = -p (e log p + v) + onehot(y) w;  dL/dh = c h
     grad_z = (p * torch.addcmul(v, e, log_p).neg_()).scatter_add_(
         1, pred, w).mul_(grad)
     grad_h = None if tapped else features * (c * grad).to(features.dtype)
-    return projection_grads(grad, grad_h, grad_z, pred,
-                            dp if scale is None else dp * scale, matrix,
-                            on_features, bias_grad) + (
-        c * grad if tapped else None, )
+    return (grad_h, grad_z, pred, dp if scale is None else dp * scale,
+            c * grad if tapped else None)
 
 
 def projection_grads(grad, grad_h, grad_z, pred, dp, matrix,

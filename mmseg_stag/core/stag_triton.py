@@ -267,12 +267,10 @@ def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
     return out[0].mean(), (logits, out, pred)
 
 
-def hard_alignment_backward(grad, features, logits, out, pred, matrix,
-                            on_features: bool, bias_grad: bool,
+def hard_alignment_backward(grad, features, logits, out, pred,
                             tapped: bool = False):
     """The Triton twin of ``hard_alignment_backward`` (``features`` None
-    where ``tapped`` and not ``on_features``: not read)."""
-    from .stag import projection_grads
+    where ``tapped`` and the projections are not on them: not read)."""
     n, num_classes, m = logits.shape
     rows = n * m
     grad_z = torch.empty((n, num_classes, m), dtype=logits.dtype,
@@ -289,7 +287,5 @@ def hard_alignment_backward(grad, features, logits, out, pred, matrix,
         num_classes, feats.shape[1], *logits.stride(), *feats.stride(),
         HAS_NORM=tapped, DTYPE=_dtype(logits), BLOCK_R=block_r,
         BLOCK_C=block_c, BLOCK_D=block_d, num_warps=NUM_WARPS)
-    grad_n = grad_h if tapped else None
-    return projection_grads(
-        grad, None if tapped else grad_h, grad_z, pred.view(n, 1, m),
-        out[5].view(n, 1, m), matrix, on_features, bias_grad) + (grad_n, )
+    return (None if tapped else grad_h, grad_z, pred.view(n, 1, m),
+            out[5].view(n, 1, m), grad_h if tapped else None)
