@@ -37,6 +37,11 @@ TESTS_SHARE, FIXED_STEPS_S = 0.4, 130.0
 #: arm's memory, the STAG term alone: 7-14 s measured on an H100), and
 #: what the timed pairs get of the rest
 ROW_OVERHEAD_S, PAIRS_SHARE = 15.0, 0.8
+#: what each of ``--extra-stag-arms``' arms adds to its row besides its
+#: steps: a method made twice (timed, then its memory), each step
+#: captured as a CUDA graph, Triton's first compile (an estimate from the
+#: graphed arms' rows, not timed alone yet)
+EXTRA_ARM_S = 5.0
 
 #: the SegFormer rows' MiT: (attention, token_maps) of
 #: segmentation/models/fast_mit.py, by name
@@ -258,10 +263,14 @@ def pair_seconds(ctx, plan):
     its share of what is left once the later steps' time is set aside."""
     rows = len(ctx.args.precisions) * sum(
         len(kinds) * len(modes) for _, kinds, modes in plan)
+    extra = len(ctx.args.precisions) * sum(
+        len(extra_stag_arms(ctx, kind, {})) * len(modes)
+        for _, kinds, modes in plan for kind in kinds)
     later = FIXED_STEPS_S if {'loader', 'loop', 'profile'} & set(
         ctx.args.only) else 0.0
     left = ctx.t0 + 60 * ctx.args.budget - time.perf_counter() - later
-    return PAIRS_SHARE * max(left - rows * ROW_OVERHEAD_S, 0.0) / rows
+    return PAIRS_SHARE * max(
+        left - rows * ROW_OVERHEAD_S - extra * EXTRA_ARM_S, 0.0) / rows
 
 
 def time_arms(task, ctx, kind, stag, pairs, extra=None):

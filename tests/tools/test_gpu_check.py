@@ -3,6 +3,7 @@ running anything; its development mode (``--allow-cpu --quick``) runs the
 whole pipeline on the CPU with tiny sizes and writes the one report
 (Markdown + JSON) with every step and figure; the tests step's summary
 and the precision switch on their own. No timing is asserted."""
+import importlib.util
 import json
 import os
 import os.path as osp
@@ -303,9 +304,17 @@ def test_budget_picks_the_pairs(gpu_check):
     # graphs and Hybrid-TTA on one MiT, ResNet TENT eager and graphed:
     # x 2 precisions
     rows = 2 * (4 + 2)
+    # --extra-stag-arms' default: the two tent_graph rows, each with the
+    # tap, and where Triton imports the Triton term and both
+    extra = 2 * 2 * (3 if importlib.util.find_spec('triton') else 1)
     seconds = gpu_steps.pair_seconds(ctx, plan)
     assert seconds == pytest.approx(gpu_steps.PAIRS_SHARE * (
-        600 - rows * gpu_steps.ROW_OVERHEAD_S) / rows, rel=1e-3)
+        600 - rows * gpu_steps.ROW_OVERHEAD_S
+        - extra * gpu_steps.EXTRA_ARM_S) / rows, rel=1e-3)
+    args.extra_stag_arms = []
+    assert gpu_steps.pair_seconds(ctx, plan) == pytest.approx(
+        gpu_steps.PAIRS_SHARE * (600 - rows * gpu_steps.ROW_OVERHEAD_S)
+        / rows, rel=1e-3)
     # no CUDA (--allow-cpu): no graphs
     ctx.cuda = False
     assert [kinds for _, kinds, _ in gpu_steps.step_cost_plan(ctx)] == [
