@@ -3,7 +3,9 @@
 ``STAGLoss(triton=True)``: one kernel for the forward (``||h||``, the
 softmax, the argmax and every per-sample coefficient, reading ``h`` and
 ``z`` once) and one for the backward (``dL/dz`` and ``dL/dh = c h``), each
-a single launch, where the eager path dispatches ~40 ops. The formulas are
+a single launch, where the eager path dispatches ~40 ops; given ``||h||``
+(``stag.tap_feature_norm``) neither reads ``h``, and the backward writes
+``dL/d||h||`` instead of ``dL/dh``. The formulas are
 :func:`~mmseg_stag.core.stag.hard_alignment_forward`'s and
 ``hard_alignment_backward``'s, line for line (docs/stag-loss.md, "The
 analytic backward"); the norm and the scale of ``dL/dh`` stay in the
