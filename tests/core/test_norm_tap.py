@@ -92,23 +92,12 @@ def test_the_features_gradient_is_written_once_beside_the_classifiers(
     loss_fn = STAGLoss(check_finite=False, **TERMS[term])
     kernel_outputs = []
     if term == 'triton':
-        from torch.utils._python_dispatch import _disable_current_modes
+        from test_stag_triton import watch_launches
 
-        from mmseg_stag.core import stag_triton
-        kernel = stag_triton._kernel
-
-        class Launch:
-            def __init__(self, fn):
-                self.fn = fn
-
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    if self.fn.__name__ == '_backward_kernel':
-                        kernel_outputs.append(args[6].numel())  # gh_ptr
-                    with _disable_current_modes():
-                        kernel(self.fn)[grid](*args, **kwargs)
-                return launch
-        monkeypatch.setattr(stag_triton, '_kernel', Launch)
+        def seen(fn, args):
+            if fn.__name__ == '_backward_kernel':
+                kernel_outputs.append(args[6].numel())  # gh_ptr
+        watch_launches(monkeypatch, seen)
     writes = {}
     for tap in (False, True):
         leaf = feats.clone().requires_grad_()

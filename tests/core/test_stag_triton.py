@@ -114,23 +114,30 @@ def test_float32_and_bfloat16_features():
         assert rel(g, x) < 1e-2
 
 
-def launches_and_ops(step, monkeypatch):
-    """``(kernel launches, dispatched ops)`` of ``step()``: the ops the
-    interpreter dispatches to run a kernel on the CPU are not counted."""
-    launches = []
+def watch_launches(monkeypatch, seen):
+    """Each launch of stag_triton's kernels runs as it would, after
+    ``seen(fn, args)``, outside any dispatch mode: the ops the interpreter
+    dispatches to run a kernel on the CPU are not the step's."""
     kernel = stag_triton._kernel
 
-    class Counted:
+    class Watched:
         def __init__(self, fn):
             self.fn = fn
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launches.append(self.fn.__name__)
+                seen(self.fn, args)
                 with _disable_current_modes():
                     kernel(self.fn)[grid](*args, **kwargs)
             return launch
-    monkeypatch.setattr(stag_triton, '_kernel', Counted)
+    monkeypatch.setattr(stag_triton, '_kernel', Watched)
+
+
+def launches_and_ops(step, monkeypatch):
+    """``(kernel launches, dispatched ops)`` of ``step()``."""
+    launches = []
+    watch_launches(monkeypatch,
+                   lambda fn, args: launches.append(fn.__name__))
     ops = count_dispatched_ops(step)
     return launches, ops
 
