@@ -1,5 +1,4 @@
 """``STAGLoss``: the STAG alignment loss as a plain ``nn.Module``."""
-import functools
 import importlib.util
 from typing import List, Optional, Tuple
 
@@ -219,14 +218,10 @@ class STAGLoss(nn.Module):
             raise ValueError(
                 f'{len(feature_norms)} feature norms for '
                 f'{len(head_outputs)} classifier calls')
+        # in the order of the calls
+        norms = iter(feature_norms or [None] * len(head_outputs))
         if len(head_outputs) == 1:  # whole inference: one call, no weights
-            return self(*head_outputs[0], cls_weight, cls_bias,
-                        None if feature_norms is None else feature_norms[0])
-        if feature_norms is None:
-            return mean_over_outputs(
-                functools.partial(self, cls_weight=cls_weight,
-                                  cls_bias=cls_bias), head_outputs)
-        norms = iter(feature_norms)  # in the order of the calls
+            return self(*head_outputs[0], cls_weight, cls_bias, next(norms))
         return mean_over_outputs(
             lambda f, z: self(f, z, cls_weight, cls_bias, next(norms)),
             head_outputs)
