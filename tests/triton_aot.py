@@ -58,13 +58,19 @@ def machine_code(kernel):
         memory=collections.Counter(
             re.findall(r'\b((?:ld|st)\.global[.\w]*)', ptx)),
         math=collections.Counter(re.findall(
-            r'\b((?:ex2|lg2|rcp|sqrt|div)\.[\w.]+|__nv_\w+)', ptx)))
+            r'\b((?:ex2|lg2|rcp|sqrt|div)\.[\w.]+|__nv_\w+)', ptx)),
+        # the asynchronous copies to shared memory a pipelined GEMM loads
+        # its tiles with (cp.async.cg: 16 bytes a thread), its MMAs
+        copies=collections.Counter(re.findall(
+            r'\b(cp\.async\.c[ag]\.shared\.global)', ptx)),
+        mma=collections.Counter(re.findall(r'\b((?:wg)?mma\.[\w.]+)', ptx)))
 
 
 def launches_of(step):
     """``{kernel name: (fn, grid, args, kwargs)}`` of the Triton launches
-    of ``step()``, captured instead of run (its outputs stay unwritten)."""
-    from mmseg_stag.core import stag_triton
+    of ``step()`` (the term's and the fused classifier's), captured
+    instead of run (their outputs stay unwritten)."""
+    from mmseg_stag.core import classifier_triton, stag_triton
     launches = {}
 
     class Capture:
@@ -75,12 +81,15 @@ def launches_of(step):
             def launch(*args, **kwargs):
                 launches[self.fn.__name__] = (self.fn, grid, args, kwargs)
             return launch
-    kernel = stag_triton._kernel
-    stag_triton._kernel = Capture
+    modules = (stag_triton, classifier_triton)
+    kernels = [module._kernel for module in modules]
+    for module in modules:
+        module._kernel = Capture
     try:
         step()
     finally:
-        stag_triton._kernel = kernel
+        for module, kernel in zip(modules, kernels):
+            module._kernel = kernel
     return launches
 
 
@@ -141,11 +150,60 @@ def compile_case(name):
     return out
 
 
+#: the fused classifier's kernels (``stag.norm_tap='fused'``) as a GPU
+#: would launch them: (module, its input's shape, dtype, arch)
+CLASSIFIER_CASES = {
+    # the B5's decode head classifier at 960x540 (1/4 resolution), bf16
+    'b5_bf16_classifier_h100': (('Conv2d', 768, 19), (1, 768, 135, 240),
+                                'bfloat16', 90),
+    'b5_bf16_classifier_a100': (('Conv2d', 768, 19), (1, 768, 135, 240),
+                                'bfloat16', 80),
+    # ResNet-50's fc at batch 64 in float32 (TF32 off)
+    'resnet50_fp32_classifier_h100': (('Linear', 2048, 1000), (64, 2048),
+                                      'float32', 90),
+    'fp64_classifier_h100': (('Conv2d', 64, 19), (2, 64, 32, 32), 'float64',
+                             90),
+}
+
+
+def compile_classifier_case(name):
+    """``{kernel name: dict(grid, constexprs, **machine_code)}`` of the
+    fused classifier's forward and backward (``||h||``'s gradient
+    given)."""
+    import torch
+    from torch import nn
+
+    from mmseg_stag.core import classifier_triton
+    (kind, dim, classes), shape, dtype, arch = CLASSIFIER_CASES[name]
+    dtype = getattr(torch, dtype)
+    module = getattr(nn, kind)(dim, classes, 1) if kind == 'Conv2d' else \
+        nn.Linear(dim, classes)
+    module = module.to(dtype).requires_grad_(False)
+    features = torch.zeros(shape, dtype=dtype, requires_grad=True)
+    check = classifier_triton.check_device
+    classifier_triton.check_device = lambda tensor: None
+
+    def step():
+        logits, norm = classifier_triton.classify_with_norm(module, features)
+        torch.autograd.backward([logits, norm], [torch.zeros_like(logits),
+                                                 torch.zeros_like(norm)])
+    try:
+        launches = launches_of(step)
+    finally:
+        classifier_triton.check_device = check
+    return {kernel: dict(grid=list(grid), constexprs={
+        k: v for k, v in kwargs.items() if k.startswith('BLOCK')},
+        **machine_code(compile_launch(fn, args, kwargs, arch)))
+        for kernel, (fn, grid, args, kwargs) in launches.items()}
+
+
 if __name__ == '__main__':
     # one process for all cases, without TRITON_INTERPRET: in a process
     # where the interpreter is on, Triton's own jitted helpers (tl.max,
     # ...) are interpreted and the compiler cannot call them
     import json
     import sys
-    json.dump({name: compile_case(name) for name in sys.argv[1:] or CASES},
+    names = sys.argv[1:] or list(CASES) + list(CLASSIFIER_CASES)
+    json.dump({name: compile_case(name) if name in CASES else
+               compile_classifier_case(name) for name in names},
               sys.stdout, indent=1)

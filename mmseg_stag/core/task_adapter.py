@@ -7,7 +7,7 @@ from typing import Any, FrozenSet, Hashable, List, Optional, Union
 import torch
 import torch.nn as nn
 
-from .probe import HeadOutputs, HeadProbe
+from .probe import HeadOutputs, HeadProbe, check_norm_tap
 from .stats import PassStats
 
 
@@ -75,18 +75,20 @@ class TaskAdapter:
     #: named operations beyond :meth:`forward` that a method may need
     #: (:data:`OPERATIONS`)
     operations: FrozenSet[str] = frozenset()
-    #: each forward pass with gradients takes the classifier's input
-    #: through :func:`~mmseg_stag.core.stag.tap_feature_norm`
-    #: (:meth:`tapping_norms`; STAG's ``norm_tap``)
-    tap_norms: bool = False
+    #: each forward pass with gradients taps ``||h||``: ``True``, the
+    #: classifier's input through :func:`~mmseg_stag.core.stag.
+    #: tap_feature_norm`; ``'fused'``, from the classifier's Triton GEMM
+    #: (:meth:`tapping_norms`; STAG's ``norm_tap``, ``HeadProbe.record``)
+    tap_norms: Union[bool, str] = False
 
     def __init__(self, probe: HeadProbe):
         self.probe = probe
 
-    def tapping_norms(self) -> 'TaskAdapter':
-        """A copy of this adapter whose passes tap ``||h||``."""
+    def tapping_norms(self, how: Union[bool, str] = True) -> 'TaskAdapter':
+        """A copy of this adapter whose passes tap ``||h||`` ``how``
+        (:attr:`tap_norms`)."""
         adapter = copy.copy(self)
-        adapter.tap_norms = True
+        adapter.tap_norms = check_norm_tap(how)
         return adapter
 
     @property

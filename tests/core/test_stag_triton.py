@@ -114,11 +114,12 @@ def test_float32_and_bfloat16_features():
         assert rel(g, x) < 1e-2
 
 
-def watch_launches(monkeypatch, seen):
-    """Each launch of stag_triton's kernels runs as it would, after
-    ``seen(fn, args)``, outside any dispatch mode: the ops the interpreter
-    dispatches to run a kernel on the CPU are not the step's."""
-    kernel = stag_triton._kernel
+def watch_launches(monkeypatch, seen, module=stag_triton):
+    """Each launch of ``module``'s kernels (stag_triton's or
+    classifier_triton's) runs as it would, after ``seen(fn, args)``,
+    outside any dispatch mode: the ops the interpreter dispatches to run a
+    kernel on the CPU are not the step's."""
+    kernel = module._kernel
 
     class Watched:
         def __init__(self, fn):
@@ -130,7 +131,7 @@ def watch_launches(monkeypatch, seen):
                 with _disable_current_modes():
                     kernel(self.fn)[grid](*args, **kwargs)
             return launch
-    monkeypatch.setattr(stag_triton, '_kernel', Watched)
+    monkeypatch.setattr(module, '_kernel', Watched)
 
 
 def launches_and_ops(step, monkeypatch):
@@ -246,12 +247,39 @@ def test_kernels_compile_for_gpus_without_spilling(compiled):
     """Both kernels of every case through Triton's compiler and ``ptxas``
     (what the interpreter does not run), in registers: none spilled to
     local memory, at most 128 a thread (4 programs of 4 warps an SM)."""
-    assert set(compiled) == set(triton_aot.CASES)
+    assert set(compiled) == set(triton_aot.CASES) | set(
+        triton_aot.CLASSIFIER_CASES)
     for case, kernels in compiled.items():
-        assert set(kernels) == {'_forward_kernel', '_backward_kernel'}, case
+        assert set(kernels) == ({'_forward_kernel', '_backward_kernel'}
+                                if case in triton_aot.CASES else
+                                {'_classify_kernel', '_grad_kernel'}), case
         for kernel, code in kernels.items():
             assert code['local'] == 0 and code['stack'] == 0, (case, kernel)
+            if case in triton_aot.CASES:
+                assert code['regs'] <= 128, (case, kernel, code['regs'])
+
+
+def test_the_fused_classifier_on_tensor_cores(compiled):
+    """``stag.norm_tap='fused'`` on the B5 (bf16): both GEMMs on tensor
+    cores (``mma``/``wgmma`` on bf16), the features' tiles copied to
+    shared memory 16 bytes a thread (``cp.async.cg``, pipelined), the
+    gradient written 16 bytes a thread; in 94 registers or fewer (4
+    programs of 4 warps an SM at most 128). float64 on the float64 MMA
+    (``mma...f64``), its tiles in more registers (~170) but none
+    spilled; a ResNet-50's float32 fc with TF32 off on no tensor core."""
+    for case in ('b5_bf16_classifier_h100', 'b5_bf16_classifier_a100'):
+        for kernel, code in compiled[case].items():
             assert code['regs'] <= 128, (case, kernel, code['regs'])
+            assert any('bf16' in op for op in code['mma']), (case, kernel)
+            assert code['copies'].get('cp.async.cg.shared.global', 0) >= 1
+        assert compiled[case]['_classify_kernel']['grid'] == [507, 1, 1]
+        assert compiled[case]['_grad_kernel']['grid'] == [507, 12, 1]
+        assert compiled[case]['_grad_kernel']['memory'].get(
+            'st.global.v4.b32', 0) >= 1, case
+    for code in compiled['fp64_classifier_h100'].values():
+        assert any(op.endswith('f64.f64.f64.f64') for op in code['mma'])
+    for code in compiled['resnet50_fp32_classifier_h100'].values():
+        assert not code['mma']
 
 
 def test_b5_features_move_16_bytes_a_thread(compiled):

@@ -8,7 +8,7 @@ from mmengine.logging import print_log
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
 from ..params import exclude_by_module, select_parameters
-from ..probe import PREDICTION_KINDS, check_prediction_kind
+from ..probe import PREDICTION_KINDS, check_norm_tap, check_prediction_kind
 from ..stag import anchor_coefficients, stag_beta
 from ..stag_loss import STAGLoss
 from ..stats import PassStats, StepStats
@@ -74,8 +74,10 @@ class BaseMethod:
         self.trainable_cfg = dict(trainable or self.default_trainable)
         self.restart_beta_per_stage = bool(
             (self.stag_cfg or {}).get('restart_beta_per_stage', False))
-        #: ||h|| tapped beside the classifier (STAGLoss's feature_norm)
-        self.norm_tap = bool((self.stag_cfg or {}).get('norm_tap', False))
+        #: ||h|| tapped beside the classifier (STAGLoss's feature_norm):
+        #: False, True or 'fused' (HeadProbe.record)
+        self.norm_tap = check_norm_tap(
+            (self.stag_cfg or {}).get('norm_tap', False))
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
         self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
         if self.cuda_graph:
@@ -153,8 +155,14 @@ class BaseMethod:
                                      self.graph_warmup,
                                      zero_grad=self.zero_grad)
         self.model = model
-        self.adapter = adapter.tapping_norms() if self.norm_tap else adapter
+        self.adapter = adapter.tapping_norms(self.norm_tap) \
+            if self.norm_tap else adapter
         self.classifier = adapter.classifier(model)
+        if self.norm_tap == 'fused':  # before the first batch, not in it
+            from ..classifier_triton import (check_device,
+                                             check_fused_classifier)
+            check_fused_classifier(self.classifier)
+            check_device(self.classifier.weight)
         model.requires_grad_(False)
         self.set_modes(model)
         if not self.updates:
@@ -319,9 +327,9 @@ class BaseMethod:
             weight, bias = self.classifier.weight, self.classifier.bias
             if self.norm_tap and fwd.feature_norms is None:
                 raise RuntimeError(
-                    f'{self.name}: stag.norm_tap=True, but this forward pass '
-                    'did not tap ||h|| (it ran without gradients or not '
-                    "through the method's adapter)")
+                    f'{self.name}: stag.norm_tap={self.norm_tap!r}, but this '
+                    'forward pass did not tap ||h|| (it ran without '
+                    "gradients or not through the method's adapter)")
             # eq:stag_batch_loss, over every sample (pixel) of the pass
             l_stag = self.stag_loss.over_outputs(
                 fwd.head_outputs, weight, bias,

@@ -20,13 +20,25 @@ def run(cfg, batches):
     return method, predictions
 
 
+def interpreting():
+    from mmseg_stag.core import stag_triton
+    return stag_triton.interpreting()
+
+
 @pytest.mark.parametrize('name', list(METHODS))
-def test_every_method_takes_the_tap_with_the_same_updates(name):
+@pytest.mark.parametrize('tap', [True, 'fused'])
+def test_every_method_takes_the_tap_with_the_same_updates(name, tap):
+    """``'fused'``: the classifier run by the Triton kernels (here
+    interpreted, in the testbed's float64: equal to ~1e-15)."""
+    if tap == 'fused':
+        pytest.importorskip('triton')
+        if not interpreting():
+            pytest.skip('TRITON_INTERPRET is not 1')
     cfg = METHODS[name]
     plain, want = run(cfg, BATCHES[:4])
-    tapped_cfg = dict(cfg, stag=dict(cfg['stag'], norm_tap=True))
+    tapped_cfg = dict(cfg, stag=dict(cfg['stag'], norm_tap=tap))
     tapped, got = run(tapped_cfg, BATCHES[:4])
-    assert tapped.norm_tap and tapped.adapter.tap_norms
+    assert tapped.norm_tap == tapped.adapter.tap_norms == tap
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for p, q in zip(tapped.model.parameters(), plain.model.parameters()):

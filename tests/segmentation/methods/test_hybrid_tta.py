@@ -237,29 +237,41 @@ def test_switch_window_threshold_and_state():
         TuningSwitch(window=0)
 
 
+def fused_runs_here():
+    """``norm_tap='fused'`` on the CPU: in Triton's interpreter."""
+    try:
+        from mmseg_stag.core import stag_triton
+    except ImportError:
+        return False
+    return stag_triton.interpreting()
+
+
 @pytest.mark.parametrize('method', ['tent-stag', 'hybrid-tta-stag'])
 def test_the_norm_tap_through_the_configs(method, tiny_acdc, tiny_checkpoint,
                                           tmp_path):
-    """``--cfg-options test_cfg.method.stag.norm_tap=True`` on the ACDC
-    configs (Hybrid-TTA's student runs masked, through ``run=``): the same
-    adapted weights as without, to float32 rounding. With SGD: Adam turns
+    """``--cfg-options test_cfg.method.stag.norm_tap=True`` (and
+    ``'fused'``, in Triton's interpreter) on the ACDC configs (Hybrid-TTA's
+    student runs masked, through ``run=``): the same adapted weights as
+    without, to float32 rounding. With SGD: Adam turns
     a rounding difference in a near-zero gradient into a step of ``lr``
     (Hybrid-TTA's attention biases differ by ~3e-4 then, by 2e-7 here)."""
     extra = dict(OPTIONS if method.startswith('hybrid') else {}, **{
         'test_cfg.method.optimizer': dict(_delete_=True, type='SGD',
                                           lr=1e-3)})
     states = []
-    for tap in (False, True):
+    taps = [False, True] + (['fused'] if fused_runs_here() else [])
+    for tap in taps:
         runner = make_runner(method, tiny_acdc, tiny_checkpoint,
                              tmp_path / str(tap), extra=dict(
                                  extra, **{'test_cfg.method.stag.norm_tap':
                                            tap}))
         before = {k: v.clone() for k, v in runner.model.state_dict().items()}
         runner.test()
-        assert runner.test_loop.method.norm_tap is tap
+        assert runner.test_loop.method.norm_tap == tap
         states.append(runner.model.state_dict())
         assert any(not torch.equal(v, states[-1][k])
                    for k, v in before.items())  # it adapted
-    for key, value in states[0].items():
-        torch.testing.assert_close(states[1][key], value, rtol=1e-5,
-                                   atol=1e-6, msg=key)
+    for state in states[1:]:
+        for key, value in states[0].items():
+            torch.testing.assert_close(state[key], value, rtol=1e-5,
+                                       atol=1e-6, msg=key)
