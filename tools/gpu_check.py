@@ -120,7 +120,9 @@ def parse_args(argv=None):
                    'whose +STAG arm also runs, in the same interleaved '
                    "steps, with ||h|| tapped beside the classifier "
                    "(stag.norm_tap), with the term's Triton kernels where "
-                   'Triton runs, and with both (default: tent_graph, whose '
+                   'Triton runs, with both, and with the Triton kernels '
+                   "beside the classifier's own Triton GEMM "
+                   "(stag.norm_tap='fused') (default: tent_graph, whose "
                    'graphed steps resolve a fraction of a percent; none: '
                    'no such arms; not with --stag-compile / --stag-triton)')
     for flag, default, _, text in COUNTS:

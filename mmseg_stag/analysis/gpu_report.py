@@ -134,7 +134,8 @@ def md_step_cost(r):
         out += ['', 'Other +STAG arms, in the same interleaved steps '
                 '(`--extra-stag-arms`: tap, `||h||` tapped beside the '
                 "classifier, `stag.norm_tap=True`; triton, the term's "
-                'Triton kernels):', '']
+                "Triton kernels; fused, `||h||` from the classifier's own "
+                "Triton GEMM, `stag.norm_tap='fused'`):", '']
         out += markdown_table(
             ('model', 'baseline', 'precision', 'arm', 'pairs',
              'STAG time share (%)', 'per-pair ratio (median, min–max)',

@@ -380,8 +380,9 @@ def triton_runs(ctx):
 def extra_stag_arms(ctx, kind, stag):
     """``{label: stag options}``: for the baselines ``--extra-stag-arms``
     names, the +STAG arm again with ``||h||`` tapped beside the classifier
-    (``tap``), with the term's Triton kernels where they run (``triton``)
-    and with both (``triton tap``)."""
+    (``tap``), with the term's Triton kernels where they run (``triton``),
+    with both (``triton tap``) and with the term's kernels beside the
+    classifier's own Triton GEMM (``triton fused``: ``norm_tap='fused'``)."""
     args = ctx.args
     if kind not in args.extra_stag_arms or args.stag_compile or \
             args.stag_triton:
@@ -391,6 +392,8 @@ def extra_stag_arms(ctx, kind, stag):
         arms[f'{kind}+stag triton'] = dict(stag, triton=True)
         arms[f'{kind}+stag triton tap'] = dict(stag, triton=True,
                                                norm_tap=True)
+        arms[f'{kind}+stag triton fused'] = dict(stag, triton=True,
+                                                 norm_tap='fused')
     return arms
 
 

@@ -85,7 +85,7 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     assert rows[4]['settings'].startswith('batch 1, 128x64')
     for row in rows:
         extra = {row['method'] + '+stag' + arm for arm in (
-            ' tap', ' triton', ' triton tap')} \
+            ' tap', ' triton', ' triton tap', ' triton fused')} \
             if row['method'] == 'tent' else set()
         assert set(row['arms']) == {row['method'],
                                     row['method'] + '+stag'} | extra
@@ -135,7 +135,8 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
         assert heading in text, heading
     assert 'not a measurement' in text
     assert 'images/s' in text and 'peak allocated (MB)' in text
-    assert '| tent+stag triton tap |' in text and 'Other +STAG arms' in text
+    assert '| tent+stag triton fused |' in text
+    assert 'Other +STAG arms' in text
 
 
 def run_suite(tmp_path, source, **args):
@@ -305,8 +306,9 @@ def test_budget_picks_the_pairs(gpu_check):
     # x 2 precisions
     rows = 2 * (4 + 2)
     # --extra-stag-arms' default: the two tent_graph rows, each with the
-    # tap, and where Triton imports the Triton term and both
-    extra = 2 * 2 * (3 if importlib.util.find_spec('triton') else 1)
+    # tap, and where Triton imports the Triton term, both, and the Triton
+    # term beside the fused classifier
+    extra = 2 * 2 * (4 if importlib.util.find_spec('triton') else 1)
     seconds = gpu_steps.pair_seconds(ctx, plan)
     assert seconds == pytest.approx(gpu_steps.PAIRS_SHARE * (
         600 - rows * gpu_steps.ROW_OVERHEAD_S
