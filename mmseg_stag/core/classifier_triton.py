@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from . import stag_triton
 from .stag_triton import _kernel, interpreting
 
 
@@ -244,11 +245,8 @@ def check_fused_classifier(module: nn.Module, name: str = 'classifier'
 
 def check_device(tensor: torch.Tensor) -> None:
     """``ValueError`` unless the kernels can run on ``tensor``."""
-    if not tensor.is_cuda and not interpreting():
-        raise ValueError(
-            "stag.norm_tap='fused' runs on CUDA tensors, got a "
-            f'{tensor.device.type} tensor (on the CPU only under '
-            "Triton's interpreter, TRITON_INTERPRET=1); use norm_tap=True")
+    stag_triton.check_device(tensor, "stag.norm_tap='fused'",
+                             '; use norm_tap=True')
 
 
 def classify_with_norm(module: nn.Module, features: torch.Tensor

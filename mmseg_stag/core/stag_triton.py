@@ -24,13 +24,17 @@ def interpreting() -> bool:
     return os.environ.get('TRITON_INTERPRET', '0') == '1'
 
 
-def check_device(tensor: torch.Tensor) -> None:
-    """``ValueError`` unless the kernels can run on ``tensor``."""
+def check_device(tensor: torch.Tensor,
+                 option: str = 'STAGLoss(triton=True)',
+                 instead: str = '') -> None:
+    """``ValueError`` unless Triton's kernels can run on ``tensor``,
+    naming the ``option`` that launches them (and what to use
+    ``instead``)."""
     if not tensor.is_cuda and not interpreting():
         raise ValueError(
-            'STAGLoss(triton=True) runs on CUDA tensors, got a '
-            f'{tensor.device.type} tensor (on the CPU only under '
-            "Triton's interpreter, TRITON_INTERPRET=1)")
+            f'{option} runs on CUDA tensors, got a {tensor.device.type} '
+            "tensor (on the CPU only under Triton's interpreter, "
+            f'TRITON_INTERPRET=1){instead}')
 
 
 def _forward_kernel(z_ptr, h_ptr, x_ptr, norm_ptr, table_ptr, eps_ptr,
