@@ -154,3 +154,27 @@ def count_dispatched_ops(fn):
     with counter:
         fn()
     return counter.ops
+
+
+def watch_launches(monkeypatch, seen, module=None):
+    """Each launch of ``module``'s Triton kernels (``mmseg_stag.core.
+    stag_triton``'s by default, or ``classifier_triton``'s) runs as it
+    would, after ``seen(fn, args)``, outside any dispatch mode: the ops
+    Triton's interpreter dispatches to run a kernel on the CPU are not the
+    step's."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    if module is None:
+        from mmseg_stag.core import stag_triton as module
+    kernel = module._kernel
+
+    class Watched:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen(self.fn, args)
+                with _disable_current_modes():
+                    kernel(self.fn)[grid](*args, **kwargs)
+            return launch
+    monkeypatch.setattr(module, '_kernel', Watched)

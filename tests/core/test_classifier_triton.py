@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from host_syncs import HostSyncCounter, count_dispatched_ops
+from host_syncs import HostSyncCounter, count_dispatched_ops, watch_launches
 from mmseg_stag.core import HeadProbe
 from mmseg_stag.core.methods import TENT
 from mmseg_stag.core.stag import tap_feature_norm
@@ -18,7 +18,6 @@ pytest.importorskip('triton')
 from mmseg_stag.core import classifier_triton, stag_triton  # noqa: E402
 from reference.adaptation_testbed import CNN_ADAPTER, make_cnn  # noqa
 from test_norm_tap import TwoCalls  # noqa: E402
-from test_stag_triton import watch_launches  # noqa: E402
 
 interpreted = pytest.mark.skipif(
     not stag_triton.interpreting(), reason='TRITON_INTERPRET is not 1')

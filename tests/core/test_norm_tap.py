@@ -92,7 +92,7 @@ def test_the_features_gradient_is_written_once_beside_the_classifiers(
     loss_fn = STAGLoss(check_finite=False, **TERMS[term])
     kernel_outputs = []
     if term == 'triton':
-        from test_stag_triton import watch_launches
+        from host_syncs import watch_launches
 
         def seen(fn, args):
             if fn.__name__ == '_backward_kernel':

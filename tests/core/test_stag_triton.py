@@ -11,9 +11,8 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
-from host_syncs import HostSyncCounter, count_dispatched_ops
+from host_syncs import HostSyncCounter, count_dispatched_ops, watch_launches
 from mmseg_stag.analysis.step_benchmark import capture_graph
 from mmseg_stag.core import STAGLoss, stag
 from test_stag_analytic import (logits_of, make_inputs, one_step, rel,
@@ -112,26 +111,6 @@ def test_float32_and_bfloat16_features():
                        (exact[0], ) + exact[1]):
         assert rel(g, x) <= rel(e, x) + 1e-7
         assert rel(g, x) < 1e-2
-
-
-def watch_launches(monkeypatch, seen, module=stag_triton):
-    """Each launch of ``module``'s kernels (stag_triton's or
-    classifier_triton's) runs as it would, after ``seen(fn, args)``,
-    outside any dispatch mode: the ops the interpreter dispatches to run a
-    kernel on the CPU are not the step's."""
-    kernel = module._kernel
-
-    class Watched:
-        def __init__(self, fn):
-            self.fn = fn
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen(self.fn, args)
-                with _disable_current_modes():
-                    kernel(self.fn)[grid](*args, **kwargs)
-            return launch
-    monkeypatch.setattr(module, '_kernel', Watched)
 
 
 def launches_and_ops(step, monkeypatch):

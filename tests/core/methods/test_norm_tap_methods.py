@@ -1,12 +1,16 @@
-"""``stag.norm_tap=True`` in every method with STAG (test_method_state's
-configurations): each forward pass the method computes STAG on is tapped
-(a pass that is not raises), and the stream's predictions and parameters
-equal those without the tap to float32 rounding."""
+"""``stag.norm_tap=True`` and ``'fused'`` in every method with STAG
+(test_method_state's configurations): each forward pass the method
+computes STAG on is tapped (a pass that is not raises), and the stream's
+predictions and parameters equal those without the tap to float32
+rounding; what STAG adds to a TENT step, in dispatched ops."""
+import collections
+
 import pytest
 import torch
 from reference.adaptation_testbed import adapt
 from test_method_state import BATCHES, METHODS, start
 
+from host_syncs import count_dispatched_ops
 from mmseg_stag.core import Batch
 
 
@@ -53,3 +57,54 @@ def test_an_untapped_pass_is_refused():
     fwd.feature_norms = None
     with pytest.raises(RuntimeError, match='did not tap'):
         method.loss(Batch(BATCHES[0]), fwd)
+
+
+#: what only allocates (no kernel on a GPU)
+ALLOCATIONS = {'empty', 'new_empty', 'empty_like'}
+
+
+def test_what_stag_adds_to_a_tent_step(monkeypatch):
+    """The CPU proxy of STAG's in-step cost on a GPU: the ops a TENT+STAG
+    step dispatches beyond TENT's (test_base_method's per-pixel model,
+    SGD). The default's written-out term adds over 40; with its Triton
+    kernels and the fused classifier (``norm_tap='fused'``) 2 launches
+    and at most 6 computing ops (``beta L_STAG``, its mean, the sum into
+    the logits' gradient), the classifier's convolution and its backward
+    replaced by the GEMM's 2 launches; no host read either way."""
+    pytest.importorskip('triton')
+    if not interpreting():
+        pytest.skip('TRITON_INTERPRET is not 1')
+    from host_syncs import HostSyncCounter, watch_launches
+    from mmseg_stag.core import classifier_triton, stag_triton
+    from mmseg_stag.core.methods import TENT
+    from test_base_method import ADAPTER, images, make_model
+    launches = []
+    for module in (stag_triton, classifier_triton):
+        watch_launches(monkeypatch, lambda fn, args: launches.append(
+            fn.__name__), module)
+    x = images(1, n=2)
+
+    def step_ops(stag):
+        method = TENT(stag=stag, optimizer=dict(type='SGD', lr=1e-3))
+        method.configure(make_model(), ADAPTER)
+        method.adapt(Batch(x))  # the anchors, once
+        launches.clear()
+        counter = HostSyncCounter()
+        with counter:
+            method.adapt(Batch(x))
+        assert counter.calls == []
+        launches.clear()
+        return collections.Counter(count_dispatched_ops(
+            lambda: method.adapt(Batch(x))))
+    tent = step_ops(None)
+    stag = dict(beta0=50.0, gamma=5.0)
+    written_out = step_ops(dict(stag, analytic_backward=True))
+    assert sum((written_out - tent).values()) > 40
+    fused = step_ops(dict(stag, triton=True, norm_tap='fused'))
+    assert sorted(launches) == ['_backward_kernel', '_classify_kernel',
+                                '_forward_kernel', '_grad_kernel']
+    assert tent - fused == collections.Counter(
+        {'convolution': 1, 'convolution_backward': 1})
+    added = {op: n for op, n in (fused - tent).items()
+             if op not in ALLOCATIONS}
+    assert sum(added.values()) <= 6, added
