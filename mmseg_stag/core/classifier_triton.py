@@ -229,13 +229,13 @@ def _check_size(features, logits):
 def check_fused_classifier(module: nn.Module, name: str = 'classifier'
                            ) -> None:
     """``ValueError`` unless ``module`` is a ``Linear`` or a 1x1
-    ``Conv2d`` (stride 1, no padding, one group) the kernels can run."""
+    ``Conv2d`` (stride 1, no padding, one group) the kernels can run (a
+    1x1 kernel's dilation changes nothing, nor does ``padding='same'``)."""
     if isinstance(module, nn.Linear):
         return
     if isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1) and \
             module.stride == (1, 1) and module.groups == 1 and \
-            module.padding in ((0, 0), 'valid') and \
-            module.dilation == (1, 1):
+            module.padding in ((0, 0), 'valid', 'same'):
         return
     raise ValueError(
         f"stag.norm_tap='fused' runs the classifier {name!r} as a GEMM: it "

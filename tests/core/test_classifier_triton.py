@@ -181,8 +181,10 @@ def test_bad_classifiers_options_and_devices_are_refused(monkeypatch):
     check = classifier_triton.check_fused_classifier
     check(nn.Linear(3, 2))
     check(nn.Conv2d(3, 2, 1))
+    check(nn.Conv2d(3, 2, 1, padding='same', dilation=2))
     for module in (nn.Conv2d(3, 2, 3), nn.Conv2d(4, 2, 1, groups=2),
-                   nn.Conv2d(3, 2, 1, stride=2), nn.Sequential()):
+                   nn.Conv2d(3, 2, 1, stride=2), nn.Conv2d(3, 2, 1, padding=1),
+                   nn.Sequential()):
         with pytest.raises(ValueError, match="'head'.*norm_tap=True"):
             check(module, 'head')
     with pytest.raises(ValueError, match='stag.norm_tap must be one of'):
