@@ -207,6 +207,11 @@ def test_bad_classifiers_options_and_devices_are_refused(monkeypatch):
         method.configure(make_cnn(), CNN_ADAPTER)
     with pytest.raises(ValueError, match='norm_tap must be one of'):
         TENT(stag=dict(stag, norm_tap='on'))
+    import importlib.util
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name: None)
+    with pytest.raises(ImportError, match="norm_tap='fused' needs the "
+                       'triton package'):
+        TENT(stag=stag)
 
 
 def test_past_32_bit_offsets_is_refused():

@@ -1,5 +1,6 @@
 """The base class of the online-adaptation methods and STAG's place in it;
 the life cycle of DequanWang/tent's tent.py (Tent.forward)."""
+import importlib.util
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -78,6 +79,11 @@ class BaseMethod:
         #: False, True or 'fused' (HeadProbe.record)
         self.norm_tap = check_norm_tap(
             (self.stag_cfg or {}).get('norm_tap', False))
+        if self.norm_tap == 'fused' and \
+                importlib.util.find_spec('triton') is None:
+            raise ImportError("stag.norm_tap='fused' needs the triton "
+                              'package (CUDA builds of torch bring it); '
+                              'use norm_tap=True')
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
         self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
         if self.cuda_graph:
