@@ -39,7 +39,7 @@ if REPO not in sys.path:
 
 from mmseg_stag.analysis.gpu_report import write_report  # noqa: E402
 from mmseg_stag.analysis.gpu_steps import (  # noqa: E402
-    MEASURES, MIT_MODES, NVLABS_CFG, PRECISIONS, QUICK_SEG,
+    MEASURES, MIT_MODES, NORM_TAP_FLAGS, NVLABS_CFG, PRECISIONS, QUICK_SEG,
     QUICK_SEG_CHANNELS, SEG_METHODS, free_memory, run_tests)
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
@@ -114,6 +114,13 @@ def parse_args(argv=None):
     terms.add_argument('--stag-triton', action='store_true',
                        help="step_cost's +STAG arms with the term's Triton "
                        'kernels (stag=dict(..., triton=True))')
+    p.add_argument('--stag-norm-tap', choices=sorted(NORM_TAP_FLAGS),
+                   help="step_cost's +STAG arms with ||h|| tapped beside "
+                   'the classifier (tap: stag.norm_tap=True) or from the '
+                   "classifier's own Triton GEMM (fused: "
+                   "stag.norm_tap='fused'), every baseline's (with "
+                   '--stag-triton too: the term in Triton beside it; no '
+                   'extra arms then)')
     p.add_argument('--extra-stag-arms', nargs='*', choices=SEG_METHODS,
                    default=['tent_graph'], metavar='BASELINE',
                    help="step_cost's baselines (SegFormer and ResNet-50) "

@@ -43,6 +43,9 @@ ROW_OVERHEAD_S, PAIRS_SHARE = 15.0, 0.8
 #: graphed arms' rows, not timed alone yet)
 EXTRA_ARM_S = 5.0
 
+#: ``--stag-norm-tap``'s values: ``stag.norm_tap`` for every +STAG arm
+NORM_TAP_FLAGS = {'tap': True, 'fused': 'fused'}
+
 #: the SegFormer rows' MiT: (attention, token_maps) of
 #: segmentation/models/fast_mit.py, by name
 MIT_MODES = {'mmseg': ('mmseg', 'copy'), 'sdpa': ('sdpa', 'copy'),
@@ -385,7 +388,7 @@ def extra_stag_arms(ctx, kind, stag):
     classifier's own Triton GEMM (``triton fused``: ``norm_tap='fused'``)."""
     args = ctx.args
     if kind not in args.extra_stag_arms or args.stag_compile or \
-            args.stag_triton:
+            args.stag_triton or args.stag_norm_tap:
         return {}
     arms = {f'{kind}+stag tap': dict(stag, norm_tap=True)}
     if triton_runs(ctx):
@@ -410,6 +413,10 @@ def method_cost(ctx, built, kind):
         stag, note = dict(stag, compile=True), note + ', STAG term compiled'
     elif ctx.args.stag_triton:
         stag, note = dict(stag, triton=True), note + ', STAG term in Triton'
+    if ctx.args.stag_norm_tap:
+        tap = NORM_TAP_FLAGS[ctx.args.stag_norm_tap]
+        stag = dict(stag, norm_tap=tap)
+        note += f', stag.norm_tap={tap!r}'
     pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
         else ctx.args.method_pairs
     for name in ctx.args.precisions:

@@ -382,3 +382,25 @@ def test_the_targets_held_against_the_fifth_h100_run():
     assert ('| tent_graph+stag 1.0116 (1.0068–1.0250), tent_graph+stag '
             'triton fused 1.0021 (1.0001–1.0050) | tent_graph+stag triton '
             'fused |') in text
+
+
+def test_every_stag_arm_with_the_triton_term_and_the_fused_classifier(
+        tmp_path):
+    """``--stag-triton --stag-norm-tap fused``: each +STAG arm runs the
+    term's Triton kernels beside the classifier's own Triton GEMM (here
+    in Triton's interpreter), said in each row's settings; no extra arms
+    then."""
+    pytest.importorskip('triton')
+    out = tmp_path / 'report'
+    proc = run_gpu_check('--allow-cpu', '--quick', '--out-dir', str(out),
+                         '--only', 'step_cost', '--seg-methods', 'tent',
+                         '--stag-triton', '--stag-norm-tap', 'fused')
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((out / 'gpu_check.json').read_text())
+    rows = {s['name']: s for s in report['steps']}['step_cost']['result'][
+        'rows']
+    assert rows and all(
+        row['settings'].endswith("STAG term in Triton, "
+                                 "stag.norm_tap='fused'") and
+        set(row['arms']) == {row['method'], row['method'] + '+stag'}
+        for row in rows)
