@@ -151,18 +151,18 @@ def compile_case(name):
 
 
 #: the fused classifier's kernels (``stag.norm_tap='fused'``) as a GPU
-#: would launch them: (module, its input's shape, dtype, arch)
+#: would launch them: (module, its input's shape, dtype, SMs, arch)
 CLASSIFIER_CASES = {
     # the B5's decode head classifier at 960x540 (1/4 resolution), bf16
     'b5_bf16_classifier_h100': (('Conv2d', 768, 19), (1, 768, 135, 240),
-                                'bfloat16', 90),
+                                'bfloat16', 132, 90),
     'b5_bf16_classifier_a100': (('Conv2d', 768, 19), (1, 768, 135, 240),
-                                'bfloat16', 80),
+                                'bfloat16', 108, 80),
     # ResNet-50's fc at batch 64 in float32 (TF32 off)
     'resnet50_fp32_classifier_h100': (('Linear', 2048, 1000), (64, 2048),
-                                      'float32', 90),
+                                      'float32', 132, 90),
     'fp64_classifier_h100': (('Conv2d', 64, 19), (2, 64, 32, 32), 'float64',
-                             90),
+                             132, 90),
 }
 
 
@@ -174,14 +174,16 @@ def compile_classifier_case(name):
     from torch import nn
 
     from mmseg_stag.core import classifier_triton
-    (kind, dim, classes), shape, dtype, arch = CLASSIFIER_CASES[name]
+    (kind, dim, classes), shape, dtype, sms, arch = CLASSIFIER_CASES[name]
     dtype = getattr(torch, dtype)
     module = getattr(nn, kind)(dim, classes, 1) if kind == 'Conv2d' else \
         nn.Linear(dim, classes)
     module = module.to(dtype).requires_grad_(False)
     features = torch.zeros(shape, dtype=dtype, requires_grad=True)
     check = classifier_triton.check_device
+    multiprocessors = classifier_triton._multiprocessors
     classifier_triton.check_device = lambda tensor: None
+    classifier_triton._multiprocessors = lambda tensor: sms
 
     def step():
         logits, norm = classifier_triton.classify_with_norm(module, features)
@@ -191,6 +193,7 @@ def compile_classifier_case(name):
         launches = launches_of(step)
     finally:
         classifier_triton.check_device = check
+        classifier_triton._multiprocessors = multiprocessors
     return {kernel: dict(grid=list(grid), constexprs={
         k: v for k, v in kwargs.items() if k.startswith('BLOCK')},
         **machine_code(compile_launch(fn, args, kwargs, arch)))

@@ -29,7 +29,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from . import stag_triton
-from .stag_triton import _kernel, interpreting
+from .stag_triton import _kernel, _multiprocessors, interpreting
 
 
 def _classify_kernel(h_ptr, w_ptr, b_ptr, z_ptr, norm_ptr, M, C, D,
@@ -116,20 +116,49 @@ def _grad_kernel(g_ptr, w_ptr, h_ptr, gn_ptr, norm_ptr, gh_ptr, M, C, D,
              acc.to(gh_ptr.dtype.element_ty), mask=tile)
 
 
-#: warps per program; tiles of 64 samples (pixels) by 64 features or by
-#: up to 64 classes. On the B5 at 960x540 (32,400 pixels, 768 features,
-#: 19 classes) the forward is 507 programs (~4 an H100 SM, 94 registers a
-#: thread, the features' tiles pipelined through shared memory in 3
-#: stages), the backward 507 x 12; reasoned from the code compiled for
-#: sm_90 (tests/core/test_stag_triton.py), not yet timed on a GPU.
+#: warps per program
 NUM_WARPS = 4
-BLOCK_M = 64
-BLOCK_D = 64
+#: the largest tiles: 64 samples (pixels) by 64 features or 64 classes
+BLOCK = 64
 
 
-def _class_block(num_classes):
-    """Classes a program computes (``tl.dot`` needs at least 16)."""
-    return min(max(16, triton.next_power_of_2(num_classes)), 64)
+def _halve_until_enough(blocks, sizes, wanted):
+    """``blocks`` (powers of two, >= 16: ``tl.dot``'s least), each halved
+    in turn while the grid over ``sizes`` has fewer than ``wanted``
+    programs."""
+    blocks = list(blocks)
+    for i in range(len(blocks)):
+        while blocks[i] > 16 and _programs(blocks, sizes) < wanted:
+            blocks[i] //= 2
+    return blocks
+
+
+def _programs(blocks, sizes):
+    count = 1
+    for block, size in zip(blocks, sizes):
+        count *= triton.cdiv(size, block)
+    return count
+
+
+def _blocks(batch, samples, num_classes, dim, multiprocessors):
+    """``((BLOCK_M, BLOCK_C), (BLOCK_M, BLOCK_D))`` of the forward and
+    the backward: 64-wide tiles (classes: the next power of two, 16 to
+    64), narrowed until each of the GPU's ``multiprocessors`` gets 2
+    programs where the sizes allow. The B5 at 960x540 (32,400 pixels, 768
+    features, 19 classes) keeps 64 x 32 and 64 x 64: a forward of 507
+    programs (~4 an H100 SM, 94 registers a thread, the features' tiles
+    pipelined through shared memory in 3 stages), a backward of 507 x 12;
+    a ResNet-50's fc at batch 64 (1,000 classes, 2,048 features) narrows
+    to 16-sample tiles of 16 classes (252 programs, not 16) and of 16
+    features (512, not 32). Reasoned from the code compiled for sm_90
+    (tests/core/test_stag_triton.py), not yet timed on a GPU."""
+    wanted = 2 * multiprocessors
+    block_c = min(max(16, triton.next_power_of_2(num_classes)), BLOCK)
+    forward = _halve_until_enough((BLOCK, block_c), (samples, num_classes),
+                                  wanted / batch)
+    backward = _halve_until_enough((BLOCK, BLOCK), (samples, dim),
+                                   wanted / batch)
+    return tuple(forward), tuple(backward)
 
 
 def _acc(dtype):
@@ -164,8 +193,9 @@ class FusedClassifier(torch.autograd.Function):
         norm = torch.empty((batch, 1, samples), device=features.device,
                            dtype=torch.float32 if half else features.dtype)
         _check_size(features, z)
-        block_c = _class_block(num_classes)
-        _kernel(_classify_kernel)[(triton.cdiv(samples, BLOCK_M),
+        (block_m, block_c), _ = _blocks(batch, samples, num_classes, dim,
+                                        _multiprocessors(features))
+        _kernel(_classify_kernel)[(triton.cdiv(samples, block_m),
                                    triton.cdiv(num_classes, block_c),
                                    batch)](
             features, weight, weight if bias is None else bias, z, norm,
@@ -174,7 +204,7 @@ class FusedClassifier(torch.autograd.Function):
             HAS_BIAS=bias is not None,
             PRECISION=_precision(weight.dtype, tf32),
             ACC=_acc(weight.dtype), UPCAST=_upcast(weight.dtype),
-            BLOCK_M=BLOCK_M, BLOCK_C=block_c, BLOCK_K=BLOCK_D,
+            BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_K=BLOCK,
             num_warps=NUM_WARPS)
         ctx.save_for_backward(features, weight, norm)
         ctx.tf32 = tf32
@@ -195,8 +225,10 @@ class FusedClassifier(torch.autograd.Function):
             num_classes = weight.shape[0]
             has_norm = grad_norm is not None
             gn = grad_norm.expand_as(norm) if has_norm else norm
-            _kernel(_grad_kernel)[(triton.cdiv(samples, BLOCK_M),
-                                   triton.cdiv(dim, BLOCK_D), batch)](
+            _, (block_m, block_d) = _blocks(batch, samples, num_classes,
+                                            dim, _multiprocessors(features))
+            _kernel(_grad_kernel)[(triton.cdiv(samples, block_m),
+                                   triton.cdiv(dim, block_d), batch)](
                 grad_z, weight, features, gn, norm, grad_h, samples,
                 num_classes, dim, *grad_z.stride(), *weight.stride(),
                 *features.stride(), *grad_h.stride(), gn.stride(0),
@@ -204,8 +236,10 @@ class FusedClassifier(torch.autograd.Function):
                 HAS_NORM=has_norm,
                 PRECISION=_precision(weight.dtype, ctx.tf32),
                 ACC=_acc(weight.dtype), UPCAST=_upcast(weight.dtype),
-                BLOCK_M=BLOCK_M, BLOCK_C=_class_block(num_classes),
-                BLOCK_D=BLOCK_D, num_warps=NUM_WARPS)
+                BLOCK_M=block_m,
+                BLOCK_C=min(max(16, triton.next_power_of_2(num_classes)),
+                            BLOCK),
+                BLOCK_D=block_d, num_warps=NUM_WARPS)
         if ctx.needs_input_grad[1]:  # a trained classifier: sum_n g h^T
             grad_w = torch.einsum('ncm,ndm->cd', grad_z,
                                   features.to(grad_z.dtype))

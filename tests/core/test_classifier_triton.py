@@ -214,6 +214,20 @@ def test_bad_classifiers_options_and_devices_are_refused(monkeypatch):
         TENT(stag=stag)
 
 
+def test_tiles_narrow_until_each_multiprocessor_has_two_programs():
+    """``((BLOCK_M, BLOCK_C), (BLOCK_M, BLOCK_D))``: the B5 at 960x540
+    keeps 64-wide tiles on an H100 (132 SMs) and an A100 (108); a
+    ResNet-50's fc at batch 64 narrows to 16; a batch of 2 counts twice;
+    never under 16 (``tl.dot``'s least)."""
+    blocks = classifier_triton._blocks
+    assert blocks(1, 32400, 19, 768, 132) == ((64, 32), (64, 64))
+    assert blocks(1, 32400, 19, 768, 108) == ((64, 32), (64, 64))
+    assert blocks(1, 64, 1000, 2048, 132) == ((16, 16), (16, 16))
+    assert blocks(2, 35, 19, 24, 1) == ((64, 32), (64, 64))
+    assert blocks(1, 6, 5, 24, 1) == ((16, 16), (16, 16))
+    assert blocks(1, 128, 19, 64, 4) == ((16, 32), (16, 64))
+
+
 def test_past_32_bit_offsets_is_refused():
     huge = torch.empty(2**29, 2, 2, device='meta').transpose(0, 2)
     with pytest.raises(ValueError, match="classifier's features .* span "

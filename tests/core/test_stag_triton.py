@@ -234,21 +234,19 @@ def test_kernels_compile_for_gpus_without_spilling(compiled):
                                 {'_classify_kernel', '_grad_kernel'}), case
         for kernel, code in kernels.items():
             assert code['local'] == 0 and code['stack'] == 0, (case, kernel)
-            if case in triton_aot.CASES:
-                assert code['regs'] <= 128, (case, kernel, code['regs'])
+            assert code['regs'] <= 128, (case, kernel, code['regs'])
 
 
 def test_the_fused_classifier_on_tensor_cores(compiled):
     """``stag.norm_tap='fused'`` on the B5 (bf16): both GEMMs on tensor
     cores (``mma``/``wgmma`` on bf16), the features' tiles copied to
     shared memory 16 bytes a thread (``cp.async.cg``, pipelined), the
-    gradient written 16 bytes a thread; in 94 registers or fewer (4
-    programs of 4 warps an SM at most 128). float64 on the float64 MMA
-    (``mma...f64``), its tiles in more registers (~170) but none
-    spilled; a ResNet-50's float32 fc with TF32 off on no tensor core."""
+    gradient written 16 bytes a thread, in 507 and 507 x 12 programs.
+    float64 on the float64 MMA (``mma...f64``); a ResNet-50's float32 fc
+    with TF32 off on no tensor core, in 16-sample tiles: 252 programs
+    forward, 512 backward (64-wide tiles would be 16 and 32)."""
     for case in ('b5_bf16_classifier_h100', 'b5_bf16_classifier_a100'):
         for kernel, code in compiled[case].items():
-            assert code['regs'] <= 128, (case, kernel, code['regs'])
             assert any('bf16' in op for op in code['mma']), (case, kernel)
             assert code['copies'].get('cp.async.cg.shared.global', 0) >= 1
         assert compiled[case]['_classify_kernel']['grid'] == [507, 1, 1]
@@ -257,8 +255,11 @@ def test_the_fused_classifier_on_tensor_cores(compiled):
             'st.global.v4.b32', 0) >= 1, case
     for code in compiled['fp64_classifier_h100'].values():
         assert any(op.endswith('f64.f64.f64.f64') for op in code['mma'])
-    for code in compiled['resnet50_fp32_classifier_h100'].values():
+    resnet = compiled['resnet50_fp32_classifier_h100']
+    for code in resnet.values():
         assert not code['mma']
+    assert resnet['_classify_kernel']['grid'] == [4, 63, 1]
+    assert resnet['_grad_kernel']['grid'] == [4, 128, 1]
 
 
 def test_b5_features_move_16_bytes_a_thread(compiled):
