@@ -140,6 +140,11 @@ def _programs(blocks, sizes):
     return count
 
 
+def _class_tile(num_classes):
+    """Classes a tile holds: the next power of two, 16 to 64."""
+    return min(max(16, triton.next_power_of_2(num_classes)), BLOCK)
+
+
 def _blocks(batch, samples, num_classes, dim, multiprocessors):
     """``((BLOCK_M, BLOCK_C), (BLOCK_M, BLOCK_D))`` of the forward and
     the backward: 64-wide tiles (classes: the next power of two, 16 to
@@ -153,7 +158,7 @@ def _blocks(batch, samples, num_classes, dim, multiprocessors):
     features (512, not 32). Reasoned from the code compiled for sm_90
     (tests/core/test_stag_triton.py), not yet timed on a GPU."""
     wanted = 2 * multiprocessors
-    block_c = min(max(16, triton.next_power_of_2(num_classes)), BLOCK)
+    block_c = _class_tile(num_classes)
     forward = _halve_until_enough((BLOCK, block_c), (samples, num_classes),
                                   wanted / batch)
     backward = _halve_until_enough((BLOCK, BLOCK), (samples, dim),
@@ -236,9 +241,7 @@ class FusedClassifier(torch.autograd.Function):
                 HAS_NORM=has_norm,
                 PRECISION=_precision(weight.dtype, ctx.tf32),
                 ACC=_acc(weight.dtype), UPCAST=_upcast(weight.dtype),
-                BLOCK_M=block_m,
-                BLOCK_C=min(max(16, triton.next_power_of_2(num_classes)),
-                            BLOCK),
+                BLOCK_M=block_m, BLOCK_C=_class_tile(num_classes),
                 BLOCK_D=block_d, num_warps=NUM_WARPS)
         if ctx.needs_input_grad[1]:  # a trained classifier: sum_n g h^T
             grad_w = torch.einsum('ncm,ndm->cd', grad_z,
