@@ -94,7 +94,8 @@ def share_cells(row):
             f"{row['stag_time_share_pct']:+.2f}",
             f"{pr['median']:.4f} ({pr['min']:.4f}–{pr['max']:.4f})",
             f"{row['stag_term_ms']:.2f} ({row['stag_term_share_pct']:.2f} %)",
-            ', '.join(f'{k} {v:.2f}' for k, v in
+            ', '.join(f'{k} {v:.2f}' if isinstance(v, float) else
+                      f'{k}: {v}' for k, v in
                       row['stag_term_variants_ms'].items()
                       if k != 'analytic'),
             ', '.join(f'{k} {v}' for k, v in
@@ -147,6 +148,14 @@ def md_step_cost(r):
                   **o['stag_pair_ratio']),
               f"{o['stag_memory_share_pct']:+.3f}")
              for row, label, o in others])
+    failed = [(row, label, error) for row in r['rows']
+              for label, error in row.get('failed_arms', {}).items()]
+    if failed:
+        out += ['', 'Arms left out, each with the error it raised while '
+                'it was made, warmed up or measured (the log has the '
+                'traceback):', '']
+        out += [f"- {row['model']}, {row['method']}, {row['precision']}: "
+                f'`{label}`: {error}' for row, label, error in failed]
     out.append('')
     for (model, kind), settings in {
             (row['model'], row['method']): row['settings']
@@ -279,7 +288,9 @@ def target_verdicts(report):
                 ' (per-pair ratio, median (min–max))',
                 f"{where}, {row['pairs']} pairs",
                 [(label, '{median:.4f} ({min:.4f}–{max:.4f})'.format(**r),
-                  r['median'] <= limit) for label, r in ratios.items()])
+                  r['median'] <= limit) for label, r in ratios.items()]
+                + [(label, 'failed', False) for label in
+                   row.get('failed_arms', {})])
         if b5 and tent and prec == 'bf16':
             add(f'TENT+STAG on the B5 <= {TENT_STAG_B5_MS:g} ms in bf16',
                 where, [(label, f"{arm['step_ms']:.2f} ms",

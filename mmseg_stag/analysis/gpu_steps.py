@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 
 #: step_cost's SegFormer baselines (step_benchmark.BASELINES), each against
 #: its +STAG arm; the ResNet-50 runs tent_graph too when it is named
@@ -276,18 +277,37 @@ def pair_seconds(ctx, plan):
         left - rows * ROW_OVERHEAD_S - extra * EXTRA_ARM_S, 0.0) / rows
 
 
+def arm_failed(label, err, failed):
+    """Note in ``failed`` an extra arm that raised, with its traceback in
+    the log, and free what it held."""
+    from mmseg_stag.analysis.step_benchmark import error_text
+    failed[label] = error_text(err)
+    print(f'[gpu_check] {label} left out: {failed[label]}\n'
+          + traceback.format_exc()[-3000:], file=sys.stderr, flush=True)
+    free_memory()
+
+
 def time_arms(task, ctx, kind, stag, pairs, extra=None):
     """Whole-step seconds of ``kind``, ``kind+stag`` and each ``extra``
     arm (``{label: stag options}``), interleaved (A B C, C B A, ...):
     ``pairs`` rounds, or (None) as many as ``ctx.pair_seconds`` allows
-    within ``--min-pairs`` .. ``--max-pairs``."""
+    within ``--min-pairs`` .. ``--max-pairs``. ``(times, failed)``: an
+    extra arm that raises while it is made or warmed up (at least one
+    step) is left out, its error in ``failed``: an option no GPU has run
+    yet does not cost the run its other figures."""
     from mmseg_stag.analysis.meters import StepTimer
     args = ctx.args
+    batch = task.batch_for(kind)
     arms = {kind: task.make_method(kind, None)[0],
             f'{kind}+stag': task.make_method(kind, stag)[0]}
+    failed = {}
     for label, options in (extra or {}).items():
-        arms[label] = task.make_method(kind, options)[0]
-    batch = task.batch_for(kind)
+        try:
+            arms[label] = task.make_method(kind, options)[0]
+            task.ours_step(arms[label], batch)
+        except Exception as err:
+            arms.pop(label, None)
+            arm_failed(label, err, failed)
     times = {label: [] for label in arms}
     for _ in range(args.warmup):
         for label in arms:
@@ -304,7 +324,7 @@ def time_arms(task, ctx, kind, stag, pairs, extra=None):
         i += 1
     del arms
     free_memory()
-    return times
+    return times, failed
 
 
 def arm_memory(task, ctx, kind, stag):
@@ -335,10 +355,12 @@ def arm_memory(task, ctx, kind, stag):
 
 
 def cost_row(model, note, batch, name, kind, times, memory, term,
-             kernels, graph_term):
+             kernels, graph_term, failed=None):
     """One model x baseline x precision (x MiT mode): each arm's figures
     and STAG's share (``other_stag_arms``: that of each arm beyond
-    ``kind+stag``)."""
+    ``kind+stag``; ``failed_arms``: the extra arms left out, their
+    errors). The term's implementations other than the written-out one
+    may carry an error's text in place of their time."""
     from mmseg_stag.analysis.step_benchmark import ratio_stats
     plus = f'{kind}+stag'
     median = {label: statistics.median(t) for label, t in times.items()}
@@ -362,13 +384,15 @@ def cost_row(model, note, batch, name, kind, times, memory, term,
         stag_pair_ratio=ratio_stats(times[kind], times[plus]),
         stag_term_ms=1e3 * term['analytic'],
         stag_term_share_pct=100 * term['analytic'] / base,
-        stag_term_variants_ms={k: 1e3 * v for k, v in term.items()},
+        stag_term_variants_ms={k: 1e3 * v if isinstance(v, float) else v
+                               for k, v in term.items()},
         stag_term_kernels=kernels,
         stag_term_graph_ms={k: 1e3 * v if isinstance(v, float) else v
                             for k, v in (graph_term or {}).items()},
         stag_memory_share_pct=100 * (
             memory[plus][key] / memory[kind][key] - 1),
-        memory_key=key, other_stag_arms=others)
+        memory_key=key, other_stag_arms=others,
+        failed_arms=dict(failed or {}))
 
 
 def triton_runs(ctx):
@@ -422,11 +446,16 @@ def method_cost(ctx, built, kind):
     for name in ctx.args.precisions:
         with precision(task, name):
             extra = extra_stag_arms(ctx, kind, stag)
-            times = time_arms(task, ctx, kind, stag, pairs, extra)
+            times, failed = time_arms(task, ctx, kind, stag, pairs, extra)
             memory = {kind: arm_memory(task, ctx, kind, None),
                       f'{kind}+stag': arm_memory(task, ctx, kind, stag)}
             for label, options in extra.items():
-                memory[label] = arm_memory(task, ctx, kind, options)
+                if label in times:
+                    try:
+                        memory[label] = arm_memory(task, ctx, kind, options)
+                    except Exception as err:
+                        del times[label]
+                        arm_failed(label, err, failed)
             variants = dict(TERM_VARIANTS)
             if kind == 'tent' and name == ctx.args.precisions[0] and \
                     not ctx.args.quick:
@@ -438,13 +467,15 @@ def method_cost(ctx, built, kind):
             # one method and forward for the three measures of the term;
             # the same leaves each call, as a graph captures them
             terms = stag_terms(task, kind, stag, variants, fixed_leaves=True)
-            term = time_terms(terms, ctx.args.term_repeats)
+            # the written-out term is the row's; the others may fail
+            term = time_terms(terms, ctx.args.term_repeats,
+                              optional=set(variants) - {'analytic'})
             kernels = count_term_kernels(terms) if ctx.cuda else None
             graph_term = time_terms_in_graph(terms, ctx.args.term_repeats) \
                 if ctx.cuda else None
             del terms
         row = cost_row(model, note, batch, name, kind, times, memory, term,
-                       kernels, graph_term)
+                       kernels, graph_term, failed)
         yield row
         print(f"[gpu_check] {model} {kind} {name}: "
               f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
@@ -453,7 +484,8 @@ def method_cost(ctx, built, kind):
               f"{row['stag_memory_share_pct']:+.3f} %" + ''.join(
                   f", {label} {row['arms'][label]['step_ms']:.1f} ms "
                   f"({other['stag_time_share_pct']:+.2f} %)"
-                  for label, other in row['other_stag_arms'].items()),
+                  for label, other in row['other_stag_arms'].items())
+              + ''.join(f', {label} left out' for label in failed),
               flush=True)
 
 

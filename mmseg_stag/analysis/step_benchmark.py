@@ -333,29 +333,52 @@ TERM_VARIANTS = {'analytic': dict(TERM_OFF, analytic_backward=True),
                  'autograd': dict(TERM_OFF, analytic_backward=False)}
 
 
-def time_terms(terms, repeats=10):
+def error_text(err):
+    """An error as a report shows it in place of a figure."""
+    return f'{type(err).__name__}: {str(err)[:300]}'
+
+
+def time_terms(terms, repeats=10, optional=()):
     """Median seconds of each call of :func:`stag_terms`: what +STAG adds,
-    without the noise of a whole step. ``{label: seconds}``."""
-    times = {label: [] for label in terms}
+    without the noise of a whole step. ``{label: seconds}``; a label of
+    ``optional`` whose call raises gets the error's text instead (printed)
+    and is called no more: one implementation no GPU has run yet does not
+    cost the others their figures."""
+    times, errors = {label: [] for label in terms}, {}
     for i in range(repeats + 1):
         for label, term in terms.items():
-            with StepTimer() as timer:
-                term()
+            if label in errors:
+                continue
+            try:
+                with StepTimer() as timer:
+                    term()
+            except Exception as err:
+                if label not in optional:
+                    raise
+                errors[label] = error_text(err)
+                print(f'STAG term {label}: {errors[label]}')
+                continue
             if i:  # the first call computes the (cached) anchors
                 times[label].append(timer.seconds)
-    return {label: statistics.median(t) for label, t in times.items()}
+    return {label: errors[label] if label in errors else
+            statistics.median(t) for label, t in times.items()}
 
 
 def count_term_kernels(terms):
     """Device operations (kernels, copies, fills) of one call of each of
     :func:`stag_terms` on a CUDA device, after a first call (anchors
-    cached, a compiled variant compiled): ``{label: count}``."""
+    cached, a compiled variant compiled): ``{label: count}``; where a
+    call raises, the error's text instead."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     counts = {}
     for label, term in terms.items():
-        term()
-        torch.cuda.synchronize()
+        try:
+            term()
+            torch.cuda.synchronize()
+        except Exception as err:  # as time_terms_in_graph: said, not fatal
+            counts[label] = error_text(err)
+            continue
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             term()
             torch.cuda.synchronize()
@@ -373,8 +396,8 @@ def time_terms_in_graph(terms, repeats):
     for label, term in terms.items():
         try:
             out[label] = replay_seconds(term, repeats)
-        except RuntimeError as err:
-            out[label] = f'{type(err).__name__}: {str(err)[:200]}'
+        except Exception as err:
+            out[label] = error_text(err)
             print(f'STAG term {label} as a CUDA graph: {out[label]}')
     return out
 

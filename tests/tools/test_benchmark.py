@@ -152,6 +152,30 @@ def test_stag_term_on_fixed_leaves_writes_its_gradients_anew():
         torch.testing.assert_close(f.grad, a, rtol=1e-4, atol=1e-9)
 
 
+def test_a_term_implementation_that_raises_is_said_not_fatal(capsys):
+    """``time_terms``: an ``optional`` implementation whose call raises
+    (as one no GPU has run might) gets its error's text, is called no
+    more, and the others are timed; any other raises."""
+    calls = []
+
+    def fine():
+        calls.append('analytic')
+
+    def broken():
+        calls.append('triton')
+        raise RuntimeError('PTX: no kernel image')
+
+    out = step_benchmark.time_terms(dict(analytic=fine, triton=broken),
+                                    repeats=3, optional={'triton'})
+    assert out['triton'] == 'RuntimeError: PTX: no kernel image'
+    assert isinstance(out['analytic'], float)
+    assert calls.count('analytic') == 4 and calls.count('triton') == 1
+    assert 'STAG term triton: RuntimeError' in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match='no kernel image'):
+        step_benchmark.time_terms(dict(analytic=broken), repeats=1,
+                                  optional={'triton'})
+
+
 def test_ecotta_memory_against_tent_and_cotta(monkeypatch, capsys):
     """The CIFAR arms on a thin WRN-28-1 (EcoTTA's K=4 preset of 12
     blocks): two passes each way for EcoTTA, the activations of every

@@ -382,6 +382,70 @@ def test_the_targets_held_against_the_fifth_h100_run():
     assert ('| tent_graph+stag 1.0116 (1.0068–1.0250), tent_graph+stag '
             'triton fused 1.0021 (1.0001–1.0050) | tent_graph+stag triton '
             'fused |') in text
+    # an arm left out is named, and meets nothing
+    row['failed_arms'] = {'tent_graph+stag triton tap': 'RuntimeError: x'}
+    text = '\n'.join(md_targets(report))
+    assert ('triton fused 1.0021 (1.0001–1.0050), tent_graph+stag triton '
+            'tap failed | tent_graph+stag triton fused |') in text
+
+
+class RaisingArms:
+    """A step-cost task whose methods are their STAG options and whose
+    step raises for the fused classifier, as a kernel no GPU has run
+    might: in a method's step, or when it is made."""
+
+    def __init__(self, fails_when='step'):
+        self.fails_when, self.steps = fails_when, []
+
+    def make_method(self, kind, stag):
+        if self.fails_when == 'made' and (stag or {}).get('norm_tap') == \
+                'fused':
+            raise ValueError('stag.norm_tap: no classifier')
+        return (kind, stag), None
+
+    def batch_for(self, kind):
+        return 'batch'
+
+    def ours_step(self, method, batch):
+        if (method[1] or {}).get('norm_tap') == 'fused':
+            raise RuntimeError('Triton: out of resources')
+        self.steps.append(method)
+
+
+@pytest.mark.parametrize('fails_when', ['step', 'made'])
+def test_an_extra_arm_that_raises_is_left_out(fails_when, capsys):
+    """A +STAG arm of ``--extra-stag-arms`` that raises while it is made
+    or warmed up is left out with its error; the row's other arms are
+    timed as before (a run keeps its other figures)."""
+    task = RaisingArms(fails_when)
+    ctx = SimpleNamespace(args=SimpleNamespace(warmup=1, max_pairs=3,
+                                               min_pairs=3),
+                          cuda=False, pair_seconds=0.0)
+    extra = {'tent+stag tap': dict(norm_tap=True),
+             'tent+stag triton fused': dict(norm_tap='fused')}
+    times, failed = gpu_steps.time_arms(task, ctx, 'tent', {}, 3, extra)
+    assert list(times) == ['tent', 'tent+stag', 'tent+stag tap']
+    assert all(len(t) == 3 for t in times.values())
+    assert failed == {'tent+stag triton fused': (
+        'RuntimeError: Triton: out of resources' if fails_when == 'step'
+        else 'ValueError: stag.norm_tap: no classifier')}
+    assert 'tent+stag triton fused left out' in capsys.readouterr().err
+    # the base arms still raise: without them there is no row
+    with pytest.raises((RuntimeError, ValueError),
+                       match='out of resources|no classifier'):
+        gpu_steps.time_arms(task, ctx, 'tent', dict(norm_tap='fused'), 3)
+    row = gpu_steps.cost_row(
+        'm', 'n', 1, 'bf16', 'tent', times,
+        {label: dict(peak_rss_mb=1.0, step_increase_mb=0.0)
+         for label in times},
+        dict(analytic=1e-4, triton='RuntimeError: x'), None, None, failed)
+    assert row['failed_arms'] == failed
+    assert set(row['other_stag_arms']) == {'tent+stag tap'}
+    assert row['stag_term_variants_ms']['triton'] == 'RuntimeError: x'
+    text = '\n'.join(gpu_report.md_step_cost(dict(rows=[row])))
+    assert 'triton: RuntimeError: x' in text
+    assert "- m, tent, bf16: `tent+stag triton fused`: " + failed[
+        'tent+stag triton fused'] in text
 
 
 def test_every_stag_arm_with_the_triton_term_and_the_fused_classifier(
