@@ -8,8 +8,9 @@ dL/dz`` in the GEMM's epilogue, so the term's gradient costs one read of
 ``h`` instead of the tap's three passes (:class:`~mmseg_stag.core.stag.
 FeatureNormTap`: the classifier's gradient written, then read again with
 ``h`` and written once more). Per forward and backward the features move
-twice beside the classifier's own traffic, where the tap moves them 4
-times and the untapped term 6.
+once beside the classifier's own traffic, where the tap moves them 4
+times and the untapped term 6 (counted on the CPU:
+tests/core/methods/test_norm_tap_methods.py).
 
 The same values as the module and :func:`~mmseg_stag.core.stag.
 tap_feature_norm`, to the GEMM's rounding: under autocast the GEMM runs in

@@ -108,3 +108,64 @@ def test_what_stag_adds_to_a_tent_step(monkeypatch):
     added = {op: n for op, n in (fused - tent).items()
              if op not in ALLOCATIONS}
     assert sum(added.values()) <= 6, added
+
+
+#: STAG's implementations: their options, and how often each moves the
+#: features through memory in a TENT step beyond TENT's own passes
+FEATURE_PASSES = {
+    # ||h|| read; c h written; c h and the classifier's dL/dh read, the
+    # sum written
+    'written out': (dict(analytic_backward=True), 6),
+    'autograd': (dict(analytic_backward=False), 6),
+    'triton': (dict(triton=True), 6),
+    # ||h|| read; the addcmul's two reads and one write
+    'tap': (dict(norm_tap=True), 4),
+    'triton tap': (dict(triton=True, norm_tap=True), 4),
+    # the GEMM's backward reads h for its epilogue; nothing else
+    'triton fused': (dict(triton=True, norm_tap='fused'), 1),
+}
+
+
+@pytest.mark.parametrize('arm', list(FEATURE_PASSES))
+def test_how_often_stag_moves_the_features(arm, monkeypatch):
+    """The CPU proxy of STAG's in-step cost on a per-pixel head, where
+    the features are the large tensor (the B5 at 960x540: 50 MB in bf16,
+    ~15 us a pass at an H100's 3.35 TB/s): the passes over them that a
+    TENT+STAG step makes beyond TENT's (test_base_method's model). Ops
+    are counted through the dispatcher, the Triton launches by running
+    them again on poisoned copies (``host_syncs.FeaturePasses``)."""
+    from host_syncs import FeaturePasses, watch_launches
+    from mmseg_stag.core import classifier_triton, stag_triton
+    from mmseg_stag.core.methods import TENT
+    from test_base_method import ADAPTER, images, make_model
+    options, extra = FEATURE_PASSES[arm]
+    if 'triton' in options:
+        pytest.importorskip('triton')
+        if not interpreting():
+            pytest.skip('TRITON_INTERPRET is not 1')
+    x = images(1, n=2)
+    model = make_model()
+    features = model.body(x)
+
+    def passes(stag):
+        method = TENT(stag=stag, optimizer=dict(type='SGD', lr=1e-3))
+        method.configure(make_model(), ADAPTER)
+        method.adapt(Batch(x))  # the anchors, once
+        counter = FeaturePasses(features.numel())
+        with monkeypatch.context() as patch:
+            for module in (stag_triton, classifier_triton):
+                watch_launches(patch, lambda fn, args: None, module,
+                               probe=counter.probe)
+            with counter:
+                method.adapt(Batch(x))
+        return counter.passes
+    tent = passes(None)
+    got = passes(dict(beta0=50.0, gamma=5.0, **options))
+    assert sum(got.values()) - sum(tent.values()) == extra, (got, tent)
+    if options.get('norm_tap') == 'fused':
+        # the classifier's own: its forward's read and its backward's
+        # write, by cuDNN's convolution (frozen: h not read) or the GEMM
+        assert got['_classify_kernel'] == 1 and got['_grad_kernel'] == 2
+        assert tent['convolution'] - got['convolution'] == 1
+        assert tent['convolution_backward'] - got[
+            'convolution_backward'] == 1
