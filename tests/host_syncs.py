@@ -167,7 +167,6 @@ def watch_launches(monkeypatch, seen, module=None, probe=None):
     Triton's interpreter dispatches to run a kernel on the CPU are not the
     step's. ``probe(fn, args, run)``, before the launch, may ``run(other
     args)``: the same launch on other tensors."""
-    from torch.utils._python_dispatch import _disable_current_modes
     if module is None:
         from mmseg_stag.core import stag_triton as module
     kernel = module._kernel
@@ -204,10 +203,10 @@ class FeaturePasses(TorchDispatchMode):
     per-pixel step's extra cost is made of when its kernels are few.
     ``passes``: ``{op or kernel: reads + writes}``. An op's tensor inputs
     are read (an ``out=`` tensor only written) and its outputs written,
-    in place or not; views and
-    allocations move nothing; ``convolution_backward`` reads its input
-    only for the weight's gradient (the input's gradient needs the
-    weight and the output's gradient). A Triton launch (in Triton's
+    in place or not; views and allocations move nothing;
+    ``convolution_backward`` reads its input only for the weight's
+    gradient (the input's gradient needs the weight and the output's
+    gradient). A Triton launch (in Triton's
     interpreter, through :func:`watch_launches`' ``probe``) is run again
     on copies: an argument is written if a sentinel in it changes, read
     if a NaN in it changes what the launch writes elsewhere."""
