@@ -107,6 +107,9 @@ def parse_args(argv=None):
                    'way, and cotta_fast, its device options eagerly, were '
                    'measured on the H100 on 2026-11-27; ResNet-50: TENT, '
                    'and tent_graph when named)')
+    p.add_argument('--skip-resnet', action='store_true',
+                   help="step_cost without the ResNet-50 rows (a rerun of "
+                   'SegFormer rows alone)')
     terms = p.add_mutually_exclusive_group()
     terms.add_argument('--stag-compile', action='store_true',
                        help="step_cost's +STAG arms with the term compiled "

@@ -247,7 +247,7 @@ def cls_task(ctx):
 def step_cost_plan(ctx):
     """``(build the task, its baselines, its MiT modes)`` in turn: the
     SegFormer at ``--seg-size``, at the size Hybrid-TTA's masks need, and
-    the ResNet-50."""
+    the ResNet-50 (unless ``--skip-resnet``)."""
     methods, mit = ctx.args.seg_methods, ctx.args.mit
     graphs = [m for m in methods if m in GRAPH_METHODS]
     if not ctx.cuda and graphs:  # --allow-cpu
@@ -257,8 +257,8 @@ def step_cost_plan(ctx):
     plan = [(seg_task, [m for m in methods if m != 'hybrid_tta'], mit),
             (lambda c: seg_task(c, mask_size(c.args.seg_size)),
              [m for m in methods if m == 'hybrid_tta'], mit),
-            (cls_task, ['tent'] + [m for m in methods if m == 'tent_graph'],
-             [None])]
+            (cls_task, [] if ctx.args.skip_resnet else
+             ['tent'] + [m for m in methods if m == 'tent_graph'], [None])]
     return [entry for entry in plan if entry[1]]
 
 

@@ -321,6 +321,11 @@ def test_budget_picks_the_pairs(gpu_check):
     ctx.cuda = False
     assert [kinds for _, kinds, _ in gpu_steps.step_cost_plan(ctx)] == [
         ['tent'], ['hybrid_tta'], ['tent']]
+    # --skip-resnet: the SegFormer rows alone (a targeted rerun)
+    args.skip_resnet = True
+    assert [kinds for _, kinds, _ in gpu_steps.step_cost_plan(ctx)] == [
+        ['tent'], ['hybrid_tta']]
+    args.skip_resnet = False
     assert args.pairs is None and args.tests_timeout is None
     fixed = gpu_check.parse_args(['--pairs', '7', '--method-pairs', '3'])
     assert (fixed.pairs, fixed.method_pairs) == (7, 3)
