@@ -313,16 +313,16 @@ def classify_with_norm(module: nn.Module, features: torch.Tensor
         torch.backends.cuda.matmul.allow_tf32)
     # the casts autocast would make (tracked: a trained W gets its grad);
     # the features' in the kernels
-    feats, weight = features, weight.to(dtype)
+    weight = weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     with torch.autocast(device_type=device, enabled=False):
         if conv:
-            n, _, height, width = feats.shape
-            z, norm = FusedClassifier.apply(feats.flatten(2), weight, bias,
-                                            False, tf32)
+            n, _, height, width = features.shape
+            z, norm = FusedClassifier.apply(features.flatten(2), weight,
+                                            bias, False, tf32)
             return (z.view(n, -1, height, width),
                     norm.view(n, 1, height, width))
         # per sample: the batch as the GEMM's samples, z [N, C] contiguous
-        z, norm = FusedClassifier.apply(feats.t().unsqueeze(0), weight, bias,
-                                        True, tf32)
+        z, norm = FusedClassifier.apply(features.t().unsqueeze(0), weight,
+                                        bias, True, tf32)
         return z[0].t(), norm.view(-1, 1)

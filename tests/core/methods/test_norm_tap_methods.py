@@ -63,6 +63,18 @@ def test_an_untapped_pass_is_refused():
 ALLOCATIONS = {'empty', 'new_empty', 'empty_like'}
 
 
+def tent_after_one_step(stag, x):
+    """TENT (+``stag``) with SGD on test_base_method's per-pixel model,
+    after one step on ``x`` (the anchors cached): its next step is the one
+    a test counts."""
+    from mmseg_stag.core.methods import TENT
+    from test_base_method import ADAPTER, make_model
+    method = TENT(stag=stag, optimizer=dict(type='SGD', lr=1e-3))
+    method.configure(make_model(), ADAPTER)
+    method.adapt(Batch(x))
+    return method
+
+
 def test_what_stag_adds_to_a_tent_step(monkeypatch):
     """The CPU proxy of STAG's in-step cost on a GPU: the ops a TENT+STAG
     step dispatches beyond TENT's (test_base_method's per-pixel model,
@@ -76,8 +88,7 @@ def test_what_stag_adds_to_a_tent_step(monkeypatch):
         pytest.skip('TRITON_INTERPRET is not 1')
     from host_syncs import HostSyncCounter, watch_launches
     from mmseg_stag.core import classifier_triton, stag_triton
-    from mmseg_stag.core.methods import TENT
-    from test_base_method import ADAPTER, images, make_model
+    from test_base_method import images
     launches = []
     for module in (stag_triton, classifier_triton):
         watch_launches(monkeypatch, lambda fn, args: launches.append(
@@ -85,9 +96,7 @@ def test_what_stag_adds_to_a_tent_step(monkeypatch):
     x = images(1, n=2)
 
     def step_ops(stag):
-        method = TENT(stag=stag, optimizer=dict(type='SGD', lr=1e-3))
-        method.configure(make_model(), ADAPTER)
-        method.adapt(Batch(x))  # the anchors, once
+        method = tent_after_one_step(stag, x)
         launches.clear()
         counter = HostSyncCounter()
         with counter:
@@ -136,21 +145,17 @@ def test_how_often_stag_moves_the_features(arm, monkeypatch):
     them again on poisoned copies (``host_syncs.FeaturePasses``)."""
     from host_syncs import FeaturePasses, watch_launches
     from mmseg_stag.core import classifier_triton, stag_triton
-    from mmseg_stag.core.methods import TENT
-    from test_base_method import ADAPTER, images, make_model
+    from test_base_method import images, make_model
     options, extra = FEATURE_PASSES[arm]
     if 'triton' in options:
         pytest.importorskip('triton')
         if not interpreting():
             pytest.skip('TRITON_INTERPRET is not 1')
     x = images(1, n=2)
-    model = make_model()
-    features = model.body(x)
+    features = make_model().body(x)  # the classifier's input
 
     def passes(stag):
-        method = TENT(stag=stag, optimizer=dict(type='SGD', lr=1e-3))
-        method.configure(make_model(), ADAPTER)
-        method.adapt(Batch(x))  # the anchors, once
+        method = tent_after_one_step(stag, x)
         counter = FeaturePasses(features.numel())
         with monkeypatch.context() as patch:
             for module in (stag_triton, classifier_triton):
