@@ -215,7 +215,10 @@ def test_empty_filters_match_authors_nan_path():
     assert stats['num_kept1'] == 0 and stats['updated'] == 0.0
     assert stats['momentum_only_step'] == 1.0
     assert 'loss1' not in stats
-    assert method.ema == ema == ref.ema
+    # not updated: the same float; the authors' EMA is another computation
+    # of it (float64 sums that round within an ulp or two on another CPU)
+    assert method.ema == ema
+    assert ema == pytest.approx(ref.ema, rel=1e-12)
     assert method.num_updates == 1
     assert_params_equal(model, ref.model)
     assert not torch.equal(model[1].weight, before['1.weight'])  # momentum
@@ -232,7 +235,8 @@ def test_empty_filters_match_authors_nan_path():
     assert stats['num_kept1'] == 1 and stats['num_kept2'] == 0
     assert stats['updated'] == 0.0 and stats['momentum_only_step'] == 1.0
     assert_lists_close(snaps[1], rec['perturbed'])
-    assert method.ema == ema == ref.ema
+    assert method.ema == ema
+    assert ema == pytest.approx(ref.ema, rel=1e-12)
     assert_params_equal(model, ref.model)
     assert all(p.grad is None for p in model.parameters())
 
