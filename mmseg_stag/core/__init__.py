@@ -11,14 +11,15 @@ from .probe import PREDICTION_KINDS, HeadProbe
 from .registry import METHODS, build_method
 from .sam import SAM
 from .stag_loss import STAGLoss
-from .stats import PassStats, StepStats
+from .stats import NonFiniteStatistic, PassStats, StepStats
 from .task_adapter import (Batch, ForwardPass, Labels, Logits, Prediction,
                            TaskAdapter)
 
 __all__ = [
     'stag', 'STAGLoss', 'HeadProbe', 'PREDICTION_KINDS', 'METHODS',
     'build_method', 'BaseMethod', 'Batch', 'ForwardPass', 'Logits', 'Labels',
-    'Prediction', 'TaskAdapter', 'PassStats', 'StepStats', 'Source',
+    'Prediction', 'TaskAdapter', 'PassStats', 'StepStats',
+    'NonFiniteStatistic', 'Source',
     'BNAdapt', 'TENT', 'EATA', 'SAR', 'DeYO', 'CoTTA', 'EcoTTA', 'SAM',
     'NORM_LAYER_TYPES', 'norm_layers', 'select_parameters',
     'use_batch_statistics', 'softmax_entropy', 'pseudo_label_cross_entropy',

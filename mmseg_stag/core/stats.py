@@ -2,12 +2,14 @@
 
 A method fills a :class:`PassStats` per forward pass and returns a
 :class:`StepStats` with ``adapt``'s prediction; the loop reads it at the
-logger's interval and stops the run on a non-finite ``loss_stag``.
+logger's interval and at every stage's end, and stops the run on a
+non-finite value (:class:`NonFiniteStatistic`).
 """
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 #: a float, or a 0-d tensor read later (reading waits for the device)
 Stat = Any
@@ -94,3 +96,39 @@ class StepStats(Logged):
         return StepStats([p.map(fn) for p in self.passes],
                          {k: fn(v) for k, v in self.extra.items()},
                          self.numbered)
+
+
+class NonFiniteStatistic(ValueError):
+    """A step's statistic (a loss, a loss term, a method's number) is nan
+    or inf: the run stops before it writes anything that includes it."""
+
+    def __init__(self, statistic: str, value: float,
+                 batch: Optional[int] = None, method: Optional[str] = None,
+                 images: Optional[Sequence[str]] = None):
+        self.statistic, self.value, self.batch = statistic, value, batch
+        self.method, self.images = method, images
+        super().__init__(self.describe())
+
+    def locate(self, batch: int, method: str,
+               images: Optional[Sequence[str]]) -> 'NonFiniteStatistic':
+        """The same error, placed in the stream."""
+        return NonFiniteStatistic(self.statistic, self.value, batch, method,
+                                  images)
+
+    def describe(self) -> str:
+        who = f'{self.method}: ' if self.method else ''
+        where = '' if self.batch is None else f' at batch {self.batch}'
+        if self.images:
+            shown = ', '.join(self.images[:4]) + (
+                f' and {len(self.images) - 4} more'
+                if len(self.images) > 4 else '')
+            where += f' (image {shown})'
+        why = ('the STAG loss is not finite (its features, logits or the '
+               'classifier contain nan or inf values)'
+               if self.statistic.startswith('loss_stag') else
+               'the step is not finite (a learning rate too high for this '
+               'stream, a diverged model, or an image with nan or inf values)')
+        return (f'{who}{self.statistic} is {self.value}{where}: {why}. The '
+                'run stops before it writes any result or run state that '
+                "includes this step; --resume continues from the last "
+                "stage's end, whose state was finite")

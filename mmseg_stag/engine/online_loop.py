@@ -11,13 +11,13 @@ from mmengine.registry import LOOPS
 from mmengine.runner import TestLoop
 from torch.utils.data import DataLoader
 
-from mmseg_stag.core import use_batch_statistics
+from mmseg_stag.core import NonFiniteStatistic, use_batch_statistics
 from .run_state import (identity_differences, load_run_state, rng_state,
                         run_identity, save_run_state, set_rng_state)
 from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
-from .step_stats import Pending, log_step_stats
+from .step_stats import Pending, PendingStep, log_step_stats
 from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
@@ -159,14 +159,20 @@ class OnlineAdaptationLoop(TestLoop):
         if self.bn_batch_stats:
             use_batch_statistics(adapted)
         self.source_state = None
-        if self.schedule.restarts_from_source:
-            self.source_state = {k: v.detach().clone()
-                                 for k, v in adapted.state_dict().items()}
         self.task.configure(self.method, adapted)
         for metric in self.evaluator.metrics:
             if getattr(metric, 'output_dir', False) is None:
                 metric.output_dir = self.runner.work_dir
+        if self.schedule.restarts_from_source:
+            # after configure: a method that adds modules (Hybrid-TTA) has
+            # them, at their initialisation, in the state a stage restarts
+            # from (and does not add them again)
+            self.source_state = {k: v.detach().clone()
+                                 for k, v in adapted.state_dict().items()}
         stateful = self.check_stateful()
+        #: the updates of the methods that earlier from-source stages
+        #: replaced (the current method counts its own)
+        self.num_updates = 0
         start, rng = 0, None
         if self.resume:
             start, rng = self.load_state(identity)
@@ -180,7 +186,6 @@ class OnlineAdaptationLoop(TestLoop):
         batches = iter(self.batches_from(start))
         if rng is not None:  # after the loader drew its seed, as at start
             set_rng_state(rng)
-        self.num_updates = 0
         for idx, data_batch in enumerate(batches, start):
             position = self.schedule[idx]
             if position.starts:
@@ -249,6 +254,7 @@ class OnlineAdaptationLoop(TestLoop):
             identity=identity, batches_done=int(batches_done),
             num_batches=len(self.dataloader),
             method=self.method.state_dict(),
+            num_updates_before=int(self.num_updates),
             metrics=[m.state_dict() for m in self.evaluator.metrics],
             rng=rng_state()))
 
@@ -275,6 +281,7 @@ class OnlineAdaptationLoop(TestLoop):
                              f"{len(state['metrics'])} metric state(s) for "
                              f'{len(self.evaluator.metrics)} metric(s)')
         self.method.load_state_dict(state['method'])
+        self.num_updates = int(state['num_updates_before'])
         for metric, metric_state in zip(self.evaluator.metrics,
                                         state['metrics']):
             metric.load_state_dict(metric_state)
@@ -318,11 +325,15 @@ class OnlineAdaptationLoop(TestLoop):
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
         batch = self.task.batch(self._model(self.runner), data_batch)
         # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
-        with torch.set_grad_enabled(self.method.updates):
-            prediction, stats = self.method.adapt(batch)
+        images = image_names(data_batch)
+        try:
+            with torch.set_grad_enabled(self.method.updates):
+                prediction, stats = self.method.adapt(batch)
+        except NonFiniteStatistic as err:  # a method that reads its loss
+            raise err.locate(idx, self.method.name, images) from None
         outputs = self.task.outputs(batch, prediction)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
-        self.pending_stats.append((idx, stats))
+        self.pending_stats.append(PendingStep(idx, stats, images))
         if (idx + 1) % self.log_interval == 0:  # a stage's end: end_stage
             self.log_stats()
         self.runner.call_hook(
@@ -330,9 +341,11 @@ class OnlineAdaptationLoop(TestLoop):
             outputs=outputs)
 
     def log_stats(self) -> None:
-        """Read and log the steps' statistics since the last read (not
-        every step: reading waits for the device)."""
-        log_step_stats(self.pending_stats, self.runner.message_hub)
+        """Read, check and log the steps' statistics since the last read
+        (not every step: reading waits for the device); a non-finite one
+        stops the run (:class:`NonFiniteStatistic`)."""
+        log_step_stats(self.pending_stats, self.runner.message_hub,
+                       self.method.name)
         self.pending_stats = []
 
     @property
@@ -352,3 +365,17 @@ class OnlineAdaptationLoop(TestLoop):
         if self.mixed_precision == 'fp16' and self.method.updates:
             # fp16 gradients underflow (TENT's full-size CE: ~1/2M a pixel)
             self.method.use_grad_scaler(self.device_type)
+
+
+def image_names(data_batch: dict) -> list:
+    """The batch's images as a message names them: their paths, else the
+    tags a classification stream gives them (its corruption)."""
+    samples = data_batch.get('data_samples') or []
+    if samples and isinstance(samples[0], (list, tuple)):  # views
+        samples = samples[0]
+    names = []
+    for sample in samples:
+        meta = getattr(sample, 'metainfo', {})
+        name = meta.get('img_path') or meta.get('corruption')
+        names.append(str(name) if name is not None else '?')
+    return names

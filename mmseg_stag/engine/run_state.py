@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 #: version of the state-file layout (a file of another version is refused)
-STATE_VERSION = 3
+STATE_VERSION = 4
 
 
 def rng_state() -> dict:

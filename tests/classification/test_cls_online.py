@@ -246,14 +246,17 @@ def test_demo_config_runs_on_the_demo_layout(tmp_path, names):
 
 
 # --------------------------------------------- tools/test.py, processes
-@pytest.mark.parametrize('method', ['tent-stag', 'cotta'])
+@pytest.mark.parametrize('method,scenario', [
+    ('tent-stag', None), ('cotta', None), ('tent', 'per_corruption')])
 def test_killed_run_resumes_to_the_same_numbers(tmp_path, stream, names,
-                                                checkpoint, method):
+                                                checkpoint, method, scenario):
     """A continual run killed in its third stage continues from the state
     saved after the second: the same results and the same adapted
-    parameters, bit for bit, as the uninterrupted run."""
+    parameters, bit for bit, as the uninterrupted run; with a restart from
+    the source at every stage, the same count of updates too (the methods
+    the restarts replaced counted theirs)."""
     _, root = stream
-    opts = options(root, names, batch_size=8)
+    opts = options(root, names, batch_size=8, scenario=scenario)
     if method == 'cotta':
         opts.update({'test_cfg.method.restore_prob': 0.3,
                      'test_cfg.method.num_augs': 2})
@@ -277,3 +280,5 @@ def test_killed_run_resumes_to_the_same_numbers(tmp_path, stream, names,
                        str(cut / 'adapted.pth'), env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(whole, cut)
+    with open(cut / 'continual_results.json') as f:
+        assert json.load(f)['num_updates'] == 15  # 3 stages of 5 batches

@@ -1,6 +1,6 @@
 """The step statistics: typed per pass (``mmseg_stag.core.stats``), read
-by the loop in one transfer, logged in batch order, and every pass's STAG
-value checked when it is read (SAR logs one per pass, ``loss_stag1`` and
+by the loop in one transfer, logged in batch order, and every value checked
+when it is read (SAR logs one per pass, ``loss_stag1`` and
 ``loss_stag2``)."""
 import math
 
@@ -9,7 +9,7 @@ import torch
 from mmengine.logging import MessageHub
 
 from mmseg_stag.core import PassStats, StepStats
-from mmseg_stag.engine.step_stats import log_step_stats
+from mmseg_stag.engine.step_stats import PendingStep, log_step_stats
 
 
 def test_logged_names_numbered_by_pass():
@@ -31,20 +31,49 @@ def test_logged_names_numbered_by_pass():
 
 @pytest.mark.parametrize('passes', [1, 2])
 def test_a_non_finite_stag_value_stops_naming_the_batch(passes):
-    pending = [(3, StepStats([PassStats(loss=torch.tensor(1.0),
-                                        loss_stag=torch.tensor(-0.5),
-                                        beta=2.0)] * passes))]
+    pending = [PendingStep(3, StepStats([PassStats(
+        loss=torch.tensor(1.0), loss_stag=torch.tensor(-0.5),
+        beta=2.0)] * passes))]
     bad = [PassStats(loss_stag=torch.tensor(-0.5))] * (passes - 1) + [
         PassStats(loss=torch.tensor(1.0), loss_stag=torch.tensor(math.nan))]
-    pending.append((4, StepStats(bad)))
+    pending.append(PendingStep(4, StepStats(bad), ['a.png']))
     name = 'loss_stag' if passes == 1 else 'loss_stag2'
-    with pytest.raises(ValueError, match=f'{name} is nan at batch 4'):
-        log_step_stats(pending, MessageHub.get_instance('test_step_stats_bad'))
+    with pytest.raises(ValueError, match=f'^TENT: {name} is nan at batch 4 '
+                       r'\(image a.png\): the STAG loss is not finite'):
+        log_step_stats(pending, MessageHub.get_instance('test_step_stats_bad'),
+                       'TENT')
+
+
+@pytest.mark.parametrize('name', ['loss', 'loss_base', 'num_kept', 'beta'])
+def test_every_logged_value_is_checked(name):
+    """Not only the STAG term: the total loss, the base loss, a method's
+    own number; the first non-finite value in batch order is named, and
+    nothing of the read is logged."""
+    hub = MessageHub.get_instance(f'test_step_stats_{name}')
+    values = dict(loss=torch.tensor(1.0), loss_base=torch.tensor(0.5),
+                  beta=2.0)
+    good = PassStats(**values, extra=dict(num_kept=torch.tensor(3.0)))
+    bad_values = dict(values, extra=dict(num_kept=torch.tensor(3.0)))
+    if name == 'num_kept':
+        bad_values['extra'] = dict(num_kept=torch.tensor(math.inf))
+    else:
+        bad_values[name] = torch.tensor(-math.inf)
+    pending = [PendingStep(i, StepStats([good])) for i in range(2)] + [
+        PendingStep(2, StepStats([PassStats(**bad_values)]),
+                    [f'img{j}.png' for j in range(6)]),
+        PendingStep(3, StepStats([PassStats(**bad_values)]))]
+    with pytest.raises(ValueError) as err:
+        log_step_stats(pending, hub, 'EATA')
+    assert str(err.value).startswith(
+        f'EATA: {name} is {float(err.value.value)} at batch 2 (image '
+        'img0.png, img1.png, img2.png, img3.png and 2 more): the step is '
+        'not finite')
+    assert f'test/{name}' not in hub.log_scalars
 
 
 def test_values_are_logged_in_batch_order():
     hub = MessageHub.get_instance('test_step_stats_ok')
-    pending = [(idx, StepStats(
+    pending = [PendingStep(idx, StepStats(
         [PassStats(loss_stag=torch.tensor(float(idx)))], numbered=True,
         extra=dict(loss_reg=float(idx) + 0.5))) for idx in range(3)]
     log_step_stats(pending, hub)

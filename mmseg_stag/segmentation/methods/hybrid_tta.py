@@ -6,6 +6,7 @@ Follows hhhyyeee/Hybrid-TTA: mmseg/apis/test_feat.py (single_gpu_our) and
 mmseg/ood/base.py (FreezeController, mode loss_seg_with_wma).
 """
 import copy
+import math
 import re
 from typing import List, Optional
 
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 from mmengine.logging import print_log
 
-from mmseg_stag.core import METHODS, Labels, StepStats
+from mmseg_stag.core import METHODS, Labels, NonFiniteStatistic, StepStats
 from mmseg_stag.core.methods.base import BaseMethod, check_range
 from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
@@ -49,7 +50,13 @@ class TuningSwitch:
         self.efficient = False
 
     def decide(self, loss: float) -> bool:
-        """Add one loss; return whether to tune efficiently."""
+        """Add one loss; return whether to tune efficiently
+        (:class:`NonFiniteStatistic`, the switch unchanged, if the loss is
+        nan or inf: one would hold the threshold there for the rest of the
+        run)."""
+        if not math.isfinite(loss):
+            raise NonFiniteStatistic('loss_seg', float(loss),
+                                     method='HybridTTA')
         self.losses = (self.losses + [float(loss)])[-self.window:]
         self.efficient = bool(len(self.losses) == self.window and np.mean(
             self.losses) < (1 + self.margin) * self.threshold)
@@ -123,6 +130,13 @@ class HybridTTA(BaseMethod):
                 f"Hybrid-TTA masks the whole image: test_cfg.mode={mode!r} "
                 "is not supported (use model.test_cfg.mode='whole', as the "
                 "ACDC configs do)")
+        if getattr(model, 'recon_neck', None) is not None:
+            # a stage that restarts from the source: the loop reloaded the
+            # state it saved after the first configure, modules included
+            print_log('Hybrid-TTA: the modules are attached already (a '
+                      'restart from the source state, theirs included)',
+                      logger='current')
+            return
         counts = attach_modules(model, **self.module_cfg)
         print_log(
             'Hybrid-TTA adds modules the source checkpoint does not have, '
