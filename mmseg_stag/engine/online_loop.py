@@ -18,6 +18,7 @@ from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
 from .step_stats import Pending, log_step_stats
+from .stream_metric import assign_result_files
 from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
@@ -166,6 +167,7 @@ class OnlineAdaptationLoop(TestLoop):
         for metric in self.evaluator.metrics:
             if getattr(metric, 'output_dir', False) is None:
                 metric.output_dir = self.runner.work_dir
+        assign_result_files(self.evaluator.metrics)  # one writer per file
         stateful = self.check_stateful()
         start, rng = 0, None
         if self.resume:
