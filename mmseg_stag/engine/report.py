@@ -1,7 +1,7 @@
 """Result table and files (JSON, CSV, PNG, partial JSONL) of an online run,
 one record for both tasks (docs/running.md), and the writers every result
 file of the package goes through (:func:`write_files`, :func:`write_json`,
-:func:`append_partial`, :func:`new_figure`).
+:func:`append_partial`, :func:`write_torch`, :func:`new_figure`).
 
 A run's first ``StreamMetric`` writes the plain names (``RESULTS_FILE``,
 ``PARTIAL_FILE``, ...); each other one the same names behind its ``prefix``
@@ -72,6 +72,21 @@ def write_files(out_dir: str, stem: str, record: Optional[dict] = None,
         with open(paths[text_ext], 'w', encoding='utf-8') as f:
             f.write(text + '\n')
     return paths
+
+
+def write_torch(path: str, obj) -> str:
+    """Write ``obj`` with ``torch.save`` atomically (a temporary file,
+    flushed to disk, then renamed: a crash leaves the old file or the new),
+    making its folder if needed; return ``path``."""
+    import torch  # here: the JSON and CSV readers need no torch
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    tmp = f'{path}.tmp.{os.getpid()}'
+    with open(tmp, 'wb') as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
 
 
 def new_figure(width: float, height: float):

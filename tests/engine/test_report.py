@@ -8,11 +8,13 @@ import math
 import numpy as np
 import pytest
 
+import torch
+
 from mmseg_stag.engine.report import (PARTIAL_FILE, RESULTS_SCHEMA,
                                       append_partial, format_table,
                                       mean_ignoring_nan, read_partial,
                                       read_results, results_record,
-                                      write_results)
+                                      write_results, write_torch)
 from mmseg_stag.segmentation.evaluation import stage_miou
 
 CLASSES = ('a', 'b', 'c')
@@ -143,3 +145,12 @@ def test_a_prefix_writes_and_reads_its_own_files(tmp_path):
     assert [s['condition'] for s in read_partial(out)] == ['fog']
     assert [s['condition'] for s in read_partial(out, 'b')] == ['snow']
 
+
+def test_write_torch_makes_its_folder_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / 'new' / 'state.pth'
+    assert write_torch(str(path), dict(x=torch.arange(3))) == str(path)
+    assert torch.equal(torch.load(path, weights_only=True)['x'],
+                       torch.arange(3))
+    write_torch(str(path), dict(x=torch.zeros(2)))  # replaces it
+    assert torch.load(path, weights_only=True)['x'].tolist() == [0.0, 0.0]
+    assert sorted(p.name for p in path.parent.iterdir()) == ['state.pth']
