@@ -129,12 +129,15 @@ def plain_meta(meta: Any) -> Any:
 def publish_checkpoint(src: str,
                        dst: str,
                        allow_unsafe_pickle: bool = False) -> int:
-    """Rewrite ``src`` as ``{'state_dict': ..., 'meta': plain}`` at ``dst``;
-    return the number of tensors written."""
+    """Rewrite ``src`` as ``{'state_dict': ..., 'meta': plain}`` at ``dst``
+    (atomically: ``report.write_torch``); return the number of tensors
+    written."""
+    # here: mmseg_stag.engine imports the models, which import this module
+    from mmseg_stag.engine.report import write_torch
     checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
     state = extract_state_dict(checkpoint, src)  # a dict, or an error
     meta = plain_meta(checkpoint.get('meta', {}))
-    torch.save({'state_dict': state, 'meta': meta or {}}, dst)
+    write_torch(dst, {'state_dict': state, 'meta': meta or {}})
     return len(state)
 
 

@@ -58,12 +58,14 @@ def test_legacy_pickle_refused_without_opt_in(tmp_path):
 
 def test_publish_makes_a_safe_checkpoint(tmp_path):
     model = TinyHeadModel()
-    src, dst = tmp_path / 'runner.pth', tmp_path / 'published.pth'
+    src = tmp_path / 'runner.pth'
+    dst = tmp_path / 'published' / 'published.pth'  # its folder: made
     torch.save(runner_style_checkpoint(model), src)
     with pytest.raises(RuntimeError, match='trust-pickle'):
         publish_checkpoint(str(src), str(dst))
     count = publish_checkpoint(str(src), str(dst), allow_unsafe_pickle=True)
     assert count == len(model.state_dict())
+    assert [p.name for p in dst.parent.iterdir()] == ['published.pth']
     safe = torch.load(dst, weights_only=True)
     assert safe['meta']['iter'] == 10 and safe['meta']['seed'] == 3
     load_segmentor_checkpoint(TinyHeadModel(), str(dst))

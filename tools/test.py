@@ -114,8 +114,12 @@ def main():
     if args.show or args.show_dir:
         cfg = trigger_visualization_hook(cfg, args)
     if args.out is not None:
-        cfg.test_evaluator['output_dir'] = args.out
-        cfg.test_evaluator['keep_results'] = True
+        # every metric of a list (each writes its own file names there)
+        evaluators = cfg.test_evaluator if isinstance(
+            cfg.test_evaluator, (list, tuple)) else [cfg.test_evaluator]
+        for evaluator in evaluators:
+            evaluator['output_dir'] = args.out
+            evaluator['keep_results'] = True
     _, model = run_test(cfg, args.checkpoint, args.trust_pickle)
     if args.save_adapted:
         save_adapted(model, args)

@@ -1,10 +1,10 @@
 """Accuracy metric of a classification stream, per stage and per corruption."""
-import csv
-import os.path as osp
+import itertools
 from typing import Dict, List, Optional
 
 from .corruption_table import TABLE_METRICS
-from mmseg_stag.engine.report import mean_ignoring_nan
+from mmseg_stag.engine.report import (mean_ignoring_nan, result_file,
+                                     write_files)
 from mmseg_stag.engine.stream_metric import StreamMetric
 from mmseg_stag.registry import METRICS
 
@@ -26,7 +26,8 @@ def counts_result(correct: int, total: int) -> dict:
 class StreamAccuracyMetric(StreamMetric):
     """Top-1 accuracy per stage and per corruption of a classification stream;
     ``table_metric`` (``'acc'`` or ``'err'``) is what the paper's table shows,
-    the other arguments are ``StreamMetric``'s."""
+    the other arguments are ``StreamMetric``'s (``keep_results``, which
+    ``tools/test.py --out`` sets, is accepted and ignored)."""
 
     default_prefix = 'stream'
     score_name = 'acc'
@@ -35,7 +36,12 @@ class StreamAccuracyMetric(StreamMetric):
     def __init__(self, table_metric: str = 'acc',
                  output_dir: Optional[str] = None,
                  collect_device: str = 'cpu',
-                 prefix: Optional[str] = None):
+                 prefix: Optional[str] = None,
+                 **kwargs):
+        kwargs.pop('keep_results', None)  # tools/test.py --out compatibility
+        if kwargs:
+            raise TypeError(f'StreamAccuracyMetric: unknown arguments '
+                            f'{sorted(kwargs)}')
         if table_metric not in TABLE_METRICS:
             raise ValueError(f'table_metric must be one of {TABLE_METRICS},'
                              f' got {table_metric!r}')
@@ -90,11 +96,11 @@ class StreamAccuracyMetric(StreamMetric):
                         'acc_mean_over_corruptions'])
 
     def write_records(self, results: List[dict]) -> None:
-        """Write ``per_image.csv``: per image, its position and correctness."""
-        path = osp.join(self.output_dir, PER_IMAGE_FILE)
-        with open(path, 'w', newline='') as f:
-            writer = csv.writer(f)
-            writer.writerow(PER_IMAGE_COLUMNS)
-            for i, r in enumerate(results):
-                writer.writerow([i, r['batch'], r['stage'], r['round'],
-                                 r['corruption'], r['correct']])
+        """Write ``per_image.csv`` (behind ``file_prefix``, as the other
+        result files): per image, its position and correctness."""
+        rows = ([i, r['batch'], r['stage'], r['round'], r['corruption'],
+                 r['correct']] for i, r in enumerate(results))
+        write_files(self.output_dir,
+                    result_file(PER_IMAGE_FILE[:-len('.csv')],
+                                self.file_prefix),
+                    cells=itertools.chain([PER_IMAGE_COLUMNS], rows))

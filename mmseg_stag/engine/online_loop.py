@@ -18,6 +18,7 @@ from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
 from .step_stats import Pending, PendingStep, log_step_stats
+from .stream_metric import assign_result_files
 from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
@@ -163,6 +164,7 @@ class OnlineAdaptationLoop(TestLoop):
         for metric in self.evaluator.metrics:
             if getattr(metric, 'output_dir', False) is None:
                 metric.output_dir = self.runner.work_dir
+        assign_result_files(self.evaluator.metrics)  # one writer per file
         if self.schedule.restarts_from_source:
             # after configure: a method that adds modules (Hybrid-TTA) has
             # them, at their initialisation, in the state a stage restarts

@@ -1,7 +1,12 @@
 """Result table and files (JSON, CSV, PNG, partial JSONL) of an online run,
 one record for both tasks (docs/running.md), and the writers every result
 file of the package goes through (:func:`write_files`, :func:`write_json`,
-:func:`new_figure`)."""
+:func:`append_partial`, :func:`write_torch`, :func:`new_figure`).
+
+A run's first ``StreamMetric`` writes the plain names (``RESULTS_FILE``,
+``PARTIAL_FILE``, ...); each other one the same names behind its ``prefix``
+and ``_`` (:func:`result_file`), so two metrics of a run keep both files.
+"""
 import csv
 import json
 import math
@@ -15,6 +20,12 @@ PARTIAL_FILE = 'continual_results.partial.jsonl'
 RESULTS_FILE = 'continual_results.json'
 #: the version of the record above; a file of another is refused
 RESULTS_SCHEMA = 2
+
+
+def result_file(name: str, prefix: str = '') -> str:
+    """Return the name of the result file ``name`` of a metric whose files
+    start with ``prefix`` (``''``: a run's first metric, the plain name)."""
+    return f'{prefix}_{name}' if prefix else name
 
 
 def mean_ignoring_nan(values: Sequence[float]) -> float:
@@ -42,7 +53,7 @@ def write_json(path: str, obj) -> str:
 
 
 def write_files(out_dir: str, stem: str, record: Optional[dict] = None,
-                cells: Optional[Sequence[Sequence]] = None,
+                cells: Optional[Iterable[Sequence]] = None,
                 text: Optional[str] = None, text_ext: str = 'md'
                 ) -> Dict[str, str]:
     """Write ``<stem>.json`` (``record``), ``<stem>.csv`` (``cells``, rows
@@ -61,6 +72,21 @@ def write_files(out_dir: str, stem: str, record: Optional[dict] = None,
         with open(paths[text_ext], 'w', encoding='utf-8') as f:
             f.write(text + '\n')
     return paths
+
+
+def write_torch(path: str, obj) -> str:
+    """Write ``obj`` with ``torch.save`` atomically (a temporary file,
+    flushed to disk, then renamed: a crash leaves the old file or the new),
+    making its folder if needed; return ``path``."""
+    import torch  # here: the JSON and CSV readers need no torch
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    tmp = f'{path}.tmp.{os.getpid()}'
+    with open(tmp, 'wb') as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
 
 
 def new_figure(width: float, height: float):
@@ -111,22 +137,23 @@ def format_table(stages: List[dict], conditions: Sequence[str]) -> str:
     return '\n'.join(lines)
 
 
-def append_partial(output_dir: str, result: dict, fresh: bool = False
-                   ) -> str:
+def append_partial(output_dir: str, result: dict, fresh: bool = False,
+                   prefix: str = '') -> str:
     """Append one finished stage to ``continual_results.partial.jsonl`` in
-    ``output_dir`` (made if needed; ``fresh``: start the file afresh);
-    return its path."""
+    ``output_dir`` (made if needed; ``fresh``: start the file afresh;
+    ``prefix``: see :func:`result_file`); return its path."""
     os.makedirs(output_dir, exist_ok=True)
-    path = osp.join(output_dir, PARTIAL_FILE)
+    path = osp.join(output_dir, result_file(PARTIAL_FILE, prefix))
     with open(path, 'w' if fresh else 'a') as f:
         f.write(json.dumps(json_safe(result)) + '\n')
     return path
 
 
-def read_partial(output_dir: str) -> List[dict]:
-    """Return the stages of the partial file, up to a cut line."""
+def read_partial(output_dir: str, prefix: str = '') -> List[dict]:
+    """Return the stages of the partial file (of the metric of ``prefix``:
+    :func:`result_file`), up to a cut line."""
     stages = []
-    path = osp.join(output_dir, PARTIAL_FILE)
+    path = osp.join(output_dir, result_file(PARTIAL_FILE, prefix))
     if osp.isfile(path):
         with open(path) as f:
             for line in f:
@@ -150,11 +177,12 @@ def results_record(task: str, stages: List[dict], conditions: Sequence[str],
                 details=details or {})
 
 
-def read_results(work_dir: str) -> dict:
+def read_results(work_dir: str, prefix: str = '') -> dict:
     """Return the record of a finished run's ``continual_results.json``
-    (``FileNotFoundError`` if the run did not finish, ``ValueError`` if the
+    (of the metric of ``prefix``: :func:`result_file`;
+    ``FileNotFoundError`` if the run did not finish, ``ValueError`` if the
     file is of another schema)."""
-    path = osp.join(work_dir, RESULTS_FILE)
+    path = osp.join(work_dir, result_file(RESULTS_FILE, prefix))
     if not osp.isfile(path):
         raise FileNotFoundError(f'no {path} (the run did not finish)')
     with open(path) as f:
@@ -168,12 +196,13 @@ def read_results(work_dir: str) -> dict:
 
 
 def write_results(output_dir: str, record: dict,
-                  detail: Optional[Tuple[str, Sequence[str]]] = None
-                  ) -> Dict[str, str]:
+                  detail: Optional[Tuple[str, Sequence[str]]] = None,
+                  prefix: str = '') -> Dict[str, str]:
     """Write the JSON, CSV and PNG results of an online run's ``record``
     into ``output_dir`` (made if needed), ``detail``: ``(key, columns)`` of
-    a dict in each stage's ``details`` written as CSV columns; return the
-    paths keyed ``json``, ``csv``, ``png``."""
+    a dict in each stage's ``details`` written as CSV columns, ``prefix``:
+    see :func:`result_file`; return the paths keyed ``json``, ``csv``,
+    ``png``."""
     score = record['score_name']
     stages, conditions = record['stages'], record['conditions']
 
@@ -186,10 +215,12 @@ def write_results(output_dir: str, record: dict,
         [s['stage'], s['round'], s['condition'], cell(s['score'])] +
         [cell(s['details'][key].get(c)) for c in columns] + [s['num_images']]
         for s in stages]
-    written = write_files(output_dir, RESULTS_FILE[:-len('.json')], record,
-                          cells)
+    written = write_files(
+        output_dir, result_file(RESULTS_FILE[:-len('.json')], prefix),
+        record, cells)
     paths = dict(json=written['json'], csv=written['csv'],
-                 png=osp.join(output_dir, f'continual_{score.lower()}.png'))
+                 png=osp.join(output_dir, result_file(
+                     f'continual_{score.lower()}.png', prefix)))
     plot_stages(paths['png'], stages, conditions, score,
                 record['mean_over_stages'])
     return paths

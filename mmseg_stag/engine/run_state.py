@@ -1,7 +1,6 @@
 """Run state for resuming: random states, fingerprints, one atomic file."""
 import hashlib
 import json
-import os
 import os.path as osp
 import random
 from fnmatch import fnmatchcase
@@ -10,6 +9,8 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 import torch
 import torch.nn as nn
+
+from .report import write_torch
 
 #: version of the state-file layout (a file of another version is refused)
 STATE_VERSION = 4
@@ -100,14 +101,9 @@ def save_run_state(path: str, state: dict) -> None:
 
 
 def save_atomic(obj, path: str) -> None:
-    """``torch.save(obj, path)``; a crash leaves the old file or the new."""
-    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    tmp = f'{path}.tmp.{os.getpid()}'
-    with open(tmp, 'wb') as f:  # temporary file, fsync, rename
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """``torch.save(obj, path)``; a crash leaves the old file or the new
+    (``report.write_torch``)."""
+    write_torch(path, obj)
 
 
 def load_run_state(path: str, mmap: bool = False) -> dict:

@@ -1,4 +1,6 @@
-"""Per-stage bookkeeping shared by both tasks' stream metrics."""
+"""Per-stage bookkeeping shared by both tasks' stream metrics, and the
+result file names of each metric of a run."""
+import re
 from abc import abstractmethod
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -10,8 +12,8 @@ from mmengine.logging import print_log
 from mmengine.structures import BaseDataElement
 
 from .stream import StreamStage
-from .report import (append_partial, format_table, results_record,
-                     write_results)
+from .report import (RESULTS_FILE, append_partial, format_table,
+                     result_file, results_record, write_results)
 
 
 class StreamMetric(BaseMetric):
@@ -21,6 +23,9 @@ class StreamMetric(BaseMetric):
     Args:
         output_dir (str, optional): Where results are written. Default: None
             (the online loop sets the work dir).
+        prefix (str, optional): MMEngine's prefix of the metric names; a
+            run's second metric's result files start with it too
+            (:func:`assign_result_files`). Default: ``default_prefix``.
     """
 
     #: the name of each stage's ``score`` (``'mIoU'``, ``'acc'``)
@@ -34,6 +39,9 @@ class StreamMetric(BaseMetric):
                  prefix: Optional[str] = None):
         super().__init__(collect_device=collect_device, prefix=prefix)
         self.output_dir = output_dir
+        #: what the result file names start with (``report.result_file``;
+        #: ``''``: the plain names); the online loop sets it
+        self.file_prefix = ''
         #: facts of the run the loop adds to the results (update steps)
         self.run_info: dict = {}
         self._current: Optional[StreamStage] = None  # the open stage
@@ -112,7 +120,7 @@ class StreamMetric(BaseMetric):
         result, = self.stage_results(
             [r for r in self.results if r['stage'] == stage])
         self._append_partial(result)
-        print_log(f"stage {stage} (round {result['round']}, "
+        print_log(f"{self._log_label}stage {stage} (round {result['round']}, "
                   f"{result['condition']}): {self.score_name} "
                   f"{result['score']:.2f}", logger='current')
         self._current = None
@@ -139,10 +147,17 @@ class StreamMetric(BaseMetric):
             for result in self.stage_results(self.results):
                 self._append_partial(result)
 
+    @property
+    def _log_label(self) -> str:
+        """What a log line of a run's second metric starts with (its file
+        prefix), to tell it from the first's."""
+        return f'{self.file_prefix}: ' if self.file_prefix else ''
+
     def _append_partial(self, result: dict) -> None:
         if self.output_dir is not None:
             append_partial(self.output_dir, result,
-                           fresh=not self._partial_started)
+                           fresh=not self._partial_started,
+                           prefix=self.file_prefix)
             self._partial_started = True
 
     def compute_metrics(self, results: list) -> Dict[str, float]:
@@ -157,12 +172,13 @@ class StreamMetric(BaseMetric):
         stages = self.stage_results(results)
         conditions = list(OrderedDict.fromkeys(s['condition']
                                                for s in stages))
-        print_log(f'continual {self.score_name} (%):\n' +
+        print_log(f'{self._log_label}continual {self.score_name} (%):\n' +
                   format_table(stages, conditions), logger='current')
         record = results_record(self.task, stages, conditions,
                                 self.run_details(stages), **self.run_info)
         if self.output_dir is not None:
-            write_results(self.output_dir, record, self.csv_detail())
+            write_results(self.output_dir, record, self.csv_detail(),
+                          prefix=self.file_prefix)
             self.write_records(results)
         metrics = self.summary(record)
         for s in stages:
@@ -171,3 +187,50 @@ class StreamMetric(BaseMetric):
                 key += f"_s{s['stage']}"
             metrics[key] = round(s['score'], 2)
         return metrics
+
+
+def assign_result_files(metrics: Sequence) -> None:
+    """Give each ``StreamMetric`` of a run's evaluator its own result file
+    names (``file_prefix``): the first keeps the plain names
+    (``continual_results.json``, ...), each other one gets its ``prefix``
+    and ``_`` in front (``<prefix>_continual_results.json``, ...).
+
+    Raises:
+        ValueError: If two metrics have the same prefix (MMEngine's metric
+            names and the result files would clash: refused here, before
+            the stream rather than after it), if a metric but the first has
+            none, or if it cannot be part of a file name.
+    """
+    seen: Dict[Optional[str], Tuple[int, BaseMetric]] = {}
+    stream = [(i, m) for i, m in enumerate(metrics)
+              if isinstance(m, StreamMetric)]
+    for n, (i, metric) in enumerate(stream):
+        prefix = metric.prefix
+        fix = (f"give test_evaluator[{i}] a prefix of its own (e.g. "
+               f"prefix='second'): a run's first StreamMetric writes "
+               f"{RESULTS_FILE}, ..., each other one "
+               f"<prefix>_{RESULTS_FILE}, ... (docs/running.md)")
+        if prefix in seen:
+            j, other = seen[prefix]
+            raise ValueError(
+                f'test_evaluator[{j}] ({describe(other)}) and '
+                f'test_evaluator[{i}] ({describe(metric)}) would write the '
+                'same metric names (and result files); ' + fix)
+        if n and not prefix:
+            j, other = stream[0]
+            raise ValueError(
+                f'test_evaluator[{i}] ({describe(metric)}) would write the '
+                f'result files of test_evaluator[{j}] ({describe(other)}); '
+                + fix)
+        if n and not re.fullmatch(r'\w[\w.-]*', prefix):
+            raise ValueError(
+                f'test_evaluator[{i}] ({describe(metric)}): its prefix '
+                'starts its result file names, so it takes letters, digits, '
+                '_, . and - only (and starts with a letter, a digit or _)')
+        seen[prefix] = (i, metric)
+        metric.file_prefix = prefix if n else ''
+
+
+def describe(metric: BaseMetric) -> str:
+    """Return ``'<class>, prefix <prefix>'`` of a metric, for errors."""
+    return f'{type(metric).__name__}, prefix {metric.prefix!r}'

@@ -8,10 +8,13 @@ import math
 import numpy as np
 import pytest
 
+import torch
+
 from mmseg_stag.engine.report import (PARTIAL_FILE, RESULTS_SCHEMA,
                                       append_partial, format_table,
-                                      mean_ignoring_nan, read_results,
-                                      results_record, write_results)
+                                      mean_ignoring_nan, read_partial,
+                                      read_results, results_record,
+                                      write_results, write_torch)
 from mmseg_stag.segmentation.evaluation import stage_miou
 
 CLASSES = ('a', 'b', 'c')
@@ -117,3 +120,37 @@ def test_read_results_refuses_other_schemas_and_unfinished_runs(tmp_path):
         dict(stages=[], mean_mIoU=50.0, score='mIoU')))  # schema 1
     with pytest.raises(ValueError, match='schema 1.*run it again'):
         read_results(str(tmp_path))
+
+
+def test_a_prefix_writes_and_reads_its_own_files(tmp_path):
+    """A run's second metric (``prefix``) writes beside the first's plain
+    files without touching them; the readers read either."""
+    fog = stage_result(0, 1, 'fog', areas([1, 0, 0], [2, 1, 0], [1, 1, 0],
+                                          [2, 0, 0]), 2, CLASSES)
+    snow = stage_result(0, 1, 'snow', areas([2, 0, 0], [2, 0, 0], [2, 0, 0],
+                                            [2, 0, 0]), 1, CLASSES)
+    out = str(tmp_path)
+    plain = write_results(out, results_record('segmentation', [fog], ['fog']))
+    other = write_results(out, results_record('segmentation', [snow],
+                                              ['snow']), prefix='b')
+    assert {k: p[len(out) + 1:] for k, p in other.items()} == dict(
+        json='b_continual_results.json', csv='b_continual_results.csv',
+        png='b_continual_miou.png')
+    assert set(plain.values()).isdisjoint(other.values())
+    assert read_results(out)['conditions'] == ['fog']
+    assert read_results(out, prefix='b')['conditions'] == ['snow']
+    assert append_partial(out, fog, fresh=True) == str(tmp_path /
+                                                        PARTIAL_FILE)
+    append_partial(out, snow, fresh=True, prefix='b')
+    assert [s['condition'] for s in read_partial(out)] == ['fog']
+    assert [s['condition'] for s in read_partial(out, 'b')] == ['snow']
+
+
+def test_write_torch_makes_its_folder_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / 'new' / 'state.pth'
+    assert write_torch(str(path), dict(x=torch.arange(3))) == str(path)
+    assert torch.equal(torch.load(path, weights_only=True)['x'],
+                       torch.arange(3))
+    write_torch(str(path), dict(x=torch.zeros(2)))  # replaces it
+    assert torch.load(path, weights_only=True)['x'].tolist() == [0.0, 0.0]
+    assert sorted(p.name for p in path.parent.iterdir()) == ['state.pth']

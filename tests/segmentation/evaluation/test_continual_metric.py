@@ -349,3 +349,49 @@ def test_no_open_stage_and_bad_sizes():
         feed(metric, [bad])
     with pytest.raises(ValueError, match='no sample'):
         ContinualIoUMetric().compute_metrics([])
+
+
+def test_second_metric_writes_its_files_behind_its_prefix(tmp_path):
+    """The names the loop gives two metrics (``assign_result_files``):
+    the first keeps the plain names, the second writes its own behind its
+    prefix; both sets are there, each of its own metric."""
+    stream, _ = make_stream(seed=5)
+    first = ContinualIoUMetric(output_dir=str(tmp_path))
+    second = ContinualIoUMetric(output_dir=str(tmp_path), ignore_index=1,
+                                prefix='ign1')
+    cm.assign_result_files([first, second])
+    assert (first.file_prefix, second.file_prefix) == ('', 'ign1')
+    for metric in (first, second):
+        feed(metric, stream)
+        metric.compute_metrics(metric.results)
+    plain, prefixed = [json.loads((tmp_path / f'{p}continual_results.json')
+                                  .read_text()) for p in ('', 'ign1_')]
+    # class 1 ignored: another score per stage, so neither file is the other
+    assert [s['score'] for s in plain['stages']] != \
+        [s['score'] for s in prefixed['stages']]
+    for name in ('continual_results.csv', 'continual_miou.png',
+                 'continual_results.partial.jsonl'):
+        assert (tmp_path / name).is_file() and \
+            (tmp_path / f'ign1_{name}').is_file(), name
+    partial = (tmp_path / 'ign1_continual_results.partial.jsonl').read_text()
+    assert [json.loads(line)['score'] for line in partial.splitlines()] == \
+        [s['score'] for s in prefixed['stages']]
+
+
+def test_metrics_that_would_share_files_are_refused():
+    same = [ContinualIoUMetric(), ContinualIoUMetric(ignore_index=1)]
+    with pytest.raises(ValueError, match=(
+            r"test_evaluator\[0\] \(ContinualIoUMetric, prefix 'continual'\)"
+            r" and test_evaluator\[1\] \(ContinualIoUMetric, prefix "
+            r"'continual'\) would write the same.*give test_evaluator\[1\] a "
+            r"prefix of its own \(e\.g\. prefix='second'\)")):
+        cm.assign_result_files(same)
+    with pytest.raises(ValueError, match=r"test_evaluator\[1\].*prefix "
+                       r"'a/b'.*letters, digits"):
+        cm.assign_result_files([ContinualIoUMetric(),
+                                ContinualIoUMetric(prefix='a/b')])
+    nameless = ContinualIoUMetric(prefix='x')
+    nameless.prefix = None  # a metric of a class without default_prefix
+    with pytest.raises(ValueError, match=r"test_evaluator\[2\].*would write "
+                       r"the result files of test_evaluator\[0\]"):
+        cm.assign_result_files([ContinualIoUMetric(), object(), nameless])
