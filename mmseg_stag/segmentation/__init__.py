@@ -1,7 +1,4 @@
 """The MMSeg side: segmentation task, models, ACDC stream, metric, methods."""
-from mmseg.registry import MODELS
-
-from mmseg_stag.core import STAGLoss
 from .datasets import ACDCContinualDataset, ScaleFlipViews
 from .evaluation import ContinualIoUMetric
 from .methods import HybridTTA, SegmentationCoTTA
@@ -10,9 +7,6 @@ from .task_adapter import SegmentationAdapter, SegmentationBatch
 from .models import (NVMixVisionTransformer, NVSegformerHead,
                      convert_nvlabs_checkpoint, convert_nvlabs_mit,
                      convert_nvlabs_segformer)
-
-# so that MMSeg configs can build dict(type='STAGLoss')
-MODELS.register_module(module=STAGLoss)
 
 __all__ = [
     'SegmentationTask', 'SegmentationBatch', 'SegmentationAdapter',
