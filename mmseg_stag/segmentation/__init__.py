@@ -5,13 +5,11 @@ from .methods import HybridTTA, SegmentationCoTTA
 from .online_task import SegmentationTask
 from .task_adapter import SegmentationAdapter, SegmentationBatch
 from .models import (NVMixVisionTransformer, NVSegformerHead,
-                     convert_nvlabs_checkpoint, convert_nvlabs_mit,
-                     convert_nvlabs_segformer)
+                     convert_nvlabs_checkpoint, convert_nvlabs_segformer)
 
 __all__ = [
     'SegmentationTask', 'SegmentationBatch', 'SegmentationAdapter',
     'SegmentationCoTTA', 'HybridTTA', 'ACDCContinualDataset',
     'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
-    'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',
-    'convert_nvlabs_checkpoint'
+    'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_checkpoint'
 ]
