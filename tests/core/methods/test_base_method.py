@@ -251,6 +251,15 @@ def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
         TENT(loss='kl')
 
 
+def test_repr_shows_the_base_options_then_the_repr_fields():
+    """One ``repr`` scheme: the base options, then a method's
+    ``repr_fields`` (TENT's loss)."""
+    text = repr(TENT(loss='pseudo_ce', fresh_optimizer_per_stage=True))
+    assert text.startswith("TENT(stag=off, optimizer={'type': 'Adam'")
+    assert text.endswith(", fresh_optimizer_per_stage=True, "
+                         "loss_type='pseudo_ce')")
+
+
 def test_full_resolution_loss_needs_the_original_size_operation():
     """CoTTA's ACDC TENT loss needs labels at each image's original size:
     a task without the operation is refused at configure, naming it and
