@@ -10,18 +10,21 @@ from mmengine.config import Config
 # ------------------------------------------------- the first-stage choice
 
 
-def first_stage_options(cfg: Config, condition=None) -> dict:
+def first_stage_cfg_options(cfg: Config, condition=None) -> dict:
     """``--cfg-options`` that keep the stream's first stage alone (ACDC:
-    round-1 ``condition``; classification: the first corruption)."""
+    round-1 ``condition``; classification: the first corruption): the
+    stream dataset's ``first_stage_options`` (its own keys) under
+    ``test_dataloader.dataset.``."""
     dataset = cfg.test_dataloader.dataset
     options = stream_dataset_class(dataset).first_stage_options(dataset,
                                                                 condition)
     return {f'test_dataloader.dataset.{k}': v for k, v in options.items()}
 
 
-def first_images_options(cfg: Config, num_images: int) -> dict:
+def first_images_cfg_options(cfg: Config, num_images: int) -> dict:
     """``--cfg-options`` that keep the first ``num_images`` images of each
-    stage (the stream dataset says how)."""
+    stage: the stream dataset's ``first_images_options`` under
+    ``test_dataloader.dataset.``."""
     options = stream_dataset_class(
         cfg.test_dataloader.dataset).first_images_options(num_images)
     return {f'test_dataloader.dataset.{k}': v for k, v in options.items()}
@@ -77,7 +80,7 @@ def select(config, checkpoint: str, beta_grid, work_dir: str,
     if not cfg.get('test_cfg', {}).get('method', {}).get('stag'):
         raise ValueError(f'{config} has no test_cfg.method.stag (choose '
                          'beta0 on a STAG config)')
-    cfg.merge_from_dict(first_stage_options(cfg, condition))
+    cfg.merge_from_dict(first_stage_cfg_options(cfg, condition))
     os.makedirs(work_dir, exist_ok=True)
     gammas = gamma_grid or [cfg.test_cfg.method.stag.gamma]
     trials = []

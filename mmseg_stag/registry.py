@@ -7,12 +7,9 @@ from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
 from .core.registry import METHODS
-from .core.stag_loss import STAGLoss
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmseg_stag',
                   locations=['mmseg_stag.classification'])
-# the loss, buildable from this scope's configs too: dict(type='STAGLoss')
-MODELS.register_module(module=STAGLoss)
 DATASETS = Registry('dataset', parent=MMENGINE_DATASETS, scope='mmseg_stag',
                     locations=['mmseg_stag.classification'])
 DATA_SAMPLERS = Registry('data sampler', parent=MMENGINE_DATA_SAMPLERS,

@@ -162,18 +162,19 @@ def test_the_stream_dataset_says_how_to_keep_its_first_stage(config, stage,
                                                             images):
     from mmengine.config import Config
 
-    from mmseg_stag.paper_protocol import (first_images_options,
-                                           first_stage_options)
+    from mmseg_stag.paper_protocol import (first_images_cfg_options,
+                                           first_stage_cfg_options)
     cfg = Config.fromfile(config)
     prefix = 'test_dataloader.dataset.'
-    assert first_stage_options(cfg, 'night') == {
+    assert first_stage_cfg_options(cfg, 'night') == {
         prefix + k: v for k, v in stage.items()}
-    assert first_images_options(cfg, 3) == {
+    assert first_images_cfg_options(cfg, 3) == {
         prefix + k: v for k, v in images.items()}
     if 'conditions' in stage:  # ACDC: one condition given as a string
         cfg.test_dataloader.dataset.conditions = 'rain'
-        assert first_stage_options(cfg)[prefix + 'conditions'] == ['rain']
+        assert first_stage_cfg_options(cfg)[prefix + 'conditions'] == [
+            'rain']
     cfg.test_dataloader.dataset.type = 'CityscapesDataset'
     with pytest.raises(ValueError, match="type='CityscapesDataset' is not a "
                        'stream dataset'):
-        first_stage_options(cfg)
+        first_stage_cfg_options(cfg)

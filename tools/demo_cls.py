@@ -293,7 +293,7 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
                 warmed=None):
     from mmseg_stag.classification import METHOD_NAMES, SHORT_NAMES
     from mmseg_stag.classification.corruption_table import (
-        format_corruption_table, read_run, write_corruption_table)
+        format_corruption_table, read_corruption_row, write_corruption_table)
     from mmseg_stag.engine.runs import run_cached
     title = NETS[net][0]
     out = osp.join(args.work_dir, f'{scenario}_{net}')
@@ -316,7 +316,7 @@ def run_setting(args, scenario, net, data_root, source_files, ckpt, log,
                               source_files, stag), ckpt_of(method), work_dir,
                    needs=('continual_results.json', 'per_image.csv'),
                    config_name='row_config.py')
-        row = read_run(work_dir, name, base)
+        row = read_corruption_row(work_dir, name, base)
         rows.append(row)
         log(f'    {name:<14} avg acc {row["avg_acc"]:5.1f}%  '
             f'({time.time() - t0:.0f} s)')

@@ -11,11 +11,11 @@ from mmseg_stag.core import METHODS, TENT, StepStats
 from mmseg_stag.engine.online_task import head_layer_of
 
 
-@METHODS.register_module(name='tent_two_forward')
 class TwoForwardTENT(TENT):
     """TENT as CoTTA's ``single_gpu_tent`` runs it: the prediction from a
     forward without gradients, the loss from a second forward. A speed
-    reference, registered when this module is imported, not by the plugin.
+    reference, put into ``METHODS`` (as ``tent_two_forward``) by
+    :func:`build_runner` for the run that uses it, not by an import.
 
     Raises:
         ValueError: If the config's TENT loss is not CoTTA's ACDC loss.
@@ -51,6 +51,10 @@ def build_runner(config, args, work_dir, method):
         'test_dataloader.dataset.indices': args.images,
         'test_cfg.save_state': False}))
     if method == 'two-forward':
+        # the loop builds its method from METHODS by name; registered here,
+        # by the run that needs it (force: a second run registers it again)
+        METHODS.register_module(name='tent_two_forward',
+                                module=TwoForwardTENT, force=True)
         cfg.test_cfg.method.type = 'tent_two_forward'
     cfg.work_dir = work_dir
     cfg.experiment_name = f'loop_{method}_{uuid.uuid4().hex[:6]}'

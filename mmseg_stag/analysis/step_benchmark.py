@@ -438,7 +438,7 @@ def stag_terms(task, kind, stag, variants, fixed_leaves=False):
     leaves, their gradients dropped first so that each backward writes
     them anew. No finiteness check (a device wait)."""
     from mmseg_stag.core import STAGLoss, mean_over_outputs
-    from mmseg_stag.core.methods.base import stag_loss_options
+    from mmseg_stag.core.methods.stag_term import stag_loss_options
     method, _ = task.make_method(kind, stag)
     with torch.no_grad():
         head_outputs = task.adapter.forward(method.model,

@@ -10,7 +10,8 @@ METRIC_WORDS = dict(acc='accuracy', err='error')
 TABLE_METRICS = tuple(METRIC_WORDS)
 
 
-def read_run(work_dir: str, name: str, base: Optional[str] = None) -> dict:
+def read_corruption_row(work_dir: str, name: str,
+                        base: Optional[str] = None) -> dict:
     """Read the row ``name`` of a classification run (``base``: the
     baseline row of a +STAG row), with ``per_corruption``, ``avg_acc`` and
     ``avg_err`` (the tables' Avg.); FileNotFoundError if the run did not

@@ -60,11 +60,6 @@ class Labels:
 Prediction = Union[Logits, Labels]
 
 
-#: what each task operation (``TaskAdapter.operations``) is, for messages
-OPERATIONS = {'original_size': "logits, labels and a loss at each image's "
-              'original size: the segmentation task'}
-
-
 class TaskAdapter:
     """The per-sample task's operations: the forward pass of ``probe``.
 
@@ -73,7 +68,9 @@ class TaskAdapter:
     """
 
     #: named operations beyond :meth:`forward` that a method may need
-    #: (:data:`OPERATIONS`)
+    #: (a method's ``required_operations``); there is one:
+    #: ``'original_size'``, logits, labels and a loss at each image's
+    #: original size (``SegmentationAdapter``)
     operations: FrozenSet[str] = frozenset()
     #: each forward pass with gradients taps ``||h||``: ``True``, the
     #: classifier's input through :func:`~mmseg_stag.core.stag.

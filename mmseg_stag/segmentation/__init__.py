@@ -1,23 +1,15 @@
 """The MMSeg side: segmentation task, models, ACDC stream, metric, methods."""
-from mmseg.registry import MODELS
-
-from mmseg_stag.core import STAGLoss
 from .datasets import ACDCContinualDataset, ScaleFlipViews
 from .evaluation import ContinualIoUMetric
 from .methods import HybridTTA, SegmentationCoTTA
 from .online_task import SegmentationTask
 from .task_adapter import SegmentationAdapter, SegmentationBatch
 from .models import (NVMixVisionTransformer, NVSegformerHead,
-                     convert_nvlabs_checkpoint, convert_nvlabs_mit,
-                     convert_nvlabs_segformer)
-
-# so that MMSeg configs can build dict(type='STAGLoss')
-MODELS.register_module(module=STAGLoss)
+                     convert_nvlabs_checkpoint, convert_nvlabs_segformer)
 
 __all__ = [
     'SegmentationTask', 'SegmentationBatch', 'SegmentationAdapter',
     'SegmentationCoTTA', 'HybridTTA', 'ACDCContinualDataset',
     'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
-    'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_mit',
-    'convert_nvlabs_checkpoint'
+    'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_checkpoint'
 ]

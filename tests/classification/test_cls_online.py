@@ -16,7 +16,7 @@ from mmseg_stag.classification import SHORT_NAMES
 from mmseg_stag.core import EATA
 from mmseg_stag.engine import OnlineAdaptationLoop
 from mmseg_stag.classification.corruption_table import (
-    format_corruption_table, read_run, write_corruption_table)
+    format_corruption_table, read_corruption_row, write_corruption_table)
 from seg_helpers import python_path
 from cls_helpers import (CIFAR, IMAGENET, REPO, assert_same_run,
                          killable_config, options, run, run_tool)
@@ -178,7 +178,7 @@ def test_table_of_several_runs(tmp_path, stream, names, checkpoint):
         if leaf == 'source':
             del o['test_cfg.method.optimizer']
         run(CIFAR.format(leaf), checkpoint, tmp_path / leaf, o)
-        rows.append(read_run(str(tmp_path / leaf), name, base))
+        rows.append(read_corruption_row(str(tmp_path / leaf), name, base))
     table = format_corruption_table(rows, names, 'err', 'Continual',
                                     SHORT_NAMES)
     lines = table.splitlines()

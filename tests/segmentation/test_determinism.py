@@ -16,15 +16,14 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmseg_stag.engine import determinism
-from mmseg_stag.engine.determinism import (NONDETERMINISTIC_CUDA_OPS,
-                                           REMAINING_NONDETERMINISTIC_OPS,
-                                           ROUTED_BY_INTERPOLATE,
+from mmseg_stag.engine.determinism import (REMAINING_NONDETERMINISTIC_OPS,
                                            configure_cuda_math,
-                                           configure_determinism,
-                                           raises_on_cuda)
+                                           configure_determinism)
 from mmseg_stag.segmentation.task_adapter import (
     bilinear_resize, deterministic_cross_entropy,
     full_resolution_cross_entropy, interpolation_matrix)
+from nondeterministic_ops import (NONDETERMINISTIC_CUDA_OPS,
+                                  ROUTED_BY_INTERPOLATE, raises_on_cuda)
 from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
                          make_runner, save_checkpoint, tiny_options)
 

@@ -41,6 +41,14 @@ def test_registered_types():
     assert isinstance(loss, STAGLoss)
 
 
+def test_stag_loss_is_registered_once():
+    """In MMSeg's ``MODELS``, where MMSeg configs build losses, and not
+    also in the ``mmseg_stag`` scope's own."""
+    from mmseg_stag.registry import MODELS as SCOPE_MODELS
+    assert MODELS.module_dict['STAGLoss'] is STAGLoss
+    assert 'STAGLoss' not in SCOPE_MODELS.module_dict
+
+
 def test_there_is_a_config_per_checkpoint_and_method():
     # Source, BN Adapt, TENT, CoTTA, EATA, SAR, DeYO, Hybrid-TTA (all but
     # Source also with STAG) x MMSeg's and NVlabs' B5

@@ -28,7 +28,7 @@ from mmseg_stag.analysis.rows import (check_files, mean_score, pyplot,
                                       require_stag, save_figure,
                                       stage_config, write_numbers)
 from mmseg_stag.engine.runs import run_cached
-from mmseg_stag.paper_protocol import as_cli, first_stage_options
+from mmseg_stag.paper_protocol import as_cli, first_stage_cfg_options
 
 NAME = 'hp_sensitivity'
 SWEEP = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'sweep.py')
@@ -67,8 +67,8 @@ def stream_options(args):
     it to its first stage (none with ``--whole-stream``)."""
     cfg = stage_config(args.config, args.cfg_options, whole_stream=True)
     require_stag(cfg, args.config)
-    first = {} if args.whole_stream else first_stage_options(cfg,
-                                                             args.condition)
+    first = {} if args.whole_stream else first_stage_cfg_options(
+        cfg, args.condition)
     return cfg, first
 
 

@@ -5,20 +5,20 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
-from mmengine.logging import print_log
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
 from ..params import exclude_by_module, select_parameters
 from ..probe import PREDICTION_KINDS, check_norm_tap, check_prediction_kind
-from ..stag import anchor_coefficients, stag_beta
+from ..stag import stag_beta
 from ..stag_loss import STAGLoss
-from ..stats import PassStats, StepStats
-from ..task_adapter import (OPERATIONS, Batch, ForwardPass, Logits,
-                            Prediction, TaskAdapter)
+from ..stats import StepStats
+from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
+                            TaskAdapter)
+# check_range: still imported from here by core/methods/cotta.py and
+# segmentation/methods/hybrid_tta.py (its module: checks.py)
+from .checks import check_range  # noqa: F401
+from .stag_term import log_anchor_signs, stag_loss_options
 from .step_graph import StepGraphs, check_capturable_optimizer
-
-#: the optimizer of the EATA, SAR and DeYO authors' code
-AUTHORS_SGD = dict(type='SGD', lr=0.00025, momentum=0.9)
 
 
 class BaseMethod:
@@ -139,12 +139,13 @@ class BaseMethod:
                 'method)')
         missing = [op for op in self.required_operations
                    if op not in adapter.operations]
-        if missing:
+        if missing:  # the one operation there is: 'original_size'
             raise ValueError(
                 f'{self.name} as configured needs the task operation(s) '
-                f'{missing} ({", ".join(OPERATIONS[op] for op in missing)}),'
-                f' which {type(adapter).__name__} does not have (its '
-                f'operations: {sorted(adapter.operations)})')
+                f"{missing} (logits, labels and a loss at each image's "
+                'original size: the segmentation task), which '
+                f'{type(adapter).__name__} does not have (its operations: '
+                f'{sorted(adapter.operations)})')
 
     def configure(self, model: nn.Module, adapter: TaskAdapter) -> None:
         """Set the modes, unfreeze the adapted parameters, build the optimizer;
@@ -380,18 +381,22 @@ class BaseMethod:
                                'be called before adapting')
 
     def adapt(self, batch: Batch) -> Tuple[Prediction, StepStats]:
-        """Predict, then adapt: one forward, at most one backward; return the
-        prediction before the update and the step's :class:`StepStats`."""
+        """Predict, then adapt: one :meth:`forward_and_adapt`, eager or
+        replayed as a CUDA graph (``cuda_graph``); return the prediction
+        before the update and the step's :class:`StepStats`.
+
+        The step is counted here (``t`` of ``beta_t``, ``num_updates``)
+        when it minimised a loss: a pass records its ``loss`` exactly then
+        (:meth:`add_stag`), in a replay too; no host read.
+        """
         self.check_configured()
-        if self.graphs is None:
-            fwd = self.adapter.forward(self.model, batch)
-            if self.updates:
-                self.update(self.loss(batch, fwd))
-            return self.prediction(fwd), StepStats([fwd.stats])
         beta = None if self.stag_loss is None else self.beta
-        prediction, stats = self.graphs(batch, self.adapter.graph_key(batch),
-                                        beta)
-        if self.updates:  # the graph's step always updates
+        if self.graphs is None:
+            prediction, stats = self.forward_and_adapt(batch, beta)
+        else:
+            prediction, stats = self.graphs(
+                batch, self.adapter.graph_key(batch), beta)
+        if any(p.loss is not None for p in stats.passes):
             self.step += 1
             self.num_updates += 1
         return prediction, stats
@@ -404,9 +409,10 @@ class BaseMethod:
 
     def forward_and_adapt(self, batch: Batch, beta: Any
                           ) -> Tuple[Prediction, StepStats]:
-        """:meth:`adapt`'s step with ``beta_t`` given and no counting:
-        what :class:`StepGraphs` runs and captures (``beta`` a 0-d device
-        tensor there)."""
+        """The step, without counting: forward, then backward and one
+        optimizer step on :meth:`loss` where there is one; ``beta``:
+        ``beta_t`` (a float, or the 0-d device tensor :class:`StepGraphs`
+        fills before each replay of the captured step)."""
         fwd = self.adapter.forward(self.model, batch)
         total = self.loss(batch, fwd, beta) if self.updates else None
         if total is not None:
@@ -422,59 +428,3 @@ class BaseMethod:
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
                 f'trainable={self.trainable_cfg}{fresh}{extra})')
 
-
-def check_range(relation: str, **values) -> None:
-    """Raise ``ValueError`` for the first of ``values`` (by name) that is
-    not ``relation``: ``'> 0'``, ``'>= 0'`` or ``'in [0, 1]'``."""
-    holds = {'> 0': lambda v: v > 0, '>= 0': lambda v: v >= 0,
-             'in [0, 1]': lambda v: 0.0 <= v <= 1.0}[relation]
-    for name, value in values.items():
-        if not holds(value):
-            raise ValueError(f'{name} must be {relation}, got {value}')
-
-
-def stag_loss_options(stag_cfg: dict) -> dict:
-    """The ``STAGLoss`` arguments of a method's ``stag`` config;
-    ``check_finite`` off by default (no wait for the device: the loop
-    checks ``loss_stag`` when it reads it)."""
-    return {'check_finite': False, **{
-        k: v for k, v in stag_cfg.items()
-        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage',
-                     'norm_tap')}}
-
-
-@torch.no_grad()
-def log_anchor_signs(classifier: nn.Module) -> Tuple[int, float, float]:
-    """Log and return the number of classes with ``s_k > 0``
-    (eq:structural_anchor) and the range of ``s_k``."""
-    weight = classifier.weight.detach().flatten(1).double()
-    bias = None if classifier.bias is None else classifier.bias.detach()
-    s = anchor_coefficients(weight, None if bias is None else bias.double())
-    positive = int((s > 0).sum())
-    lo, hi = float(s.min()), float(s.max())
-    print_log(f'STAG anchors: {positive} of {s.numel()} classes have s_k > 0 '
-              f'(anchor pointing away from w_k); s_k in [{lo:.4g}, {hi:.4g}]',
-              logger='current')
-    return positive, lo, hi
-
-
-class SampleFilteringMethod(BaseMethod):
-    """Base of the two-filter baselines (EATA, DeYO); counts kept samples."""
-
-    supported_prediction_kinds = ('per_sample', 'per_pixel')
-    default_optimizer = AUTHORS_SGD
-    state_attributes = ('num_samples_update_1', 'num_samples_update_2')
-    num_samples_update_1 = 0  # passed the first filter, so far
-    num_samples_update_2 = 0  # passed both filters, so far
-
-    def record_selection(self, stats: PassStats, reliable: torch.Tensor,
-                         selected: torch.Tensor) -> int:
-        """Count one batch's kept samples; return how many are selected."""
-        # one read from the device for both counts
-        num_reliable, num_selected = (int(n) for n in torch.stack(
-            [reliable.sum(), selected.sum()]).tolist())
-        self.num_samples_update_1 += num_reliable
-        self.num_samples_update_2 += num_selected
-        stats.extra.update(num_reliable=float(num_reliable),
-                           num_selected=float(num_selected))
-        return num_selected

@@ -9,7 +9,8 @@ from ..losses import (HeadOutputs, flatten_logits, pixels_as_rows,
                       softmax_entropy)
 from ..registry import METHODS
 from ..task_adapter import Batch, ForwardPass
-from .base import SampleFilteringMethod, check_range
+from .checks import check_range
+from .sample_filtering import SampleFilteringMethod
 from .sar import SAR_AUTHORS_EXCLUDE  # DeYO's collect_params is SAR's
 
 

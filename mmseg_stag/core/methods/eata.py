@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from ..losses import flatten_logits, softmax_entropy
 from ..registry import METHODS
-from .base import SampleFilteringMethod, check_range
+from .checks import check_range
+from .sample_filtering import SampleFilteringMethod
 
 
 def update_model_probs(current: Optional[torch.Tensor],

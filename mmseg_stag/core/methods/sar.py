@@ -10,7 +10,9 @@ from ..registry import METHODS
 from ..sam import SAM
 from ..stats import StepStats
 from ..task_adapter import Batch, ForwardPass
-from .base import AUTHORS_SGD, BaseMethod, check_range
+from .base import BaseMethod
+from .checks import check_range
+from .sample_filtering import AUTHORS_SGD
 
 #: Modules SAR's collect_params never adapts (last stage, final norm).
 SAR_AUTHORS_EXCLUDE = r'layer4|blocks\.9|blocks\.10|blocks\.11|norm\.|^norm$'

@@ -19,6 +19,7 @@ class TENT(BaseMethod):
 
     LOSSES = ('entropy', 'pseudo_ce', 'pseudo_ce_fullres')
     graph_capturable = True
+    repr_fields = ('loss_type', )
 
     def __init__(self, loss: str = 'entropy', align_corners: bool = False,
                  **kwargs):
@@ -45,6 +46,3 @@ class TENT(BaseMethod):
             fn = lambda logits: softmax_entropy(logits).mean()  # noqa: E731
         return mean_over_outputs(lambda _, logits: fn(logits),
                                  fwd.head_outputs)
-
-    def __repr__(self) -> str:
-        return super().__repr__()[:-1] + f', loss={self.loss_type!r})'

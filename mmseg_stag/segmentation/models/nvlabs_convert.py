@@ -155,29 +155,6 @@ def convert_nvlabs_segformer(state_dict: Mapping[str, torch.Tensor]
     return _convert(state_dict)[0]
 
 
-def convert_nvlabs_mit(state_dict: Mapping[str, torch.Tensor]
-                       ) -> 'OrderedDict[str, torch.Tensor]':
-    """Map an NVlabs MiT state dict (no ``backbone.`` prefix) onto the
-    keys of MMSeg's ``MixVisionTransformer``; errors as
-    :func:`convert_nvlabs_segformer`'s."""
-    converted: 'OrderedDict[str, torch.Tensor]' = OrderedDict()
-    unknown = []
-    for key, value in state_dict.items():
-        if DROPPED_KEYS.match('backbone.' + key):
-            continue
-        try:
-            item = _convert_backbone_key(key, value, state_dict)
-        except _Unknown:
-            unknown.append(key)
-            continue
-        if item is not None:
-            converted[item[0]] = item[1]
-    if unknown:
-        raise ValueError(f'not an NVlabs MiT state dict: {len(unknown)} '
-                         f'unknown key(s): {_shown(unknown)}')
-    return converted
-
-
 def convert_nvlabs_checkpoint(src: str,
                               dst: str,
                               allow_unsafe_pickle: bool = False) -> int:

@@ -251,6 +251,15 @@ def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
         TENT(loss='kl')
 
 
+def test_repr_shows_the_base_options_then_the_repr_fields():
+    """One ``repr`` scheme: the base options, then a method's
+    ``repr_fields`` (TENT's loss)."""
+    text = repr(TENT(loss='pseudo_ce', fresh_optimizer_per_stage=True))
+    assert text.startswith("TENT(stag=off, optimizer={'type': 'Adam'")
+    assert text.endswith(", fresh_optimizer_per_stage=True, "
+                         "loss_type='pseudo_ce')")
+
+
 def test_full_resolution_loss_needs_the_original_size_operation():
     """CoTTA's ACDC TENT loss needs labels at each image's original size:
     a task without the operation is refused at configure, naming it and
@@ -301,11 +310,11 @@ def test_anchor_signs_are_logged_when_stag_is_configured(monkeypatch):
         sens.append(float(grad[k]))
     positive = sum(v > 0 for v in sens)
     assert 0 < positive < 5  # both signs occur for this classifier
-    from mmseg_stag.core.methods import base
-    assert base.log_anchor_signs(model.classifier) == (
+    from mmseg_stag.core.methods import stag_term
+    assert stag_term.log_anchor_signs(model.classifier) == (
         positive, pytest.approx(min(sens)), pytest.approx(max(sens)))
     logged = []
-    monkeypatch.setattr(base, 'print_log',
+    monkeypatch.setattr(stag_term, 'print_log',
                         lambda msg, **kwargs: logged.append(msg))
     configured(TENT(stag=dict(beta0=1.0, gamma=1.0)), model)
     assert len(logged) == 1

@@ -22,7 +22,8 @@ CALLBACKS = {'core/probe.py:hook', 'core/stag.py:backward'}
 EXPECTED = [
     ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:batch'),
     ('engine/online_loop.py:run_iter', 'core/methods/base.py:adapt'),
-    ('core/methods/base.py:adapt',
+    ('core/methods/base.py:beta', 'core/stag.py:stag_beta'),
+    ('core/methods/base.py:forward_and_adapt',
      'segmentation/task_adapter.py:forward'),
     ('segmentation/task_adapter.py:forward', 'core/probe.py:record'),
     ('core/methods/base.py:loss', 'core/methods/tent.py:base_loss'),
@@ -30,7 +31,6 @@ EXPECTED = [
      'segmentation/task_adapter.py:cross_entropy_at_original_size'),
     ('core/methods/base.py:add_stag', 'core/stag_loss.py:over_outputs'),
     ('core/stag_loss.py:_autograd_loss', 'core/stag.py:batch_alignment'),
-    ('core/methods/base.py:beta', 'core/stag.py:stag_beta'),
     ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:outputs'),
     ('engine/online_loop.py:run_iter', 'engine/stream_metric.py:process'),
     ('engine/stream_metric.py:process',

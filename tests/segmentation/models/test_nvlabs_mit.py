@@ -4,6 +4,7 @@ values, against the transcription of NVlabs' MiT
 import glob
 import os.path as osp
 import re
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from mmseg.registry import MODELS
 
 import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.segmentation.models import (NVMixVisionTransformer,
-                                            convert_nvlabs_mit)
+                                            convert_nvlabs_segformer)
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import REPO, build_from_config, mit_backbone, tiny_options
 
@@ -53,6 +54,19 @@ def build_ours(type_='NVMixVisionTransformer', **kwargs):
     cfg = mit_backbone(type=type_, **MIT)
     cfg.update(kwargs)
     return MODELS.build(cfg).double().eval()
+
+
+def convert_nvlabs_mit(state_dict):
+    """An NVlabs MiT state dict (no ``backbone.`` prefix) on the keys of
+    MMSeg's ``MixVisionTransformer``, in order: through the checkpoint
+    converter, under ``backbone.`` beside a stand-in classifier (which it
+    requires) that is dropped again."""
+    whole = OrderedDict((f'backbone.{k}', v) for k, v in state_dict.items())
+    whole['decode_head.linear_pred.weight'] = torch.zeros(1, 1, 1, 1)
+    return OrderedDict(
+        (k[len('backbone.'):], v)
+        for k, v in convert_nvlabs_segformer(whole).items()
+        if k.startswith('backbone.'))
 
 
 def load_converted(model, reference):

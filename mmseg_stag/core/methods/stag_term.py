@@ -1,0 +1,35 @@
+"""STAG's term in a method, around :class:`BaseMethod`: the ``STAGLoss``
+arguments of its ``stag`` config, and the anchors' signs it logs when it
+is configured (eq:structural_anchor)."""
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+from mmengine.logging import print_log
+
+from ..stag import anchor_coefficients
+
+
+def stag_loss_options(stag_cfg: dict) -> dict:
+    """The ``STAGLoss`` arguments of a method's ``stag`` config;
+    ``check_finite`` off by default (no wait for the device: the loop
+    checks ``loss_stag`` when it reads it)."""
+    return {'check_finite': False, **{
+        k: v for k, v in stag_cfg.items()
+        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage',
+                     'norm_tap')}}
+
+
+@torch.no_grad()
+def log_anchor_signs(classifier: nn.Module) -> Tuple[int, float, float]:
+    """Log and return the number of classes with ``s_k > 0``
+    (eq:structural_anchor) and the range of ``s_k``."""
+    weight = classifier.weight.detach().flatten(1).double()
+    bias = None if classifier.bias is None else classifier.bias.detach()
+    s = anchor_coefficients(weight, None if bias is None else bias.double())
+    positive = int((s > 0).sum())
+    lo, hi = float(s.min()), float(s.max())
+    print_log(f'STAG anchors: {positive} of {s.numel()} classes have s_k > 0 '
+              f'(anchor pointing away from w_k); s_k in [{lo:.4g}, {hi:.4g}]',
+              logger='current')
+    return positive, lo, hi
