@@ -15,7 +15,8 @@ import torch
 from mmengine.logging import print_log
 
 from mmseg_stag.core import METHODS, Labels, NonFiniteStatistic, StepStats
-from mmseg_stag.core.methods.base import BaseMethod, check_range
+from mmseg_stag.core.methods.base import BaseMethod
+from mmseg_stag.core.methods.checks import check_range
 from mmseg_stag.core.methods.cotta import ema_update_
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
                                          masked_l1, masked_mit_features)
@@ -68,6 +69,10 @@ class TuningSwitch:
         return dict(losses=list(self.losses), threshold=self.threshold,
                     efficient=self.efficient)
 
+    def __repr__(self) -> str:
+        return (f'TuningSwitch(window={self.window}, margin={self.margin}, '
+                f'momentum={self.momentum})')
+
     def load_state_dict(self, state: dict) -> None:
         self.losses = list(state['losses'])
         self.threshold, self.efficient = state['threshold'], state['efficient']
@@ -97,6 +102,8 @@ class HybridTTA(BaseMethod):
     default_optimizer = dict(type='Adam', lr=7.5e-5, betas=(0.9, 0.999))
     default_trainable = dict(kind='all')
     state_attributes = ('teacher', 'switch')
+    repr_fields = ('ema_momentum', 'recon_weight', 'mask_ratio', 'module_cfg',
+                   'switch')
 
     def __init__(self,
                  ema_momentum: float = 0.999,
@@ -214,10 +221,6 @@ class HybridTTA(BaseMethod):
         ema_update_(self.teacher, self.model, self.ema_momentum)
         return Labels(labels), StepStats([student.stats])
 
-    def __repr__(self) -> str:
-        return (super().__repr__()[:-1] +
-                f', ema_momentum={self.ema_momentum}, recon_weight='
-                f'{self.recon_weight}, mask_ratio={self.masks.mask_ratio}, '
-                f'{self.module_cfg}, switch=(window={self.switch.window}, '
-                f'margin={self.switch.margin}, momentum='
-                f'{self.switch.momentum}))')
+    @property
+    def mask_ratio(self) -> float:
+        return self.masks.mask_ratio
