@@ -10,7 +10,8 @@ from ..losses import (cross_entropy_to_teacher, flatten_outputs,
 from ..registry import METHODS
 from ..stats import PassStats, StepStats
 from ..task_adapter import Batch, ForwardPass, Logits, Prediction
-from .base import BaseMethod, check_range
+from .base import BaseMethod
+from .checks import check_range
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
 
 
@@ -121,19 +122,10 @@ class CoTTABase(BaseMethod):
         torch._foreach_lerp_(params, [self.source_params[n]
                                       for n, _ in self.restore_params], masks)
 
-    def adapt(self, batch: Batch):
-        """Train the student on the teacher; return the teacher's
-        prediction (as CoTTA.forward_and_adapt returns outputs_ema)."""
-        self.check_configured()
-        if self.graphs is not None:  # the step replayed (cuda_graph)
-            return super().adapt(batch)
-        prediction, stats = self.forward_and_adapt(batch, None)
-        self.step += 1
-        self.num_updates += 1
-        return prediction, stats
-
     def forward_and_adapt(self, batch: Batch, beta=None):
-        """The step: student, teacher, one update, EMA, restore."""
+        """The step: student, teacher, one update, EMA, restore; the
+        teacher's prediction is returned (as CoTTA.forward_and_adapt
+        returns outputs_ema). ``BaseMethod.adapt`` runs and counts it."""
         student = self.adapter.forward(self.model, batch)
         teacher = self.teacher_prediction(batch, student.stats)
         self.backward_step(self.add_stag(
