@@ -1,10 +1,15 @@
 """STAG for online test-time adaptation, as an MMSegmentation 1.x plugin."""
 import importlib.util
 
-from . import classification, engine  # noqa: F401  (registers them)
-from .core import STAGLoss, stag
-from .core.stag import (sample_sensitivity, stag_beta, stag_loss,
-                        structural_anchors)
+from .versions import check_versions
+
+# before the submodules: an older torch fails there less clearly
+check_versions()
+
+from . import classification, engine  # noqa: F401,E402  (registers them)
+from .core import STAGLoss, stag  # noqa: E402
+from .core.stag import (sample_sensitivity, stag_beta,  # noqa: E402
+                        stag_loss, structural_anchors)
 
 if importlib.util.find_spec('mmseg') is not None:
     # an installed MMSeg that fails to import is a real error: not hidden

@@ -4,8 +4,12 @@ identity).
 
     python tools/ecotta_warmup.py CONFIG SOURCE_CKPT --train-data PATH \\
         --out WARM.pth [--epochs 10] [--lr 0.05] [--batch-size 64] \\
-        [--seed 0] [--work-dir DIR] [--resume]
+        [--seed 0] [--work-dir DIR] [--resume] [--device cuda|cpu|cuda:N]
     python tools/test.py CONFIG WARM.pth
+
+``--device``: where the meta networks train; by default where
+``tools/test.py`` runs the model (CUDA where torch sees a GPU, else the
+CPU). A device this machine lacks is refused before any work.
 
 The state is saved per epoch in ``--work-dir`` (``--resume`` continues);
 WARM.pth loads with ``weights_only=True``. Inputs and the training recipe:
@@ -45,6 +49,10 @@ def parse_args(argv=None):
                    help='continue from the work dir\'s last epoch')
     p.add_argument('--trust-pickle', action='store_true',
                    help='load a checkpoint that needs unsafe unpickling')
+    p.add_argument('--device', default=None,
+                   help="the device of the warm-up: 'cpu', 'cuda', "
+                   "'cuda:N' (default: where tools/test.py runs the model: "
+                   'CUDA where torch sees a GPU, else the CPU)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    default={}, help='override config settings')
     args = p.parse_args(argv)
@@ -53,6 +61,11 @@ def parse_args(argv=None):
             p.error(f'{name} file not found: {getattr(args, name)}')
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         p.error('--epochs and --batch-size must be >= 1 and --lr > 0')
+    from mmseg_stag.classification.ecotta_warmup import warmup_device
+    try:  # before any work
+        args.device = str(warmup_device(args.device))
+    except ValueError as err:
+        p.error(f'--device: {err}')
     if args.work_dir is None:
         stem = osp.splitext(osp.basename(args.out))[0]
         args.work_dir = osp.join('work_dirs', 'ecotta_warmup', stem)
@@ -67,7 +80,8 @@ def main(argv=None):
         args.work_dir, train_labels=args.train_labels, epochs=args.epochs,
         lr=args.lr, batch_size=args.batch_size, seed=args.seed,
         limit=args.limit, resume=args.resume,
-        trust_pickle=args.trust_pickle, cfg_options=args.cfg_options)
+        trust_pickle=args.trust_pickle, cfg_options=args.cfg_options,
+        device=args.device)
 
 
 if __name__ == '__main__':

@@ -54,7 +54,10 @@ PYEOF
 
 "${PIP[@]}" -q packaging wheel
 
-if version_ok torch 1.13 3.0; then
+# the oldest torch the package runs on: MIN_TORCH of mmseg_stag/versions.py
+# (torch.get_autocast_dtype(device)), setup.py's torch>=2.4
+TORCH_MIN=2.4
+if version_ok torch "$TORCH_MIN" 3.0; then
   echo "[install] keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
 else
   echo "[install] torch 2.13.0 (CPU wheel)"
@@ -67,7 +70,7 @@ fi
 # unless an MMCV whose ops load is already there. Tested: torch 2.11 and
 # 2.13 build it (docs/get-started.md, "What ran where").
 TORCH_BUILD_MAX=2.14
-if ! version_ok mmcv 2.0.0 2.2.0 && ! version_ok torch 1.13 "$TORCH_BUILD_MAX"; then
+if ! version_ok mmcv 2.0.0 2.2.0 && ! version_ok torch "$TORCH_MIN" "$TORCH_BUILD_MAX"; then
   torch_version=$("$PY" -c 'import torch; print(torch.__version__)')
   echo "[install] error: torch $torch_version is in $VENV, and MMCV 2.1.0 has" \
     "to be built, which fails with torch >= $TORCH_BUILD_MAX (its headers need" \

@@ -5,7 +5,7 @@ import copy
 import hashlib
 import os.path as osp
 import pickle
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -19,6 +19,46 @@ from mmseg_stag.engine.run_state import save_atomic
 #: learning-rate milestones (epochs) and decay of the warm-up
 MILESTONES, DECAY = (3, 6, 8), 0.2
 STATE_FILE = 'ecotta_warmup_state.pth'
+
+
+def warmup_device(device: Union[str, torch.device, None] = None
+                  ) -> torch.device:
+    """Return the warm-up's device: ``device``, or by default the one
+    MMEngine's runner puts the model on for ``tools/test.py`` (CUDA where
+    torch sees a GPU, else the CPU: ``mmengine.device.get_device``).
+
+    Raises:
+        ValueError: If ``device`` is not a device torch knows, or not one
+            this machine has (a CUDA device without CUDA, an index past
+            the last GPU): before any work.
+    """
+    if device is None:
+        from mmengine.device import get_device
+        device = get_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f'EcoTTA warm-up: device={device!r} is not a '
+                         f'device ({err})') from None
+    if device.type == 'cuda':
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"EcoTTA warm-up: device='{device}', but torch sees no CUDA "
+                f'device (torch {torch.__version__}, CUDA build: '
+                f'{torch.version.cuda}); use --device cpu')
+        if device.index is not None and \
+                device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"EcoTTA warm-up: device='{device}', but torch sees "
+                f'{torch.cuda.device_count()} CUDA device(s)')
+    elif device.type != 'cpu':
+        try:  # another accelerator: usable if a tensor goes there
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError) as err:
+            first = str(err).strip().splitlines()[0] if str(err) else ''
+            raise ValueError(f"EcoTTA warm-up: device='{device}' is not "
+                             f'usable here: {first}') from None
+    return device
 
 
 def warmup_lr(base_lr: float, epoch: int, batch_index: int,
@@ -109,9 +149,12 @@ def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
             work_dir: str, epochs: int, lr: float, batch_size: int,
             seed: int, resume: bool, settings: dict) -> Dict[str, list]:
     """Train the meta networks of ``model`` (an ``OnlineClassifier`` over an
-    ``EcoTTANetwork``), saving the state in ``work_dir`` every epoch; the
-    ``settings`` must match to resume. Return loss and accuracy per epoch."""
+    ``EcoTTANetwork``) on the device of its parameters, saving the state in
+    ``work_dir`` every epoch; the ``settings`` must match to resume. The
+    data ``x_all``, ``y_all`` stay where they are (the CPU), a batch at a
+    time goes to the device. Return loss and accuracy per epoch."""
     network = model.network
+    device = next(network.parameters()).device
     for name, p in network.named_parameters():
         p.requires_grad_(name.startswith('ecotta.'))
     params = [p for p in network.parameters() if p.requires_grad]
@@ -136,24 +179,29 @@ def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
         g = torch.Generator().manual_seed(seed * 1000 + epoch)
         order = torch.randperm(len(x_all), generator=g)
         bar = ProgressBar(iters)  # elapsed and ETA per epoch
-        total = correct = 0.
+        # summed on the device in float64 (as Python floats were), read
+        # once an epoch: no wait for the device after every batch
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.long, device=device)
         for b in range(iters):
             idx = order[b * batch_size:(b + 1) * batch_size]
-            x = augment(x_all[idx].float() / 255.0, g)
+            # the draws come from the CPU generator g, whatever the device
+            x = augment(x_all[idx].to(device).float() / 255.0, g)
+            labels = y_all[idx].to(device)
             if preprocessor.normalise:
                 x = (x - preprocessor.mean) / preprocessor.std
             for group in optimizer.param_groups:
                 group['lr'] = warmup_lr(lr, epoch, b, iters)
             logits = network(x)
-            loss = F.cross_entropy(logits, y_all[idx])
+            loss = F.cross_entropy(logits, labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += loss.item() * len(idx)
-            correct += float((logits.argmax(1) == y_all[idx]).sum())
+            total += loss.detach().double() * len(idx)
+            correct += (logits.argmax(1) == labels).sum()
             bar.update()
-        history['loss'].append(total / len(x_all))
-        history['acc'].append(correct / len(x_all))
+        history['loss'].append(float(total) / len(x_all))
+        history['acc'].append(float(correct) / len(x_all))
         save_atomic(dict(network=network.state_dict(),
                           optimizer=optimizer.state_dict(), epoch=epoch,
                           history=history, settings=settings), state_path)
@@ -163,17 +211,20 @@ def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
 @torch.no_grad()
 def source_loss(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
                 batch_size: int = 256, seed: int = 0) -> float:
-    """Return the mean cross-entropy on shuffled, un-augmented batches."""
+    """Return the mean cross-entropy on shuffled, un-augmented batches, on
+    the device of the model (its preprocessor moves the images there)."""
     network = copy.deepcopy(model.network)
+    device = next(network.parameters()).device
     order = torch.randperm(len(x_all),
                            generator=torch.Generator().manual_seed(seed))
-    total = 0.
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for i in range(0, len(x_all), batch_size):
         idx = order[i:i + batch_size]
         x = model.data_preprocessor(dict(inputs=x_all[idx]))
         logits = network(x['inputs'])
-        total += F.cross_entropy(logits, y_all[idx], reduction='sum').item()
-    return total / len(x_all)
+        total += F.cross_entropy(logits, y_all[idx].to(device),
+                                 reduction='sum').double()
+    return float(total) / len(x_all)
 
 
 def warm_up_checkpoint(config: str, checkpoint: str, out: str,
@@ -182,16 +233,25 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
                        lr: float = 0.05, batch_size: int = 64, seed: int = 0,
                        limit: Optional[int] = None, resume: bool = False,
                        trust_pickle: bool = False,
-                       cfg_options: Optional[dict] = None) -> dict:
+                       cfg_options: Optional[dict] = None,
+                       device: Union[str, torch.device, None] = None
+                       ) -> dict:
     """``tools/ecotta_warmup.py`` (its options are the arguments): warm up
-    the meta networks of an EcoTTA config from the source weights, save
-    them to ``out``; return ``history`` and the source cross-entropy
-    ``before`` and ``after``."""
+    the meta networks of an EcoTTA config from the source weights on
+    ``device`` (default: :func:`warmup_device`'s, where ``tools/test.py``
+    runs the model), save them to ``out``; return ``history`` and the
+    source cross-entropy ``before`` and ``after``.
+
+    Raises:
+        ValueError: If ``device`` is not usable here, or the config is not
+            an EcoTTA classifier's, before the training set is read.
+    """
     from mmengine.config import Config
 
     import mmseg_stag  # noqa: F401  (registers the classification parts)
     from mmseg_stag.registry import MODELS
     cfg_options = dict(cfg_options or {})
+    device = warmup_device(device)  # before any work
     torch.manual_seed(seed)  # the meta networks' initialisation
     cfg = Config.fromfile(config)
     cfg.merge_from_dict(cfg_options)
@@ -206,11 +266,12 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
     cold, meta.allow_cold_start = meta.allow_cold_start, True
     model.load_weights(checkpoint, trust_pickle)  # frozen part
     meta.allow_cold_start = cold
+    model.to(device)  # BaseModel.to: its preprocessor casts there too
     images, labels = read_training_set(train_data, train_labels)
     if limit:
         images, labels = images[:limit], labels[:limit]
     print(f'EcoTTA warm-up: {len(images)} images, {epochs} epochs, '
-          f'batch {batch_size}, lr {lr}, meta networks '
+          f'batch {batch_size}, lr {lr}, on {device}, meta networks '
           f'{list(meta.blocks_per_part)} -> {out}')
     source = hashlib.sha1()  # of the checkpoint file's bytes
     with open(checkpoint, 'rb') as f:
@@ -232,10 +293,13 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
         print(f'epoch {epoch}: train loss {loss:.4f}, acc {acc:.4f}')
     print(f'source cross-entropy (no augmentation): {before:.4f} before, '
           f'{after:.4f} after the warm-up')
-    save_atomic(dict(state_dict=model.network.state_dict(),
+    # on the CPU, whatever the device: the file loads anywhere
+    state = {k: v.detach().cpu()
+             for k, v in model.network.state_dict().items()}
+    save_atomic(dict(state_dict=state,
                       meta=dict(ecotta_warmup=dict(
                           epochs=epochs, lr=lr, batch_size=batch_size,
-                          seed=seed, images=len(images),
+                          seed=seed, images=len(images), device=str(device),
                           source_loss_before=before,
                           source_loss_after=after, history=history))), out)
     print(f'wrote {out}; run: python tools/test.py {config} {out}')

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmseg_stag.classification.ecotta_warmup import warm_up_checkpoint
 from seg_helpers import python_path
 from cls_helpers import (REPO, assert_same_run, killable_config, options,
                          run_tool)
@@ -86,6 +87,45 @@ def test_warmup_lowers_the_loss_and_resumes_per_epoch(tmp_path, stream,
         warm(config, checkpoint, source_set, tmp_path / 'd.pth', '--epochs',
              '3', '--lr', '0.01', '--work-dir', str(tmp_path / 'cw'),
              '--resume')
+
+
+def test_warmup_on_the_device_asked_for(tmp_path, stream, names,
+                                        checkpoint, source_set, warm):
+    """``--device cpu``: the model, its batches and the loss there; the
+    file holds CPU tensors and names the device."""
+    _, root = stream
+    config = killable_config(CONFIG.format(''),
+                             ecotta_options(root, names), tmp_path, kill=False)
+    res = warm(config, checkpoint, source_set, tmp_path / 'w.pth',
+               '--epochs', '1', '--work-dir', str(tmp_path / 'ww'),
+               '--device', 'cpu')
+    assert res['after'] < res['before']
+    warmed = torch.load(tmp_path / 'w.pth', weights_only=True)
+    assert warmed['meta']['ecotta_warmup']['device'] == 'cpu'
+    assert {v.device.type for v in warmed['state_dict'].values()} == {'cpu'}
+
+
+def test_a_cuda_warmup_without_cuda_is_refused_before_any_work(
+        tmp_path, monkeypatch, checkpoint, source_set, warm, capsys):
+    """``--device cuda`` where torch sees no CUDA device: the command stops
+    at its arguments, naming the option, with nothing written; the function
+    raises before it reads the config or the training set."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    out, work_dir = tmp_path / 'w.pth', tmp_path / 'ww'
+    with pytest.raises(SystemExit) as stop:
+        warm(CONFIG.format(''), checkpoint, source_set, out, '--work-dir',
+             str(work_dir), '--device', 'cuda')
+    assert stop.value.code == 2  # argparse's error
+    err = capsys.readouterr().err
+    assert "--device: EcoTTA warm-up: device='cuda', but torch sees no " \
+        'CUDA device' in err and 'use --device cpu' in err
+    assert not out.exists() and not work_dir.exists()
+    with pytest.raises(ValueError, match="device='cuda:0', but torch sees "
+                       'no CUDA device'):
+        warm_up_checkpoint(str(tmp_path / 'no_config.py'), checkpoint,
+                           str(out), str(tmp_path / 'no_data.npy'),
+                           str(work_dir), device='cuda:0')
+    assert not out.exists() and not work_dir.exists()
 
 
 def test_stream_from_the_warmed_up_file_resumes_exactly(tmp_path, stream,

@@ -10,6 +10,7 @@ import torch
 
 from mmseg_stag.classification.ecotta_warmup import (augment,
                                                      read_training_set,
+                                                     warmup_device,
                                                      warmup_lr)
 
 from reference.ecotta_reference import reference_warmup_lr
@@ -55,6 +56,25 @@ def test_augmentation_is_seeded_and_keeps_the_range():
     assert float(a.min()) >= 0 and float(a.max()) <= 1
     changed = [not torch.equal(a[i], x[i]) for i in range(16)]
     assert any(changed) and not all(changed)  # applied with probabilities
+
+
+def test_the_warmup_device_by_default_and_refused():
+    """By default the warm-up runs where MMEngine's runner (tools/test.py)
+    puts the model; a device that is not one, or not on this machine, is
+    refused with its name."""
+    from mmengine.device import get_device
+    assert warmup_device() == torch.device(get_device())
+    assert warmup_device('cpu') == torch.device('cpu')
+    with pytest.raises(ValueError, match="device='gpu' is not a device"):
+        warmup_device('gpu')
+
+
+def test_a_cuda_index_past_the_last_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    with pytest.raises(ValueError, match="device='cuda:3', but torch sees "
+                       '1 CUDA device'):
+        warmup_device('cuda:3')
 
 
 def _pickle(path, obj):

@@ -59,9 +59,14 @@ class ContinualIoUMetric(StreamMetric):
         output_dir (str, optional): Where results are written (the online
             loop sets the work dir). Default: None.
         collect_device, prefix: See ``BaseMetric``.
+        keep_results (bool): Only ``True``, what ``tools/test.py --out``
+            (ours and MMSeg's own) sets beside ``output_dir``: the results
+            are always kept (written to ``output_dir``). Default: True.
 
     Raises:
         TypeError: If an unknown argument is given.
+        ValueError: If ``keep_results`` is not True (nothing here deletes
+            the results).
     """
 
     default_prefix = 'continual'
@@ -73,11 +78,19 @@ class ContinualIoUMetric(StreamMetric):
                  output_dir: Optional[str] = None,
                  collect_device: str = 'cpu',
                  prefix: Optional[str] = None,
+                 keep_results: bool = True,
                  **kwargs):
-        kwargs.pop('keep_results', None)  # tools/test.py --out compatibility
         if kwargs:
             raise TypeError(f'ContinualIoUMetric: unknown arguments '
                             f'{sorted(kwargs)}')
+        if keep_results is not True:
+            # MMSeg 0.x's option to delete the results after evaluating;
+            # here they are the run's record, always written
+            raise ValueError(
+                f'ContinualIoUMetric: keep_results={keep_results!r} is not '
+                'supported: the results are always kept (continual_results.'
+                'json/.csv in output_dir, else the work dir); remove the '
+                'option')
         super().__init__(output_dir, collect_device, prefix)
         self.ignore_index = ignore_index
 

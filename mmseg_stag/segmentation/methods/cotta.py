@@ -4,24 +4,36 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from mmseg_stag.core import CoTTA, Labels
+from mmseg_stag.core import Labels
+from mmseg_stag.core.methods.cotta import CoTTABase
 from ..task_adapter import SegmentationBatch
 
+#: classification CoTTA's options that have no meaning here: its teacher
+#: augmentations and its per-sample losses
+CLASSIFICATION_ONLY = ('num_augs', 'augment', 'always_augment', 'loss')
 
-class SegmentationCoTTA(CoTTA):
+
+class SegmentationCoTTA(CoTTABase):
     """CoTTA per pixel: a multi-view teacher label at full size.
 
     Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta). The
-    segmentation task builds it for ``type='cotta'``.
+    segmentation task builds it for ``type='cotta'``. The teacher averages
+    the pipeline's views (``ScaleFlipViews``) and the student's loss is the
+    cross-entropy to the teacher's label map, so the classification CoTTA's
+    augmentation options and ``loss`` are refused, not ignored.
 
     Args:
         batch_views (bool): Run consecutive teacher views of one input size
             (a scale and its flip) as one batch, not one at a time as the
             authors do. Batched kernels round differently, so labels can
             differ where two classes tie. Default: False.
-        **kwargs: :class:`~mmseg_stag.core.CoTTA`'s arguments.
+        **kwargs: :class:`~mmseg_stag.core.methods.cotta.CoTTABase`'s
+            arguments (``ema_momentum``, ``restore_prob``, ``ap``,
+            ``restore_on_device``) and ``BaseMethod``'s.
 
     Raises:
+        TypeError: If given an option of the classification CoTTA only
+            (``num_augs``, ``augment``, ``always_augment``, ``loss``).
         ValueError: ``cuda_graph=True`` (the whole step, teacher views
             included) with the restore mask drawn on the CPU.
     """
@@ -31,8 +43,20 @@ class SegmentationCoTTA(CoTTA):
     # unlike the classification CoTTA, no host-side branch on the source
     # model's confidence: the label map mixes both predictions per pixel
     graph_capturable = True
+    repr_fields = ('batch_views', )
 
     def __init__(self, batch_views: bool = False, **kwargs):
+        unused = [k for k in CLASSIFICATION_ONLY if k in kwargs]
+        if unused:
+            # a TypeError as for any unknown argument, with the reason
+            raise TypeError(
+                f'segmentation CoTTA has no option {", ".join(unused)}: '
+                "classification CoTTA's teacher augmentations and loss. "
+                "Here the teacher averages the pipeline's views "
+                '(ScaleFlipViews, configs/_base_/datasets/'
+                'acdc_continual_views.py) and the student learns its '
+                'label map by cross-entropy; remove the option(s) from '
+                'the method config')
         super().__init__(**kwargs)
         self.batch_views = bool(batch_views)
         if self.cuda_graph and self.restore_prob > 0 and \

@@ -395,3 +395,19 @@ def test_metrics_that_would_share_files_are_refused():
     with pytest.raises(ValueError, match=r"test_evaluator\[2\].*would write "
                        r"the result files of test_evaluator\[0\]"):
         cm.assign_result_files([ContinualIoUMetric(), object(), nameless])
+
+
+def test_keep_results_is_what_mmseg_out_sets_and_nothing_else():
+    """``tools/test.py --out`` (ours, MMSeg's) sets ``output_dir`` and
+    ``keep_results=True``: taken (the results are always kept); ``False``
+    would ask for a deletion nothing does, so it is refused naming it; an
+    unknown argument too."""
+    init_default_scope('mmseg')
+    metric = METRICS.build(dict(type='ContinualIoUMetric', output_dir='o',
+                                keep_results=True))
+    assert metric.output_dir == 'o'
+    with pytest.raises(ValueError, match='keep_results=False is not '
+                       'supported: the results are always kept'):
+        ContinualIoUMetric(keep_results=False)
+    with pytest.raises(TypeError, match=r"unknown arguments \['format_only'"):
+        ContinualIoUMetric(format_only=True)

@@ -46,6 +46,43 @@ def test_one_registration_per_name_and_the_tasks_cotta():
         task.build_method(dict(type='tnet'))
 
 
+@pytest.mark.parametrize('option', [
+    dict(num_augs=4), dict(augment=dict(hflip_prob=None)),
+    dict(always_augment=True), dict(loss='symmetric_ce')])
+def test_a_dead_cotta_option_raises(option):
+    """Classification CoTTA's teacher augmentations and loss do nothing on
+    segmentation (its teacher averages the pipeline's views, its loss is
+    the cross-entropy to the label map): the task refuses them at build
+    time, naming the option, instead of accepting and ignoring them."""
+    task = SegmentationTask.__new__(SegmentationTask)  # no model needed
+    name, = option
+    with pytest.raises(TypeError, match=f'segmentation CoTTA has no '
+                       f'option {name}:.*ScaleFlipViews'):
+        task.build_method(dict(type='cotta', ap=0.69, **option))
+    # the classification CoTTA takes it; an option neither has names itself
+    assert getattr(build_method(dict(type='cotta', **option)),
+                   'loss_type' if name == 'loss' else name) is not None
+    with pytest.raises(TypeError, match='num_views'):
+        task.build_method(dict(type='cotta', num_views=4))
+
+
+def test_segmentation_cotta_keeps_the_shared_options():
+    """What both CoTTAs use (the EMA, the restore, ``ap``) is still taken;
+    the repr shows the segmentation options, not the classification's."""
+    task = SegmentationTask.__new__(SegmentationTask)
+    method = task.build_method(dict(
+        type='cotta', ema_momentum=0.99, restore_prob=0.02, ap=0.69,
+        restore_on_device=True, batch_views=True))
+    assert (method.ema_momentum, method.restore_prob, method.ap,
+            method.restore_on_device, method.batch_views) == (
+                0.99, 0.02, 0.69, True, True)
+    text = repr(method)
+    assert 'batch_views=True' in text and 'ap=0.69' in text
+    assert 'num_augs' not in text and 'augment' not in text
+    with pytest.raises(ValueError, match='restore_prob'):
+        task.build_method(dict(type='cotta', restore_prob=1.5))
+
+
 class OriginalSizeLabels(SegmentationAdapter):
     """The segmentation adapter on a plain per-pixel model: the probe's
     forward, and given labels at the original size (the logits asked for
