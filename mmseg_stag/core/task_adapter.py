@@ -2,7 +2,7 @@
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, Hashable, List, Optional, Union
+from typing import Any, Hashable, List, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -63,15 +63,14 @@ Prediction = Union[Logits, Labels]
 class TaskAdapter:
     """The per-sample task's operations: the forward pass of ``probe``.
 
-    What a task can do for a method is its :attr:`prediction_kind` and its
-    :attr:`operations` (``BaseMethod.check_supports``).
+    What a task can do for a method is its :attr:`prediction_kind` and
+    whether it :attr:`has_original_size` (``BaseMethod.check_supports``).
     """
 
-    #: named operations beyond :meth:`forward` that a method may need
-    #: (a method's ``required_operations``); there is one:
-    #: ``'original_size'``, logits, labels and a loss at each image's
-    #: original size (``SegmentationAdapter``)
-    operations: FrozenSet[str] = frozenset()
+    #: whether it gives logits, labels and a loss at each image's original
+    #: size (``SegmentationAdapter``), which a method may need (its
+    #: ``needs_original_size``)
+    has_original_size: bool = False
     #: each forward pass with gradients taps ``||h||``: ``True``, the
     #: classifier's input through :func:`~mmseg_stag.core.stag.
     #: tap_feature_norm`; ``'fused'``, from the classifier's Triton GEMM

@@ -7,7 +7,7 @@ from mmseg.models.segmentors import BaseSegmentor
 
 from mmseg_stag.core import Labels, Prediction, build_method
 from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
-from .methods import SegmentationCoTTA
+from .registry import SEG_METHODS
 from .task_adapter import SegmentationAdapter, SegmentationBatch
 
 
@@ -55,15 +55,11 @@ class SegmentationTask(OnlineTask):
                                    if hasattr(t, 'main_view')), 0)
         self.main_view = int(self.main_view)
 
-    #: the method a ``type`` of ``METHODS`` is on this task, where it differs:
-    #: CoTTA's ACDC code labels with a multi-view teacher at full size
-    VARIANTS = {'cotta': SegmentationCoTTA}
-
     def build_method(self, cfg: dict):
-        """Build ``cfg`` from ``METHODS``, or as its :attr:`VARIANTS`."""
-        variant = self.VARIANTS.get(cfg.get('type'))
-        return build_method(cfg if variant is None else dict(cfg,
-                                                             type=variant))
+        """Build ``cfg`` from ``SEG_METHODS``: this task's methods where
+        they differ (CoTTA's ACDC code labels with a multi-view teacher at
+        full size), the others of ``METHODS``."""
+        return build_method(cfg, SEG_METHODS)
 
     def build_adapter(self, model) -> SegmentationAdapter:
         return SegmentationAdapter(self.probe, model)

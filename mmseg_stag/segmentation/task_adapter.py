@@ -25,7 +25,7 @@ class SegmentationAdapter(TaskAdapter):
     """Operations of an MMSeg segmentor on a :class:`SegmentationBatch`:
     ``probe`` is its decode head's, ``segmentor`` post-processes."""
 
-    operations = frozenset({'original_size'})
+    has_original_size = True
 
     def __init__(self, probe, segmentor):
         super().__init__(probe)

@@ -14,9 +14,6 @@ from ..stag_loss import STAGLoss
 from ..stats import StepStats
 from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
                             TaskAdapter)
-# check_range: still imported from here by core/methods/cotta.py and
-# segmentation/methods/hybrid_tta.py (its module: checks.py)
-from .checks import check_range  # noqa: F401
 from .stag_term import log_anchor_signs, stag_loss_options
 from .step_graph import StepGraphs, check_capturable_optimizer
 
@@ -121,15 +118,13 @@ class BaseMethod:
         return stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'],
                          self.step)
 
-    @property
-    def required_operations(self) -> Tuple[str, ...]:
-        """The task operations (``TaskAdapter.operations``) the method, as
-        configured, needs; none by default."""
-        return ()
+    #: whether the method, as configured, needs logits, labels and a loss
+    #: at each image's original size (``TaskAdapter.has_original_size``)
+    needs_original_size = False
 
     def check_supports(self, adapter: TaskAdapter) -> None:
         """Raise ``ValueError`` unless the method is defined on the task
-        ``adapter`` serves: its prediction kind and its operations."""
+        ``adapter`` serves: its prediction kind and the original size."""
         kind = check_prediction_kind(adapter.prediction_kind)
         supported = self.supported_prediction_kinds
         if kind not in supported:
@@ -137,15 +132,11 @@ class BaseMethod:
                 f'{self.name} supports {" and ".join(supported)} outputs '
                 f'only, but this task gives {kind} outputs (choose another '
                 'method)')
-        missing = [op for op in self.required_operations
-                   if op not in adapter.operations]
-        if missing:  # the one operation there is: 'original_size'
+        if self.needs_original_size and not adapter.has_original_size:
             raise ValueError(
-                f'{self.name} as configured needs the task operation(s) '
-                f"{missing} (logits, labels and a loss at each image's "
-                'original size: the segmentation task), which '
-                f'{type(adapter).__name__} does not have (its operations: '
-                f'{sorted(adapter.operations)})')
+                f'{self.name} as configured needs logits, labels and a loss '
+                "at each image's original size (the segmentation task), "
+                f'which {type(adapter).__name__} does not give')
 
     def configure(self, model: nn.Module, adapter: TaskAdapter) -> None:
         """Set the modes, unfreeze the adapted parameters, build the optimizer;

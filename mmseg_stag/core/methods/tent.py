@@ -31,9 +31,8 @@ class TENT(BaseMethod):
         self.align_corners = bool(align_corners)
 
     @property
-    def required_operations(self):
-        return ('original_size', ) if self.loss_type == 'pseudo_ce_fullres' \
-            else ()
+    def needs_original_size(self) -> bool:
+        return self.loss_type == 'pseudo_ce_fullres'
 
     def base_loss(self, batch, fwd):
         if self.loss_type == 'pseudo_ce_fullres':

@@ -98,7 +98,7 @@ class HybridTTA(BaseMethod):
     """
 
     supported_prediction_kinds = ('per_pixel', )
-    required_operations = ('original_size', )
+    needs_original_size = True
     default_optimizer = dict(type='Adam', lr=7.5e-5, betas=(0.9, 0.999))
     default_trainable = dict(kind='all')
     state_attributes = ('teacher', 'switch')

@@ -260,17 +260,17 @@ def test_repr_shows_the_base_options_then_the_repr_fields():
                          "loss_type='pseudo_ce')")
 
 
-def test_full_resolution_loss_needs_the_original_size_operation():
+def test_full_resolution_loss_needs_the_original_size():
     """CoTTA's ACDC TENT loss needs labels at each image's original size:
-    a task without the operation is refused at configure, naming it and
-    leaving the model alone (tests/segmentation/methods: the loss)."""
+    a task without them is refused at configure, saying so and leaving the
+    model alone (tests/segmentation/methods: the loss)."""
     method = TENT(loss='pseudo_ce_fullres')
-    assert method.required_operations == ('original_size', )
-    assert TENT().required_operations == ()
+    assert method.needs_original_size and not TENT().needs_original_size
     model = make_model()
-    with pytest.raises(ValueError, match=r"needs the task operation\(s\) "
-                       r"\['original_size'\].*segmentation task.*"
-                       r'TaskAdapter does not have'):
+    with pytest.raises(ValueError, match=r"TENT as configured needs logits, "
+                       r"labels and a loss at each image's original size "
+                       r'\(the segmentation task\), which TaskAdapter does '
+                       'not give'):
         method.configure(model, ADAPTER)
     assert method.model is None and method.optimizer is None
 

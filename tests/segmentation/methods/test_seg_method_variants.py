@@ -13,6 +13,7 @@ from mmseg_stag.core import (EATA, METHODS, TENT, CoTTA, ForwardPass,
 from mmseg_stag.segmentation import (HybridTTA, SegmentationAdapter,
                                      SegmentationBatch, SegmentationCoTTA,
                                      SegmentationTask)
+from mmseg_stag.segmentation.registry import SEG_METHODS
 
 FORWARD = HeadProbe('2', prediction_kind='per_pixel')
 
@@ -29,12 +30,13 @@ def images(seed=1, n=2):
 
 
 def test_one_registration_per_name_and_the_tasks_cotta():
-    """``METHODS`` holds each name once; the segmentation task builds
-    ``type='cotta'`` as its multi-view CoTTA, every other name as the
-    core's."""
+    """``METHODS`` holds each name once, and the segmentation task's child
+    registry its own CoTTA only: ``type='cotta'`` builds the multi-view
+    CoTTA there, every other name the core's."""
     assert METHODS.get('tent') is TENT and METHODS.get('cotta') is CoTTA
     assert METHODS.get('hybrid_tta') is HybridTTA
-    assert SegmentationTask.VARIANTS == dict(cotta=SegmentationCoTTA)
+    assert SEG_METHODS.module_dict == dict(cotta=SegmentationCoTTA)
+    assert SEG_METHODS.parent is METHODS
     task = SegmentationTask.__new__(SegmentationTask)  # no model needed
     built = {name: type(task.build_method(dict(type=name)))
              for name in ('tent', 'cotta', 'eata', 'hybrid_tta')}
@@ -124,7 +126,7 @@ def test_pseudo_ce_fullres_resizes_logits_to_the_original_size_labels():
         nn.functional.cross_entropy(
             const[:, :, :1, :1].expand(-1, -1, 12, 14), labels))
     # a task without original-size labels: refused when configured
-    with pytest.raises(ValueError, match=r"\['original_size'\].*"
+    with pytest.raises(ValueError, match=r"original size \(the "
                        'segmentation task'):
         method.configure(model, TaskAdapter(FORWARD))
     # a sliding window: two classifier calls
