@@ -27,7 +27,7 @@ class StreamAccuracyMetric(StreamMetric):
     """Top-1 accuracy per stage and per corruption of a classification stream;
     ``table_metric`` (``'acc'`` or ``'err'``) is what the paper's table shows,
     the other arguments are ``StreamMetric``'s (``keep_results``, which
-    ``tools/test.py --out`` sets, is accepted and ignored)."""
+    ``tools/test.py --out`` sets: only ``True``)."""
 
     default_prefix = 'stream'
     score_name = 'acc'
@@ -37,15 +37,15 @@ class StreamAccuracyMetric(StreamMetric):
                  output_dir: Optional[str] = None,
                  collect_device: str = 'cpu',
                  prefix: Optional[str] = None,
+                 keep_results: bool = True,
                  **kwargs):
-        kwargs.pop('keep_results', None)  # tools/test.py --out compatibility
         if kwargs:
             raise TypeError(f'StreamAccuracyMetric: unknown arguments '
                             f'{sorted(kwargs)}')
         if table_metric not in TABLE_METRICS:
             raise ValueError(f'table_metric must be one of {TABLE_METRICS},'
                              f' got {table_metric!r}')
-        super().__init__(output_dir, collect_device, prefix)
+        super().__init__(output_dir, collect_device, prefix, keep_results)
         self.table_metric = table_metric
 
     def image_record(self, sample: dict) -> dict:

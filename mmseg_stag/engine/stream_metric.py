@@ -26,6 +26,13 @@ class StreamMetric(BaseMetric):
         prefix (str, optional): MMEngine's prefix of the metric names; a
             run's second metric's result files start with it too
             (:func:`assign_result_files`). Default: ``default_prefix``.
+        keep_results (bool): Only ``True``, what ``tools/test.py --out``
+            (ours and MMSeg's own) sets beside ``output_dir``: the results
+            are always kept (written to ``output_dir``). Default: True.
+
+    Raises:
+        ValueError: If ``keep_results`` is not True (nothing here deletes
+            the results).
     """
 
     #: the name of each stage's ``score`` (``'mIoU'``, ``'acc'``)
@@ -36,7 +43,16 @@ class StreamMetric(BaseMetric):
     def __init__(self,
                  output_dir: Optional[str] = None,
                  collect_device: str = 'cpu',
-                 prefix: Optional[str] = None):
+                 prefix: Optional[str] = None,
+                 keep_results: bool = True):
+        if keep_results is not True:
+            # MMSeg 0.x's option to delete the results after evaluating;
+            # here they are the run's record, always written
+            raise ValueError(
+                f'{type(self).__name__}: keep_results={keep_results!r} is '
+                f'not supported: the results are always kept ({RESULTS_FILE}'
+                ' and the rest in output_dir, else the work dir); remove the '
+                'option')
         super().__init__(collect_device=collect_device, prefix=prefix)
         self.output_dir = output_dir
         #: what the result file names start with (``report.result_file``;

@@ -83,15 +83,7 @@ class ContinualIoUMetric(StreamMetric):
         if kwargs:
             raise TypeError(f'ContinualIoUMetric: unknown arguments '
                             f'{sorted(kwargs)}')
-        if keep_results is not True:
-            # MMSeg 0.x's option to delete the results after evaluating;
-            # here they are the run's record, always written
-            raise ValueError(
-                f'ContinualIoUMetric: keep_results={keep_results!r} is not '
-                'supported: the results are always kept (continual_results.'
-                'json/.csv in output_dir, else the work dir); remove the '
-                'option')
-        super().__init__(output_dir, collect_device, prefix)
+        super().__init__(output_dir, collect_device, prefix, keep_results)
         self.ignore_index = ignore_index
 
     @property

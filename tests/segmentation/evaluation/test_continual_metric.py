@@ -411,3 +411,9 @@ def test_keep_results_is_what_mmseg_out_sets_and_nothing_else():
         ContinualIoUMetric(keep_results=False)
     with pytest.raises(TypeError, match=r"unknown arguments \['format_only'"):
         ContinualIoUMetric(format_only=True)
+    # the classification stream's metric, the same way
+    from mmseg_stag.classification.metric import StreamAccuracyMetric
+    assert StreamAccuracyMetric(keep_results=True).output_dir is None
+    with pytest.raises(ValueError, match='StreamAccuracyMetric: '
+                       'keep_results=False is not supported'):
+        StreamAccuracyMetric(keep_results=False)
