@@ -126,19 +126,15 @@ def plain_meta(meta: Any) -> Any:
     return None
 
 
-def publish_checkpoint(src: str,
-                       dst: str,
-                       allow_unsafe_pickle: bool = False) -> int:
-    """Rewrite ``src`` as ``{'state_dict': ..., 'meta': plain}`` at ``dst``
-    (atomically: ``report.write_torch``); return the number of tensors
-    written."""
-    # here: mmseg_stag.engine imports the models, which import this module
-    from mmseg_stag.engine.report import write_torch
+def published_checkpoint(src: str,
+                         allow_unsafe_pickle: bool = False) -> dict:
+    """``src`` as ``{'state_dict': ..., 'meta': plain}``, what the safe
+    loader reads (``tools/publish_checkpoint.py`` writes it through
+    ``engine.report.write_torch``)."""
     checkpoint = load_checkpoint_file(src, allow_unsafe_pickle)
     state = extract_state_dict(checkpoint, src)  # a dict, or an error
     meta = plain_meta(checkpoint.get('meta', {}))
-    write_torch(dst, {'state_dict': state, 'meta': meta or {}})
-    return len(state)
+    return {'state_dict': state, 'meta': meta or {}}
 
 
 def load_model_checkpoint(model: nn.Module, path: str,

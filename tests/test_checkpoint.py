@@ -7,7 +7,7 @@ from mmengine.logging import HistoryBuffer
 
 from mmseg_stag.checkpoint import (load_checkpoint_file,
                                    load_segmentor_checkpoint,
-                                   publish_checkpoint)
+                                   published_checkpoint)
 
 
 class TinyHeadModel(nn.Module):
@@ -56,15 +56,20 @@ def test_legacy_pickle_refused_without_opt_in(tmp_path):
     assert isinstance(ckpt['meta']['message_hub']['loss'], HistoryBuffer)
 
 
-def test_publish_makes_a_safe_checkpoint(tmp_path):
+def test_publish_makes_a_safe_checkpoint(tmp_path, load_tool, monkeypatch,
+                                         capsys):
     model = TinyHeadModel()
     src = tmp_path / 'runner.pth'
     dst = tmp_path / 'published' / 'published.pth'  # its folder: made
     torch.save(runner_style_checkpoint(model), src)
     with pytest.raises(RuntimeError, match='trust-pickle'):
-        publish_checkpoint(str(src), str(dst))
-    count = publish_checkpoint(str(src), str(dst), allow_unsafe_pickle=True)
-    assert count == len(model.state_dict())
+        published_checkpoint(str(src))
+    tool = load_tool('publish_checkpoint')
+    monkeypatch.setattr('sys.argv', ['publish_checkpoint.py', str(src),
+                                     str(dst), '--trust-pickle'])
+    tool.main()
+    assert f'published {len(model.state_dict())} tensors' in \
+        capsys.readouterr().out
     assert [p.name for p in dst.parent.iterdir()] == ['published.pth']
     safe = torch.load(dst, weights_only=True)
     assert safe['meta']['iter'] == 10 and safe['meta']['seed'] == 3

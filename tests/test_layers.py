@@ -16,7 +16,7 @@ import os.path as osp
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACKAGE = osp.join(REPO, 'mmseg_stag')
-LAYERS = dict(core=0, checkpoint=0, paper_hparams=0, paper_results=0,
+LAYERS = dict(versions=0, core=0, checkpoint=0, paper_hparams=0, paper_results=0,
               registry=1, engine=2, classification=3, segmentation=3,
               paper_protocol=3, paper_tables=3, analysis=4, mmseg_stag=5)
 

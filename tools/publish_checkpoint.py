@@ -9,7 +9,8 @@ to read such a file and must only be used for files you produced or trust.
 """
 import argparse
 
-from mmseg_stag.checkpoint import publish_checkpoint
+from mmseg_stag.checkpoint import published_checkpoint
+from mmseg_stag.engine.report import write_torch
 
 
 def main():
@@ -21,9 +22,11 @@ def main():
                         help='allow unsafe unpickling of SRC (trusted files '
                         'only, e.g. one your own training run saved)')
     args = parser.parse_args()
-    count = publish_checkpoint(args.src, args.dst,
-                               allow_unsafe_pickle=args.trust_pickle)
-    print(f'published {count} tensors: {args.src} -> {args.dst}')
+    checkpoint = published_checkpoint(args.src,
+                                      allow_unsafe_pickle=args.trust_pickle)
+    write_torch(args.dst, checkpoint)  # atomic, its folder made
+    print(f'published {len(checkpoint["state_dict"])} tensors: {args.src} '
+          f'-> {args.dst}')
 
 
 if __name__ == '__main__':
