@@ -8,8 +8,7 @@ non-finite value (:class:`NonFiniteStatistic`).
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
-                    Tuple)
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 #: a float, or a 0-d tensor read later (reading waits for the device)
 Stat = Any
@@ -76,12 +75,6 @@ class StepStats(Logged):
         if len(self.passes) > 1 or self.numbered:
             return [str(i + 1) for i in range(len(self.passes))]
         return [''] * len(self.passes)
-
-    def stag_values(self) -> List[Tuple[str, Stat]]:
-        """``(logged name, L_STAG)`` of every pass that has one."""
-        return [('loss_stag' + s, p.loss_stag)
-                for p, s in zip(self.passes, self.suffixes())
-                if p.loss_stag is not None]
 
     def logged(self) -> Dict[str, Stat]:
         """Every value by its logged name."""

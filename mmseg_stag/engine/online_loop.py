@@ -246,7 +246,7 @@ class OnlineAdaptationLoop(TestLoop):
     def end_stage(self, batches_done: int, identity: dict,
                   stateful: bool) -> None:
         """Log the steps' statistics, close the stage, save the state."""
-        self.log_stats()  # a non-finite STAG loss stops before the save
+        self.log_stats()  # a non-finite statistic stops before the writes
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'end_stage'):
                 metric.end_stage()

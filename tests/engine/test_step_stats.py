@@ -18,11 +18,9 @@ def test_logged_names_numbered_by_pass():
                     extra=dict(updated=1.0))
     assert dict(one) == dict(num_kept=3.0, loss_base=1.0, loss=2.0,
                              updated=1.0)
-    assert one.stag_values() == []
     two = StepStats([PassStats(loss_stag=0.5, beta=2.0),
                      PassStats(loss_stag=0.25)])
     assert dict(two) == dict(loss_stag1=0.5, beta1=2.0, loss_stag2=0.25)
-    assert two.stag_values() == [('loss_stag1', 0.5), ('loss_stag2', 0.25)]
     # SAR numbers its passes even when its second pass did not run
     assert list(StepStats([PassStats(loss=1.0)], numbered=True)) == ['loss1']
     doubled = two.map(lambda v: 2 * v)

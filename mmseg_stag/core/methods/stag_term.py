@@ -13,7 +13,8 @@ from ..stag import anchor_coefficients
 def stag_loss_options(stag_cfg: dict) -> dict:
     """The ``STAGLoss`` arguments of a method's ``stag`` config;
     ``check_finite`` off by default (no wait for the device: the loop
-    checks ``loss_stag`` when it reads it)."""
+    checks every logged statistic, ``loss_stag`` among them, when it reads
+    them)."""
     return {'check_finite': False, **{
         k: v for k, v in stag_cfg.items()
         if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage',
