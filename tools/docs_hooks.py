@@ -178,9 +178,9 @@ def support_matrix_page() -> str:
         'appendix_hp has the row, "ours" where it has none '
         '([β0 and γ](beta-gamma.md)).',
         '- **paper**: the paper\'s score, baseline → +STAG ("–": no such '
-        'row in the paper). A paper row without a config here (a baseline '
-        'the paper ran without a +STAG row) is listed with "–": compose it '
-        'from `configs/cls/_base_/` as the shipped configs do.',
+        'row in the paper). A baseline the paper ran without a +STAG row '
+        '(TENT on ResNet-50-GN, and on ViT-B/16 in the mixed shifts) has '
+        'its config and no +STAG config.',
         '- **ours, real**: no real run of these configs has been recorded '
         'yet (this project\'s machines have neither a GPU nor the real '
         'data); [Get started](get-started.md) runs one.',
@@ -188,8 +188,8 @@ def support_matrix_page() -> str:
         f'stands in for this one (tiny models, generated data; '
         f'[Demos](demo.md)), measured {measured}. A stand-in shows that the '
         'pipeline runs end to end, not the paper\'s number.',
-        '- **GPU time / memory**: not yet measured: `make gpu-check` has '
-        'not run on a GPU ([Benchmarks](benchmark.md)).', '']
+        '- **GPU time / memory**: per step, not per setting: the H100 runs '
+        'of `make gpu-check` ([Benchmarks](benchmark.md#gpu-check)).', '']
     for (bench, scenario), rows in matrix_settings(
             results.PAPER_RESULTS).items():
         metric, lower = results.METRICS[bench]

@@ -4,7 +4,10 @@
 
 writes one small file per (benchmark, scenario, model, baseline) of the
 paper's Table appendix_hp (:data:`mmseg_stag.paper_hparams.PAPER_STAG`),
-plus one Source file per (benchmark, scenario, model); ``--check`` only
+the baseline alone for a row of the paper's results without a +STAG row
+(:data:`mmseg_stag.paper_results.PAPER_RESULTS`: TENT on ResNet-50-GN,
+and on ViT-B/16 in the mixed shifts), plus one Source file per
+(benchmark, scenario, model); ``--check`` only
 verifies that the files on disk are what it would write. Edit the table,
 never the generated files.
 
@@ -19,6 +22,7 @@ import sys
 from typing import Dict, List
 
 from mmseg_stag.paper_hparams import PAPER_STAG
+from mmseg_stag.paper_results import PAPER_RESULTS
 from mmseg_stag.paper_protocol import (BENCHMARK_DIRS, ECOTTA_BATCH,
                                        ECOTTA_ROWS, METHOD_OPTIONS,
                                        optimizer_for)
@@ -47,7 +51,11 @@ def leaf_configs() -> Dict[str, str]:
     the table the baseline (its reference optimizer) and its ``-stag`` leaf
     (the row's beta0/gamma), and a Source per setting."""
     files = {}
-    for b, s, m, base, beta0, gamma in PAPER_STAG:
+    with_stag = {row[:4] for row in PAPER_STAG}
+    # the paper's baselines without a +STAG row: the baseline alone
+    alone = [row[:4] + (None, None) for row in PAPER_RESULTS
+             if row[3] != 'source' and row[:4] not in with_stag]
+    for b, s, m, base, beta0, gamma in PAPER_STAG + alone:
         if b not in BENCHMARK_DIRS:
             continue
         folder = BENCHMARK_DIRS[b]
@@ -62,12 +70,14 @@ def leaf_configs() -> Dict[str, str]:
             HEADER + _bases(b, s, m, name) +
             f'test_cfg = dict(method=dict(optimizer={optim}{extra}))\n' +
             batch)
+        files[f'{folder}/{b}_{s}_{m}_source.py'] = \
+            HEADER + _bases(b, s, m, 'source')
+        if beta0 is None:
+            continue
         files[f'{folder}/{stem}-stag.py'] = (
             HEADER + f"_base_ = ['./{stem}.py']\n" +
             f'test_cfg = dict(method=dict(stag=dict(beta0={beta0}, '
             f'gamma={gamma})))\n')
-        files[f'{folder}/{b}_{s}_{m}_source.py'] = \
-            HEADER + _bases(b, s, m, 'source')
     return dict(sorted(files.items()))
 
 

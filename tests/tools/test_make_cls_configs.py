@@ -12,6 +12,7 @@ from mmseg_stag.classification import CLS_MODELS, CORRUPTIONS
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper_hparams import PAPER_STAG, paper_stag
 from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
+from mmseg_stag.paper_results import PAPER_RESULTS
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -25,8 +26,20 @@ def tool(load_tool):
 def test_one_config_per_implemented_row_and_a_source_per_setting(tool):
     files = tool.leaf_configs()
     rows = [r for r in PAPER_STAG if r[0] in BENCHMARK_DIRS]
-    settings = {r[:3] for r in rows}
-    assert len(files) == 2 * len(rows) + len(settings)
+    # the paper's baselines without a +STAG row: the baseline alone
+    alone = [r[:4] for r in PAPER_RESULTS if r[0] in BENCHMARK_DIRS and
+             r[3] != 'source' and r[:4] not in {s[:4] for s in rows}]
+    assert sorted(alone) == [
+        ('imagenet-c', s, m, 'tent') for s, m in (
+            ('bs1', 'resnet50-gn'), ('label-shift', 'resnet50-gn'),
+            ('mild', 'resnet50-gn'), ('mixed', 'resnet50-gn'),
+            ('mixed', 'vit-b16'))]
+    settings = {r[:3] for r in rows} | {r[:3] for r in alone}
+    assert len(files) == 2 * len(rows) + len(alone) + len(settings)
+    for b, s, m, method in alone:
+        stem = f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method}'
+        assert "'../_base_/methods/tent.py'" in files[stem + '.py']
+        assert stem + '-stag.py' not in files
     for b, s, m, method, beta0, gamma in rows:
         stem = f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_{method.replace("_", "-")}'
         assert files[stem + '.py'].startswith(tool.HEADER)
