@@ -247,9 +247,17 @@ class OnlineAdaptationLoop(TestLoop):
                   stateful: bool) -> None:
         """Log the steps' statistics, close the stage, save the state."""
         self.log_stats()  # a non-finite statistic stops before the writes
+        visualizer = self.runner.visualizer
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'end_stage'):
-                metric.end_stage()
+                result = metric.end_stage()
+                if result is None:  # no image of the stage reached it
+                    continue
+                # the stage's score to the visualizer's backends
+                # (TensorBoard, W&B, LocalVisBackend's scalars.json)
+                for tag, (value, step) in metric.stage_scalars(
+                        result).items():
+                    visualizer.add_scalar(tag, value, step=step)
         if not (stateful and self.save_state):
             return
         save_run_state(self.state_path, dict(
@@ -346,8 +354,13 @@ class OnlineAdaptationLoop(TestLoop):
         """Read, check and log the steps' statistics since the last read
         (not every step: reading waits for the device); a non-finite one
         stops the run (:class:`NonFiniteStatistic`)."""
-        log_step_stats(self.pending_stats, self.runner.message_hub,
-                       self.method.name)
+        values = log_step_stats(self.pending_stats, self.runner.message_hub,
+                                self.method.name)
+        # each step's statistics to the visualizer's backends, by batch
+        for step, read in zip(self.pending_stats, values):
+            self.runner.visualizer.add_scalars(
+                {f'test/{k}': v for k, v in read.items()},
+                step=step.batch + 1)
         self.pending_stats = []
 
     @property

@@ -42,8 +42,9 @@ def read_step_stats(pending: Pending) -> List[Dict[str, float]]:
 
 
 def log_step_stats(pending: Pending, message_hub,
-                   method: Optional[str] = None) -> None:
-    """Check and log the pending statistics under ``test/`` in batch order.
+                   method: Optional[str] = None) -> List[Dict[str, float]]:
+    """Check and log the pending statistics under ``test/`` in batch order;
+    return them as read (a step's floats, in ``pending``'s order).
 
     Every value every step logged is checked (the total loss of each pass,
     its terms, the method's own numbers); the first non-finite one, in
@@ -59,3 +60,4 @@ def log_step_stats(pending: Pending, message_hub,
     for read in values:
         for key, value in read.items():
             message_hub.update_scalar(f'test/{key}', value)
+    return values

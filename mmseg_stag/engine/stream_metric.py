@@ -128,10 +128,11 @@ class StreamMetric(BaseMetric):
                     score_name=self.score_name, score=score,
                     details=details)
 
-    def end_stage(self) -> None:
-        """Close the open stage: log it, append it to the partial file."""
+    def end_stage(self) -> Optional[dict]:
+        """Close the open stage: log it, append it to the partial file;
+        return its result (None if no stage was open)."""
         if self._current is None:
-            return
+            return None
         stage = self._current.index
         result, = self.stage_results(
             [r for r in self.results if r['stage'] == stage])
@@ -140,6 +141,17 @@ class StreamMetric(BaseMetric):
                   f"{result['condition']}): {self.score_name} "
                   f"{result['score']:.2f}", logger='current')
         self._current = None
+        return result
+
+    def stage_scalars(self, result: dict) -> Dict[str, Tuple[float, int]]:
+        """``{tag: (value, step)}`` of a closed stage for the visualizer's
+        backends: the score along the stream (step: the stage's number) and
+        per condition along the rounds (step: the round)."""
+        name = self.prefix or type(self).__name__
+        score = float(result['score'])
+        return {f'{name}/{self.score_name}': (score, result['stage'] + 1),
+                f"{name}/{result['condition']}/{self.score_name}":
+                (score, int(result['round']))}
 
     def state_dict(self) -> dict:
         """Return the per-image records as plain tensors and numbers (a
