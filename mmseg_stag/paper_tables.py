@@ -119,6 +119,10 @@ def check_one_protocol(runs: Sequence[Run]) -> None:
                     'holds runs of one protocol')
 
 
+#: decimals of our gain as written (the scores' own rounding is far below)
+GAIN_DIGITS = 6
+
+
 def table_rows(runs: Sequence[Run]) -> List[dict]:
     """One row per (model, method): the baseline and +STAG, ours and the
     paper's, and STAG's gain (positive: better) in each."""
@@ -140,10 +144,12 @@ def table_rows(runs: Sequence[Run]) -> List[dict]:
         row[ours] = run.score
         row['work_dirs'].append(run.work_dir)
     for row in rows.values():
-        for who in ('ours', 'paper'):
+        for who, digits in (('ours', GAIN_DIGITS), ('paper', 2)):
             base, stag = row[f'base_{who}'], row[f'stag_{who}']
-            row[f'gain_{who}'] = None if base is None or stag is None else (
-                base - stag if lower_better else stag - base)
+            # rounded: a difference of two decimals writes 4.800000000000004
+            # (the paper's scores have one or two decimals)
+            row[f'gain_{who}'] = None if base is None or stag is None else \
+                round(base - stag if lower_better else stag - base, digits)
     return list(rows.values())
 
 
