@@ -1,5 +1,6 @@
 """CoTTA (Wang et al., CVPR 2022): continual test-time adaptation."""
 import copy
+from abc import ABC, abstractmethod
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -26,7 +27,7 @@ def ema_update_(teacher: nn.Module, student: nn.Module, a: float) -> None:
     torch._foreach_copy_(ema, mixed)
 
 
-class CoTTABase(BaseMethod):
+class CoTTABase(BaseMethod, ABC):
     """What the classification and the segmentation CoTTA share: a student
     trained on an EMA teacher's prediction, a frozen source model, the
     stochastic restore and the step; not registered.
@@ -86,16 +87,16 @@ class CoTTABase(BaseMethod):
         self.source_params = {name: p.detach().clone()
                               for name, p in self.restore_params}
 
+    @abstractmethod
     def teacher_prediction(self, batch: Batch,
                            stats: PassStats) -> Prediction:
         """Return the teacher's prediction the student is trained on (and
         the step returns); log the method's numbers into ``stats``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loss_to_teacher(self, student: ForwardPass,
                         teacher: Prediction) -> torch.Tensor:
         """Return the student's loss to the teacher's prediction."""
-        raise NotImplementedError
 
     def update_teacher(self) -> None:
         """Update the teacher: ``theta_t <- a theta_t + (1 - a) theta_s``."""
