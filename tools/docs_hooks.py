@@ -103,9 +103,14 @@ METHODS = {'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
            'deyo': 'DeYO', 'hybrid_tta': 'Hybrid-TTA'}
 
 
+#: the file-name suffix of the fast preset of a config
+PRESET_SUFFIX = '_bf16-graph'
+
+
 def matrix_settings(paper_rows):
     """``{(benchmark, scenario): {(model, method, config model): {False:
-    config, True: +STAG config}}}`` over :data:`MATRIX_FOLDERS`, and an
+    config, True: +STAG config, (False/True, 'preset'): their fast
+    presets}}}`` over :data:`MATRIX_FOLDERS`, and an
     empty entry for each of ``paper_rows`` that no config runs."""
     settings = {}
     for folder, fields_of in MATRIX_FOLDERS.items():
@@ -113,6 +118,10 @@ def matrix_settings(paper_rows):
             if not name.endswith('.py'):
                 continue
             stem = name[:-3]
+            # a fast preset (docs/running.md): beside its faithful config
+            preset = stem.endswith(PRESET_SUFFIX)
+            if preset:
+                stem = stem[:-len(PRESET_SUFFIX)]
             stag = stem.endswith('-stag')
             fields = stem[:-len('-stag')].split('_') if stag else \
                 stem.split('_')
@@ -122,7 +131,8 @@ def matrix_settings(paper_rows):
                       'hybrid-tta': 'hybrid_tta'}.get(method, method)
             key = (model, method, cfg_model)
             settings.setdefault((bench, scenario), {}).setdefault(
-                key, {})[stag] = f'{folder}/{name}'
+                key, {})[(stag, 'preset') if preset else stag] = \
+                f'{folder}/{name}'
     for bench, scenario, model, method, *_ in paper_rows:
         rows = settings.setdefault((bench, scenario), {})
         if not any(k[:2] == (model, method) for k in rows):
@@ -188,6 +198,8 @@ def support_matrix_page() -> str:
         f'stands in for this one (tiny models, generated data; '
         f'[Demos](demo.md)), measured {measured}. A stand-in shows that the '
         'pipeline runs end to end, not the paper\'s number.',
+        '- **fast preset (CUDA)**: the config\'s `_bf16-graph` sibling, '
+        'for one CUDA GPU ([Running](running.md#the-fast-preset)).',
         '- **GPU time / memory**: per step, not per setting: the H100 runs '
         'of `make gpu-check` ([Benchmarks](benchmark.md#gpu-check)).', '']
     for (bench, scenario), rows in matrix_settings(
@@ -196,7 +208,8 @@ def support_matrix_page() -> str:
         lines += [f'## {BENCHMARKS[bench]}, {scenario} ({metric} %, '
                   f'{"lower" if lower else "higher"} is better)', '',
                   '| method | model | config | +STAG config | β0 / γ | '
-                  'paper | ours, stand-in |', '|---|---|---|---|---|---|---|']
+                  'paper | ours, stand-in | fast preset (CUDA) |',
+                  '|---|---|---|---|---|---|---|---|']
         for (model, method, cfg_model), configs in rows.items():
             stag_cfg = configs.get(True)
             beta = ''
@@ -215,9 +228,13 @@ def support_matrix_page() -> str:
                 ours[1] is not None) + f' ({ours[0][1]})'
             title = f'{model} (`{cfg_model}`)' if cfg_model != model \
                 else model
+            presets = ', '.join(name(configs[(s, 'preset')])
+                                for s in (False, True)
+                                if (s, 'preset') in configs) or '–'
             lines.append(
                 f'| {METHODS[method]} | {title} | {name(configs.get(False))} '
-                f'| {name(stag_cfg)} | {beta} | {paper} | {demo} |')
+                f'| {name(stag_cfg)} | {beta} | {paper} | {demo} '
+                f'| {presets} |')
         lines.append('')
     return '\n'.join(lines)
 

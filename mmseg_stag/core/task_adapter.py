@@ -1,8 +1,7 @@
 """What a method may ask of its task: a batch and named operations on it."""
 import copy
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Hashable, List, Optional, Union
+from typing import Any, List, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -104,22 +103,3 @@ class TaskAdapter:
                                 tap_norms=self.tap_norms)
         return ForwardPass(rec.prediction, rec.head_outputs,
                            feature_norms=rec.feature_norms)
-
-    def graph_key(self, batch: Batch) -> Hashable:
-        """What a step captured as a CUDA graph was made for besides its
-        input values: the inputs' shape, dtype and device."""
-        inputs = batch.inputs
-        if not torch.is_tensor(inputs):
-            raise ValueError('cuda_graph=True needs a batch whose inputs are '
-                             f'one tensor, got {type(inputs).__name__}')
-        return (tuple(inputs.shape), inputs.dtype, inputs.device)
-
-    def graph_inputs(self, batch: Batch) -> List[torch.Tensor]:
-        """The tensors of ``batch`` a captured step reads: copied into the
-        graph's own (:meth:`static_batch`'s) before each replay."""
-        return [batch.inputs]
-
-    def static_batch(self, batch: Batch) -> Batch:
-        """``batch`` with each of :meth:`graph_inputs` cloned: the batch a
-        step is captured on, whose tensors later batches are copied into."""
-        return dataclasses.replace(batch, inputs=batch.inputs.clone())

@@ -1,5 +1,6 @@
 """MMEngine test loop that adapts the model online, for either task."""
 import os.path as osp
+import time
 from typing import List, Optional, Union
 
 import torch
@@ -12,6 +13,7 @@ from mmengine.runner import TestLoop
 from torch.utils.data import DataLoader
 
 from mmseg_stag.core import NonFiniteStatistic, use_batch_statistics
+from mmseg_stag.core.methods.step_graph import CUDAGraphStep
 from .run_state import (identity_differences, load_run_state, rng_state,
                         run_identity, save_run_state, set_rng_state)
 from .launch_guard import check_single_process
@@ -23,6 +25,10 @@ from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
 MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+#: named presets (``preset``): the speed options a ``…_<preset>.py``
+#: config sets beside its faithful parent, all for a CUDA GPU
+#: (docs/running.md, "The fast preset")
+PRESETS = ('bf16-graph', )
 #: the run state a resumable stream saves at every stage boundary
 STATE_FILE = 'online_adaptation_state.pth'
 #: config keys a resumed run may change (they do not change its numbers)
@@ -60,6 +66,14 @@ class OnlineAdaptationLoop(TestLoop):
             of the forward passes. Default: None (float32).
         tf32 (bool, optional): Whether float32 matmuls and cuDNN
             convolutions may use TF32. Default: None (PyTorch's settings).
+        cuda_graph (bool): Replay the method's step as a CUDA graph
+            (:class:`~mmseg_stag.core.methods.step_graph.CUDAGraphStep`),
+            captured again at each stage's start. Default: False.
+        graph_warmup (int): Eager steps per input shape before a capture.
+            Default: 2.
+        preset (str, optional): The named preset a fast config is
+            (:data:`PRESETS`): its run stops before the stream without a
+            CUDA device, and its log and results name it. Default: None.
 
     Raises:
         RuntimeError: If launched on more than one rank.
@@ -81,7 +95,10 @@ class OnlineAdaptationLoop(TestLoop):
                  save_state: bool = True,
                  resume: bool = False,
                  mixed_precision: Optional[str] = None,
-                 tf32: Optional[bool] = None):
+                 tf32: Optional[bool] = None,
+                 cuda_graph: bool = False,
+                 graph_warmup: int = 2,
+                 preset: Optional[str] = None):
         check_single_process(get_world_size())
         self.method_cfg = dict(method)
         options = {} if main_view is None else dict(main_view=main_view)
@@ -106,6 +123,25 @@ class OnlineAdaptationLoop(TestLoop):
         self.mixed_precision = 'fp16' if fp16 else mixed_precision
         self.tf32 = None if tf32 is None else bool(tf32)
         self.device_type = next(self._model(runner).parameters()).device.type
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f'test_cfg.preset must be one of {PRESETS} or '
+                             f'None, got {preset!r}')
+        self.preset = preset
+        if preset is not None and self.device_type != 'cuda':
+            raise ValueError(
+                f"test_cfg.preset='{preset}' is for a CUDA GPU, and this "
+                f'model is on {self.device_type} (torch.cuda.is_available()'
+                f' is {torch.cuda.is_available()}): run the faithful config,'
+                f' without the _{preset} suffix')
+        self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
+        if self.cuda_graph and self.device_type != 'cuda':
+            raise ValueError('test_cfg.cuda_graph=True needs the model on a '
+                             f'CUDA device, it is on {self.device_type}')
+        if self.cuda_graph and (fp16 or mixed_precision == 'fp16'):
+            raise ValueError("test_cfg.cuda_graph=True replays no GradScaler:"
+                             " use mixed_precision='bf16' or None, not fp16")
+        #: the step a CUDA graph replays (None: eager), before configure
+        self.graph_step = self.graph_step_of(self.method)
         if self.mixed_precision == 'fp16' and self.device_type == 'cpu':
             raise ValueError("mixed_precision='fp16' needs a GPU (float16 "
                              "autocast is for CUDA); use "
@@ -135,6 +171,13 @@ class OnlineAdaptationLoop(TestLoop):
         self.schedule = StreamSchedule(
             dataset_stages(self.dataloader.dataset),
             self.dataloader.batch_sampler)
+
+    def graph_step_of(self, method) -> Optional[CUDAGraphStep]:
+        """The CUDA-graph step of a method just built (``cuda_graph``),
+        made before its ``configure``; None: eager steps."""
+        if not self.cuda_graph:
+            return None
+        return CUDAGraphStep(method, warmup=self.graph_warmup)
 
     @staticmethod
     def _model(runner):
@@ -184,7 +227,8 @@ class OnlineAdaptationLoop(TestLoop):
         num = sum(p.numel() for _, p in self.method.params)
         print_log(f'online adaptation ({self.task.name}): {self.method!r}; '
                   f'{len(self.method.params)} trainable tensors ({num} '
-                  'values)', logger='current')
+                  'values)' + self.speed_options(), logger='current')
+        started = time.perf_counter()
         batches = iter(self.batches_from(start))
         if rng is not None:  # after the loader drew its seed, as at start
             set_rng_state(rng)
@@ -195,9 +239,16 @@ class OnlineAdaptationLoop(TestLoop):
             self.run_iter(idx, data_batch)
             if position.ends:
                 self.end_stage(idx + 1, identity, stateful)
+        if self.device_type == 'cuda':  # the queued steps are part of it
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        images = len(self.dataloader.dataset) - self.images_before(start)
         num_updates = self.num_updates + self.method.num_updates
-        print_log(f'online adaptation: {num_updates} update steps',
-                  logger='current')
+        # the whole loop (loader, steps, metric), as a benchmark times it
+        print_log(f'online adaptation: {num_updates} update steps; '
+                  f'{images} images in {seconds:.1f} s '
+                  f'({images / max(seconds, 1e-9):.2f} images/s, loader, '
+                  'steps and metric)', logger='current')
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'run_info'):
                 metric.run_info['num_updates'] = num_updates
@@ -212,6 +263,8 @@ class OnlineAdaptationLoop(TestLoop):
             self.num_updates += self.method.num_updates
             self.restart_from_source(stage.index)
         self.method.start_stage(stage.index)
+        if self.graph_step is not None:  # captured again, in this stage
+            self.graph_step.reset()
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'start_stage'):
                 metric.start_stage(stage)
@@ -222,6 +275,7 @@ class OnlineAdaptationLoop(TestLoop):
         adapted = self.task.adapted_module(self._model(self.runner))
         adapted.load_state_dict(self.source_state)
         self.method = self.task.build_method(self.method_cfg)
+        self.graph_step = self.graph_step_of(self.method)
         self.setup_precision()
         self.task.configure(self.method, adapted)
         if self.source_dataloader is not None:
@@ -338,7 +392,11 @@ class OnlineAdaptationLoop(TestLoop):
         images = image_names(data_batch)
         try:
             with torch.set_grad_enabled(self.method.updates):
-                prediction, stats = self.method.adapt(batch)
+                if self.graph_step is None:
+                    prediction, stats = self.method.adapt(batch)
+                else:  # methods overriding adapt cannot be captured
+                    prediction, stats = self.method.adapt(
+                        batch, step=self.graph_step)
         except NonFiniteStatistic as err:  # a method that reads its loss
             raise err.locate(idx, self.method.name, images) from None
         outputs = self.task.outputs(batch, prediction)
@@ -362,6 +420,22 @@ class OnlineAdaptationLoop(TestLoop):
                 {f'test/{k}': v for k, v in read.items()},
                 step=step.batch + 1)
         self.pending_stats = []
+
+    def speed_options(self) -> str:
+        """The run's speed settings, for its first log line."""
+        parts = [f'preset {self.preset}'] if self.preset else []
+        if self.mixed_precision:
+            parts.append(f'{self.mixed_precision} autocast')
+        if self.cuda_graph:
+            parts.append('steps replayed as CUDA graphs')
+        return '; ' + ', '.join(parts) if parts else ''
+
+    def images_before(self, start: int) -> int:
+        """The images of the first ``start`` batches (a resumed run's)."""
+        if start == 0:
+            return 0
+        return sum(len(b) for b in list(self.dataloader.batch_sampler)[
+            :start])
 
     @property
     def log_interval(self) -> int:

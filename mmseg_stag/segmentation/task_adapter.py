@@ -1,6 +1,5 @@
 """A segmentation batch and the operations a method may ask of it: its
 forward pass, and logits, labels and a loss at the original size."""
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
@@ -44,38 +43,6 @@ class SegmentationAdapter(TaskAdapter):
             tap_norms=self.tap_norms)
         return ForwardPass(rec.prediction, rec.head_outputs,
                            feature_norms=rec.feature_norms)
-
-    #: the metainfo a forward pass and its post-processing depend on
-    GRAPH_META_KEYS = ('img_shape', 'ori_shape', 'pad_shape', 'padding_size',
-                       'flip', 'flip_direction')
-
-    def graph_key(self, batch: SegmentationBatch):
-        """The inputs' shape, dtype and device, and each image's sizes and
-        flip: ``model.inference`` resizes by them."""
-        metas = tuple(tuple(repr(meta.get(k)) for k in self.GRAPH_META_KEYS)
-                      for meta in batch.metas)
-        views = () if not batch.views else (
-            tuple(self.graph_key(view) for view in batch.views),
-            batch.main_view)
-        return super().graph_key(batch) + (metas, ) + views
-
-    def graph_inputs(self, batch: SegmentationBatch) -> List[torch.Tensor]:
-        """The inputs, and every view's (CoTTA's teacher views; the main
-        view's inputs are the batch's own, listed once)."""
-        return [batch.inputs] + [view.inputs for view in batch.views or ()
-                                 if view.inputs is not batch.inputs]
-
-    def static_batch(self, batch: SegmentationBatch) -> SegmentationBatch:
-        """The batch and its views with their inputs cloned; the main view
-        shares the batch's clone, as it shares its inputs."""
-        clone = super().static_batch
-        static = clone(batch)
-        if not batch.views:
-            return static
-        views = [dataclasses.replace(view, inputs=static.inputs)
-                 if view.inputs is batch.inputs else clone(view)
-                 for view in batch.views]
-        return dataclasses.replace(static, views=views)
 
     @torch.no_grad()
     def postprocess(self, batch: SegmentationBatch,

@@ -1,7 +1,7 @@
 """The base class of the online-adaptation methods and STAG's place in it;
 the life cycle of DequanWang/tent's tent.py (Tent.forward)."""
 import importlib.util
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -15,21 +15,19 @@ from ..stats import StepStats
 from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
                             TaskAdapter)
 from .stag_term import log_anchor_signs, stag_loss_options
-from .step_graph import StepGraphs, check_capturable_optimizer
+
+#: a method's step: ``(batch, beta_t) -> (prediction, stats)``
+Step = Callable[[Batch, Any], Tuple[Prediction, StepStats]]
 
 
 class BaseMethod:
     """Base class of the online-adaptation methods.
 
     Its life cycle and options (``stag``, ``optimizer``, ``trainable``,
-    ``fresh_optimizer_per_stage``): docs/methods.md ("How a method runs");
-    ``cuda_graph`` (replay the step as a CUDA graph, :class:`StepGraphs`)
-    and ``graph_warmup``: docs/running.md.
+    ``fresh_optimizer_per_stage``): docs/methods.md ("How a method runs").
 
     Raises:
-        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``; if
-            ``cuda_graph`` is set for a method whose step cannot be
-            captured, or with an optimizer other than Adam, AdamW or SGD.
+        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``.
     """
 
     #: whether the method has a loss of its own (``L_base``)
@@ -41,7 +39,8 @@ class BaseMethod:
     #: whether the updates can go through a ``GradScaler`` (fp16)
     supports_grad_scaler = True
     #: whether the step (:meth:`forward_and_adapt`) can be replayed as a
-    #: CUDA graph: no host read, no host-side branch on a device value
+    #: CUDA graph (:class:`~.step_graph.CUDAGraphStep`): no host read, no
+    #: host-side branch on a device value
     graph_capturable = False
     #: attributes :meth:`__repr__` shows after the base options
     repr_fields: Tuple[str, ...] = ()
@@ -56,9 +55,7 @@ class BaseMethod:
                  stag: Optional[dict] = None,
                  optimizer: Optional[dict] = None,
                  trainable: Optional[dict] = None,
-                 fresh_optimizer_per_stage: bool = False,
-                 cuda_graph: bool = False,
-                 graph_warmup: int = 2):
+                 fresh_optimizer_per_stage: bool = False):
         self.stag_cfg = None if stag is None else dict(stag)
         self.stag_loss = None
         if self.stag_cfg is not None:
@@ -82,16 +79,6 @@ class BaseMethod:
                               'package (CUDA builds of torch bring it); '
                               'use norm_tap=True')
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
-        self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
-        if self.cuda_graph:
-            if not self.graph_capturable:
-                raise ValueError(
-                    f'{self.name}: cuda_graph=True is for methods whose step '
-                    'reads nothing back to the host (TENT, BN Adapt, '
-                    "segmentation CoTTA); this one's step reads or branches "
-                    'on device values')
-            self.optimizer_cfg = check_capturable_optimizer(
-                self.optimizer_cfg)
 
         self.model: Optional[nn.Module] = None
         self.adapter: Optional[TaskAdapter] = None
@@ -102,7 +89,6 @@ class BaseMethod:
         self.num_updates = 0
         self.stage_index: Optional[int] = None  # the stage's, in the stream
         self.grad_scaler: Optional[torch.amp.GradScaler] = None
-        self.graphs: Optional[StepGraphs] = None
         #: whether :meth:`adapt` runs a backward pass and a step
         self.updates = self.has_base_loss or self.stag_loss is not None
 
@@ -143,15 +129,6 @@ class BaseMethod:
         ``ValueError`` if no parameter matches ``trainable``."""
         self.check_supports(adapter)
         self.prepare_model(model)
-        if self.cuda_graph:
-            devices = {p.device.type for p in model.parameters()}
-            if devices != {'cuda'}:
-                raise ValueError(f'{self.name}: cuda_graph=True needs the '
-                                 'model on a CUDA device, its parameters are '
-                                 f'on {sorted(devices)}')
-            self.graphs = StepGraphs(self.forward_and_adapt, adapter,
-                                     self.graph_warmup,
-                                     zero_grad=self.zero_grad)
         self.model = model
         self.adapter = adapter.tapping_norms(self.norm_tap) \
             if self.norm_tap else adapter
@@ -185,9 +162,6 @@ class BaseMethod:
         if not self.supports_grad_scaler:
             raise ValueError(f'{self.name} cannot scale its gradients (a '
                              'GradScaler); use bfloat16 or float32')
-        if self.cuda_graph:
-            raise ValueError(f'{self.name}: cuda_graph=True replays no '
-                             'GradScaler (float16); use bfloat16 or float32')
         self.grad_scaler = torch.amp.GradScaler(device_type)
 
     def build_optimizer(self):
@@ -232,8 +206,6 @@ class BaseMethod:
                 self.step = 0
             if self.fresh_optimizer_per_stage and self.optimizer is not None:
                 self.optimizer = self.build_optimizer()
-                if self.graphs is not None:  # they update the old state
-                    self.graphs.reset()
         self.stage_index = index
 
     def state_dict(self) -> dict:
@@ -291,8 +263,6 @@ class BaseMethod:
                                            else '') + f' {what}')
             if current is not None:
                 current.load_state_dict(state[key])
-        if self.graphs is not None:  # the optimizer's state tensors are new
-            self.graphs.reset()
         self.step, self.num_updates = state['step'], state['num_updates']
         self.stage_index = state['stage']
         for name in self.state_attributes:
@@ -371,10 +341,12 @@ class BaseMethod:
             raise RuntimeError(f'{self.name}.configure(model, adapter) must '
                                'be called before adapting')
 
-    def adapt(self, batch: Batch) -> Tuple[Prediction, StepStats]:
-        """Predict, then adapt: one :meth:`forward_and_adapt`, eager or
-        replayed as a CUDA graph (``cuda_graph``); return the prediction
-        before the update and the step's :class:`StepStats`.
+    def adapt(self, batch: Batch, step: Optional[Step] = None
+              ) -> Tuple[Prediction, StepStats]:
+        """Predict, then adapt: one step, ``step(batch, beta_t)``,
+        :meth:`forward_and_adapt` by default (a
+        :class:`~.step_graph.CUDAGraphStep` replays it); return the
+        prediction before the update and the step's :class:`StepStats`.
 
         The step is counted here (``t`` of ``beta_t``, ``num_updates``)
         when it minimised a loss: a pass records its ``loss`` exactly then
@@ -382,11 +354,7 @@ class BaseMethod:
         """
         self.check_configured()
         beta = None if self.stag_loss is None else self.beta
-        if self.graphs is None:
-            prediction, stats = self.forward_and_adapt(batch, beta)
-        else:
-            prediction, stats = self.graphs(
-                batch, self.adapter.graph_key(batch), beta)
+        prediction, stats = (step or self.forward_and_adapt)(batch, beta)
         if any(p.loss is not None for p in stats.passes):
             self.step += 1
             self.num_updates += 1
@@ -402,8 +370,8 @@ class BaseMethod:
                           ) -> Tuple[Prediction, StepStats]:
         """The step, without counting: forward, then backward and one
         optimizer step on :meth:`loss` where there is one; ``beta``:
-        ``beta_t`` (a float, or the 0-d device tensor :class:`StepGraphs`
-        fills before each replay of the captured step)."""
+        ``beta_t`` (a float, or a 0-d device tensor filled before each
+        replay of a captured step)."""
         fwd = self.adapter.forward(self.model, batch)
         total = self.loss(batch, fwd, beta) if self.updates else None
         if total is not None:

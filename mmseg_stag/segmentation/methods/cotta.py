@@ -36,15 +36,10 @@ class SegmentationCoTTA(CoTTABase):
     Raises:
         TypeError: If given an option of the classification CoTTA only
             (``num_augs``, ``augment``, ``always_augment``, ``loss``).
-        ValueError: ``cuda_graph=True`` (the whole step, teacher views
-            included) with the restore mask drawn on the CPU.
     """
 
     supported_prediction_kinds = ('per_pixel', )
     needs_original_size = True
-    # unlike the classification CoTTA, no host-side branch on the source
-    # model's confidence: the label map mixes both predictions per pixel
-    graph_capturable = True
     repr_fields = ('batch_views', )
 
     def __init__(self, batch_views: bool = False, **kwargs):
@@ -61,12 +56,15 @@ class SegmentationCoTTA(CoTTABase):
                 'the method config')
         super().__init__(**kwargs)
         self.batch_views = bool(batch_views)
-        if self.cuda_graph and self.restore_prob > 0 and \
-                not self.restore_on_device:
-            raise ValueError(
-                'cotta: cuda_graph=True needs restore_on_device=True (the '
-                "authors' restore mask is drawn on the CPU and copied: a "
-                'graph would replay the mask copied at its capture)')
+
+    @property
+    def graph_capturable(self) -> bool:
+        """Unlike the classification CoTTA, no host-side branch on the
+        source model's confidence (the label map mixes both predictions
+        per pixel); but the authors' restore mask is drawn on the CPU and
+        copied, which a graph would replay as captured: capturable with
+        ``restore_on_device=True`` (or nothing to restore)."""
+        return self.restore_on_device or self.restore_prob == 0
 
     @torch.no_grad()
     def teacher_prediction(self, batch, stats):

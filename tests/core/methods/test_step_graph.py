@@ -1,5 +1,5 @@
 """``cuda_graph=True``: the whole step replayed as a CUDA graph
-(``StepGraphs``). On the CPU: what is refused, and the bookkeeping around
+(``CUDAGraphStep``, around the method). On the CPU: what is refused, and the bookkeeping around
 the graph (warm-up per input shape, ``beta_t`` fed each replay, outputs
 copied, graphs dropped with the optimizer) through a stand-in graph that
 replays the step's Python on the captured inputs. On CUDA: real graphs
@@ -12,8 +12,10 @@ import torch
 
 from host_syncs import HostSyncCounter
 from mmseg_stag.core import Batch, BNAdapt, TENT, build_method
-from mmseg_stag.core.methods.step_graph import (Captured, StepGraphs,
-                                                check_capturable_optimizer)
+from mmseg_stag.core.methods.step_graph import (Captured, CUDAGraphStep,
+                                                check_capturable_optimizer,
+                                                graph_inputs, graph_key,
+                                                static_batch)
 
 from test_base_method import ADAPTER, configured, images, make_model
 
@@ -23,37 +25,40 @@ STAG = dict(beta0=5.0, gamma=3.0)
 def test_methods_that_read_back_refuse_it():
     for kind in ('eata', 'sar', 'deyo', 'cotta', 'ecotta'):
         with pytest.raises(ValueError, match='cuda_graph=True is for'):
-            build_method(dict(type=kind, cuda_graph=True))
+            CUDAGraphStep(build_method(dict(type=kind)))
     assert TENT.graph_capturable and BNAdapt.graph_capturable
 
 
 def test_optimizers():
-    tent = TENT(cuda_graph=True)  # the default Adam
+    tent = TENT()  # the default Adam
+    assert 'capturable' not in tent.optimizer_cfg  # eager: as configured
+    CUDAGraphStep(tent)
     assert tent.optimizer_cfg['capturable'] is True
     assert check_capturable_optimizer(dict(type='AdamW', lr=1))[
         'capturable'] is True
     sgd = dict(type='SGD', lr=0.1, momentum=0.9)
     assert check_capturable_optimizer(sgd) == sgd
     with pytest.raises(ValueError, match="got 'RMSprop'"):
-        TENT(cuda_graph=True, optimizer=dict(type='RMSprop', lr=1))
+        CUDAGraphStep(TENT(optimizer=dict(type='RMSprop', lr=1)))
     with pytest.raises(ValueError, match='capturable=False'):
-        TENT(cuda_graph=True,
-             optimizer=dict(type='Adam', lr=1, capturable=False))
-    # off: the optimizer as configured
-    assert 'capturable' not in TENT().optimizer_cfg
+        CUDAGraphStep(TENT(optimizer=dict(type='Adam', lr=1,
+                                          capturable=False)))
 
 
-def test_a_model_off_the_gpu_and_fp16_are_refused():
-    method = TENT(cuda_graph=True, optimizer=dict(type='SGD', lr=0.1))
+def test_a_model_off_the_gpu_and_a_late_wrapper_are_refused():
+    method = TENT(optimizer=dict(type='SGD', lr=0.1))
+    step = CUDAGraphStep(method)
+    configured(method, make_model())
     with pytest.raises(ValueError, match=r"CUDA device.*\['cpu'\]"):
-        configured(method, make_model())
-    with pytest.raises(ValueError, match='GradScaler'):
-        method.use_grad_scaler()
+        method.adapt(Batch(images()), step=step)
+    # after configure Adam is built: too late to make it capturable
+    with pytest.raises(ValueError, match='before configure'):
+        CUDAGraphStep(configured(TENT(), make_model()))
     with pytest.raises(ValueError, match='warmup must be >= 1'):
-        StepGraphs(lambda b, beta: None, ADAPTER, warmup=0)
+        CUDAGraphStep(TENT(), warmup=0)
     batch = type('B', (), {'inputs': [torch.zeros(1)]})()
     with pytest.raises(ValueError, match='one tensor, got list'):
-        ADAPTER.graph_key(batch)
+        graph_key(batch)
 
 
 class StandInGraph:
@@ -78,26 +83,26 @@ class StandInGraph:
 
 
 def stand_in_capture(method):
-    """``StepGraphs.capture`` with a :class:`StandInGraph`."""
+    """``CUDAGraphStep.capture`` with a :class:`StandInGraph`."""
 
     def capture(self, batch, beta):
-        static = self.static_batch(batch)
-        inputs = self.graph_inputs(static)
+        static = static_batch(batch)
+        inputs = graph_inputs(static)
         beta_buffer = None if beta is None else torch.full((), float(beta))
-        self.zero_grad()
+        method.zero_grad()
         # CoTTA's teacher too; the random draws (CoTTA's restore) replayed
         modules = [method.model] + [getattr(method, 'teacher', None)] * (
             getattr(method, 'teacher', None) is not None)
         state = copy.deepcopy(([m.state_dict() for m in modules],
                                method.optimizer.state_dict()))
         rng = torch.get_rng_state()
-        prediction, stats = self.step(static, beta_buffer)
+        prediction, stats = method.forward_and_adapt(static, beta_buffer)
         for module, module_state in zip(modules, state[0]):
             module.load_state_dict(module_state)  # nothing ran
         method.optimizer.load_state_dict(state[1])
         torch.set_rng_state(rng)
         graph = StandInGraph()
-        graph.run = lambda: self.step(static, beta_buffer)
+        graph.run = lambda: method.forward_and_adapt(static, beta_buffer)
         graph.outputs, graph.replays = (prediction, stats), 0
         self.captures.append(graph)
         return Captured(graph, inputs, beta_buffer, prediction, stats)
@@ -123,15 +128,15 @@ def stand_in_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'stream', same_stream)
 
 
-def graphed(method, model):
-    """``method`` configured on the CPU, then given :class:`StepGraphs`
-    with the stand-in capture (``configure`` wants a CUDA model)."""
-    configured(method, model)
-    graphs = StepGraphs(method.forward_and_adapt, ADAPTER, warmup=2,
-                        zero_grad=method.zero_grad)
+def graphed(method, model, adapter=ADAPTER):
+    """``method``'s :class:`CUDAGraphStep` with the stand-in capture, the
+    method configured on the CPU (the step's device check skipped)."""
+    graphs = CUDAGraphStep(method, warmup=2)
+    if model is not None:
+        configured(method, model)
+    graphs.check_method = lambda: None
     graphs.captures = []
     graphs.capture = stand_in_capture(method).__get__(graphs)
-    method.graphs = graphs
     return graphs
 
 
@@ -155,7 +160,7 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
         method.start_stage(i // 4)  # beta restarts: no (default)
         eager.start_stage(i // 4)
         want, want_stats = eager.adapt(Batch(x))
-        got, got_stats = method.adapt(Batch(x))
+        got, got_stats = method.adapt(Batch(x), step=graphs)
         torch.testing.assert_close(got.value, want.value, rtol=0, atol=0)
         assert set(got_stats) == set(want_stats)
         for key, value in want_stats.items():
@@ -176,21 +181,19 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
         torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
 
 
-def test_a_fresh_optimizer_or_a_loaded_state_drops_the_graphs(
-        stand_in_cuda):
+def test_a_rebuilt_optimizer_or_a_reset_drops_the_graphs(stand_in_cuda):
     method = TENT(stag=STAG, optimizer=dict(type='SGD', lr=0.1),
                   fresh_optimizer_per_stage=True)
     graphs = graphed(method, make_model())
     method.start_stage(0)
     for seed in range(3):
-        method.adapt(Batch(images(seed)))
+        method.adapt(Batch(images(seed)), step=graphs)
     assert len(graphs.graphs) == 1
     method.start_stage(1)  # a new optimizer: the graph stepped the old one
+    method.adapt(Batch(images(5)), step=graphs)
+    assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
+    graphs.reset()  # the loop's, at a stage's start (a loaded state too)
     assert graphs.graphs == {} and graphs.eager_steps == {}
-    method.adapt(Batch(images(5)))
-    state = method.state_dict()
-    method.load_state_dict(state)
-    assert graphs.eager_steps == {}
 
 
 # ------------------------------------------------------------------ CUDA
@@ -211,18 +214,19 @@ def test_cuda_graph_equals_the_eager_step(stag):
     opt = dict(type='Adam', lr=1e-3, capturable=True)
     eager = TENT(stag=stag, optimizer=opt)
     eager.configure(cuda_model(), ADAPTER)
-    method = TENT(stag=stag, optimizer=opt, cuda_graph=True)
+    method = TENT(stag=stag, optimizer=opt)
+    graphs = CUDAGraphStep(method)
     method.configure(cuda_model(), ADAPTER)
     for x in stream_of_batches():
         x = x.cuda()
         want, want_stats = eager.adapt(Batch(x))
-        got, got_stats = method.adapt(Batch(x))
+        got, got_stats = method.adapt(Batch(x), step=graphs)
         torch.testing.assert_close(got.value, want.value, rtol=1e-5,
                                    atol=1e-6)
         for key, value in want_stats.items():
             assert float(got_stats[key]) == pytest.approx(float(value),
                                                           rel=1e-5), key
-    assert len(method.graphs.graphs) == 2
+    assert len(graphs.graphs) == 2
     for p, q in zip(method.model.parameters(), eager.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
@@ -268,19 +272,15 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
                    restore_prob=0.3, optimizer=dict(type='SGD', lr=0.5))
     eager, _ = task.make_method('cotta', STAG, **options)
     method, _ = task.make_method('cotta', STAG, **options)
-    graphs = StepGraphs(method.forward_and_adapt, task.adapter, warmup=2,
-                        zero_grad=method.zero_grad)
-    graphs.captures = []
-    graphs.capture = stand_in_capture(method).__get__(graphs)
-    method.graphs = graphs
+    graphs = graphed(method, None)
     for i in range(4):
         batch = view_batch()
         assert len(batch.views) == 14
         assert batch.views[batch.main_view].inputs is batch.inputs
         results = []
-        for m in (eager, method):
+        for m, step in ((eager, None), (method, graphs)):
             torch.manual_seed(100 + i)  # the same restore masks
-            results.append(m.adapt(batch))
+            results.append(m.adapt(batch, step=step))
         (want, want_stats), (got, got_stats) = results
         assert torch.equal(got.value, want.value)
         for key, value in want_stats.items():
@@ -303,10 +303,11 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
 def test_segmentation_cotta_graph_needs_the_restore_on_the_device():
     from mmseg_stag.segmentation import SegmentationCoTTA
     with pytest.raises(ValueError, match='restore_on_device=True'):
-        SegmentationCoTTA(cuda_graph=True)
-    assert SegmentationCoTTA(cuda_graph=True, restore_on_device=True
-                             ).optimizer_cfg['capturable'] is True
-    SegmentationCoTTA(cuda_graph=True, restore_prob=0.0)  # nothing drawn
+        CUDAGraphStep(SegmentationCoTTA())
+    on_device = SegmentationCoTTA(restore_on_device=True)
+    CUDAGraphStep(on_device)
+    assert on_device.optimizer_cfg['capturable'] is True
+    CUDAGraphStep(SegmentationCoTTA(restore_prob=0.0))  # nothing drawn
 
 
 def updates(method, before):
@@ -351,7 +352,8 @@ def test_cuda_graph_of_segmentation_cotta_equals_its_eager_step(
                    restore_prob=restore_prob,
                    optimizer=dict(type='SGD', lr=0.01, momentum=0.9))
     eager, _ = task.make_method('cotta', stag, **options)
-    method, _ = task.make_method('cotta', stag, cuda_graph=True, **options)
+    method, graphs = task.make_method('cotta', stag, cuda_graph=True,
+                                      **options)
     for i in range(6):  # 2 eager warm-up steps, a capture, 3 replays
         for a, b in ((eager.model, method.model),
                      (eager.teacher, method.teacher)):
@@ -362,8 +364,8 @@ def test_cuda_graph_of_segmentation_cotta_equals_its_eager_step(
         before = [p.detach().clone() for p in params_of(method)]
         momentum = momenta(method)
         batch = view_batch()
-        (want, want_stats), (got, got_stats) = (m.adapt(batch)
-                                                for m in (eager, method))
+        (want, want_stats), (got, got_stats) = (
+            eager.adapt(batch), method.adapt(batch, step=graphs))
         assert (got.value == want.value).float().mean() > 0.999, i
         for key, value in want_stats.items():
             assert float(got_stats[key]) == pytest.approx(
@@ -377,4 +379,4 @@ def test_cuda_graph_of_segmentation_cotta_equals_its_eager_step(
                                    for m in (eager, method))
         assert float((got_change - want_change).norm()) <= \
             1e-3 * float(want_change.norm()), i
-    assert len(method.graphs.graphs) == 1
+    assert len(graphs.graphs) == 1

@@ -1,0 +1,12 @@
+# The fast preset of segformer_mit-b5-nvlabs_acdc-continual_tent.py for one
+# CUDA GPU (docs/running.md, "The fast preset"): the same method, data,
+# protocol and metric; bfloat16 autocast around the forward passes, MiT
+# attention through SDPA on channels-last views of the tokens, each step
+# replayed as a CUDA graph (captured again at each stage's start), 8 loader
+# workers. Without CUDA the run stops before the stream.
+_base_ = ['./segformer_mit-b5-nvlabs_acdc-continual_tent.py']
+model = dict(backbone=dict(attention='sdpa', token_maps='view'))
+# 1920x1080 PNG decoding on the H100 machine: 2 workers 20-22 images/s, 8
+# workers 81-89 (docs/results/gpu/2026-11-27-h100*/): above the graphed step
+test_dataloader = dict(num_workers=8)
+test_cfg = dict(preset='bf16-graph', mixed_precision='bf16', cuda_graph=True)
