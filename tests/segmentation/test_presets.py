@@ -132,3 +132,16 @@ def test_the_cpu_parts_of_a_preset_run_through_tools_test(
     assert 'bf16 autocast' in log and 'images/s' in log
     with open(tmp_path / 'bf16' / 'continual_results.json') as f:
         assert json.load(f)['stages']
+
+
+@pytest.mark.parametrize('extra,message', [
+    ({'test_cfg.cuda_graph': True}, 'cuda_graph=True needs the model on a '
+     'CUDA device, it is on cpu'),
+    ({'test_cfg.preset': 'fast'}, r"preset must be one of \('bf16-graph',\)"),
+])
+def test_the_loop_checks_its_speed_options_before_the_stream(
+        extra, message, tiny_acdc, tmp_path):
+    runner = tiny_runner(faithful(PRESETS[-1]), tiny_acdc, tmp_path, extra)
+    with pytest.raises(ValueError, match=message):
+        runner.test()
+    assert not list(tmp_path.rglob('continual_results.json'))
