@@ -2,7 +2,7 @@
 
     python tools/demo.py [--work-dir work_dirs/demo] [--rounds 10]
         [--methods source bn-adapt bn-adapt-stag tent tent-stag hybrid-tta
-                   hybrid-tta-stag]
+                   hybrid-tta-stag] [--cfg-options KEY=VALUE ...]
 
 Writes the stand-in data, trains the source model, chooses each +STAG
 method's beta0 on round-1 fog, runs every method through ``tools/test.py``
@@ -77,7 +77,7 @@ def test_options(args, method, data_root, rounds):
             f'default_hooks.logger.interval={args.log_interval}']
     if method not in ('source', 'bn-adapt'):  # the ones with an optimizer
         opts.append(f'test_cfg.method.optimizer.lr={args.lr}')
-    return opts
+    return opts + args.cfg_options
 
 
 def evaluate(args, method, ckpt, data_root, work_dir, extra):
@@ -195,6 +195,11 @@ def main():
                         help='beta0 values tried on round 1 / fog')
     parser.add_argument('--log-interval', type=int, default=50)
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--cfg-options', nargs='+', default=[],
+                        metavar='KEY=VALUE',
+                        help="settings of every method's runs (e.g. "
+                        'model.backbone.type=SDPAMixVisionTransformer: the '
+                        "fast preset's attention, docs/demo.md)")
     args = parser.parse_args()
     args.work_dir = osp.abspath(args.work_dir)
     start = time.time()

@@ -86,23 +86,22 @@ def test_method_runs_finite_on_the_device(method, device, precision, request,
 @pytest.mark.parametrize('precision', [None, 'bf16'])
 def test_tent_stag_replayed_as_a_cuda_graph(precision, request, tmp_path,
                                            monkeypatch):
-    """tent-stag's config with ``test_cfg.method.cuda_graph=True`` through
-    the Runner: its steps replayed from captured graphs, the metrics of the
-    eager run with the same optimizer (Adam, ``capturable=True``) within
-    float32 rounding's flips of a few pixels."""
+    """tent-stag's config with the loop's ``test_cfg.cuda_graph=True``
+    through the Runner: its steps replayed from captured graphs (captured
+    again in every stage: one eager step, then a capture, on the tiny
+    stream's 2 images a stage), the metrics of the eager run with the same
+    optimizer (Adam, ``capturable=True``) within float32 rounding's flips
+    of a few pixels."""
     use_device(monkeypatch, 'cuda')
     checkpoint, opts = build_options('tent-stag', request)
     opts['test_cfg.mixed_precision'] = precision
-    # one optimizer for the stream: TENT's config builds a fresh one per
-    # stage, which drops the graphs (the tiny stages are too short to
-    # capture one)
-    opts['test_cfg.method.fresh_optimizer_per_stage'] = False
     eager = Run(config_of('tent-stag'), checkpoint, tmp_path / 'eager',
                 dict(opts, **{'test_cfg.method.optimizer.capturable': True}))
     graphed = Run(config_of('tent-stag'), checkpoint, tmp_path / 'graph',
-                  dict(opts, **{'test_cfg.method.cuda_graph': True}))
-    graphs = graphed.method.graphs
-    assert graphs.graphs, graphs.eager_steps  # something was captured
+                  dict(opts, **{'test_cfg.cuda_graph': True,
+                                'test_cfg.graph_warmup': 1}))
+    graphs = graphed.runner.test_loop.graph_step
+    assert graphs.graphs, graphs.eager_steps  # the last stage's capture
     assert graphed.method.num_updates == eager.method.num_updates
     assert_finite_on(graphed.model, 'cuda')
     for key, value in eager.metrics.items():
