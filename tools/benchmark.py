@@ -6,8 +6,8 @@ the baseline and of the baseline + STAG (and TENT's two-forward reference)
 on random weights, and prints and writes (``--out``, JSON) each arm's time,
 peak memory, memory saved for backward and passes, the per-pair ratios and
 the STAG term timed alone. The models and arms are
-:mod:`mmseg_stag.analysis.step_benchmark`, the meters
-:mod:`mmseg_stag.analysis.meters`.
+:mod:`benchmarks.step_benchmark`, the meters
+:mod:`benchmarks.meters`.
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
         [--methods tent bn_adapt cotta hybrid_tta ...] [--size 960 540]
@@ -20,15 +20,18 @@ import json
 import os
 import os.path as osp
 import platform
+import sys
 
 import torch
 
-from mmseg_stag.analysis.step_benchmark import (CIFAR_MODELS,
-                                                IMAGENET_MODELS, SEG_MODELS,
-                                                SEG_VIEWS, run_model,
-                                                seg_views_cfg)
-
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:  # benchmarks/: the repository's, not installed
+    sys.path.insert(0, REPO)
+
+from benchmarks.step_benchmark import (  # noqa: E402
+    CIFAR_MODELS, IMAGENET_MODELS, SEG_MODELS, SEG_VIEWS, run_model,
+    seg_views_cfg)
+
 METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta', 'hybrid_tta']
 #: segmentation baselines run only when --methods names them: their steps
 #: cost many of TENT's (CoTTA's 14 teacher views, Hybrid-TTA's 3 passes)

@@ -37,8 +37,8 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from mmseg_stag.analysis.gpu_report import write_report  # noqa: E402
-from mmseg_stag.analysis.gpu_steps import (  # noqa: E402
+from benchmarks.gpu_report import write_report  # noqa: E402
+from benchmarks.gpu_steps import (  # noqa: E402
     MEASURES, MIT_MODES, NORM_TAP_FLAGS, NVLABS_CFG, PRECISIONS, QUICK_SEG,
     QUICK_SEG_CHANNELS, SEG_METHODS, free_memory, run_tests)
 

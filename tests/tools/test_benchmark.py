@@ -1,6 +1,6 @@
 """tools/benchmark.py runs and counts passes (no timing is asserted); its
-steps and arms (mmseg_stag.analysis.step_benchmark) and meters
-(mmseg_stag.analysis.meters)."""
+steps and arms (benchmarks.step_benchmark) and meters
+(benchmarks.meters)."""
 import argparse
 import json
 import os.path as osp
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from mmseg_stag.analysis import meters, step_benchmark
+from benchmarks import meters, step_benchmark
 from mmseg_stag.segmentation.methods.cotta import \
     view_probabilities as original_view_probabilities
 import tool_runs
@@ -67,7 +67,7 @@ def test_segmentation_cotta_steps_on_the_teacher_views():
     teacher on the 14 views (7 ratios x 2 flips) of one image, the source
     model on the main view (ratio 1, unflipped), the student once; the
     other arms keep the single-view batch."""
-    from mmseg_stag.analysis.meters import BackwardPasses, PassCounter
+    from benchmarks.meters import BackwardPasses, PassCounter
     args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
     task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
     assert task.methods['cotta']['restore_prob'] == 0.01
@@ -96,7 +96,7 @@ def test_segmentation_cotta_batched_views_equal_one_at_a_time(monkeypatch):
     view, and in float64 the same summed probabilities to 1e-12."""
     import dataclasses
 
-    from mmseg_stag.analysis.meters import PassCounter
+    from benchmarks.meters import PassCounter
     from mmseg_stag.segmentation.methods import cotta
     args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
     task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mmseg_stag.analysis import gpu_report, gpu_steps
+from benchmarks import gpu_report, gpu_steps
 import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -348,7 +348,7 @@ def test_bad_counts_are_refused(capsys, gpu_check):
 def test_the_targets_held_against_the_fifth_h100_run():
     """The report's verdicts on the fifth H100 run's own figures
     (docs/results/gpu/2026-11-27-h100-e): those its notes give by hand."""
-    from mmseg_stag.analysis.gpu_report import md_targets, target_verdicts
+    from benchmarks.gpu_report import md_targets, target_verdicts
     with open(osp.join(REPO, 'docs/results/gpu/2026-11-27-h100-e/'
                        'full_run.json')) as f:
         report = json.load(f)

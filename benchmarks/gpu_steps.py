@@ -84,7 +84,7 @@ def run_tests(ctx):
         TimeoutError: If the tests ran past their time limit (after saving
             what had run by then).
     """
-    from mmseg_stag.analysis.pytest_stream import ENV, read_outcomes
+    from benchmarks.pytest_stream import ENV, read_outcomes
     args = ctx.args
     os.makedirs(args.out_dir, exist_ok=True)
     xml = osp.join(args.out_dir, 'cuda_tests.xml')
@@ -94,7 +94,7 @@ def run_tests(ctx):
                                   durations='tsv').items()}
     # -v without pytest.ini's -q: one line per test as it ends
     cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
-           'no:cacheprovider', '-p', 'mmseg_stag.analysis.pytest_stream',
+           'no:cacheprovider', '-p', 'benchmarks.pytest_stream',
            '-o', 'addopts=', '-v', '-rfEs', f'--junitxml={xml}',
            *args.test_paths]
     workers = test_workers(args.test_workers)
@@ -201,7 +201,7 @@ def seg_task(ctx, size=None):
     """``(label, BenchTask, settings, batch)``: SegFormer-B5 with the
     NVlabs head (a tiny MiT under ``--quick``) at ``size`` (default
     ``--seg-size``)."""
-    from mmseg_stag.analysis import step_benchmark as benchmark
+    from benchmarks import step_benchmark as benchmark
     name, label = 'b5-nvlabs', 'SegFormer-B5 NVlabs head'
     if ctx.args.quick:  # a tiny stand-in, in the benchmark's own table
         name, label = 'quick-nvlabs', 'tiny SegFormer NVlabs head (--quick)'
@@ -219,7 +219,7 @@ def cls_task(ctx):
     ResNet-18 under ``--quick``)."""
     import torch
 
-    from mmseg_stag.analysis import step_benchmark as benchmark
+    from benchmarks import step_benchmark as benchmark
     args = ctx.args
     name, label = 'resnet50', 'ResNet-50 (ImageNet-C)'
     if args.quick:
@@ -280,7 +280,7 @@ def pair_seconds(ctx, plan):
 def arm_failed(label, err, failed):
     """Note in ``failed`` an extra arm that raised, with its traceback in
     the log, and free what it held."""
-    from mmseg_stag.analysis.step_benchmark import error_text
+    from benchmarks.step_benchmark import error_text
     failed[label] = error_text(err)
     print(f'[gpu_check] {label} left out: {failed[label]}\n'
           + traceback.format_exc()[-3000:], file=sys.stderr, flush=True)
@@ -295,7 +295,7 @@ def time_arms(task, ctx, kind, stag, pairs, extra=None):
     extra arm that raises while it is made or warmed up (at least one
     step) is left out, its error in ``failed``: an option no GPU has run
     yet does not cost the run its other figures."""
-    from mmseg_stag.analysis.meters import StepTimer
+    from benchmarks.meters import StepTimer
     args = ctx.args
     batch = task.batch_for(kind)
     arms = {kind: task.make_method(kind, None)[0],
@@ -330,7 +330,7 @@ def time_arms(task, ctx, kind, stag, pairs, extra=None):
 def arm_memory(task, ctx, kind, stag):
     """Peak memory of one step of one arm, alone on the device (the
     benchmark's source copy of the model moved off for the step)."""
-    from mmseg_stag.analysis.meters import PeakMemory
+    from benchmarks.meters import PeakMemory
     batch = task.batch_for(kind)
     method, _ = task.make_method(kind, stag)
     task.base.to('cpu')
@@ -361,7 +361,7 @@ def cost_row(model, note, batch, name, kind, times, memory, term,
     ``kind+stag``; ``failed_arms``: the extra arms left out, their
     errors). The term's implementations other than the written-out one
     may carry an error's text in place of their time."""
-    from mmseg_stag.analysis.step_benchmark import ratio_stats
+    from benchmarks.step_benchmark import ratio_stats
     plus = f'{kind}+stag'
     median = {label: statistics.median(t) for label, t in times.items()}
     base, stag = median[kind], median[plus]
@@ -427,7 +427,7 @@ def extra_stag_arms(ctx, kind, stag):
 def method_cost(ctx, built, kind):
     """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
     each yielded as it is measured."""
-    from mmseg_stag.analysis.step_benchmark import (TERM_OFF, TERM_VARIANTS,
+    from benchmarks.step_benchmark import (TERM_OFF, TERM_VARIANTS,
                                                     count_term_kernels,
                                                     stag_terms, time_terms,
                                                     time_terms_in_graph)
@@ -577,7 +577,7 @@ def loop_args(ctx, methods, images, warmup):
 
 def measure_loop(ctx):
     """Images/s of the whole online loop (tools/benchmark_loop.py)."""
-    from mmseg_stag.analysis.loop_benchmark import run_method
+    from benchmarks.loop_benchmark import run_method
     args = loop_args(ctx, ['tent', 'tent-stag'], ctx.args.loop_images,
                      ctx.args.loop_warmup)
     rows = {}
@@ -648,7 +648,7 @@ def sync(ctx):
 def profile_steps(ctx, task, fused=False):
     """TENT+STAG steps alone (no loader, no metric), its Adam as the
     config's or ``fused``, and one step's host-device transfers."""
-    from mmseg_stag.analysis.meters import HostTransfers
+    from benchmarks.meters import HostTransfers
     optimizer = dict(task.methods['tent'].get('optimizer') or dict(
         type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
     if fused:
@@ -711,7 +711,7 @@ def iteration_profiler(ctx, start, count):
 
 def profile_loop(ctx):
     """TENT+STAG loop iterations: load, step, post-processing, metric."""
-    from mmseg_stag.analysis.loop_benchmark import build_runner
+    from benchmarks.loop_benchmark import build_runner
     start, count = ctx.args.profile_warmup + 1, ctx.args.profile_iters
     args = loop_args(ctx, ['tent-stag'], start + count, 0)
     runner = build_runner(
