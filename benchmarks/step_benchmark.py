@@ -326,146 +326,9 @@ def arm_ratio(records, base, other, key):
                        [r[key] for r in records[other]])
 
 
-#: the STAG term's implementations timed side by side: STAGLoss options,
-#: each overriding the method's (``--stag-compile``, ``--stag-triton``)
-TERM_OFF = dict(compile=False, triton=False)
-TERM_VARIANTS = {'analytic': dict(TERM_OFF, analytic_backward=True),
-                 'autograd': dict(TERM_OFF, analytic_backward=False)}
-
-
 def error_text(err):
     """An error as a report shows it in place of a figure."""
     return f'{type(err).__name__}: {str(err)[:300]}'
-
-
-def time_terms(terms, repeats=10, optional=()):
-    """Median seconds of each call of :func:`stag_terms`: what +STAG adds,
-    without the noise of a whole step. ``{label: seconds}``; a label of
-    ``optional`` whose call raises gets the error's text instead (printed)
-    and is called no more: one implementation no GPU has run yet does not
-    cost the others their figures."""
-    times, errors = {label: [] for label in terms}, {}
-    for i in range(repeats + 1):
-        for label, term in terms.items():
-            if label in errors:
-                continue
-            try:
-                with StepTimer() as timer:
-                    term()
-            except Exception as err:
-                if label not in optional:
-                    raise
-                errors[label] = error_text(err)
-                print(f'STAG term {label}: {errors[label]}')
-                continue
-            if i:  # the first call computes the (cached) anchors
-                times[label].append(timer.seconds)
-    return {label: errors[label] if label in errors else
-            statistics.median(t) for label, t in times.items()}
-
-
-def count_term_kernels(terms):
-    """Device operations (kernels, copies, fills) of one call of each of
-    :func:`stag_terms` on a CUDA device, after a first call (anchors
-    cached, a compiled variant compiled): ``{label: count}``; where a
-    call raises, the error's text instead."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    counts = {}
-    for label, term in terms.items():
-        try:
-            term()
-            torch.cuda.synchronize()
-        except Exception as err:  # as time_terms_in_graph: said, not fatal
-            counts[label] = error_text(err)
-            continue
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            term()
-            torch.cuda.synchronize()
-        counts[label] = sum(1 for e in prof.events()
-                            if e.device_type == DeviceType.CUDA)
-    return counts
-
-
-def time_terms_in_graph(terms, repeats):
-    """Median seconds of a replay of each call of :func:`stag_terms` (made
-    with ``fixed_leaves``) captured as a CUDA graph: what the term adds to
-    a step with ``cuda_graph=True``. ``{label: seconds}``; where a
-    capture fails, the error's text instead (printed)."""
-    out = {}
-    for label, term in terms.items():
-        try:
-            out[label] = replay_seconds(term, repeats)
-        except Exception as err:
-            out[label] = error_text(err)
-            print(f'STAG term {label} as a CUDA graph: {out[label]}')
-    return out
-
-
-def capture_graph(run):
-    """``run()`` captured as a CUDA graph, after three eager calls on a
-    side stream (the anchors cached, a compiled term compiled, Triton's
-    kernels built, the libraries' workspaces made)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph
-
-
-def replay_seconds(run, repeats):
-    """Median CUDA-event seconds of replaying ``run()`` captured as a CUDA
-    graph (:func:`capture_graph`)."""
-    graph = capture_graph(run)
-    times = []
-    for _ in range(repeats + 1):
-        with StepTimer(cuda=True) as timer:
-            graph.replay()
-        times.append(timer.seconds)
-    return statistics.median(times[1:])
-
-
-def stag_terms(task, kind, stag, variants, fixed_leaves=False):
-    """``{label: call}``: one forward and backward of the STAG term of
-    ``kind`` (+``stag``) per ``variants`` (``{label: STAGLoss options}``),
-    on the classifier inputs and outputs of one forward of its model:
-    fresh leaves per call, or (``fixed_leaves``, for a capture) the same
-    leaves, their gradients dropped first so that each backward writes
-    them anew. No finiteness check (a device wait)."""
-    from mmseg_stag.core import STAGLoss, mean_over_outputs
-    from mmseg_stag.core.methods.stag_term import stag_loss_options
-    method, _ = task.make_method(kind, stag)
-    with torch.no_grad():
-        head_outputs = task.adapter.forward(method.model,
-                                            task.batch).head_outputs
-    weight, bias = method.classifier.weight, method.classifier.bias
-    fixed = [(f.detach().clone().requires_grad_(),
-              z.detach().clone().requires_grad_())
-             for f, z in head_outputs] if fixed_leaves else None
-
-    def term(loss_fn):
-        if fixed is None:
-            leaves = [(f.detach().requires_grad_(),
-                       z.detach().requires_grad_()) for f, z in head_outputs]
-        else:
-            leaves = fixed
-            for f, z in leaves:
-                f.grad = z.grad = None
-        loss = mean_over_outputs(lambda f, z: loss_fn(f, z, weight, bias),
-                                 leaves)
-        (method.beta * loss).backward()
-
-    calls = {label: functools.partial(term, STAGLoss(**dict(
-        stag_loss_options(method.stag_cfg), **options)))
-        for label, options in variants.items()}
-    for call in calls.values():
-        call.leaves = fixed  # their gradients: the last call's
-    return calls
 
 
 def build_arms(task, kind, skip_reference):
@@ -482,18 +345,14 @@ def build_arms(task, kind, skip_reference):
     return arms
 
 
-def compare_arms(task, kind, records):
-    """Each arm's medians and steps, the +STAG/baseline ratios, the STAG
-    term's share of the step and TENT's speed-up over the reference."""
+def compare_arms(kind, records):
+    """Each arm's medians and steps, the +STAG/baseline ratios of the
+    paired whole steps (STAG's share: no term is timed alone) and TENT's
+    speed-up over the reference."""
     res = {label: dict(summary(recs), steps=recs)
            for label, recs in records.items()}
     for ratio, key in STAG_RATIOS.items():
         res[ratio] = arm_ratio(records, kind, f'{kind}+stag', key)
-    terms = time_terms(stag_terms(task, kind, task.stag[kind],
-                                  TERM_VARIANTS))
-    res['stag_term'] = dict(
-        seconds=terms['analytic'], autograd_seconds=terms['autograd'],
-        fraction_of_step=terms['analytic'] / res[kind]['seconds'])
     if REFERENCE in records:
         res['speedup_vs_two_forward'] = arm_ratio(
             records, 'tent', REFERENCE, 'seconds')
@@ -512,7 +371,7 @@ def run_model(name, args, device, root='.'):
         arms = build_arms(task, kind, args.skip_reference)
         records = interleave(arms, args.steps, args.warmup,
                              args.mixed_precision)
-        results[kind] = compare_arms(task, kind, records)
+        results[kind] = compare_arms(kind, records)
         print_table(name, kind, results[kind])
     if 'ecotta' in results:
         results['activations_mb'] = compare_activations(name, results)
@@ -546,7 +405,3 @@ def print_table(name, kind, res):
         if r:
             print(f'{key:32s} {r["median"]:.4f} (min {r["min"]:.4f}, '
                   f'max {r["max"]:.4f})')
-    term = res['stag_term']
-    print(f"{'STAG term alone (fwd+bwd)':32s} {term['seconds']:.4f} s = "
-          f"{100 * term['fraction_of_step']:.2f} % of the baseline step "
-          f"(autograd through the formula: {term['autograd_seconds']:.4f} s)")

@@ -4,8 +4,8 @@ predict-then-adapt saves (docs/benchmark.md).
 For each model and baseline it runs, interleaved after a warm-up, steps of
 the baseline and of the baseline + STAG (and TENT's two-forward reference)
 on random weights, and prints and writes (``--out``, JSON) each arm's time,
-peak memory, memory saved for backward and passes, the per-pair ratios and
-the STAG term timed alone. The models and arms are
+peak memory, memory saved for backward and passes, and the per-pair
+ratios of the whole steps (STAG's share). The models and arms are
 :mod:`benchmarks.step_benchmark`, the meters
 :mod:`benchmarks.meters`.
 

@@ -39,7 +39,7 @@ if REPO not in sys.path:
 
 from benchmarks.gpu_report import write_report  # noqa: E402
 from benchmarks.gpu_steps import (  # noqa: E402
-    MEASURES, MIT_MODES, NORM_TAP_FLAGS, NVLABS_CFG, PRECISIONS, QUICK_SEG,
+    MEASURES, MIT_MODES, NVLABS_CFG, PRECISIONS, QUICK_SEG,
     QUICK_SEG_CHANNELS, SEG_METHODS, free_memory, run_tests)
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
@@ -62,7 +62,6 @@ COUNTS = (
     ('--warmup', 3, None, 'untimed step pairs first (step_cost)'),
     ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
      'measured'),
-    ('--term-repeats', 50, 1, 'timings of the STAG term alone (step_cost)'),
     ('--test-workers', None, 1, 'pytest-xdist processes of the tests '
      'step, sharing the GPU (default: 8 where pytest-xdist imports, else 1, '
      'said in the report; 1: one process, without pytest-xdist)'),
@@ -110,31 +109,6 @@ def parse_args(argv=None):
     p.add_argument('--skip-resnet', action='store_true',
                    help="step_cost without the ResNet-50 rows (a rerun of "
                    'SegFormer rows alone)')
-    terms = p.add_mutually_exclusive_group()
-    terms.add_argument('--stag-compile', action='store_true',
-                       help="step_cost's +STAG arms with the term compiled "
-                       '(stag=dict(..., compile=True))')
-    terms.add_argument('--stag-triton', action='store_true',
-                       help="step_cost's +STAG arms with the term's Triton "
-                       'kernels (stag=dict(..., triton=True))')
-    p.add_argument('--stag-norm-tap', choices=sorted(NORM_TAP_FLAGS),
-                   help="step_cost's +STAG arms with ||h|| tapped beside "
-                   'the classifier (tap: stag.norm_tap=True) or from the '
-                   "classifier's own Triton GEMM (fused: "
-                   "stag.norm_tap='fused'), every baseline's (with "
-                   '--stag-triton too: the term in Triton beside it; no '
-                   'extra arms then)')
-    p.add_argument('--extra-stag-arms', nargs='*', choices=SEG_METHODS,
-                   default=['tent_graph'], metavar='BASELINE',
-                   help="step_cost's baselines (SegFormer and ResNet-50) "
-                   'whose +STAG arm also runs, in the same interleaved '
-                   "steps, with ||h|| tapped beside the classifier "
-                   "(stag.norm_tap), with the term's Triton kernels where "
-                   'Triton runs, with both, and with the Triton kernels '
-                   "beside the classifier's own Triton GEMM "
-                   "(stag.norm_tap='fused') (default: tent_graph, whose "
-                   'graphed steps resolve a fraction of a percent; none: '
-                   'no such arms; not with --stag-compile / --stag-triton)')
     for flag, default, _, text in COUNTS:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
@@ -181,7 +155,7 @@ def make_quick(args):
     # units, TF32 is a GPU flag: fp32 only (tests/tools cover the others)
     args.precisions, args.mit = ['fp32'], ['mmseg', 'sdpa-views']
     args.pairs = args.method_pairs = 1
-    args.warmup, args.memory_warmup, args.term_repeats = 0, 0, 1
+    args.warmup, args.memory_warmup = 0, 0
     args.workers = [1, 2]
     args.loop_images, args.loop_warmup = 3, 1
     args.profile_steps = args.profile_iters = args.profile_warmup = 1
