@@ -178,6 +178,7 @@ def precision(task, name):
 def task_args(ctx, size=None):
     """The options the step benchmark's ``BenchTask`` reads."""
     return argparse.Namespace(size=tuple(size or ctx.args.seg_size),
+                              ori_size=tuple(ctx.args.ori_size),
                               cls_size=ctx.args.cls_size,
                               batch_size=ctx.args.cls_batch)
 
@@ -199,9 +200,10 @@ def seg_task(ctx, size=None):
         benchmark.SEG_MODELS[name] = (
             NVLABS_CFG.format('tent'), dict(QUICK_SEG), QUICK_SEG_CHANNELS)
     w, h = size or ctx.args.seg_size
+    ow, oh = ctx.args.ori_size
     return (label, benchmark.BenchTask(name, task_args(ctx, (w, h)),
                                        ctx.device, ctx.repo),
-            f'batch 1, {w}x{h}, random weights', 1)
+            f'batch 1, {w}x{h}, ori_shape {ow}x{oh}, random weights', 1)
 
 
 def cls_task(ctx):
@@ -349,6 +351,8 @@ def method_cost(ctx, built, kind):
     each yielded as it is measured."""
     model, task, note, batch = built
     stag = task.stag[kind]
+    config = task.config_of(kind)
+    note = f'{note}, method: {config}'
     pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
         else ctx.args.method_pairs
     for name in ctx.args.precisions:
@@ -356,7 +360,8 @@ def method_cost(ctx, built, kind):
             times = time_arms(task, ctx, kind, stag, pairs)
             memory = {kind: arm_memory(task, ctx, kind, None),
                       f'{kind}+stag': arm_memory(task, ctx, kind, stag)}
-        row = cost_row(model, note, batch, name, kind, times, memory)
+        row = dict(cost_row(model, note, batch, name, kind, times, memory),
+                   config=config)
         yield row
         print(f"[gpu_check] {model} {kind} {name}: "
               f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "

@@ -56,7 +56,17 @@ SEG_VIEWS = 'configs/_base_/datasets/acdc_continual_views.py'
 #: the paper's row of a method whose name there differs
 PAPER_ROW = {'ecotta': 'ecotta-k4', 'cotta_fast': 'cotta',
              'cotta_graph': 'cotta', 'tent_graph': 'tent'}
-COTTA = 'configs/_base_/methods/cotta.py'
+#: the shipped SegFormer-B5 configs (the paper's, NVlabs head) whose
+#: ``test_cfg.method`` the segmentation arms run, by method (their fast
+#: presets add ``_bf16-graph``: the same method for TENT, CoTTA's with
+#: ``restore_on_device`` and ``batch_views``, see ``cotta_graph``)
+SEG_CONFIG = ('configs/stag_acdc/'
+              'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
+#: ACDC's images (W, H): the ``ori_shape`` of a segmentation batch's
+#: metainfo, where the full-size losses are computed (TENT's
+#: ``pseudo_ce_fullres``, CoTTA's); the input is ``--size``, as the ACDC
+#: pipeline resizes 1920x1080 to 960x540
+ACDC_SIZE = (1920, 1080)
 SGD = dict(type='SGD', lr=0.00025, momentum=0.9)
 ADAM = dict(type='Adam', lr=1e-3, betas=(0.9, 0.999))
 #: the arms whose every step goes through ``CUDAGraphStep`` (the whole
@@ -67,20 +77,24 @@ GRAPHED = ('tent_graph', 'cotta_graph')
 GRAPH_WARMUP = 2
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
-    'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
-            # the whole step replayed as a CUDA graph (GRAPHED)
-            'tent_graph': dict(type='tent'),
+    # the shipped configs' methods (TENT: cross-entropy on its labels with
+    # the logits upsampled to ori_shape, Adam 7.5e-6)
+    'seg': {'tent': SEG_CONFIG.format('tent'),
+            'bn_adapt': SEG_CONFIG.format('bn-adapt'),
+            # the whole step replayed as a CUDA graph (GRAPHED): the
+            # method of the TENT preset (_bf16-graph)
+            'tent_graph': SEG_CONFIG.format('tent'),
             'hybrid_tta': dict(type='hybrid_tta'),
             # the ACDC config's (Adam 7.5e-6, ap 0.69, restore 0.01)
-            'cotta': COTTA,
+            'cotta': SEG_CONFIG.format('cotta'),
             # the same with its GPU options: the restore mask drawn on the
             # device, a scale's two views in one teacher pass
-            'cotta_fast': (COTTA, dict(restore_on_device=True,
-                                       batch_views=True)),
+            'cotta_fast': (SEG_CONFIG.format('cotta'),
+                           dict(restore_on_device=True, batch_views=True)),
             # and its whole step, teacher views included, as a CUDA graph
-            # (GRAPHED)
-            'cotta_graph': (COTTA, dict(restore_on_device=True,
-                                        batch_views=True))},
+            # (GRAPHED): the method of the CoTTA preset (_bf16-graph)
+            'cotta_graph': (SEG_CONFIG.format('cotta'),
+                            dict(restore_on_device=True, batch_views=True))},
     'cls': {'tent': dict(type='tent', optimizer=SGD),
             'tent_graph': dict(type='tent', optimizer=SGD),
             # random weights: EATA's filters would reject every sample
@@ -132,13 +146,22 @@ def build_model(name, seed=0, root='.'):
     return MODELS.build(cfg.model).eval()
 
 
+def original_size(args):
+    """``(W, H)`` of a segmentation batch's ``ori_shape``: ``args.ori_size``
+    where set, else ACDC's 1920x1080."""
+    return tuple(getattr(args, 'ori_size', None) or ACDC_SIZE)
+
+
 def random_batch(kind, args):
-    """A loader's batch of random uint8 images: one ``--size`` image
-    (segmentation), else ``--batch-size`` of ``--cls-size`` (CIFAR: 32)."""
+    """A loader's batch of random uint8 images: one ``--size`` image whose
+    metainfo's ``ori_shape`` is :func:`original_size` (segmentation, as the
+    ACDC pipeline gives it), else ``--batch-size`` of ``--cls-size``
+    (CIFAR: 32)."""
     if kind == 'seg':
         from mmseg.structures import SegDataSample
         width, height = args.size
-        meta = dict(ori_shape=(height, width), img_shape=(height, width),
+        ori_w, ori_h = original_size(args)
+        meta = dict(ori_shape=(ori_h, ori_w), img_shape=(height, width),
                     pad_shape=(height, width), padding_size=[0, 0, 0, 0])
         return dict(inputs=[torch.randint(0, 256, (3, height, width),
                                           dtype=torch.uint8)],
@@ -170,10 +193,11 @@ def seg_views_cfg(root='.'):
         .to_dict()
 
 
-def view_batch(model, image, root='.'):
+def view_batch(model, image, root='.', ori_shape=None):
     """The uint8 ``image`` (C, H, W) through the ACDC config's teacher
     views (``SEG_VIEWS``' ``ScaleFlipViews`` at the image's size), as the
-    loop batches it: its main view is the unflipped one at ratio 1."""
+    loop batches it: its main view is the unflipped one at ratio 1; its
+    ``ori_shape`` (H, W) that of the image unless given."""
     from mmengine.dataset import pseudo_collate
     from mmseg.registry import TRANSFORMS
 
@@ -183,7 +207,8 @@ def view_batch(model, image, root='.'):
                                   load_label=False))
     data = views(dict(img=image.permute(1, 2, 0).numpy(),
                       img_shape=(height, width),
-                      ori_shape=(height, width), img_path=None))
+                      ori_shape=tuple(ori_shape or (height, width)),
+                      img_path=None))
     task = build_task(model, None, None)
     task.setup(types.SimpleNamespace(
         pipeline=types.SimpleNamespace(transforms=[views])))
@@ -218,6 +243,7 @@ class BenchTask:
         # a segmentor is its adapted module: no second copy stays alive
         self.segmentor = model if self.kind == 'seg' else None
         self.root = root
+        self.ori_size = original_size(args)
         self.batches = {}  # method -> its own batch (CoTTA's views)
 
     def batch_for(self, kind):
@@ -226,9 +252,19 @@ class BenchTask:
         if self.methods[kind]['type'] == 'cotta' and self.kind == 'seg':
             if kind not in self.batches:
                 self.batches[kind] = view_batch(
-                    self.segmentor, self.raw['inputs'][0], self.root)
+                    self.segmentor, self.raw['inputs'][0], self.root,
+                    ori_shape=self.ori_size[::-1])
             return self.batches[kind]
         return self.batch
+
+    def config_of(self, kind):
+        """Where ``kind``'s settings come from: the shipped config (with
+        its overrides), or the settings themselves."""
+        entry = BASELINES[self.kind][kind]
+        if isinstance(entry, dict):
+            return repr(entry)
+        path, overrides = (entry, {}) if isinstance(entry, str) else entry
+        return path + ''.join(f', {k}={v!r}' for k, v in overrides.items())
 
     def counted(self, model):
         """The module whose calls are forward passes: the decode head's

@@ -11,6 +11,7 @@ ratios of the whole steps (STAG's share). The models and arms are
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
         [--methods tent bn_adapt cotta hybrid_tta ...] [--size 960 540]
+        [--ori-size 1920 1080]
         [--cls-size 224] [--batch-size 64]
         [--steps 5] [--warmup 2] [--mixed-precision bf16|fp16]
         [--out benchmark.json]
@@ -29,7 +30,7 @@ if REPO not in sys.path:  # benchmarks/: the repository's, not installed
     sys.path.insert(0, REPO)
 
 from benchmarks.step_benchmark import (  # noqa: E402
-    CIFAR_MODELS, IMAGENET_MODELS, SEG_MODELS, SEG_VIEWS, run_model,
+    ACDC_SIZE, CIFAR_MODELS, IMAGENET_MODELS, SEG_MODELS, SEG_VIEWS, run_model,
     seg_views_cfg)
 
 METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta', 'hybrid_tta']
@@ -58,6 +59,11 @@ def parse_args():
     parser.add_argument('--size', type=int, nargs=2, default=(960, 540),
                         metavar=('W', 'H'), help='segmentation input size '
                         '(paper: 960 540)')
+    parser.add_argument('--ori-size', type=int, nargs=2, default=ACDC_SIZE,
+                        metavar=('W', 'H'), help="the segmentation batch's "
+                        'ori_shape, where the full-size losses (TENT\'s '
+                        "pseudo_ce_fullres, CoTTA's) are computed (ACDC: "
+                        '1920 1080)')
     parser.add_argument('--cls-size', type=int, default=224,
                         help='classification input side (224)')
     parser.add_argument('--batch-size', type=int, default=64,
@@ -125,6 +131,7 @@ def main():
           f'{args.cls_size}x{args.cls_size}; {args.warmup} warm-up + '
           f'{args.steps} measured steps per arm')
     results = dict(machine=machine, size=list(args.size),
+                   ori_size=list(args.ori_size),
                    cls_size=args.cls_size, batch_size=args.batch_size,
                    steps=args.steps, mixed_precision=args.mixed_precision,
                    models={name: run_model(name, argparse.Namespace(

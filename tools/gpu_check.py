@@ -114,6 +114,10 @@ def parse_args(argv=None):
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
                    metavar=('W', 'H'), help='SegFormer input (paper: 960 '
                    '540)')
+    p.add_argument('--ori-size', type=int, nargs=2, default=(1920, 1080),
+                   metavar=('W', 'H'), help="SegFormer batches' ori_shape, "
+                   "where TENT's and CoTTA's full-size losses are computed "
+                   '(ACDC: 1920 1080)')
     p.add_argument('--image-size', type=int, nargs=2, default=(1920, 1080),
                    metavar=('W', 'H'),
                    help='generated stream images (ACDC: 1920 1080)')
@@ -150,6 +154,7 @@ def make_quick(args):
     args.test_paths, args.test_workers = ['tests/cuda'], 1
     # CoTTA's smallest teacher view (ratio 0.5) needs 32 px a side
     args.seg_size, args.cls_batch, args.cls_size = (128, 64), 2, 32
+    args.ori_size = (256, 128)  # the full-size losses' upsampling, small
     args.image_size, args.images_per_condition = (96, 48), 2
     # bf16 convolutions are ~25x slower than fp32 on a CPU without bf16
     # units, TF32 is a GPU flag: fp32 only (tests/tools cover the others)

@@ -315,3 +315,27 @@ def test_benchmark_refuses_a_size_too_small_for_cottas_views(tmp_path):
     assert proc.returncode == 2
     assert 'smallest teacher view' in proc.stderr and '32x16' in proc.stderr
     assert not (tmp_path / 'b.json').exists()
+
+
+def test_segmentation_arms_are_the_shipped_configs_methods():
+    """The SegFormer arms run the shipped configs' ``test_cfg.method``
+    (TENT's cross-entropy at the original size) on a batch whose metainfo
+    says ACDC's 1080x1920 with the input at ``--size``; the graphed arms
+    are the methods of the ``_bf16-graph`` presets."""
+    from mmengine.config import Config
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
+    assert task.methods['tent']['loss'] == 'pseudo_ce_fullres'
+    assert task.methods['tent_graph'] == task.methods['tent']
+    assert task.config_of('tent') == step_benchmark.SEG_CONFIG.format('tent')
+    meta = task.raw['data_samples'][0].metainfo
+    assert meta['ori_shape'] == (1080, 1920)
+    assert meta['img_shape'] == (64, 128)
+    assert task.batch.inputs.shape[-2:] == (64, 128)
+    for kind, name in (('tent_graph', 'tent'), ('cotta_graph', 'cotta')):
+        preset = osp.join(REPO, step_benchmark.SEG_CONFIG.format(
+            name + '_bf16-graph'))
+        if osp.isfile(preset):  # the presets' test_cfg.method
+            cfg = Config.fromfile(preset)
+            assert cfg.test_cfg.cuda_graph is True
+            assert cfg.test_cfg.method.to_dict() == task.methods[kind]
