@@ -47,7 +47,7 @@ def load_tool():
     """``load_tool('sweep')``, ``load_tool('analysis/tsne')``: the script
     ``tools/<name>.py`` as a fresh module, for the tests of its own command
     line (``tools`` is no package: what scripts share lives in
-    ``mmseg_stag``)."""
+    ``mmseg_stag``, or in ``benchmarks`` for the measuring tools)."""
     def load(name):
         path = os.path.join(REPO, 'tools', f'{name}.py')
         spec = importlib.util.spec_from_file_location(

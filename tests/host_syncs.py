@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode,
                                           _disable_current_modes)
 from torch.utils._pytree import tree_flatten
 
-from mmseg_stag.analysis.meters import HostTransfers
+from benchmarks.meters import HostTransfers
 
 #: aten ops that read a value or a data-dependent size back to the host
 SYNC_OPS = HostTransfers.READ_OPS

@@ -13,7 +13,7 @@ from mmengine.config import Config
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper_hparams import (OUR_STAG, PAPER_STAG, markdown_table,
                                       paper_stag, stag_hparams)
-from mmseg_stag.analysis import step_benchmark as benchmark
+from benchmarks import step_benchmark as benchmark
 from mmseg_stag.classification import OnlineClassifier
 from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
 
@@ -90,7 +90,7 @@ def test_acdc_configs_use_the_table():
 
 
 # --------------------------------------------- tools/benchmark.py's +STAG
-# (its arms: mmseg_stag.analysis.step_benchmark)
+# (its arms: benchmarks.step_benchmark)
 class TinyClassifier(nn.Module):
     """Stands in for ResNet-50 / ViT-B/16: BN body and a linear ``fc``."""
 

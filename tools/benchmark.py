@@ -4,13 +4,14 @@ predict-then-adapt saves (docs/benchmark.md).
 For each model and baseline it runs, interleaved after a warm-up, steps of
 the baseline and of the baseline + STAG (and TENT's two-forward reference)
 on random weights, and prints and writes (``--out``, JSON) each arm's time,
-peak memory, memory saved for backward and passes, the per-pair ratios and
-the STAG term timed alone. The models and arms are
-:mod:`mmseg_stag.analysis.step_benchmark`, the meters
-:mod:`mmseg_stag.analysis.meters`.
+peak memory, memory saved for backward and passes, and the per-pair
+ratios of the whole steps (STAG's share). The models and arms are
+:mod:`benchmarks.step_benchmark`, the meters
+:mod:`benchmarks.meters`.
 
     python tools/benchmark.py [--models b0 b5 b5-nvlabs resnet50 vit-b16]
         [--methods tent bn_adapt cotta hybrid_tta ...] [--size 960 540]
+        [--ori-size 1920 1080]
         [--cls-size 224] [--batch-size 64]
         [--steps 5] [--warmup 2] [--mixed-precision bf16|fp16]
         [--out benchmark.json]
@@ -20,15 +21,18 @@ import json
 import os
 import os.path as osp
 import platform
+import sys
 
 import torch
 
-from mmseg_stag.analysis.step_benchmark import (CIFAR_MODELS,
-                                                IMAGENET_MODELS, SEG_MODELS,
-                                                SEG_VIEWS, run_model,
-                                                seg_views_cfg)
-
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:  # benchmarks/: the repository's, not installed
+    sys.path.insert(0, REPO)
+
+from benchmarks.step_benchmark import (  # noqa: E402
+    ACDC_SIZE, CIFAR_MODELS, IMAGENET_MODELS, SEG_MODELS, SEG_VIEWS, run_model,
+    seg_views_cfg)
+
 METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta', 'hybrid_tta']
 #: segmentation baselines run only when --methods names them: their steps
 #: cost many of TENT's (CoTTA's 14 teacher views, Hybrid-TTA's 3 passes)
@@ -55,6 +59,11 @@ def parse_args():
     parser.add_argument('--size', type=int, nargs=2, default=(960, 540),
                         metavar=('W', 'H'), help='segmentation input size '
                         '(paper: 960 540)')
+    parser.add_argument('--ori-size', type=int, nargs=2, default=ACDC_SIZE,
+                        metavar=('W', 'H'), help="the segmentation batch's "
+                        'ori_shape, where the full-size losses (TENT\'s '
+                        "pseudo_ce_fullres, CoTTA's) are computed (ACDC: "
+                        '1920 1080)')
     parser.add_argument('--cls-size', type=int, default=224,
                         help='classification input side (224)')
     parser.add_argument('--batch-size', type=int, default=64,
@@ -122,6 +131,7 @@ def main():
           f'{args.cls_size}x{args.cls_size}; {args.warmup} warm-up + '
           f'{args.steps} measured steps per arm')
     results = dict(machine=machine, size=list(args.size),
+                   ori_size=list(args.ori_size),
                    cls_size=args.cls_size, batch_size=args.batch_size,
                    steps=args.steps, mixed_precision=args.mixed_precision,
                    models={name: run_model(name, argparse.Namespace(

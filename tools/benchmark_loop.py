@@ -12,7 +12,7 @@ Each method's config runs through MMEngine's ``Runner`` on the first
 predicting under no_grad, then forwarding again for the loss (CoTTA's
 ``single_gpu_tent``). It prints images/s, the classifier calls per image
 and the ratios to ``two-forward``, and writes JSON. The runs:
-:mod:`mmseg_stag.analysis.loop_benchmark`.
+:mod:`benchmarks.loop_benchmark`.
 """
 import argparse
 import json
@@ -56,7 +56,7 @@ def parse_args(argv=None):
         parser.error(f'--data-root is not a folder: {args.data_root}')
     # the paths checked first, before the seconds of importing torch,
     # MMEngine and MMSeg
-    from mmseg_stag.analysis.loop_benchmark import method_config
+    from benchmarks.loop_benchmark import method_config
 
     # the configs relative to the repository
     args.config_pattern = osp.join(REPO, args.config_pattern)
@@ -71,7 +71,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
 
-    from mmseg_stag.analysis.loop_benchmark import run_method
+    from benchmarks.loop_benchmark import run_method
     results = {}
     with tempfile.TemporaryDirectory() as work_root:
         for method in args.methods:

@@ -37,9 +37,9 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from mmseg_stag.analysis.gpu_report import write_report  # noqa: E402
-from mmseg_stag.analysis.gpu_steps import (  # noqa: E402
-    MEASURES, MIT_MODES, NORM_TAP_FLAGS, NVLABS_CFG, PRECISIONS, QUICK_SEG,
+from benchmarks.gpu_report import write_report  # noqa: E402
+from benchmarks.gpu_steps import (  # noqa: E402
+    MEASURES, MIT_MODES, NVLABS_CFG, PRECISIONS, QUICK_SEG,
     QUICK_SEG_CHANNELS, SEG_METHODS, free_memory, run_tests)
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
@@ -62,7 +62,6 @@ COUNTS = (
     ('--warmup', 3, None, 'untimed step pairs first (step_cost)'),
     ('--memory-warmup', 1, None, 'steps of each arm before its memory is '
      'measured'),
-    ('--term-repeats', 50, 1, 'timings of the STAG term alone (step_cost)'),
     ('--test-workers', None, 1, 'pytest-xdist processes of the tests '
      'step, sharing the GPU (default: 8 where pytest-xdist imports, else 1, '
      'said in the report; 1: one process, without pytest-xdist)'),
@@ -110,36 +109,15 @@ def parse_args(argv=None):
     p.add_argument('--skip-resnet', action='store_true',
                    help="step_cost without the ResNet-50 rows (a rerun of "
                    'SegFormer rows alone)')
-    terms = p.add_mutually_exclusive_group()
-    terms.add_argument('--stag-compile', action='store_true',
-                       help="step_cost's +STAG arms with the term compiled "
-                       '(stag=dict(..., compile=True))')
-    terms.add_argument('--stag-triton', action='store_true',
-                       help="step_cost's +STAG arms with the term's Triton "
-                       'kernels (stag=dict(..., triton=True))')
-    p.add_argument('--stag-norm-tap', choices=sorted(NORM_TAP_FLAGS),
-                   help="step_cost's +STAG arms with ||h|| tapped beside "
-                   'the classifier (tap: stag.norm_tap=True) or from the '
-                   "classifier's own Triton GEMM (fused: "
-                   "stag.norm_tap='fused'), every baseline's (with "
-                   '--stag-triton too: the term in Triton beside it; no '
-                   'extra arms then)')
-    p.add_argument('--extra-stag-arms', nargs='*', choices=SEG_METHODS,
-                   default=['tent_graph'], metavar='BASELINE',
-                   help="step_cost's baselines (SegFormer and ResNet-50) "
-                   'whose +STAG arm also runs, in the same interleaved '
-                   "steps, with ||h|| tapped beside the classifier "
-                   "(stag.norm_tap), with the term's Triton kernels where "
-                   'Triton runs, with both, and with the Triton kernels '
-                   "beside the classifier's own Triton GEMM "
-                   "(stag.norm_tap='fused') (default: tent_graph, whose "
-                   'graphed steps resolve a fraction of a percent; none: '
-                   'no such arms; not with --stag-compile / --stag-triton)')
     for flag, default, _, text in COUNTS:
         p.add_argument(flag, type=int, default=default, help=text)
     p.add_argument('--seg-size', type=int, nargs=2, default=(960, 540),
                    metavar=('W', 'H'), help='SegFormer input (paper: 960 '
                    '540)')
+    p.add_argument('--ori-size', type=int, nargs=2, default=(1920, 1080),
+                   metavar=('W', 'H'), help="SegFormer batches' ori_shape, "
+                   "where TENT's and CoTTA's full-size losses are computed "
+                   '(ACDC: 1920 1080)')
     p.add_argument('--image-size', type=int, nargs=2, default=(1920, 1080),
                    metavar=('W', 'H'),
                    help='generated stream images (ACDC: 1920 1080)')
@@ -176,12 +154,13 @@ def make_quick(args):
     args.test_paths, args.test_workers = ['tests/cuda'], 1
     # CoTTA's smallest teacher view (ratio 0.5) needs 32 px a side
     args.seg_size, args.cls_batch, args.cls_size = (128, 64), 2, 32
+    args.ori_size = (256, 128)  # the full-size losses' upsampling, small
     args.image_size, args.images_per_condition = (96, 48), 2
     # bf16 convolutions are ~25x slower than fp32 on a CPU without bf16
     # units, TF32 is a GPU flag: fp32 only (tests/tools cover the others)
     args.precisions, args.mit = ['fp32'], ['mmseg', 'sdpa-views']
     args.pairs = args.method_pairs = 1
-    args.warmup, args.memory_warmup, args.term_repeats = 0, 0, 1
+    args.warmup, args.memory_warmup = 0, 0
     args.workers = [1, 2]
     args.loop_images, args.loop_warmup = 3, 1
     args.profile_steps = args.profile_iters = args.profile_warmup = 1

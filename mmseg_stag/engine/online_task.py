@@ -50,7 +50,7 @@ class OnlineTask(ABC):
         return build_method(cfg)
 
     # how a method is readied for a stream: the loop's, and the step
-    # benchmarks' before they time (mmseg_stag/analysis/step_benchmark.py)
+    # benchmarks' before they time (benchmarks/step_benchmark.py)
     def configure(self, method, adapted: nn.Module) -> None:
         """Configure ``method`` on the ``adapted`` module with the task's
         adapter (:meth:`adapted_module` of the runner's model)."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 from mmengine.runner import LogProcessor
 
-from mmseg_stag.analysis import meters
+from benchmarks import meters
 
 from cls_helpers import CIFAR, killable_config, options
 

@@ -1,6 +1,6 @@
 """tools/benchmark.py runs and counts passes (no timing is asserted); its
-steps and arms (mmseg_stag.analysis.step_benchmark) and meters
-(mmseg_stag.analysis.meters)."""
+steps and arms (benchmarks.step_benchmark) and meters
+(benchmarks.meters)."""
 import argparse
 import json
 import os.path as osp
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from mmseg_stag.analysis import meters, step_benchmark
+from benchmarks import meters, step_benchmark
 from mmseg_stag.segmentation.methods.cotta import \
     view_probabilities as original_view_probabilities
 import tool_runs
@@ -35,9 +35,8 @@ def test_benchmark_counts_passes(tmp_path):
     for kind in ('tent', 'bn_adapt'):
         assert res[kind]['stag_time_ratio']['median'] > 0
     assert 'stag_time_ratio' in proc.stdout
-    for kind in ('tent', 'bn_adapt'):
-        assert res[kind]['stag_term']['seconds'] > 0
-        assert res[kind]['stag_term']['autograd_seconds'] > 0
+    # STAG's share is the paired whole steps' ratio: no term timed alone
+    assert all('stag_term' not in res[kind] for kind in res)
     # STAG keeps its few per-pixel maps for the backward, never less
     tent = res['tent']
     assert tent['tent+stag']['saved_mb'] > tent['tent']['saved_mb']
@@ -67,7 +66,7 @@ def test_segmentation_cotta_steps_on_the_teacher_views():
     teacher on the 14 views (7 ratios x 2 flips) of one image, the source
     model on the main view (ratio 1, unflipped), the student once; the
     other arms keep the single-view batch."""
-    from mmseg_stag.analysis.meters import BackwardPasses, PassCounter
+    from benchmarks.meters import BackwardPasses, PassCounter
     args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
     task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
     assert task.methods['cotta']['restore_prob'] == 0.01
@@ -96,7 +95,7 @@ def test_segmentation_cotta_batched_views_equal_one_at_a_time(monkeypatch):
     view, and in float64 the same summed probabilities to 1e-12."""
     import dataclasses
 
-    from mmseg_stag.analysis.meters import PassCounter
+    from benchmarks.meters import PassCounter
     from mmseg_stag.segmentation.methods import cotta
     args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
     task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
@@ -128,52 +127,6 @@ def test_segmentation_cotta_batched_views_equal_one_at_a_time(monkeypatch):
         {k: float(v) for k, v in ref_stats.items()}
     torch.testing.assert_close(sums[True], sums[False], rtol=1e-12,
                                atol=1e-12)
-
-
-def test_stag_term_on_fixed_leaves_writes_its_gradients_anew():
-    """The STAG term as a CUDA graph captures it (the GPU check's
-    ``time_terms_in_graph``): the same leaves each call, their gradients
-    written anew by each backward, not added up."""
-    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
-    task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
-    calls = step_benchmark.stag_terms(
-        task, 'tent', task.stag['tent'], step_benchmark.TERM_VARIANTS,
-        fixed_leaves=True)
-    grads = []
-    for _ in range(2):
-        calls['analytic']()
-        grads.append([t.grad.clone() for pair in calls['analytic'].leaves
-                      for t in pair])
-    assert all(g.abs().max() > 0 for g in grads[0])
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    calls['autograd']()  # the same leaves, autograd's gradients
-    for a, (f, z) in zip(grads[0][::2], calls['autograd'].leaves):
-        torch.testing.assert_close(f.grad, a, rtol=1e-4, atol=1e-9)
-
-
-def test_a_term_implementation_that_raises_is_said_not_fatal(capsys):
-    """``time_terms``: an ``optional`` implementation whose call raises
-    (as one no GPU has run might) gets its error's text, is called no
-    more, and the others are timed; any other raises."""
-    calls = []
-
-    def fine():
-        calls.append('analytic')
-
-    def broken():
-        calls.append('triton')
-        raise RuntimeError('PTX: no kernel image')
-
-    out = step_benchmark.time_terms(dict(analytic=fine, triton=broken),
-                                    repeats=3, optional={'triton'})
-    assert out['triton'] == 'RuntimeError: PTX: no kernel image'
-    assert isinstance(out['analytic'], float)
-    assert calls.count('analytic') == 4 and calls.count('triton') == 1
-    assert 'STAG term triton: RuntimeError' in capsys.readouterr().out
-    with pytest.raises(RuntimeError, match='no kernel image'):
-        step_benchmark.time_terms(dict(analytic=broken), repeats=1,
-                                  optional={'triton'})
 
 
 def test_ecotta_memory_against_tent_and_cotta(monkeypatch, capsys):
@@ -362,3 +315,27 @@ def test_benchmark_refuses_a_size_too_small_for_cottas_views(tmp_path):
     assert proc.returncode == 2
     assert 'smallest teacher view' in proc.stderr and '32x16' in proc.stderr
     assert not (tmp_path / 'b.json').exists()
+
+
+def test_segmentation_arms_are_the_shipped_configs_methods():
+    """The SegFormer arms run the shipped configs' ``test_cfg.method``
+    (TENT's cross-entropy at the original size) on a batch whose metainfo
+    says ACDC's 1080x1920 with the input at ``--size``; the graphed arms
+    are the methods of the ``_bf16-graph`` presets."""
+    from mmengine.config import Config
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    task = step_benchmark.BenchTask('b0', args, 'cpu', REPO)
+    assert task.methods['tent']['loss'] == 'pseudo_ce_fullres'
+    assert task.methods['tent_graph'] == task.methods['tent']
+    assert task.config_of('tent') == step_benchmark.SEG_CONFIG.format('tent')
+    meta = task.raw['data_samples'][0].metainfo
+    assert meta['ori_shape'] == (1080, 1920)
+    assert meta['img_shape'] == (64, 128)
+    assert task.batch.inputs.shape[-2:] == (64, 128)
+    for kind, name in (('tent_graph', 'tent'), ('cotta_graph', 'cotta')):
+        preset = osp.join(REPO, step_benchmark.SEG_CONFIG.format(
+            name + '_bf16-graph'))
+        if osp.isfile(preset):  # the presets' test_cfg.method
+            cfg = Config.fromfile(preset)
+            assert cfg.test_cfg.cuda_graph is True
+            assert cfg.test_cfg.method.to_dict() == task.methods[kind]

@@ -54,7 +54,7 @@ def test_loop_benchmark_bad_input(tiny_acdc, tiny_checkpoint, tmp_path):
 def test_importing_the_benchmark_registers_no_method():
     """The two-forward reference goes into ``METHODS`` for the run that
     uses it (``build_runner``), not when its module is imported."""
-    code = ('import mmseg_stag.analysis.loop_benchmark\n'
+    code = ('import benchmarks.loop_benchmark\n'
             'from mmseg_stag.core import METHODS\n'
             "print('tent_two_forward' in METHODS.module_dict)")
     proc = run_script([sys.executable, '-c', code], cwd=REPO)

@@ -3,7 +3,6 @@ running anything; its development mode (``--allow-cpu --quick``) runs the
 whole pipeline on the CPU with tiny sizes and writes the one report
 (Markdown + JSON) with every step and figure; the tests step's summary
 and the precision switch on their own. No timing is asserted."""
-import importlib.util
 import json
 import os
 import os.path as osp
@@ -14,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mmseg_stag.analysis import gpu_report, gpu_steps
+from benchmarks import gpu_report, gpu_steps
 import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -46,12 +45,9 @@ def test_without_cuda_it_says_so_and_runs_nothing(tmp_path):
 def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     out = tmp_path / 'report'
     # the graph rows need CUDA: said and left out
-    # --extra-stag-arms tent: the arms the default gives tent_graph on a
-    # GPU, here the Triton ones through Triton's interpreter
     proc = run_gpu_check('--allow-cpu', '--quick', '--out-dir', str(out),
                          '--seg-methods', 'tent', 'cotta_fast',
-                         'cotta_graph', 'hybrid_tta', '--extra-stag-arms',
-                         'tent')
+                         'cotta_graph', 'hybrid_tta')
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert 'all ok' in proc.stdout
     assert 'cotta_graph (CUDA graphs) need a CUDA device' in proc.stdout
@@ -84,24 +80,14 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     assert 'MiT sdpa-views' in rows[2]['model']
     assert rows[4]['settings'].startswith('batch 1, 128x64')
     for row in rows:
-        extra = {row['method'] + '+stag' + arm for arm in (
-            ' tap', ' triton', ' triton tap', ' triton fused')} \
-            if row['method'] == 'tent' else set()
-        assert set(row['arms']) == {row['method'],
-                                    row['method'] + '+stag'} | extra
-        assert set(row['other_stag_arms']) == extra
-        for other in row['other_stag_arms'].values():
-            assert isinstance(other['stag_time_share_pct'], float)
-            assert other['stag_pair_ratio']['median'] > 0
+        assert set(row['arms']) == {row['method'], row['method'] + '+stag'}
         for arm in row['arms'].values():
             assert arm['step_ms'] > 0 and arm['images_per_s'] > 0
             assert arm['peak_rss_mb'] > 0
-        # the Triton kernels too, here in Triton's interpreter
-        # (tests/conftest.py), as a GPU compiles them
-        assert set(row['stag_term_variants_ms']) == {'analytic',
-                                                     'autograd', 'triton'}
-        for key in ('stag_time_share_pct', 'stag_term_ms',
-                    'stag_memory_share_pct'):
+        # STAG's share: the paired whole steps' ratio, no term alone
+        assert row['stag_pair_ratio']['median'] > 0
+        assert not any(key.startswith('stag_term') for key in row)
+        for key in ('stag_time_share_pct', 'stag_memory_share_pct'):
             assert isinstance(row[key], float), key
         assert row['settings'] and row['batch'] in (1, 2)
 
@@ -135,8 +121,7 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
         assert heading in text, heading
     assert 'not a measurement' in text
     assert 'images/s' in text and 'peak allocated (MB)' in text
-    assert '| tent+stag triton fused |' in text
-    assert 'Other +STAG arms' in text
+    assert 'STAG term alone' not in text
 
 
 def run_suite(tmp_path, source, **args):
@@ -305,15 +290,6 @@ def test_budget_picks_the_pairs(gpu_check):
     # graphs and Hybrid-TTA on one MiT, ResNet TENT eager and graphed:
     # x 2 precisions
     rows = 2 * (4 + 2)
-    # --extra-stag-arms' default: the two tent_graph rows, each with the
-    # tap, and where Triton imports the Triton term, both, and the Triton
-    # term beside the fused classifier
-    extra = 2 * 2 * (4 if importlib.util.find_spec('triton') else 1)
-    seconds = gpu_steps.pair_seconds(ctx, plan)
-    assert seconds == pytest.approx(gpu_steps.PAIRS_SHARE * (
-        600 - rows * gpu_steps.ROW_OVERHEAD_S
-        - extra * gpu_steps.EXTRA_ARM_S) / rows, rel=1e-3)
-    args.extra_stag_arms = []
     assert gpu_steps.pair_seconds(ctx, plan) == pytest.approx(
         gpu_steps.PAIRS_SHARE * (600 - rows * gpu_steps.ROW_OVERHEAD_S)
         / rows, rel=1e-3)
@@ -343,12 +319,18 @@ def test_bad_counts_are_refused(capsys, gpu_check):
         with pytest.raises(SystemExit):
             gpu_check.parse_args(bad)
         assert message in capsys.readouterr().err
+    # the STAG options retired from the package are no options here
+    for retired in ('--stag-compile', '--stag-triton', '--term-repeats',
+                    '--stag-norm-tap', '--extra-stag-arms'):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args([retired, '1'])
+        assert 'unrecognized arguments' in capsys.readouterr().err
 
 
 def test_the_targets_held_against_the_fifth_h100_run():
     """The report's verdicts on the fifth H100 run's own figures
     (docs/results/gpu/2026-11-27-h100-e): those its notes give by hand."""
-    from mmseg_stag.analysis.gpu_report import md_targets, target_verdicts
+    from benchmarks.gpu_report import md_targets, target_verdicts
     with open(osp.join(REPO, 'docs/results/gpu/2026-11-27-h100-e/'
                        'full_run.json')) as f:
         report = json.load(f)
@@ -367,109 +349,10 @@ def test_the_targets_held_against_the_fifth_h100_run():
     assert met['CoTTA <= 0.45 s an image with its device options',
                f'{b5}, cotta_graph, bf16'] == ['cotta_graph',
                                                'cotta_graph+stag']
-    assert met['STAG term <= 0.3 ms', f'{b5}, tent_graph, bf16'] == [
-        'analytic']
+    assert not any(k[0].startswith('STAG term') for k in met)
     assert met['No call that waits for the GPU inside a TENT+STAG step',
                'SegFormer-B5 NVlabs head, the step alone'] == [
         "the config's Adam", 'fused Adam']
     # eager B5 steps are not held against the 0.3 % (their spread)
     assert not any(k[1].startswith(f'{b5}, tent, ') for k in met
                    if k[0].startswith('STAG <= 0.3 %'))
-    # an extra arm under the target is named
-    rows = {s['name']: s for s in report['steps']}['step_cost']['result'][
-        'rows']
-    row = next(r for r in rows if r['method'] == 'tent_graph'
-               and r['precision'] == 'bf16' and r['model'].startswith(
-                   'SegFormer-B5'))
-    row['other_stag_arms'] = {'tent_graph+stag triton fused': dict(
-        stag_pair_ratio=dict(median=1.0021, min=1.0001, max=1.0050))}
-    text = '\n'.join(md_targets(report))
-    assert ('| tent_graph+stag 1.0116 (1.0068–1.0250), tent_graph+stag '
-            'triton fused 1.0021 (1.0001–1.0050) | tent_graph+stag triton '
-            'fused |') in text
-    # an arm left out is named, and meets nothing
-    row['failed_arms'] = {'tent_graph+stag triton tap': 'RuntimeError: x'}
-    text = '\n'.join(md_targets(report))
-    assert ('triton fused 1.0021 (1.0001–1.0050), tent_graph+stag triton '
-            'tap failed | tent_graph+stag triton fused |') in text
-
-
-class RaisingArms:
-    """A step-cost task whose methods are their STAG options and whose
-    step raises for the fused classifier, as a kernel no GPU has run
-    might: in a method's step, or when it is made."""
-
-    def __init__(self, fails_when='step'):
-        self.fails_when, self.steps = fails_when, []
-
-    def make_method(self, kind, stag):
-        if self.fails_when == 'made' and (stag or {}).get('norm_tap') == \
-                'fused':
-            raise ValueError('stag.norm_tap: no classifier')
-        return (kind, stag), None
-
-    def batch_for(self, kind):
-        return 'batch'
-
-    def ours_step(self, method, batch):
-        if (method[1] or {}).get('norm_tap') == 'fused':
-            raise RuntimeError('Triton: out of resources')
-        self.steps.append(method)
-
-
-@pytest.mark.parametrize('fails_when', ['step', 'made'])
-def test_an_extra_arm_that_raises_is_left_out(fails_when, capsys):
-    """A +STAG arm of ``--extra-stag-arms`` that raises while it is made
-    or warmed up is left out with its error; the row's other arms are
-    timed as before (a run keeps its other figures)."""
-    task = RaisingArms(fails_when)
-    ctx = SimpleNamespace(args=SimpleNamespace(warmup=1, max_pairs=3,
-                                               min_pairs=3),
-                          cuda=False, pair_seconds=0.0)
-    extra = {'tent+stag tap': dict(norm_tap=True),
-             'tent+stag triton fused': dict(norm_tap='fused')}
-    times, failed = gpu_steps.time_arms(task, ctx, 'tent', {}, 3, extra)
-    assert list(times) == ['tent', 'tent+stag', 'tent+stag tap']
-    assert all(len(t) == 3 for t in times.values())
-    assert failed == {'tent+stag triton fused': (
-        'RuntimeError: Triton: out of resources' if fails_when == 'step'
-        else 'ValueError: stag.norm_tap: no classifier')}
-    assert 'tent+stag triton fused left out' in capsys.readouterr().err
-    # the base arms still raise: without them there is no row
-    with pytest.raises((RuntimeError, ValueError),
-                       match='out of resources|no classifier'):
-        gpu_steps.time_arms(task, ctx, 'tent', dict(norm_tap='fused'), 3)
-    row = gpu_steps.cost_row(
-        'm', 'n', 1, 'bf16', 'tent', times,
-        {label: dict(peak_rss_mb=1.0, step_increase_mb=0.0)
-         for label in times},
-        dict(analytic=1e-4, triton='RuntimeError: x'), None, None, failed)
-    assert row['failed_arms'] == failed
-    assert set(row['other_stag_arms']) == {'tent+stag tap'}
-    assert row['stag_term_variants_ms']['triton'] == 'RuntimeError: x'
-    text = '\n'.join(gpu_report.md_step_cost(dict(rows=[row])))
-    assert 'triton: RuntimeError: x' in text
-    assert "- m, tent, bf16: `tent+stag triton fused`: " + failed[
-        'tent+stag triton fused'] in text
-
-
-def test_every_stag_arm_with_the_triton_term_and_the_fused_classifier(
-        tmp_path):
-    """``--stag-triton --stag-norm-tap fused``: each +STAG arm runs the
-    term's Triton kernels beside the classifier's own Triton GEMM (here
-    in Triton's interpreter), said in each row's settings; no extra arms
-    then."""
-    pytest.importorskip('triton')
-    out = tmp_path / 'report'
-    proc = run_gpu_check('--allow-cpu', '--quick', '--out-dir', str(out),
-                         '--only', 'step_cost', '--seg-methods', 'tent',
-                         '--stag-triton', '--stag-norm-tap', 'fused')
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads((out / 'gpu_check.json').read_text())
-    rows = {s['name']: s for s in report['steps']}['step_cost']['result'][
-        'rows']
-    assert rows and all(
-        row['settings'].endswith("STAG term in Triton, "
-                                 "stag.norm_tap='fused'") and
-        set(row['arms']) == {row['method'], row['method'] + '+stag'}
-        for row in rows)

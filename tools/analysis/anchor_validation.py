@@ -17,16 +17,25 @@ model, (b) self-entropy H, mean diagonal probability psi and structural
 accuracy per model) and the numbers as ``structural_anchor.{json,csv}``.
 """
 import argparse
+import os.path as osp
+import sys
 
 from mmengine.config import Config
 from mmengine.registry import MODELS, init_default_scope
 
 from mmseg_stag.analysis import (anchor_validation, assignment_matrix,
                                  heatmap_classes)
-from mmseg_stag.analysis.rows import (check_files, pyplot, save_figure,
-                                      write_numbers)
 from mmseg_stag.checkpoint import load_model_checkpoint
 from mmseg_stag.engine.online_task import build_task, head_layer_of
+
+# benchmarks/ (what these commands share) is the repository's, not an
+# installed package's: the repository's root on the path
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.rows import (  # noqa: E402
+    check_files, pyplot, save_figure, write_numbers)
 
 NAME = 'structural_anchor'
 #: a model's numbers, in the CSV's order

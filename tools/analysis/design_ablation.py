@@ -18,11 +18,19 @@ config is reused). Writes ``ablation_design.{txt,csv,json,png}``: the score
 """
 import copy
 import os.path as osp
+import sys
 
-from mmseg_stag.analysis.rows import (mean_score, parse_rows, pyplot,
-                                      require_stag, row_parser, save_figure,
-                                      stage_config, write_numbers)
 from mmseg_stag.engine.runs import run_cached
+
+# benchmarks/ (what these commands share) is the repository's, not an
+# installed package's: the repository's root on the path
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.rows import (  # noqa: E402
+    mean_score, parse_rows, pyplot, require_stag, row_parser, save_figure,
+    stage_config, write_numbers)
 
 NAME = 'ablation_design'
 #: the table's rows: (title, stag options; None: STAG off)

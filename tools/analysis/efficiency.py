@@ -14,7 +14,7 @@ over a fixed number of images, in the paper's layout.
 
 Each row is a tools/test.py run on the first ``--images`` images of one
 stage (the first corruption / ACDC condition, or ``--condition``). Its
-step is timed by ``mmseg_stag.analysis.meters``' timer (CUDA events on a
+step is timed by ``benchmarks.meters``' timer (CUDA events on a
 GPU, wall time on the CPU, after ``--warmup`` untimed runs of the row) and
 memory by its peak sampler (``max_memory_allocated`` on a GPU, the whole
 run's peak: MMEngine's log processor resets that counter at every log
@@ -28,15 +28,23 @@ Writes ``efficiency.{txt,csv,json,png}`` with the device it ran on.
 import os
 import os.path as osp
 import platform
+import sys
 
 import torch
 from mmengine.hooks import Hook
 
-from mmseg_stag.analysis import meters
-from mmseg_stag.analysis.rows import (parse_rows, pyplot, row_parser,
-                                      run_stage, save_figure, slug,
-                                      write_numbers)
 from mmseg_stag.engine.report import read_results
+
+# benchmarks/ (what these commands share) is the repository's, not an
+# installed package's: the repository's root on the path
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks import meters  # noqa: E402
+from benchmarks.rows import (  # noqa: E402
+    parse_rows, pyplot, row_parser, run_stage, save_figure, slug,
+    write_numbers)
 
 NAME = 'efficiency'
 #: a row's numbers, in the CSV's order
@@ -64,7 +72,7 @@ class Meter:
     (images of the batch whose graph it runs: one Python call a backward
     pass, where ``meters.BackwardPasses``' saved-tensor hooks would add
     one per saved tensor to the timed run), the step timer and the
-    peak-memory meter (``mmseg_stag.analysis.meters``) around the test
+    peak-memory meter (``benchmarks.meters``) around the test
     loop."""
 
     def __init__(self):

@@ -24,11 +24,18 @@ import sys
 
 from mmengine.config import DictAction
 
-from mmseg_stag.analysis.rows import (check_files, mean_score, pyplot,
-                                      require_stag, save_figure,
-                                      stage_config, write_numbers)
 from mmseg_stag.engine.runs import run_cached
 from mmseg_stag.paper_protocol import as_cli, first_stage_cfg_options
+
+# benchmarks/ (what these commands share) is the repository's, not an
+# installed package's: the repository's root on the path
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.rows import (  # noqa: E402
+    check_files, mean_score, pyplot, require_stag, save_figure, stage_config,
+    write_numbers)
 
 NAME = 'hp_sensitivity'
 SWEEP = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'sweep.py')

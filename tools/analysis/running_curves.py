@@ -15,9 +15,18 @@ Each ``LABEL=WORK_DIR`` is a classification run of ``tools/test.py``
 """
 import argparse
 import math
+import os.path as osp
+import sys
 
 from mmseg_stag.analysis import read_per_image, running_accuracy
-from mmseg_stag.analysis.rows import pyplot, save_figure, write_numbers
+
+# benchmarks/ (what these commands share) is the repository's, not an
+# installed package's: the repository's root on the path
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.rows import pyplot, save_figure, write_numbers  # noqa: E402
 
 NAME = 'running_curves'
 

@@ -20,14 +20,22 @@ aligns ``g = s h`` with ``a``, i.e. ``h`` with that direction). Writes
 ``tsne.{png,json,csv}``.
 """
 import os.path as osp
+import sys
 
 import torch
 from mmengine.hooks import Hook
 
-from mmseg_stag.analysis.rows import (parse_rows, pyplot, row_parser,
-                                      run_stage, save_figure, slug,
-                                      write_numbers)
 from mmseg_stag.core.stag import anchor_coefficients
+
+# benchmarks/ (what these commands share) is the repository's, not an
+# installed package's: the repository's root on the path
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from benchmarks.rows import (  # noqa: E402
+    parse_rows, pyplot, row_parser, run_stage, save_figure, slug,
+    write_numbers)
 
 NAME = 'tsne'
 

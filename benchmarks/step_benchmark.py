@@ -56,26 +56,47 @@ SEG_VIEWS = 'configs/_base_/datasets/acdc_continual_views.py'
 #: the paper's row of a method whose name there differs
 PAPER_ROW = {'ecotta': 'ecotta-k4', 'cotta_fast': 'cotta',
              'cotta_graph': 'cotta', 'tent_graph': 'tent'}
-COTTA = 'configs/_base_/methods/cotta.py'
+#: the shipped SegFormer-B5 configs (the paper's, NVlabs head) whose
+#: ``test_cfg.method`` the segmentation arms run, by method (their fast
+#: presets add ``_bf16-graph``: the same method for TENT, CoTTA's with
+#: ``restore_on_device`` and ``batch_views``, see ``cotta_graph``)
+SEG_CONFIG = ('configs/stag_acdc/'
+              'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
+#: ACDC's images (W, H): the ``ori_shape`` of a segmentation batch's
+#: metainfo, where the full-size losses are computed (TENT's
+#: ``pseudo_ce_fullres``, CoTTA's); the input is ``--size``, as the ACDC
+#: pipeline resizes 1920x1080 to 960x540
+ACDC_SIZE = (1920, 1080)
 SGD = dict(type='SGD', lr=0.00025, momentum=0.9)
 ADAM = dict(type='Adam', lr=1e-3, betas=(0.9, 0.999))
+#: the arms whose every step goes through ``CUDAGraphStep`` (the whole
+#: step replayed as a CUDA graph; a CUDA device only), built before the
+#: method is configured, as the loop's ``test_cfg.cuda_graph=True`` does
+GRAPHED = ('tent_graph', 'cotta_graph')
+#: the eager steps before a capture (the loop's ``test_cfg.graph_warmup``)
+GRAPH_WARMUP = 2
 #: the baselines' settings (their authors' defaults), per kind of model
 BASELINES = {
-    'seg': {'tent': dict(type='tent'), 'bn_adapt': dict(type='bn_adapt'),
-            # the whole step replayed as a CUDA graph (a CUDA device only)
-            'tent_graph': dict(type='tent', cuda_graph=True),
+    # the shipped configs' methods (TENT: cross-entropy on its labels with
+    # the logits upsampled to ori_shape, Adam 7.5e-6)
+    'seg': {'tent': SEG_CONFIG.format('tent'),
+            'bn_adapt': SEG_CONFIG.format('bn-adapt'),
+            # the whole step replayed as a CUDA graph (GRAPHED): the
+            # method of the TENT preset (_bf16-graph)
+            'tent_graph': SEG_CONFIG.format('tent'),
             'hybrid_tta': dict(type='hybrid_tta'),
             # the ACDC config's (Adam 7.5e-6, ap 0.69, restore 0.01)
-            'cotta': COTTA,
+            'cotta': SEG_CONFIG.format('cotta'),
             # the same with its GPU options: the restore mask drawn on the
             # device, a scale's two views in one teacher pass
-            'cotta_fast': (COTTA, dict(restore_on_device=True,
-                                       batch_views=True)),
+            'cotta_fast': (SEG_CONFIG.format('cotta'),
+                           dict(restore_on_device=True, batch_views=True)),
             # and its whole step, teacher views included, as a CUDA graph
-            'cotta_graph': (COTTA, dict(restore_on_device=True,
-                                        batch_views=True, cuda_graph=True))},
+            # (GRAPHED): the method of the CoTTA preset (_bf16-graph)
+            'cotta_graph': (SEG_CONFIG.format('cotta'),
+                            dict(restore_on_device=True, batch_views=True))},
     'cls': {'tent': dict(type='tent', optimizer=SGD),
-            'tent_graph': dict(type='tent', cuda_graph=True, optimizer=SGD),
+            'tent_graph': dict(type='tent', optimizer=SGD),
             # random weights: EATA's filters would reject every sample
             'eata': dict(type='eata', entropy_margin=1.0, d_margin=2.0)},
     'cifar': {'tent': dict(type='tent', optimizer=ADAM),
@@ -125,13 +146,22 @@ def build_model(name, seed=0, root='.'):
     return MODELS.build(cfg.model).eval()
 
 
+def original_size(args):
+    """``(W, H)`` of a segmentation batch's ``ori_shape``: ``args.ori_size``
+    where set, else ACDC's 1920x1080."""
+    return tuple(getattr(args, 'ori_size', None) or ACDC_SIZE)
+
+
 def random_batch(kind, args):
-    """A loader's batch of random uint8 images: one ``--size`` image
-    (segmentation), else ``--batch-size`` of ``--cls-size`` (CIFAR: 32)."""
+    """A loader's batch of random uint8 images: one ``--size`` image whose
+    metainfo's ``ori_shape`` is :func:`original_size` (segmentation, as the
+    ACDC pipeline gives it), else ``--batch-size`` of ``--cls-size``
+    (CIFAR: 32)."""
     if kind == 'seg':
         from mmseg.structures import SegDataSample
         width, height = args.size
-        meta = dict(ori_shape=(height, width), img_shape=(height, width),
+        ori_w, ori_h = original_size(args)
+        meta = dict(ori_shape=(ori_h, ori_w), img_shape=(height, width),
                     pad_shape=(height, width), padding_size=[0, 0, 0, 0])
         return dict(inputs=[torch.randint(0, 256, (3, height, width),
                                           dtype=torch.uint8)],
@@ -163,10 +193,11 @@ def seg_views_cfg(root='.'):
         .to_dict()
 
 
-def view_batch(model, image, root='.'):
+def view_batch(model, image, root='.', ori_shape=None):
     """The uint8 ``image`` (C, H, W) through the ACDC config's teacher
     views (``SEG_VIEWS``' ``ScaleFlipViews`` at the image's size), as the
-    loop batches it: its main view is the unflipped one at ratio 1."""
+    loop batches it: its main view is the unflipped one at ratio 1; its
+    ``ori_shape`` (H, W) that of the image unless given."""
     from mmengine.dataset import pseudo_collate
     from mmseg.registry import TRANSFORMS
 
@@ -176,7 +207,8 @@ def view_batch(model, image, root='.'):
                                   load_label=False))
     data = views(dict(img=image.permute(1, 2, 0).numpy(),
                       img_shape=(height, width),
-                      ori_shape=(height, width), img_path=None))
+                      ori_shape=tuple(ori_shape or (height, width)),
+                      img_path=None))
     task = build_task(model, None, None)
     task.setup(types.SimpleNamespace(
         pipeline=types.SimpleNamespace(transforms=[views])))
@@ -211,6 +243,7 @@ class BenchTask:
         # a segmentor is its adapted module: no second copy stays alive
         self.segmentor = model if self.kind == 'seg' else None
         self.root = root
+        self.ori_size = original_size(args)
         self.batches = {}  # method -> its own batch (CoTTA's views)
 
     def batch_for(self, kind):
@@ -219,9 +252,19 @@ class BenchTask:
         if self.methods[kind]['type'] == 'cotta' and self.kind == 'seg':
             if kind not in self.batches:
                 self.batches[kind] = view_batch(
-                    self.segmentor, self.raw['inputs'][0], self.root)
+                    self.segmentor, self.raw['inputs'][0], self.root,
+                    ori_shape=self.ori_size[::-1])
             return self.batches[kind]
         return self.batch
+
+    def config_of(self, kind):
+        """Where ``kind``'s settings come from: the shipped config (with
+        its overrides), or the settings themselves."""
+        entry = BASELINES[self.kind][kind]
+        if isinstance(entry, dict):
+            return repr(entry)
+        path, overrides = (entry, {}) if isinstance(entry, str) else entry
+        return path + ''.join(f', {k}={v!r}' for k, v in overrides.items())
 
     def counted(self, model):
         """The module whose calls are forward passes: the decode head's
@@ -244,18 +287,29 @@ class BenchTask:
         elif self.kind != 'seg':
             # the classification baselines normalise with batch statistics
             use_batch_statistics(model)
-        # as the loop: the task builds (segmentation's CoTTA), configures
-        # and fits on source batches (EATA's Fisher, not timed)
+        # as the loop: the task builds (segmentation's CoTTA), wraps a
+        # graphed arm's step (before configure: Adam made capturable),
+        # configures and fits on source batches (EATA's Fisher, not timed)
         method = self.online.build_method(dict(self.methods[kind], stag=stag,
                                                **overrides))
+        method.bench_step = None  # ours_step's step: eager
+        if kind in GRAPHED:
+            from mmseg_stag.core.methods.step_graph import CUDAGraphStep
+            method.bench_step = CUDAGraphStep(method, warmup=GRAPH_WARMUP)
         self.online.configure(method, model)
         if method.needs_source_data:
             self.online.fit_source(method, [self.batch])
         return method, PassCounter(self.counted(model))
 
     def ours_step(self, method, batch=None):
+        """One step of ``method`` as the loop runs it: eager, or through
+        its ``CUDAGraphStep`` (a :data:`GRAPHED` arm)."""
+        batch = self.batch if batch is None else batch
+        step = getattr(method, 'bench_step', None)
         with torch.set_grad_enabled(method.updates):
-            return method.adapt(self.batch if batch is None else batch)[0]
+            if step is None:
+                return method.adapt(batch)[0]
+            return method.adapt(batch, step=step)[0]
 
     def two_forward_step(self, method):
         """CoTTA-style: predict under no_grad, then forward for the loss."""
@@ -326,146 +380,9 @@ def arm_ratio(records, base, other, key):
                        [r[key] for r in records[other]])
 
 
-#: the STAG term's implementations timed side by side: STAGLoss options,
-#: each overriding the method's (``--stag-compile``, ``--stag-triton``)
-TERM_OFF = dict(compile=False, triton=False)
-TERM_VARIANTS = {'analytic': dict(TERM_OFF, analytic_backward=True),
-                 'autograd': dict(TERM_OFF, analytic_backward=False)}
-
-
 def error_text(err):
     """An error as a report shows it in place of a figure."""
     return f'{type(err).__name__}: {str(err)[:300]}'
-
-
-def time_terms(terms, repeats=10, optional=()):
-    """Median seconds of each call of :func:`stag_terms`: what +STAG adds,
-    without the noise of a whole step. ``{label: seconds}``; a label of
-    ``optional`` whose call raises gets the error's text instead (printed)
-    and is called no more: one implementation no GPU has run yet does not
-    cost the others their figures."""
-    times, errors = {label: [] for label in terms}, {}
-    for i in range(repeats + 1):
-        for label, term in terms.items():
-            if label in errors:
-                continue
-            try:
-                with StepTimer() as timer:
-                    term()
-            except Exception as err:
-                if label not in optional:
-                    raise
-                errors[label] = error_text(err)
-                print(f'STAG term {label}: {errors[label]}')
-                continue
-            if i:  # the first call computes the (cached) anchors
-                times[label].append(timer.seconds)
-    return {label: errors[label] if label in errors else
-            statistics.median(t) for label, t in times.items()}
-
-
-def count_term_kernels(terms):
-    """Device operations (kernels, copies, fills) of one call of each of
-    :func:`stag_terms` on a CUDA device, after a first call (anchors
-    cached, a compiled variant compiled): ``{label: count}``; where a
-    call raises, the error's text instead."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    counts = {}
-    for label, term in terms.items():
-        try:
-            term()
-            torch.cuda.synchronize()
-        except Exception as err:  # as time_terms_in_graph: said, not fatal
-            counts[label] = error_text(err)
-            continue
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            term()
-            torch.cuda.synchronize()
-        counts[label] = sum(1 for e in prof.events()
-                            if e.device_type == DeviceType.CUDA)
-    return counts
-
-
-def time_terms_in_graph(terms, repeats):
-    """Median seconds of a replay of each call of :func:`stag_terms` (made
-    with ``fixed_leaves``) captured as a CUDA graph: what the term adds to
-    a step with ``cuda_graph=True``. ``{label: seconds}``; where a
-    capture fails, the error's text instead (printed)."""
-    out = {}
-    for label, term in terms.items():
-        try:
-            out[label] = replay_seconds(term, repeats)
-        except Exception as err:
-            out[label] = error_text(err)
-            print(f'STAG term {label} as a CUDA graph: {out[label]}')
-    return out
-
-
-def capture_graph(run):
-    """``run()`` captured as a CUDA graph, after three eager calls on a
-    side stream (the anchors cached, a compiled term compiled, Triton's
-    kernels built, the libraries' workspaces made)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    return graph
-
-
-def replay_seconds(run, repeats):
-    """Median CUDA-event seconds of replaying ``run()`` captured as a CUDA
-    graph (:func:`capture_graph`)."""
-    graph = capture_graph(run)
-    times = []
-    for _ in range(repeats + 1):
-        with StepTimer(cuda=True) as timer:
-            graph.replay()
-        times.append(timer.seconds)
-    return statistics.median(times[1:])
-
-
-def stag_terms(task, kind, stag, variants, fixed_leaves=False):
-    """``{label: call}``: one forward and backward of the STAG term of
-    ``kind`` (+``stag``) per ``variants`` (``{label: STAGLoss options}``),
-    on the classifier inputs and outputs of one forward of its model:
-    fresh leaves per call, or (``fixed_leaves``, for a capture) the same
-    leaves, their gradients dropped first so that each backward writes
-    them anew. No finiteness check (a device wait)."""
-    from mmseg_stag.core import STAGLoss, mean_over_outputs
-    from mmseg_stag.core.methods.stag_term import stag_loss_options
-    method, _ = task.make_method(kind, stag)
-    with torch.no_grad():
-        head_outputs = task.adapter.forward(method.model,
-                                            task.batch).head_outputs
-    weight, bias = method.classifier.weight, method.classifier.bias
-    fixed = [(f.detach().clone().requires_grad_(),
-              z.detach().clone().requires_grad_())
-             for f, z in head_outputs] if fixed_leaves else None
-
-    def term(loss_fn):
-        if fixed is None:
-            leaves = [(f.detach().requires_grad_(),
-                       z.detach().requires_grad_()) for f, z in head_outputs]
-        else:
-            leaves = fixed
-            for f, z in leaves:
-                f.grad = z.grad = None
-        loss = mean_over_outputs(lambda f, z: loss_fn(f, z, weight, bias),
-                                 leaves)
-        (method.beta * loss).backward()
-
-    calls = {label: functools.partial(term, STAGLoss(**dict(
-        stag_loss_options(method.stag_cfg), **options)))
-        for label, options in variants.items()}
-    for call in calls.values():
-        call.leaves = fixed  # their gradients: the last call's
-    return calls
 
 
 def build_arms(task, kind, skip_reference):
@@ -482,18 +399,14 @@ def build_arms(task, kind, skip_reference):
     return arms
 
 
-def compare_arms(task, kind, records):
-    """Each arm's medians and steps, the +STAG/baseline ratios, the STAG
-    term's share of the step and TENT's speed-up over the reference."""
+def compare_arms(kind, records):
+    """Each arm's medians and steps, the +STAG/baseline ratios of the
+    paired whole steps (STAG's share: no term is timed alone) and TENT's
+    speed-up over the reference."""
     res = {label: dict(summary(recs), steps=recs)
            for label, recs in records.items()}
     for ratio, key in STAG_RATIOS.items():
         res[ratio] = arm_ratio(records, kind, f'{kind}+stag', key)
-    terms = time_terms(stag_terms(task, kind, task.stag[kind],
-                                  TERM_VARIANTS))
-    res['stag_term'] = dict(
-        seconds=terms['analytic'], autograd_seconds=terms['autograd'],
-        fraction_of_step=terms['analytic'] / res[kind]['seconds'])
     if REFERENCE in records:
         res['speedup_vs_two_forward'] = arm_ratio(
             records, 'tent', REFERENCE, 'seconds')
@@ -512,7 +425,7 @@ def run_model(name, args, device, root='.'):
         arms = build_arms(task, kind, args.skip_reference)
         records = interleave(arms, args.steps, args.warmup,
                              args.mixed_precision)
-        results[kind] = compare_arms(task, kind, records)
+        results[kind] = compare_arms(kind, records)
         print_table(name, kind, results[kind])
     if 'ecotta' in results:
         results['activations_mb'] = compare_activations(name, results)
@@ -546,7 +459,3 @@ def print_table(name, kind, res):
         if r:
             print(f'{key:32s} {r["median"]:.4f} (min {r["min"]:.4f}, '
                   f'max {r["max"]:.4f})')
-    term = res['stag_term']
-    print(f"{'STAG term alone (fwd+bwd)':32s} {term['seconds']:.4f} s = "
-          f"{100 * term['fraction_of_step']:.2f} % of the baseline step "
-          f"(autograd through the formula: {term['autograd_seconds']:.4f} s)")

@@ -12,7 +12,6 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
 
 #: step_cost's SegFormer baselines (step_benchmark.BASELINES), each against
 #: its +STAG arm; the ResNet-50 runs tent_graph too when it is named
@@ -35,17 +34,9 @@ NVLABS_CFG = ('configs/stag_acdc/'
 TESTS_SHARE, FIXED_STEPS_S = 0.4, 130.0
 
 #: what a step-cost row takes besides its timed pairs (the model, each
-#: arm's memory, the STAG term alone: 7-14 s measured on an H100), and
-#: what the timed pairs get of the rest
+#: arm's memory; 7-14 s measured on an H100 when the STAG term was also
+#: timed alone), and what the timed pairs get of the rest
 ROW_OVERHEAD_S, PAIRS_SHARE = 15.0, 0.8
-#: what each of ``--extra-stag-arms``' arms adds to its row besides its
-#: steps: a method made twice (timed, then its memory), each step
-#: captured as a CUDA graph, Triton's first compile (an estimate from the
-#: graphed arms' rows, not timed alone yet)
-EXTRA_ARM_S = 5.0
-
-#: ``--stag-norm-tap``'s values: ``stag.norm_tap`` for every +STAG arm
-NORM_TAP_FLAGS = {'tap': True, 'fused': 'fused'}
 
 #: the SegFormer rows' MiT: (attention, token_maps) of
 #: segmentation/models/fast_mit.py, by name
@@ -84,7 +75,7 @@ def run_tests(ctx):
         TimeoutError: If the tests ran past their time limit (after saving
             what had run by then).
     """
-    from mmseg_stag.analysis.pytest_stream import ENV, read_outcomes
+    from benchmarks.pytest_stream import ENV, read_outcomes
     args = ctx.args
     os.makedirs(args.out_dir, exist_ok=True)
     xml = osp.join(args.out_dir, 'cuda_tests.xml')
@@ -94,7 +85,7 @@ def run_tests(ctx):
                                   durations='tsv').items()}
     # -v without pytest.ini's -q: one line per test as it ends
     cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-p',
-           'no:cacheprovider', '-p', 'mmseg_stag.analysis.pytest_stream',
+           'no:cacheprovider', '-p', 'benchmarks.pytest_stream',
            '-o', 'addopts=', '-v', '-rfEs', f'--junitxml={xml}',
            *args.test_paths]
     workers = test_workers(args.test_workers)
@@ -187,6 +178,7 @@ def precision(task, name):
 def task_args(ctx, size=None):
     """The options the step benchmark's ``BenchTask`` reads."""
     return argparse.Namespace(size=tuple(size or ctx.args.seg_size),
+                              ori_size=tuple(ctx.args.ori_size),
                               cls_size=ctx.args.cls_size,
                               batch_size=ctx.args.cls_batch)
 
@@ -201,16 +193,17 @@ def seg_task(ctx, size=None):
     """``(label, BenchTask, settings, batch)``: SegFormer-B5 with the
     NVlabs head (a tiny MiT under ``--quick``) at ``size`` (default
     ``--seg-size``)."""
-    from mmseg_stag.analysis import step_benchmark as benchmark
+    from benchmarks import step_benchmark as benchmark
     name, label = 'b5-nvlabs', 'SegFormer-B5 NVlabs head'
     if ctx.args.quick:  # a tiny stand-in, in the benchmark's own table
         name, label = 'quick-nvlabs', 'tiny SegFormer NVlabs head (--quick)'
         benchmark.SEG_MODELS[name] = (
             NVLABS_CFG.format('tent'), dict(QUICK_SEG), QUICK_SEG_CHANNELS)
     w, h = size or ctx.args.seg_size
+    ow, oh = ctx.args.ori_size
     return (label, benchmark.BenchTask(name, task_args(ctx, (w, h)),
                                        ctx.device, ctx.repo),
-            f'batch 1, {w}x{h}, random weights', 1)
+            f'batch 1, {w}x{h}, ori_shape {ow}x{oh}, random weights', 1)
 
 
 def cls_task(ctx):
@@ -219,7 +212,7 @@ def cls_task(ctx):
     ResNet-18 under ``--quick``)."""
     import torch
 
-    from mmseg_stag.analysis import step_benchmark as benchmark
+    from benchmarks import step_benchmark as benchmark
     args = ctx.args
     name, label = 'resnet50', 'ResNet-50 (ImageNet-C)'
     if args.quick:
@@ -267,47 +260,23 @@ def pair_seconds(ctx, plan):
     its share of what is left once the later steps' time is set aside."""
     rows = len(ctx.args.precisions) * sum(
         len(kinds) * len(modes) for _, kinds, modes in plan)
-    extra = len(ctx.args.precisions) * sum(
-        len(extra_stag_arms(ctx, kind, {})) * len(modes)
-        for _, kinds, modes in plan for kind in kinds)
     later = FIXED_STEPS_S if {'loader', 'loop', 'profile'} & set(
         ctx.args.only) else 0.0
     left = ctx.t0 + 60 * ctx.args.budget - time.perf_counter() - later
-    return PAIRS_SHARE * max(
-        left - rows * ROW_OVERHEAD_S - extra * EXTRA_ARM_S, 0.0) / rows
+    return PAIRS_SHARE * max(left - rows * ROW_OVERHEAD_S, 0.0) / rows
 
 
-def arm_failed(label, err, failed):
-    """Note in ``failed`` an extra arm that raised, with its traceback in
-    the log, and free what it held."""
-    from mmseg_stag.analysis.step_benchmark import error_text
-    failed[label] = error_text(err)
-    print(f'[gpu_check] {label} left out: {failed[label]}\n'
-          + traceback.format_exc()[-3000:], file=sys.stderr, flush=True)
-    free_memory()
-
-
-def time_arms(task, ctx, kind, stag, pairs, extra=None):
-    """Whole-step seconds of ``kind``, ``kind+stag`` and each ``extra``
-    arm (``{label: stag options}``), interleaved (A B C, C B A, ...):
-    ``pairs`` rounds, or (None) as many as ``ctx.pair_seconds`` allows
-    within ``--min-pairs`` .. ``--max-pairs``. ``(times, failed)``: an
-    extra arm that raises while it is made or warmed up (at least one
-    step) is left out, its error in ``failed``: an option no GPU has run
-    yet does not cost the run its other figures."""
-    from mmseg_stag.analysis.meters import StepTimer
+def time_arms(task, ctx, kind, stag, pairs):
+    """Whole-step seconds of ``kind`` and ``kind+stag``, interleaved (A B,
+    B A, ...): ``pairs`` rounds, or (None) as many as
+    ``ctx.pair_seconds`` allows within ``--min-pairs`` .. ``--max-pairs``.
+    STAG's share is the ratio of each pair's steps: no part of a step is
+    timed alone."""
+    from benchmarks.meters import StepTimer
     args = ctx.args
     batch = task.batch_for(kind)
     arms = {kind: task.make_method(kind, None)[0],
             f'{kind}+stag': task.make_method(kind, stag)[0]}
-    failed = {}
-    for label, options in (extra or {}).items():
-        try:
-            arms[label] = task.make_method(kind, options)[0]
-            task.ours_step(arms[label], batch)
-        except Exception as err:
-            arms.pop(label, None)
-            arm_failed(label, err, failed)
     times = {label: [] for label in arms}
     for _ in range(args.warmup):
         for label in arms:
@@ -324,13 +293,13 @@ def time_arms(task, ctx, kind, stag, pairs, extra=None):
         i += 1
     del arms
     free_memory()
-    return times, failed
+    return times
 
 
 def arm_memory(task, ctx, kind, stag):
     """Peak memory of one step of one arm, alone on the device (the
     benchmark's source copy of the model moved off for the step)."""
-    from mmseg_stag.analysis.meters import PeakMemory
+    from benchmarks.meters import PeakMemory
     batch = task.batch_for(kind)
     method, _ = task.make_method(kind, stag)
     task.base.to('cpu')
@@ -354,25 +323,15 @@ def arm_memory(task, ctx, kind, stag):
     return dict(peak_rss_mb=mem.peak / mb, step_increase_mb=mem.delta_mb)
 
 
-def cost_row(model, note, batch, name, kind, times, memory, term,
-             kernels, graph_term, failed=None):
+def cost_row(model, note, batch, name, kind, times, memory):
     """One model x baseline x precision (x MiT mode): each arm's figures
-    and STAG's share (``other_stag_arms``: that of each arm beyond
-    ``kind+stag``; ``failed_arms``: the extra arms left out, their
-    errors). The term's implementations other than the written-out one
-    may carry an error's text in place of their time."""
-    from mmseg_stag.analysis.step_benchmark import ratio_stats
+    and STAG's share, the paired whole steps' ratio."""
+    from benchmarks.step_benchmark import ratio_stats
     plus = f'{kind}+stag'
     median = {label: statistics.median(t) for label, t in times.items()}
     base, stag = median[kind], median[plus]
     key = 'peak_allocated_mb' if 'peak_allocated_mb' in memory[kind] \
         else 'peak_rss_mb'
-    others = {label: dict(
-        stag_time_share_pct=100 * (median[label] - base) / base,
-        stag_pair_ratio=ratio_stats(times[kind], times[label]),
-        stag_memory_share_pct=100 * (
-            memory[label][key] / memory[kind][key] - 1))
-        for label in times if label not in (kind, plus)}
     return dict(
         model=model, settings=note, method=kind, precision=name,
         batch=batch, pairs=len(times[kind]),
@@ -382,111 +341,33 @@ def cost_row(model, note, batch, name, kind, times, memory, term,
               for label in times},
         stag_time_share_pct=100 * (stag - base) / base,
         stag_pair_ratio=ratio_stats(times[kind], times[plus]),
-        stag_term_ms=1e3 * term['analytic'],
-        stag_term_share_pct=100 * term['analytic'] / base,
-        stag_term_variants_ms={k: 1e3 * v if isinstance(v, float) else v
-                               for k, v in term.items()},
-        stag_term_kernels=kernels,
-        stag_term_graph_ms={k: 1e3 * v if isinstance(v, float) else v
-                            for k, v in (graph_term or {}).items()},
         stag_memory_share_pct=100 * (
             memory[plus][key] / memory[kind][key] - 1),
-        memory_key=key, other_stag_arms=others,
-        failed_arms=dict(failed or {}))
-
-
-def triton_runs(ctx):
-    """Whether the term's Triton kernels run here: compiled on CUDA,
-    interpreted (``TRITON_INTERPRET=1``) on the CPU."""
-    if importlib.util.find_spec('triton') is None:
-        return False
-    from mmseg_stag.core.stag_triton import interpreting
-    return ctx.cuda or interpreting()
-
-
-def extra_stag_arms(ctx, kind, stag):
-    """``{label: stag options}``: for the baselines ``--extra-stag-arms``
-    names, the +STAG arm again with ``||h||`` tapped beside the classifier
-    (``tap``), with the term's Triton kernels where they run (``triton``),
-    with both (``triton tap``) and with the term's kernels beside the
-    classifier's own Triton GEMM (``triton fused``: ``norm_tap='fused'``)."""
-    args = ctx.args
-    if kind not in args.extra_stag_arms or args.stag_compile or \
-            args.stag_triton or args.stag_norm_tap:
-        return {}
-    arms = {f'{kind}+stag tap': dict(stag, norm_tap=True)}
-    if triton_runs(ctx):
-        arms[f'{kind}+stag triton'] = dict(stag, triton=True)
-        arms[f'{kind}+stag triton tap'] = dict(stag, triton=True,
-                                               norm_tap=True)
-        arms[f'{kind}+stag triton fused'] = dict(stag, triton=True,
-                                                 norm_tap='fused')
-    return arms
+        memory_key=key)
 
 
 def method_cost(ctx, built, kind):
     """:func:`cost_row` of baseline ``kind`` at each ``--precisions``,
     each yielded as it is measured."""
-    from mmseg_stag.analysis.step_benchmark import (TERM_OFF, TERM_VARIANTS,
-                                                    count_term_kernels,
-                                                    stag_terms, time_terms,
-                                                    time_terms_in_graph)
     model, task, note, batch = built
     stag = task.stag[kind]
-    if ctx.args.stag_compile:
-        stag, note = dict(stag, compile=True), note + ', STAG term compiled'
-    elif ctx.args.stag_triton:
-        stag, note = dict(stag, triton=True), note + ', STAG term in Triton'
-    if ctx.args.stag_norm_tap:
-        tap = NORM_TAP_FLAGS[ctx.args.stag_norm_tap]
-        stag = dict(stag, norm_tap=tap)
-        note += f', stag.norm_tap={tap!r}'
+    config = task.config_of(kind)
+    note = f'{note}, method: {config}'
     pairs = ctx.args.pairs if kind in ('tent', 'tent_graph') \
         else ctx.args.method_pairs
     for name in ctx.args.precisions:
         with precision(task, name):
-            extra = extra_stag_arms(ctx, kind, stag)
-            times, failed = time_arms(task, ctx, kind, stag, pairs, extra)
+            times = time_arms(task, ctx, kind, stag, pairs)
             memory = {kind: arm_memory(task, ctx, kind, None),
                       f'{kind}+stag': arm_memory(task, ctx, kind, stag)}
-            for label, options in extra.items():
-                if label in times:
-                    try:
-                        memory[label] = arm_memory(task, ctx, kind, options)
-                    except Exception as err:
-                        del times[label]
-                        arm_failed(label, err, failed)
-            variants = dict(TERM_VARIANTS)
-            if kind == 'tent' and name == ctx.args.precisions[0] and \
-                    not ctx.args.quick:
-                # compiled once per model and shape (seconds to a minute)
-                variants['compiled'] = dict(TERM_OFF, compile=True)
-            if triton_runs(ctx):
-                # compiled once, cached on disk (the CPU: interpreted)
-                variants['triton'] = dict(TERM_OFF, triton=True)
-            # one method and forward for the three measures of the term;
-            # the same leaves each call, as a graph captures them
-            terms = stag_terms(task, kind, stag, variants, fixed_leaves=True)
-            # the written-out term is the row's; the others may fail
-            term = time_terms(terms, ctx.args.term_repeats,
-                              optional=set(variants) - {'analytic'})
-            kernels = count_term_kernels(terms) if ctx.cuda else None
-            graph_term = time_terms_in_graph(terms, ctx.args.term_repeats) \
-                if ctx.cuda else None
-            del terms
-        row = cost_row(model, note, batch, name, kind, times, memory, term,
-                       kernels, graph_term, failed)
+        row = dict(cost_row(model, note, batch, name, kind, times, memory),
+                   config=config)
         yield row
         print(f"[gpu_check] {model} {kind} {name}: "
               f"{row['arms'][kind]['step_ms']:.1f} ms, +STAG "
               f"{row['arms'][kind + '+stag']['step_ms']:.1f} ms "
               f"({row['stag_time_share_pct']:+.2f} %), memory "
-              f"{row['stag_memory_share_pct']:+.3f} %" + ''.join(
-                  f", {label} {row['arms'][label]['step_ms']:.1f} ms "
-                  f"({other['stag_time_share_pct']:+.2f} %)"
-                  for label, other in row['other_stag_arms'].items())
-              + ''.join(f', {label} left out' for label in failed),
-              flush=True)
+              f"{row['stag_memory_share_pct']:+.3f} %", flush=True)
 
 
 def measure_step_cost(ctx):
@@ -577,7 +458,7 @@ def loop_args(ctx, methods, images, warmup):
 
 def measure_loop(ctx):
     """Images/s of the whole online loop (tools/benchmark_loop.py)."""
-    from mmseg_stag.analysis.loop_benchmark import run_method
+    from benchmarks.loop_benchmark import run_method
     args = loop_args(ctx, ['tent', 'tent-stag'], ctx.args.loop_images,
                      ctx.args.loop_warmup)
     rows = {}
@@ -648,7 +529,7 @@ def sync(ctx):
 def profile_steps(ctx, task, fused=False):
     """TENT+STAG steps alone (no loader, no metric), its Adam as the
     config's or ``fused``, and one step's host-device transfers."""
-    from mmseg_stag.analysis.meters import HostTransfers
+    from benchmarks.meters import HostTransfers
     optimizer = dict(task.methods['tent'].get('optimizer') or dict(
         type='Adam', lr=7.5e-6, betas=(0.9, 0.999)))
     if fused:
@@ -711,7 +592,7 @@ def iteration_profiler(ctx, start, count):
 
 def profile_loop(ctx):
     """TENT+STAG loop iterations: load, step, post-processing, metric."""
-    from mmseg_stag.analysis.loop_benchmark import build_runner
+    from benchmarks.loop_benchmark import build_runner
     start, count = ctx.args.profile_warmup + 1, ctx.args.profile_iters
     args = loop_args(ctx, ['tent-stag'], start + count, 0)
     runner = build_runner(

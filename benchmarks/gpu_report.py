@@ -93,16 +93,6 @@ def share_cells(row):
     return (row['model'], row['method'], row['precision'], row['pairs'],
             f"{row['stag_time_share_pct']:+.2f}",
             f"{pr['median']:.4f} ({pr['min']:.4f}–{pr['max']:.4f})",
-            f"{row['stag_term_ms']:.2f} ({row['stag_term_share_pct']:.2f} %)",
-            ', '.join(f'{k} {v:.2f}' if isinstance(v, float) else
-                      f'{k}: {v}' for k, v in
-                      row['stag_term_variants_ms'].items()
-                      if k != 'analytic'),
-            ', '.join(f'{k} {v}' for k, v in
-                      (row.get('stag_term_kernels') or {}).items()) or '–',
-            ', '.join(f'{k} {v:.3f}' if isinstance(v, float) else
-                      f'{k}: {v}' for k, v in
-                      (row.get('stag_term_graph_ms') or {}).items()) or '–',
             f"{row['stag_memory_share_pct']:+.3f}")
 
 
@@ -123,39 +113,8 @@ def md_step_cost(r):
          for row in r['rows'] for label, a in row['arms'].items()])
     out += [''] + markdown_table(
         ('model', 'baseline', 'precision', 'pairs', 'STAG time share (%)',
-         'per-pair ratio (median, min–max)',
-         'STAG term alone (ms, % of the baseline step)',
-         'the term through autograd / compiled / Triton (ms)',
-         'device ops of one term call (kernels, copies)',
-         'the term replayed as a CUDA graph (ms)',
-         'STAG memory share (%)'),
+         'per-pair ratio (median, min–max)', 'STAG memory share (%)'),
         map(share_cells, r['rows']))
-    others = [(row, label, other) for row in r['rows']
-              for label, other in row.get('other_stag_arms', {}).items()]
-    if others:
-        out += ['', 'Other +STAG arms, in the same interleaved steps '
-                '(`--extra-stag-arms`: tap, `||h||` tapped beside the '
-                "classifier, `stag.norm_tap=True`; triton, the term's "
-                "Triton kernels; fused, `||h||` from the classifier's own "
-                "Triton GEMM, `stag.norm_tap='fused'`):", '']
-        out += markdown_table(
-            ('model', 'baseline', 'precision', 'arm', 'pairs',
-             'STAG time share (%)', 'per-pair ratio (median, min–max)',
-             'STAG memory share (%)'),
-            [(row['model'], row['method'], row['precision'], label,
-              row['pairs'], f"{o['stag_time_share_pct']:+.2f}",
-              '{median:.4f} ({min:.4f}–{max:.4f})'.format(
-                  **o['stag_pair_ratio']),
-              f"{o['stag_memory_share_pct']:+.3f}")
-             for row, label, o in others])
-    failed = [(row, label, error) for row in r['rows']
-              for label, error in row.get('failed_arms', {}).items()]
-    if failed:
-        out += ['', 'Arms left out, each with the error it raised while '
-                'it was made, warmed up or measured (the log has the '
-                'traceback):', '']
-        out += [f"- {row['model']}, {row['method']}, {row['precision']}: "
-                f'`{label}`: {error}' for row, label, error in failed]
     out.append('')
     for (model, kind), settings in {
             (row['model'], row['method']): row['settings']
@@ -165,8 +124,9 @@ def md_step_cost(r):
                '0.5–2.0, each flipped), the source model on the main view; '
                'cotta_fast: the same with `restore_on_device=True` and '
                '`batch_views=True` (7 teacher passes); cotta_graph: '
-               'cotta_fast with `cuda_graph=True` (the whole step, teacher '
-               'views included, replayed); hybrid_tta: the sides '
+               'cotta_fast stepped through `CUDAGraphStep` (the whole step, '
+               'teacher views included, replayed; tent_graph: TENT so); '
+               'hybrid_tta: the sides '
                'rounded up to multiples of its 32-px mask patches, as its '
                'authors run 960x544; MiT sdpa: '
                '`model.backbone.attention=sdpa`, sdpa-views: and '
@@ -242,10 +202,10 @@ def md_profile(r):
 
 
 #: the GPU-speed targets (issue 40) the step-cost rows and the profile
-#: can be held against: STAG's share of a step as a per-pair ratio, the
-#: term replayed as a CUDA graph, whole steps, device reads
+#: can be held against: STAG's share of a step as a per-pair ratio of
+#: whole steps, whole steps, device reads
 STAG_RATIO_B5, STAG_RATIO_RESNET = 1.003, 1.005
-TERM_MS, TENT_STAG_B5_MS, COTTA_B5_MS = 0.3, 40.0, 450.0
+TENT_STAG_B5_MS, COTTA_B5_MS = 40.0, 450.0
 B5_SIZE = '960x540'
 
 
@@ -271,26 +231,17 @@ def target_verdicts(report):
         kind, prec = row['method'], row['precision']
         where = f"{row['model']}, {kind}, {prec}"
         tent = kind in ('tent', 'tent_graph')
-        if tent and (b5 or resnet):
-            add(f'STAG term <= {TERM_MS} ms (replayed as a CUDA graph)',
-                where, [(variant, f'{ms:.3f} ms', ms <= TERM_MS)
-                        for variant, ms in (row.get('stag_term_graph_ms')
-                                            or {}).items()
-                        if isinstance(ms, float)])
         if (b5 and kind == 'tent_graph') or (resnet and tent and
                                              prec == 'fp32'):
             limit = STAG_RATIO_B5 if b5 else STAG_RATIO_RESNET
-            ratios = {f'{kind}+stag': row['stag_pair_ratio']}
-            ratios.update({label: other['stag_pair_ratio'] for label, other
-                           in row.get('other_stag_arms', {}).items()})
+            r = row['stag_pair_ratio']
             add(f'STAG <= {100 * (limit - 1):.1f} % of the ' + (
                 'B5 TENT step' if b5 else 'ResNet-50 fp32 step') +
                 ' (per-pair ratio, median (min–max))',
                 f"{where}, {row['pairs']} pairs",
-                [(label, '{median:.4f} ({min:.4f}–{max:.4f})'.format(**r),
-                  r['median'] <= limit) for label, r in ratios.items()]
-                + [(label, 'failed', False) for label in
-                   row.get('failed_arms', {})])
+                [(f'{kind}+stag',
+                  '{median:.4f} ({min:.4f}–{max:.4f})'.format(**r),
+                  r['median'] <= limit)])
         if b5 and tent and prec == 'bf16':
             add(f'TENT+STAG on the B5 <= {TENT_STAG_B5_MS:g} ms in bf16',
                 where, [(label, f"{arm['step_ms']:.2f} ms",
@@ -321,8 +272,8 @@ def md_targets(report):
         return []
     return ['## Against the GPU-speed targets', '',
             'The figures above that a target of the GPU-speed issue (40) '
-            'names, as measured in this run; "met by": the arms or '
-            'implementations that meet it.', ''] + markdown_table(
+            'names, as measured in this run; "met by": the arms that '
+            'meet it.', ''] + markdown_table(
         ('target', 'where', 'figures', 'met by'),
         [(v['target'], v['where'],
           ', '.join(f'{label} {value}' for label, value, _ in v['figures']),
