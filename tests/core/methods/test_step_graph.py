@@ -241,7 +241,8 @@ def cotta_bench(device):
     from benchmarks import step_benchmark
     repo = osp.dirname(osp.dirname(osp.dirname(osp.dirname(
         osp.abspath(__file__)))))
-    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1)
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1,
+                              ori_size=(128, 64))
     task = step_benchmark.BenchTask('b0', args, device, repo)
     gen = torch.Generator().manual_seed(3)
 
