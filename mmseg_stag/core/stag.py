@@ -76,17 +76,6 @@ def check_inputs(features: torch.Tensor,
                 f'{tuple(valid_mask.shape)}')
 
 
-def check_feature_norm(features: torch.Tensor, norm: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless ``norm`` is ``[N, 1(, H, W)]`` of
-    ``features [N, D(, H, W)]``."""
-    expected = (features.shape[0], 1) + tuple(features.shape[2:])
-    if tuple(norm.shape) != expected:
-        raise ValueError(
-            f'feature_norm must have shape {expected} (||h|| of features '
-            f'{tuple(features.shape)} over their channels), got '
-            f'{tuple(norm.shape)}')
-
-
 def check_finite_loss(loss: torch.Tensor, **inputs: torch.Tensor
                       ) -> torch.Tensor:
     """Return ``loss``; if not finite, raise ``ValueError`` naming an input."""
@@ -215,76 +204,27 @@ def feature_norm(features: torch.Tensor) -> torch.Tensor:
     return _FeatureNorm.apply(features)
 
 
-class FeatureNormTap(torch.autograd.Function):
-    """``(h, ||h||)``: the features as they are, for the classifier, and
-    their norm over dim 1 (float32 for half-precision features), for the
-    STAG term (``STAGLoss(..., feature_norm=...)``).
-
-    The term's gradient through ``||h||`` then reaches ``h`` here, in one
-    pass with the classifier's: ``dL/dh = g_h + h (g_n / ||h||)`` (0 where
-    ``||h|| = 0``, as :class:`_FeatureNorm`), where without the tap the
-    term writes a ``D``-sized ``c h`` and autograd adds it to ``g_h``:
-    per forward and backward the features move 4 times instead of 6.
-    """
-
-    @staticmethod
-    def forward(ctx, features):
-        half = features.dtype in (torch.float16, torch.bfloat16)
-        # outside autocast (whose norms upcast h first: a D-sized copy);
-        # a CUDA reduction reads half h into a float32 norm without one
-        with torch.autocast(device_type=features.device.type,
-                            enabled=False):
-            norm = torch.linalg.vector_norm(
-                features, dim=1, keepdim=True,
-                dtype=torch.float32 if half else None)
-        ctx.save_for_backward(features, norm)
-        return features.view_as(features), norm
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_features, grad_norm):
-        if grad_norm is None:
-            return grad_features
-        features, norm = ctx.saved_tensors
-        scale = torch.where(norm > 0, grad_norm / norm,
-                            torch.zeros_like(norm)).to(features.dtype)
-        if grad_features is None:
-            return features * scale
-        # laid out as h (the classifier's gradient may be strided
-        # otherwise): a leaf or h's producer takes it without a copy
-        return torch.addcmul(grad_features, features, scale,
-                             out=torch.empty_like(features))
-
-
-def tap_feature_norm(features: torch.Tensor
-                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(features, ||h||)`` of :class:`FeatureNormTap`: give the first to
-    the classifier, the second to ``STAGLoss(..., feature_norm=...)``."""
-    return FeatureNormTap.apply(features)
-
-
 def stag_alignment(features: torch.Tensor,
                    logits: torch.Tensor,
                    anchors: torch.Tensor,
                    eps: float = 1e-8,
                    label: str = 'hard',
-                   projections: Optional[torch.Tensor] = None,
-                   norm: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   projections: Optional[torch.Tensor] = None
+                   ) -> torch.Tensor:
     """Per-sample (per-pixel) alignment loss ``L_STAG(x)`` (eq:stag_loss).
 
     ``features`` ``h [N, D(, H, W)]``, ``logits`` ``z [N, C(, H, W)]``,
     ``anchors`` ``[C, D]`` (constants of the loss); ``label``: ``'hard'``
     (paper) or ``'soft'`` (ablation); ``projections``: ``h . a_k`` if
-    already known; ``norm``: ``||h||`` if already known (``[N, 1(, H,
-    W)]``, :func:`tap_feature_norm`). Returns ``[N]`` or ``[N, H, W]``;
-    ``ValueError`` on an unknown ``label``.
+    already known. Returns ``[N]`` or ``[N, H, W]``; ``ValueError`` on an
+    unknown ``label``.
     """
     if label not in LABEL_MODES:
         raise ValueError(f'label must be one of {LABEL_MODES}, got {label!r}')
     if features.dim() == 2 and not features.is_contiguous():
         # a strided view (ViT class token) would keep the token map alive
         features = features.contiguous()
-    h_norm = feature_norm(features) if norm is None else norm
+    h_norm = feature_norm(features)
     anchor_norm = torch.linalg.vector_norm(anchors, dim=1)
     anchor_norm = anchor_norm.view((1, -1) + (1, ) * (features.dim() - 2))
     proj = project_on_anchors(features, anchors) if projections is None \
@@ -534,15 +474,15 @@ def batch_alignment(features: torch.Tensor,
                     label: str = 'hard',
                     coefficients: Optional[torch.Tensor] = None,
                     bias: Optional[torch.Tensor] = None,
-                    valid_mask: Optional[torch.Tensor] = None,
-                    norm: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    valid_mask: Optional[torch.Tensor] = None
+                    ) -> torch.Tensor:
     """``L_STAG(B)`` through autograd (eq:stag_batch_loss): the mean of
     :func:`stag_alignment` over samples (valid pixels).
 
     ``anchors`` in the logits' dtype. ``coefficients``: ``V`` of a frozen
     classifier, whose projections come from the logits
     (:func:`projections_from_logits`, with ``bias``); None: from the
-    features. ``norm``: as in :func:`stag_alignment`.
+    features.
     """
     if coefficients is not None:
         projections = projections_from_logits(logits, coefficients, bias)
@@ -551,7 +491,7 @@ def batch_alignment(features: torch.Tensor,
             features, anchors.to(features.dtype)).to(logits.dtype)
     return reduce_batch_loss(stag_alignment(
         features, logits, anchors, eps=eps, label=label,
-        projections=projections, norm=norm), valid_mask)
+        projections=projections), valid_mask)
 
 
 def reduce_batch_loss(per_sample: torch.Tensor,

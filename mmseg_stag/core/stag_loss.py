@@ -143,28 +143,19 @@ class STAGLoss(nn.Module):
                 features: torch.Tensor,
                 logits: torch.Tensor,
                 cls_weight: torch.Tensor,
-                cls_bias: Optional[torch.Tensor] = None,
-                feature_norm: Optional[torch.Tensor] = None
-                ) -> torch.Tensor:
+                cls_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``L_STAG(B)``, the mean over samples (pixels), of the classifier's
         inputs ``[N, D(, H, W)]`` and outputs ``[N, C(, H, W)]`` of one
-        pass; ``cls_weight`` ``[C, D]`` or ``[C, D, 1, 1]``;
-        ``feature_norm``: ``||h||`` ``[N, 1(, H, W)]`` of
-        :func:`~mmseg_stag.core.stag.tap_feature_norm` on the classifier's
-        input, which then gets the term's gradient through the norm (the
-        features only through projections on them)."""
+        pass; ``cls_weight`` ``[C, D]`` or ``[C, D, 1, 1]``."""
         # the shapes once per shape; with check_finite, the classifier's
         # values at every call
         key = tuple(tuple(t.shape) if t is not None else None
-                    for t in (features, logits, cls_weight, cls_bias,
-                              feature_norm))
+                    for t in (features, logits, cls_weight, cls_bias))
         if self.check_finite or key != self._checked_shapes:
             weight = stag.check_classifier(cls_weight, cls_bias,
                                            check_finite=self.check_finite)
             stag.check_inputs(features, logits, num_classes=weight.shape[0],
                               feature_dim=weight.shape[1])
-            if feature_norm is not None:
-                stag.check_feature_norm(features, feature_norm)
             self._checked_shapes = key
         if self.triton:
             from .stag_triton import check_device
@@ -174,7 +165,6 @@ class STAGLoss(nn.Module):
             torch.float16, torch.bfloat16) else features.dtype
         with torch.autocast(device_type=features.device.type, enabled=False):
             logits = logits.to(dtype)
-            norm = None if feature_norm is None else feature_norm.to(dtype)
             analytic = self.compile or self.triton or (features.is_cuda
                                         if self.analytic_backward is None
                                         else self.analytic_backward)
@@ -186,16 +176,15 @@ class STAGLoss(nn.Module):
                 loss = stag.hard_alignment(
                     features, logits, *self._hard_alignment_inputs(
                         cls_weight, cls_bias, dtype, features.dtype),
-                    bias=bias, kernels=self.kernels, norm=norm)
+                    bias=bias, kernels=self.kernels)
             else:
                 loss = self._autograd_loss(features, logits, cls_weight,
-                                           cls_bias, dtype, norm)
+                                           cls_bias, dtype)
             if self.check_finite:
                 stag.check_finite_loss(loss, features=features, logits=logits)
         return loss
 
-    def _autograd_loss(self, features, logits, cls_weight, cls_bias, dtype,
-                       norm=None):
+    def _autograd_loss(self, features, logits, cls_weight, cls_bias, dtype):
         """The loss through autograd (soft labels; the reference)."""
         anchors = self.anchors(cls_weight, cls_bias).to(dtype)
         # a frozen W lets the logits stand in for the features
@@ -203,28 +192,18 @@ class STAGLoss(nn.Module):
         return stag.batch_alignment(
             features, logits, anchors, eps=self.eps, label=self.label,
             coefficients=self._coefficients if frozen else None,
-            bias=cls_bias, norm=norm)
+            bias=cls_bias)
 
     def over_outputs(self, head_outputs, cls_weight: torch.Tensor,
-                     cls_bias: Optional[torch.Tensor] = None,
-                     feature_norms: Optional[List[torch.Tensor]] = None
+                     cls_bias: Optional[torch.Tensor] = None
                      ) -> torch.Tensor:
         """``L_STAG(B)`` over every sample (pixel) of a forward pass: each
         ``(features, logits)`` pair's (one per classifier call) weighted by
-        its number of samples; ``feature_norms``: each pair's
-        ``feature_norm`` (the probe's ``tap_norms``)."""
-        if feature_norms is not None and \
-                len(feature_norms) != len(head_outputs):
-            raise ValueError(
-                f'{len(feature_norms)} feature norms for '
-                f'{len(head_outputs)} classifier calls')
-        # in the order of the calls
-        norms = iter(feature_norms or [None] * len(head_outputs))
+        its number of samples."""
         if len(head_outputs) == 1:  # whole inference: one call, no weights
-            return self(*head_outputs[0], cls_weight, cls_bias, next(norms))
+            return self(*head_outputs[0], cls_weight, cls_bias)
         return mean_over_outputs(
-            lambda f, z: self(f, z, cls_weight, cls_bias, next(norms)),
-            head_outputs)
+            lambda f, z: self(f, z, cls_weight, cls_bias), head_outputs)
 
     def extra_repr(self) -> str:
         return (f'eps={self.eps}, anchor={self.anchor!r}, '
