@@ -14,8 +14,7 @@ cost the host a call each; the counter records them apart
 (``host_reads``), so a test can tell the two kinds."""
 
 import torch
-from torch.utils._python_dispatch import (TorchDispatchMode,
-                                          _disable_current_modes)
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmseg_stag.analysis.meters import HostTransfers
 
@@ -156,30 +155,3 @@ def count_dispatched_ops(fn):
     with counter:
         fn()
     return counter.ops
-
-
-def watch_launches(monkeypatch, seen, module=None, probe=None):
-    """Each launch of ``module``'s Triton kernels (``mmseg_stag.core.
-    stag_triton``'s by default) runs as it would, after ``seen(fn, args)``,
-    outside any dispatch mode: the ops Triton's interpreter dispatches to run a kernel on the CPU are not the
-    step's. ``probe(fn, args, run)``, before the launch, may ``run(other
-    args)``: the same launch on other tensors."""
-    if module is None:
-        from mmseg_stag.core import stag_triton as module
-    kernel = module._kernel
-
-    class Watched:
-        def __init__(self, fn):
-            self.fn = fn
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                def run(args):
-                    with _disable_current_modes():
-                        kernel(self.fn)[grid](*args, **kwargs)
-                seen(self.fn, args)
-                if probe is not None:
-                    probe(self.fn, args, run)
-                run(args)
-            return launch
-    monkeypatch.setattr(module, '_kernel', Watched)

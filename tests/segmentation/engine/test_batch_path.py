@@ -18,7 +18,7 @@ CALLBACKS = {'core/probe.py:hook', 'core/stag.py:backward'}
 
 #: the steady state's calls (the third batch, the second stage's first:
 #: the anchors and the shape checks are done, no log line, no stage end),
-#: CPU defaults (the autograd STAG term)
+#: the defaults
 EXPECTED = [
     ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:batch'),
     ('engine/online_loop.py:run_iter', 'core/methods/base.py:adapt'),
@@ -30,7 +30,7 @@ EXPECTED = [
     ('core/methods/tent.py:base_loss',
      'segmentation/task_adapter.py:cross_entropy_at_original_size'),
     ('core/methods/base.py:add_stag', 'core/stag_loss.py:over_outputs'),
-    ('core/stag_loss.py:_autograd_loss', 'core/stag.py:batch_alignment'),
+    ('core/stag_loss.py:forward', 'core/stag.py:batch_alignment'),
     ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:outputs'),
     ('engine/online_loop.py:run_iter', 'engine/stream_metric.py:process'),
     ('engine/stream_metric.py:process',
