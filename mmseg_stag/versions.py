@@ -13,8 +13,9 @@ from typing import Optional, Sequence, Tuple
 #: ``str.removeprefix`` (analysis/pytest_stream.py)
 MIN_PYTHON = (3, 9)
 #: ``torch.get_autocast_dtype(device)`` and
-#: ``torch.is_autocast_enabled(device)`` (core/classifier_triton.py);
-#: below it ``torch.amp.GradScaler(device)`` (2.3, core/methods/base.py),
+#: ``torch.is_autocast_enabled(device)`` (the Triton classifier GEMM called
+#: them; retired in issue 59, the floor it set is kept as stated); below
+#: it ``torch.amp.GradScaler(device)`` (2.3, core/methods/base.py),
 #: ``torch.load(mmap=...)`` and ``torch._foreach_copy_`` (2.1)
 MIN_TORCH = (2, 4)
 #: what each floor is for, in the messages

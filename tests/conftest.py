@@ -35,12 +35,6 @@ def pytest_collection_modifyitems(config, items):
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
 
-#: Without a GPU, Triton's kernels (``STAGLoss(triton=True)``) run in its
-#: interpreter, which Triton sets up when it is first imported: before any
-#: test imports it. tests/cuda runs them compiled.
-if not torch.cuda.is_available():
-    os.environ.setdefault('TRITON_INTERPRET', '1')
-
 
 @pytest.fixture
 def load_tool():

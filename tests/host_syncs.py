@@ -12,12 +12,9 @@ optimizer's ``step`` count (torch's Adam, AdamW and SGD keep it on the CPU
 unless ``fused`` or ``capturable``). They never wait for the device but
 cost the host a call each; the counter records them apart
 (``host_reads``), so a test can tell the two kinds."""
-import collections
 
 import torch
-from torch.utils._python_dispatch import (TorchDispatchMode,
-                                          _disable_current_modes)
-from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.meters import HostTransfers
 
@@ -158,110 +155,3 @@ def count_dispatched_ops(fn):
     with counter:
         fn()
     return counter.ops
-
-
-def watch_launches(monkeypatch, seen, module=None, probe=None):
-    """Each launch of ``module``'s Triton kernels (``mmseg_stag.core.
-    stag_triton``'s by default, or ``classifier_triton``'s) runs as it
-    would, after ``seen(fn, args)``, outside any dispatch mode: the ops
-    Triton's interpreter dispatches to run a kernel on the CPU are not the
-    step's. ``probe(fn, args, run)``, before the launch, may ``run(other
-    args)``: the same launch on other tensors."""
-    if module is None:
-        from mmseg_stag.core import stag_triton as module
-    kernel = module._kernel
-
-    class Watched:
-        def __init__(self, fn):
-            self.fn = fn
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                def run(args):
-                    with _disable_current_modes():
-                        kernel(self.fn)[grid](*args, **kwargs)
-                seen(self.fn, args)
-                if probe is not None:
-                    probe(self.fn, args, run)
-                run(args)
-            return launch
-    monkeypatch.setattr(module, '_kernel', Watched)
-
-
-def footprint(tensor):
-    """The elements a tensor's memory holds (a broadcast dim: one)."""
-    n = 1
-    for size, stride in zip(tensor.shape, tensor.stride()):
-        n *= size if stride else 1
-    return n
-
-
-class FeaturePasses(TorchDispatchMode):
-    """How often the dispatched ops and the Triton launches of a step read
-    or write a tensor of ``elements`` elements (the classifier's input,
-    ``h``): on a GPU, passes over the features through memory, what a
-    per-pixel step's extra cost is made of when its kernels are few.
-    ``passes``: ``{op or kernel: reads + writes}``. An op's tensor inputs
-    are read (an ``out=`` tensor only written) and its outputs written,
-    in place or not; views and allocations move nothing;
-    ``convolution_backward`` reads its input only for the weight's
-    gradient (the input's gradient needs the weight and the output's
-    gradient). A Triton launch (in Triton's
-    interpreter, through :func:`watch_launches`' ``probe``) is run again
-    on copies: an argument is written if a sentinel in it changes, read
-    if a NaN in it changes what the launch writes elsewhere."""
-
-    def __init__(self, elements):
-        super().__init__()
-        self.elements = elements
-        self.passes = collections.Counter()
-
-    def feature(self, value):
-        return torch.is_tensor(value) and footprint(value) == self.elements
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func.overloadpacket.__name__
-        if func.is_view or name in ('detach', 'empty', 'new_empty',
-                                    'empty_like', 'empty_strided'):
-            return out
-        reads = args
-        if name == 'convolution_backward' and not args[-1][1]:
-            reads = args[:1] + args[2:]  # output_mask: no weight grad
-        # an out= tensor is written (it is the output), not read
-        reads = (reads, {k: v for k, v in kwargs.items() if k != 'out'})
-        count = sum(map(self.feature, tree_flatten(reads)[0])) + \
-            sum(map(self.feature, tree_flatten(out)[0]))
-        if count:
-            self.passes[name] += count
-        return out
-
-    def probe(self, fn, args, run):
-        with _disable_current_modes():  # the probe's own ops are not counted
-            self.probe_launch(fn, args, run)
-
-    def probe_launch(self, fn, args, run):
-        def copies(index=None, value=None):
-            # each tensor's storage copied, its view kept: the launch's
-            # strides are passed apart, as the original's
-            out = [torch.empty(0, dtype=a.dtype).set_(
-                a.untyped_storage().clone(), a.storage_offset(), a.shape,
-                a.stride()) if torch.is_tensor(a) else a for a in args]
-            if index is not None:
-                out[index].fill_(value)
-            run(out)
-            return out
-
-        def same(a, b):
-            return bool(((a == b) | (a.isnan() & b.isnan())).all())
-        plain = copies()
-        for i, arg in enumerate(args):
-            if not self.feature(arg):
-                continue
-            written = copies(i, 12345.0)[i]
-            self.passes[fn.__name__] += bool((written != 12345.0).any())
-            poisoned = copies(i, float('nan'))
-            self.passes[fn.__name__] += not all(
-                same(a, b) for j, (a, b) in enumerate(zip(poisoned, plain))
-                if j != i and torch.is_tensor(a))

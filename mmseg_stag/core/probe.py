@@ -1,42 +1,15 @@
 """``HeadProbe``: the prediction and the classifier's inputs and outputs."""
 import contextlib
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
-
-from .stag import tap_feature_norm
 
 #: Prediction kinds: where a classifier predicts, per sample (logits
 #: ``[N, C]``) or per pixel (``[N, C, H, W]``).
 PREDICTION_KINDS = ('per_sample', 'per_pixel')
 
 HeadOutputs = List[Tuple[torch.Tensor, torch.Tensor]]
-
-
-class ProbeRecord(NamedTuple):
-    """What :meth:`HeadProbe.record` returns: the prediction, the
-    classifier's ``[(features, logits), ...]`` and, if tapped, each call's
-    ``||h|| [N, 1(, H, W)]`` (:func:`~mmseg_stag.core.stag.
-    tap_feature_norm`), else None."""
-    prediction: Any
-    head_outputs: HeadOutputs
-    feature_norms: Optional[List[torch.Tensor]]
-
-
-#: ``stag.norm_tap``: no tap, ``||h||`` tapped before the classifier
-#: (:func:`~mmseg_stag.core.stag.tap_feature_norm`), or computed in the
-#: classifier's own Triton GEMM (mmseg_stag/core/classifier_triton.py)
-NORM_TAPS = (False, True, 'fused')
-
-
-def check_norm_tap(value: Any) -> Union[bool, str]:
-    """Return ``value``; ``ValueError`` unless one of :data:`NORM_TAPS`."""
-    if not any(value is tap or (isinstance(tap, str) and value == tap)
-               for tap in NORM_TAPS):
-        raise ValueError(f'stag.norm_tap must be one of {NORM_TAPS}, got '
-                         f'{value!r}')
-    return value
 
 
 def check_prediction_kind(kind: str) -> str:
@@ -124,58 +97,18 @@ class HeadProbe:
         back in float32 (the losses run outside autocast) and the features
         in the autocast dtype (a float32 copy would be ``D``-sized).
         """
-        return self.record(model, inputs, run)[:2]
-
-    def record(self, model: nn.Module, inputs: Any,
-               run: Optional[Callable[[Any], Any]] = None,
-               tap_norms: Union[bool, str] = False) -> ProbeRecord:
-        """:meth:`__call__`'s pass and, with ``tap_norms`` where gradients
-        are on, each classifier call's ``||h||`` for ``STAGLoss(...,
-        feature_norm=...)``: ``True``, the classifier's input ``h`` taken
-        through :func:`~mmseg_stag.core.stag.tap_feature_norm` (the
-        classifier reads the tap's ``h``, the recorded features);
-        ``'fused'``, the classifier run by :func:`~mmseg_stag.core.
-        classifier_triton.classify_with_norm` instead of its ``forward``
-        (its hooks as before), the norm from its GEMM."""
-        check_norm_tap(tap_norms)
         name, module = self.find(model)
         records: HeadOutputs = []
-        norms: List[torch.Tensor] = []
-        tap = tap_norms if torch.is_grad_enabled() else False
-
-        def tap_input(_, args):
-            features, norm = tap_feature_norm(args[0])
-            norms.append(norm)
-            return (features, ) + tuple(args[1:])
-
-        def fused_forward(features):
-            logits, norm = classify_with_norm(module, features)
-            norms.append(norm)
-            return logits
 
         def hook(_, args, output):
             records.append((args[0], output))
 
-        handles = []
-        if tap == 'fused':
-            from .classifier_triton import (check_fused_classifier,
-                                            classify_with_norm)
-            check_fused_classifier(module, name)
-            own_forward = module.__dict__.get('forward')
-            module.forward = fused_forward  # this pass's, undone below
-        elif tap:
-            handles.append(module.register_forward_pre_hook(tap_input))
-        handles.append(module.register_forward_hook(hook))
+        handle = module.register_forward_hook(hook)
         try:
             with self.autocast(inputs):
                 prediction = model(inputs) if run is None else run(inputs)
         finally:
-            for handle in handles:
-                handle.remove()
-            if tap == 'fused':
-                del module.forward
-                if own_forward is not None:
-                    module.forward = own_forward
+            handle.remove()
             if self.autocast_dtype is not None:
                 # an enclosing autocast region would keep the weights' casts
                 torch.clear_autocast_cache()
@@ -193,8 +126,7 @@ class HeadProbe:
         if self.autocast_dtype is not None:
             prediction = to_float32(prediction)
             records = [(f, to_float32(z)) for f, z in records]
-        return ProbeRecord(prediction, records,
-                           norms if tap is not False else None)
+        return prediction, records
 
     def autocast(self, inputs: Any):
         """``torch.autocast`` on the inputs' device, or a no-op; it ends

@@ -76,17 +76,6 @@ def check_inputs(features: torch.Tensor,
                 f'{tuple(valid_mask.shape)}')
 
 
-def check_feature_norm(features: torch.Tensor, norm: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless ``norm`` is ``[N, 1(, H, W)]`` of
-    ``features [N, D(, H, W)]``."""
-    expected = (features.shape[0], 1) + tuple(features.shape[2:])
-    if tuple(norm.shape) != expected:
-        raise ValueError(
-            f'feature_norm must have shape {expected} (||h|| of features '
-            f'{tuple(features.shape)} over their channels), got '
-            f'{tuple(norm.shape)}')
-
-
 def check_finite_loss(loss: torch.Tensor, **inputs: torch.Tensor
                       ) -> torch.Tensor:
     """Return ``loss``; if not finite, raise ``ValueError`` naming an input."""
@@ -215,76 +204,27 @@ def feature_norm(features: torch.Tensor) -> torch.Tensor:
     return _FeatureNorm.apply(features)
 
 
-class FeatureNormTap(torch.autograd.Function):
-    """``(h, ||h||)``: the features as they are, for the classifier, and
-    their norm over dim 1 (float32 for half-precision features), for the
-    STAG term (``STAGLoss(..., feature_norm=...)``).
-
-    The term's gradient through ``||h||`` then reaches ``h`` here, in one
-    pass with the classifier's: ``dL/dh = g_h + h (g_n / ||h||)`` (0 where
-    ``||h|| = 0``, as :class:`_FeatureNorm`), where without the tap the
-    term writes a ``D``-sized ``c h`` and autograd adds it to ``g_h``:
-    per forward and backward the features move 4 times instead of 6.
-    """
-
-    @staticmethod
-    def forward(ctx, features):
-        half = features.dtype in (torch.float16, torch.bfloat16)
-        # outside autocast (whose norms upcast h first: a D-sized copy);
-        # a CUDA reduction reads half h into a float32 norm without one
-        with torch.autocast(device_type=features.device.type,
-                            enabled=False):
-            norm = torch.linalg.vector_norm(
-                features, dim=1, keepdim=True,
-                dtype=torch.float32 if half else None)
-        ctx.save_for_backward(features, norm)
-        return features.view_as(features), norm
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_features, grad_norm):
-        if grad_norm is None:
-            return grad_features
-        features, norm = ctx.saved_tensors
-        scale = torch.where(norm > 0, grad_norm / norm,
-                            torch.zeros_like(norm)).to(features.dtype)
-        if grad_features is None:
-            return features * scale
-        # laid out as h (the classifier's gradient may be strided
-        # otherwise): a leaf or h's producer takes it without a copy
-        return torch.addcmul(grad_features, features, scale,
-                             out=torch.empty_like(features))
-
-
-def tap_feature_norm(features: torch.Tensor
-                     ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``(features, ||h||)`` of :class:`FeatureNormTap`: give the first to
-    the classifier, the second to ``STAGLoss(..., feature_norm=...)``."""
-    return FeatureNormTap.apply(features)
-
-
 def stag_alignment(features: torch.Tensor,
                    logits: torch.Tensor,
                    anchors: torch.Tensor,
                    eps: float = 1e-8,
                    label: str = 'hard',
-                   projections: Optional[torch.Tensor] = None,
-                   norm: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   projections: Optional[torch.Tensor] = None
+                   ) -> torch.Tensor:
     """Per-sample (per-pixel) alignment loss ``L_STAG(x)`` (eq:stag_loss).
 
     ``features`` ``h [N, D(, H, W)]``, ``logits`` ``z [N, C(, H, W)]``,
     ``anchors`` ``[C, D]`` (constants of the loss); ``label``: ``'hard'``
     (paper) or ``'soft'`` (ablation); ``projections``: ``h . a_k`` if
-    already known; ``norm``: ``||h||`` if already known (``[N, 1(, H,
-    W)]``, :func:`tap_feature_norm`). Returns ``[N]`` or ``[N, H, W]``;
-    ``ValueError`` on an unknown ``label``.
+    already known. Returns ``[N]`` or ``[N, H, W]``; ``ValueError`` on an
+    unknown ``label``.
     """
     if label not in LABEL_MODES:
         raise ValueError(f'label must be one of {LABEL_MODES}, got {label!r}')
     if features.dim() == 2 and not features.is_contiguous():
         # a strided view (ViT class token) would keep the token map alive
         features = features.contiguous()
-    h_norm = feature_norm(features) if norm is None else norm
+    h_norm = feature_norm(features)
     anchor_norm = torch.linalg.vector_norm(anchors, dim=1)
     anchor_norm = anchor_norm.view((1, -1) + (1, ) * (features.dim() - 2))
     proj = project_on_anchors(features, anchors) if projections is None \
@@ -303,230 +243,6 @@ def stag_alignment(features: torch.Tensor,
     return -(probs * cosine).sum(dim=1)
 
 
-class HardAlignment(torch.autograd.Function):
-    """``mean L_STAG(x)`` with hard labels, its backward written out.
-
-    The value of ``stag_alignment(...).mean()`` for ``label='hard'`` and
-    autograd's gradients through the same formula, derived in
-    docs/stag-loss.md ("The analytic backward"): a few whole-tensor ops
-    instead of one autograd node (on a GPU, one kernel launch) per small op.
-
-    ``apply(features, logits, table, eps, eps_tensor, matrix=None,
-    on_features=False, bias=None, kernels='eager', norm=None)``:
-    ``h [N, D, M]``,
-    ``z [N, C, M]`` (float32 or float64); ``table [C, 3]`` holds
-    ``(s_k, b_k, ||a_k||)`` per class; ``P = s_y (z_y - b_y)`` when
-    ``matrix`` is None (a frozen ``W``, diagonal anchors), else
-    ``(matrix @ h)_y`` (``on_features``: ``[C, D]`` anchors) or
-    ``(matrix @ (z - b))_y`` (``[C, C]`` coefficients); ``eps_tensor``:
-    ``eps`` as a 0-d tensor of the logits' dtype and device; ``bias``: the
-    live ``b`` trained beside a frozen ``W`` (not read, given its
-    gradient); ``kernels``: the math as written, through
-    ``torch.compile`` or in Triton (:func:`alignment_kernels`); ``norm``:
-    ``||h|| [N, 1, M]`` of :func:`tap_feature_norm`, given its gradient
-    instead of ``h`` (which then only the projections from the features
-    read).
-    """
-
-    @staticmethod
-    def forward(ctx, features, logits, table, eps, eps_tensor, matrix=None,
-                on_features=False, bias=None, kernels='eager', norm=None):
-        bias_grad = bias is not None and ctx.needs_input_grad[7]
-        forward, _ = alignment_kernels(kernels)
-        loss, saved = forward(features, logits, table, eps, eps_tensor,
-                              matrix, on_features, bias_grad, norm)
-        tapped = norm is not None
-        ctx.save_for_backward(
-            features if on_features or not tapped else None, *saved, matrix)
-        ctx.on_features, ctx.bias_grad = on_features, bias_grad
-        ctx.kernels, ctx.tapped = kernels, tapped
-        return loss
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad):
-        _, backward = alignment_kernels(ctx.kernels)
-        *saved, matrix = ctx.saved_tensors
-        grad_h, grad_z, pred, dp, grad_n = backward(grad, *saved,
-                                                    ctx.tapped)
-        grad_h, grad_z, grad_b = projection_grads(
-            grad, grad_h, grad_z, pred, dp, matrix, ctx.on_features,
-            ctx.bias_grad)
-        return (grad_h, grad_z, None, None, None, None, None, grad_b, None,
-                grad_n)
-
-
-def hard_alignment_forward(features, logits, table, eps: float, eps_tensor,
-                           matrix, on_features: bool, bias_grad: bool,
-                           norm=None):
-    """:class:`HardAlignment`'s forward: ``(mean L_STAG, saved)``, ``saved``
-    the per-sample coefficients :func:`hard_alignment_backward` takes."""
-    log_p = torch.log_softmax(logits, 1)
-    p = log_p.exp()
-    neg_h = (p * log_p).sum(1, keepdim=True)  # -H(p), eq:ent
-    z_y, pred = logits.max(1, keepdim=True)  # argmax's index, first on ties
-    log_py = log_p.gather(1, pred)
-    tapped = norm is not None
-    if not tapped:
-        norm = torch.linalg.vector_norm(features, dim=1, keepdim=True)
-    scale, b_y, anchor_norm = F.embedding(pred, table).unbind(-1)
-    # P = h . a_y; from the logits as V (z - b), centred first as in
-    # projections_from_logits: where h = 0, P is 0 exactly (over eps)
-    if matrix is None:
-        proj = (z_y - b_y) * scale
-    elif on_features:  # matrix: the anchors, in the features' dtype
-        proj = torch.matmul(matrix, features).gather(1, pred)
-    else:
-        proj = torch.matmul(
-            matrix, logits - table[:, 1].view(1, -1, 1)).gather(1, pred)
-    t = log_py - neg_h  # log p_y + H
-    p_y = log_py.exp()
-    sn = p_y * t  # -s, eq:sample_sensitivity
-    abs_sn_alpha = sn.abs() * anchor_norm
-    inv_d = torch.addcmul(eps_tensor, abs_sn_alpha, norm).reciprocal()
-    q = proj * inv_d
-    rho = sn * q  # -cos(g, a_y), eq:stag_loss
-    cos = sn * inv_d  # d rho / d P
-    inv_size = 1.0 / rho.numel()
-    # per sample, over the batch size: e and v (the logits through s),
-    # w (the label's logit), c (the features through ||h||)
-    e = (q * (p_y * inv_d)).mul_(eps * inv_size)
-    e_t1 = torch.addcmul(e, e, t)
-    v = torch.addcmul(e_t1, e, neg_h, value=-1)
-    w = e_t1 if matrix is not None else torch.addcmul(
-        e_t1, cos, scale, value=inv_size)
-    if tapped:  # dL/d||h||
-        c = (rho * (abs_sn_alpha * inv_d)).mul_(-inv_size)
-    else:  # dL/d||h|| / ||h||: dL/dh = c h
-        c = (rho / norm.clamp_min(torch.finfo(norm.dtype).tiny)).mul_(
-            abs_sn_alpha * inv_d).mul_(-inv_size)
-    # dL/dP over the batch size; for a trainable b, what P's z - b
-    # takes back from b (z reaches b outside, P does not depend on it)
-    dp = cos * inv_size if matrix is not None or bias_grad else None
-    return rho.mean(), (log_p, p, pred, e, v, w, c, dp,
-                        scale if bias_grad and matrix is None else None)
-
-
-def hard_alignment_backward(grad, features, log_p, p, pred, e, v, w, c, dp,
-                            scale, tapped: bool = False):
-    """:class:`HardAlignment`'s backward before the projections' part
-    (:func:`projection_grads`): ``(dL/dh, dL/dz, pred, dp, dL/d||h||)``,
-    ``dp`` the per-sample factor :func:`projection_grads` takes;
-    ``tapped``: ``||h||`` was given (its gradient, not ``h``'s)."""
-    # dL/dz = -p (e log p + v) + onehot(y) w;  dL/dh = c h
-    grad_z = (p * torch.addcmul(v, e, log_p).neg_()).scatter_add_(
-        1, pred, w).mul_(grad)
-    grad_h = None if tapped else features * (c * grad).to(features.dtype)
-    return (grad_h, grad_z, pred, dp if scale is None else dp * scale,
-            c * grad if tapped else None)
-
-
-def projection_grads(grad, grad_h, grad_z, pred, dp, matrix,
-                     on_features: bool, bias_grad: bool):
-    """What ``P`` adds beyond ``dL/dz_y``: through ``matrix`` to ``h`` or
-    ``z``, and ``-dL/dP dP/dz`` to a trainable ``b`` (``dp`` per sample,
-    over the batch size, times ``s_y`` where ``P = s_y (z_y - b_y)``).
-    ``(dL/dh, dL/dz, dL/db)``; ``grad_h`` None: ``h`` had no other."""
-    if matrix is not None:  # P = (matrix @ x)_y
-        onehot = torch.zeros_like(grad_z).scatter_(1, pred, dp * grad)
-        back = torch.matmul(matrix.t(), onehot.to(matrix.dtype))
-        if on_features and grad_h is None:
-            grad_h = back
-        elif on_features:
-            grad_h += back.to(grad_h.dtype)
-        else:
-            grad_z += back.to(grad_z.dtype)
-    grad_b = None
-    if bias_grad:  # -dL/dP dP/dz, summed over the batch
-        per_class = torch.zeros(
-            grad_z.shape[1], dtype=dp.dtype,
-            device=dp.device).scatter_add_(0, pred.flatten(), dp.flatten())
-        if matrix is not None:
-            per_class = matrix.t().to(dp.dtype) @ per_class
-        grad_b = per_class.mul_(-grad)
-    return grad_h, grad_z, grad_b
-
-
-#: :class:`HardAlignment`'s math: ``eager`` (the functions above),
-#: ``compiled`` (the same through ``torch.compile``) or ``triton``
-KERNELS = ('eager', 'compiled', 'triton')
-_KERNELS = {'eager': (hard_alignment_forward, hard_alignment_backward)}
-
-
-def alignment_kernels(kernels: str):
-    """``(forward, backward)`` of :class:`HardAlignment` by ``kernels``,
-    one of :data:`KERNELS`; ``compiled`` compiles once per process and
-    input shape, ``triton`` (mmseg_stag/core/stag_triton.py) imports
-    Triton."""
-    if kernels not in _KERNELS:
-        if kernels == 'compiled':
-            _KERNELS[kernels] = (torch.compile(hard_alignment_forward),
-                                 torch.compile(hard_alignment_backward))
-        elif kernels == 'triton':
-            from . import stag_triton
-            _KERNELS[kernels] = (stag_triton.hard_alignment_forward,
-                                 stag_triton.hard_alignment_backward)
-        else:
-            raise ValueError(f'kernels must be one of {KERNELS}, got '
-                             f'{kernels!r}')
-    return _KERNELS[kernels]
-
-
-def hard_alignment_inputs(anchors: torch.Tensor,
-                          coefficients: torch.Tensor,
-                          bias: Optional[torch.Tensor] = None,
-                          frozen: bool = True
-                          ) -> Tuple[torch.Tensor, Optional[torch.Tensor],
-                                     bool]:
-    """``(table, matrix, on_features)`` of :class:`HardAlignment` for a
-    classifier (detached ``anchors``, ``V``, ``b``), once per update.
-
-    ``frozen``: ``W`` is constant during the step, so the projections come
-    from the logits (``h . a_k = (V (z - b))_k``) and the ``D``-sized
-    features are read only for ``||h||``.
-    """
-    zeros = anchors.new_zeros(anchors.shape[0])
-    bias = zeros if bias is None or not frozen else bias
-    if frozen and coefficients.dim() == 1:
-        scale, matrix, on_features = coefficients, None, False
-    else:
-        scale, on_features = zeros, not frozen
-        matrix = anchors if on_features else coefficients
-    table = torch.stack(
-        [scale, bias, torch.linalg.vector_norm(anchors, dim=1)], 1)
-    return table, matrix, on_features
-
-
-def hard_alignment(features: torch.Tensor,
-                   logits: torch.Tensor,
-                   table: torch.Tensor,
-                   eps: float,
-                   eps_tensor: torch.Tensor,
-                   matrix: Optional[torch.Tensor] = None,
-                   on_features: bool = False,
-                   bias: Optional[torch.Tensor] = None,
-                   kernels: str = 'eager',
-                   norm: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``L_STAG(B)``, hard labels, per sample or pixel (eq:stag_batch_loss).
-
-    The value of ``stag_alignment(..., label='hard').mean()`` through
-    :class:`HardAlignment` (``bias``, ``kernels``, ``norm``: as there;
-    ``norm`` shaped ``[N, 1(, H, W)]``); ``table``, ``matrix`` and
-    ``on_features`` from :func:`hard_alignment_inputs` in the logits' dtype
-    (``matrix`` in that of what it is applied to).
-    """
-    if features.dim() == 2:
-        # a strided view (ViT class token) would keep the token map alive
-        features = features.contiguous().unsqueeze(-1)
-        logits = logits.unsqueeze(-1)
-        norm = None if norm is None else norm.unsqueeze(-1)
-    else:
-        features, logits = features.flatten(2), logits.flatten(2)
-        norm = None if norm is None else norm.flatten(2)
-    return HardAlignment.apply(features, logits, table, eps, eps_tensor,
-                               matrix, on_features, bias, kernels, norm)
-
-
 def batch_alignment(features: torch.Tensor,
                     logits: torch.Tensor,
                     anchors: torch.Tensor,
@@ -534,15 +250,15 @@ def batch_alignment(features: torch.Tensor,
                     label: str = 'hard',
                     coefficients: Optional[torch.Tensor] = None,
                     bias: Optional[torch.Tensor] = None,
-                    valid_mask: Optional[torch.Tensor] = None,
-                    norm: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    valid_mask: Optional[torch.Tensor] = None
+                    ) -> torch.Tensor:
     """``L_STAG(B)`` through autograd (eq:stag_batch_loss): the mean of
     :func:`stag_alignment` over samples (valid pixels).
 
     ``anchors`` in the logits' dtype. ``coefficients``: ``V`` of a frozen
     classifier, whose projections come from the logits
     (:func:`projections_from_logits`, with ``bias``); None: from the
-    features. ``norm``: as in :func:`stag_alignment`.
+    features.
     """
     if coefficients is not None:
         projections = projections_from_logits(logits, coefficients, bias)
@@ -551,7 +267,7 @@ def batch_alignment(features: torch.Tensor,
             features, anchors.to(features.dtype)).to(logits.dtype)
     return reduce_batch_loss(stag_alignment(
         features, logits, anchors, eps=eps, label=label,
-        projections=projections, norm=norm), valid_mask)
+        projections=projections), valid_mask)
 
 
 def reduce_batch_loss(per_sample: torch.Tensor,

@@ -1,12 +1,11 @@
 """What a method may ask of its task: a batch and named operations on it."""
-import copy
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn as nn
 
-from .probe import HeadOutputs, HeadProbe, check_norm_tap
+from .probe import HeadOutputs, HeadProbe
 from .stats import PassStats
 
 
@@ -25,13 +24,11 @@ class ForwardPass:
     ``output``: what the batch is scored on, per sample the classifier's
     logits, per pixel the segmentor's (MMSeg's ``seg_logits`` at the input
     size); ``head_outputs``: the classifier's ``[(features, logits), ...]``,
-    one pair per call; ``feature_norms``: each call's ``||h||``, where the
-    adapter taps them (:attr:`TaskAdapter.tap_norms`), else None.
+    one pair per call.
     """
     output: torch.Tensor
     head_outputs: HeadOutputs
     stats: PassStats = field(default_factory=PassStats)
-    feature_norms: Optional[List[torch.Tensor]] = None
     #: the task's post-processed data samples of ``output``, once made
     #: (segmentation: ``SegmentationAdapter.postprocessed``)
     postprocessed: Optional[list] = field(default=None, repr=False)
@@ -70,21 +67,9 @@ class TaskAdapter:
     #: size (``SegmentationAdapter``), which a method may need (its
     #: ``needs_original_size``)
     has_original_size: bool = False
-    #: each forward pass with gradients taps ``||h||``: ``True``, the
-    #: classifier's input through :func:`~mmseg_stag.core.stag.
-    #: tap_feature_norm`; ``'fused'``, from the classifier's Triton GEMM
-    #: (:meth:`tapping_norms`; STAG's ``norm_tap``, ``HeadProbe.record``)
-    tap_norms: Union[bool, str] = False
 
     def __init__(self, probe: HeadProbe):
         self.probe = probe
-
-    def tapping_norms(self, how: Union[bool, str] = True) -> 'TaskAdapter':
-        """A copy of this adapter whose passes tap ``||h||`` ``how``
-        (:attr:`tap_norms`)."""
-        adapter = copy.copy(self)
-        adapter.tap_norms = check_norm_tap(how)
-        return adapter
 
     @property
     def prediction_kind(self) -> str:
@@ -98,8 +83,6 @@ class TaskAdapter:
     def forward(self, model: nn.Module, batch: Batch,
                 inputs: Any = None) -> ForwardPass:
         """Run ``model`` once on the batch, or on ``inputs`` made from it."""
-        rec = self.probe.record(model,
-                                batch.inputs if inputs is None else inputs,
-                                tap_norms=self.tap_norms)
-        return ForwardPass(rec.prediction, rec.head_outputs,
-                           feature_norms=rec.feature_norms)
+        logits, head_outputs = self.probe(
+            model, batch.inputs if inputs is None else inputs)
+        return ForwardPass(logits, head_outputs)

@@ -38,11 +38,9 @@ class SegmentationAdapter(TaskAdapter):
         if run is None:
             run = functools.partial(model.inference,
                                     batch_img_metas=batch.metas)
-        rec = self.probe.record(
-            model, batch.inputs if inputs is None else inputs, run=run,
-            tap_norms=self.tap_norms)
-        return ForwardPass(rec.prediction, rec.head_outputs,
-                           feature_norms=rec.feature_norms)
+        logits, head_outputs = self.probe(
+            model, batch.inputs if inputs is None else inputs, run=run)
+        return ForwardPass(logits, head_outputs)
 
     @torch.no_grad()
     def postprocess(self, batch: SegmentationBatch,

@@ -11,6 +11,7 @@ import torch.nn as nn
 from mmseg.registry import MODELS
 
 import mmseg_stag  # noqa: F401  (registers STAGLoss into MMSeg's MODELS)
+from host_syncs import HostSyncCounter
 from mmseg_stag.core import STAGLoss, stag
 
 
@@ -115,9 +116,7 @@ def test_custom_imports_in_config_registers_loss(tmp_path):
 @pytest.mark.parametrize('anchor', ['diagonal', 'full'])
 @pytest.mark.parametrize('label', ['hard', 'soft'])
 @pytest.mark.parametrize('per_pixel', [False, True])
-@pytest.mark.parametrize('analytic', [False, True])
-def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel,
-                                                analytic):
+def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel):
     """With a frozen classifier weight the projections come from the logits:
     same loss and same gradients on every upstream parameter as projecting
     the features (the reference ``stag.stag_loss``), a trainable bias
@@ -130,7 +129,7 @@ def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel,
     head.weight.requires_grad_(False)
     x = torch.randn(3, 5, 2, 3, dtype=dtype) if per_pixel else \
         torch.randn(6, 5, dtype=dtype)
-    loss = STAGLoss(anchor=anchor, label=label, analytic_backward=analytic)
+    loss = STAGLoss(anchor=anchor, label=label)
 
     def features(x):
         if per_pixel:
@@ -154,6 +153,28 @@ def test_frozen_classifier_projects_from_logits(anchor, label, per_pixel,
     for a, b in zip(g_got, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
     assert all(g.abs().max() > 0 for g in g_got)
+
+
+@pytest.mark.parametrize('per_pixel', [False, True])
+@pytest.mark.parametrize('frozen', [True, False])
+def test_no_host_read_without_check_finite(per_pixel, frozen):
+    """``check_finite=False`` (the online methods'): once the anchors and
+    the shapes are checked, a forward and backward of the term read
+    nothing back to the host (on a GPU: no wait for the device;
+    tests/host_syncs.py for what is counted)."""
+    torch.manual_seed(0)
+    head = nn.Conv2d(7, 5, 1) if per_pixel else nn.Linear(7, 5)
+    head.weight.requires_grad_(not frozen)
+    h = torch.randn((3, 7, 2, 3) if per_pixel else (6, 7),
+                    requires_grad=True)
+    z = head(h).detach().requires_grad_()
+    loss = STAGLoss(check_finite=False)
+    loss(h, z, head.weight, head.bias)  # the anchors, the shape checks
+    counter = HostSyncCounter()
+    with counter:
+        loss(h, z, head.weight, head.bias).backward()
+    assert counter.calls == []
+    assert h.grad.abs().max() > 0 and z.grad.abs().max() > 0
 
 
 def test_class_token_view_does_not_keep_the_token_map():

@@ -1,6 +1,5 @@
 """The base class of the online-adaptation methods and STAG's place in it;
 the life cycle of DequanWang/tent's tent.py (Tent.forward)."""
-import importlib.util
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -8,7 +7,7 @@ import torch.nn as nn
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
 from ..params import exclude_by_module, select_parameters
-from ..probe import PREDICTION_KINDS, check_norm_tap, check_prediction_kind
+from ..probe import PREDICTION_KINDS, check_prediction_kind
 from ..stag import stag_beta
 from ..stag_loss import STAGLoss
 from ..stats import StepStats
@@ -69,15 +68,6 @@ class BaseMethod:
         self.trainable_cfg = dict(trainable or self.default_trainable)
         self.restart_beta_per_stage = bool(
             (self.stag_cfg or {}).get('restart_beta_per_stage', False))
-        #: ||h|| tapped beside the classifier (STAGLoss's feature_norm):
-        #: False, True or 'fused' (HeadProbe.record)
-        self.norm_tap = check_norm_tap(
-            (self.stag_cfg or {}).get('norm_tap', False))
-        if self.norm_tap == 'fused' and \
-                importlib.util.find_spec('triton') is None:
-            raise ImportError("stag.norm_tap='fused' needs the triton "
-                              'package (CUDA builds of torch bring it); '
-                              'use norm_tap=True')
         self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
 
         self.model: Optional[nn.Module] = None
@@ -129,15 +119,8 @@ class BaseMethod:
         ``ValueError`` if no parameter matches ``trainable``."""
         self.check_supports(adapter)
         self.prepare_model(model)
-        self.model = model
-        self.adapter = adapter.tapping_norms(self.norm_tap) \
-            if self.norm_tap else adapter
+        self.model, self.adapter = model, adapter
         self.classifier = adapter.classifier(model)
-        if self.norm_tap == 'fused':  # before the first batch, not in it
-            from ..classifier_triton import (check_device,
-                                             check_fused_classifier)
-            check_fused_classifier(self.classifier)
-            check_device(self.classifier.weight)
         model.requires_grad_(False)
         self.set_modes(model)
         if not self.updates:
@@ -293,15 +276,9 @@ class BaseMethod:
             stats.loss_base = base.detach()
         if self.stag_loss is not None:
             weight, bias = self.classifier.weight, self.classifier.bias
-            if self.norm_tap and fwd.feature_norms is None:
-                raise RuntimeError(
-                    f'{self.name}: stag.norm_tap={self.norm_tap!r}, but this '
-                    'forward pass did not tap ||h|| (it ran without '
-                    "gradients or not through the method's adapter)")
             # eq:stag_batch_loss, over every sample (pixel) of the pass
-            l_stag = self.stag_loss.over_outputs(
-                fwd.head_outputs, weight, bias,
-                feature_norms=fwd.feature_norms if self.norm_tap else None)
+            l_stag = self.stag_loss.over_outputs(fwd.head_outputs, weight,
+                                                 bias)
             beta = self.beta if beta is None else beta
             stats.loss_stag, stats.beta = l_stag.detach(), beta
             total = beta * l_stag if total is None else total + beta * l_stag

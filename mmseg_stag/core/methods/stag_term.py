@@ -17,8 +17,7 @@ def stag_loss_options(stag_cfg: dict) -> dict:
     them)."""
     return {'check_finite': False, **{
         k: v for k, v in stag_cfg.items()
-        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage',
-                     'norm_tap')}}
+        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage')}}
 
 
 @torch.no_grad()

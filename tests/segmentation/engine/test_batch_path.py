@@ -18,19 +18,19 @@ CALLBACKS = {'core/probe.py:hook', 'core/stag.py:backward'}
 
 #: the steady state's calls (the third batch, the second stage's first:
 #: the anchors and the shape checks are done, no log line, no stage end),
-#: CPU defaults (the autograd STAG term)
+#: the defaults
 EXPECTED = [
     ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:batch'),
     ('engine/online_loop.py:run_iter', 'core/methods/base.py:adapt'),
     ('core/methods/base.py:beta', 'core/stag.py:stag_beta'),
     ('core/methods/base.py:forward_and_adapt',
      'segmentation/task_adapter.py:forward'),
-    ('segmentation/task_adapter.py:forward', 'core/probe.py:record'),
+    ('segmentation/task_adapter.py:forward', 'core/probe.py:__call__'),
     ('core/methods/base.py:loss', 'core/methods/tent.py:base_loss'),
     ('core/methods/tent.py:base_loss',
      'segmentation/task_adapter.py:cross_entropy_at_original_size'),
     ('core/methods/base.py:add_stag', 'core/stag_loss.py:over_outputs'),
-    ('core/stag_loss.py:_autograd_loss', 'core/stag.py:batch_alignment'),
+    ('core/stag_loss.py:forward', 'core/stag.py:batch_alignment'),
     ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:outputs'),
     ('engine/online_loop.py:run_iter', 'engine/stream_metric.py:process'),
     ('engine/stream_metric.py:process',
