@@ -4,12 +4,11 @@ from .evaluation import ContinualIoUMetric
 from .methods import HybridTTA, SegmentationCoTTA
 from .online_task import SegmentationTask
 from .task_adapter import SegmentationAdapter, SegmentationBatch
-from .models import (NVMixVisionTransformer, NVSegformerHead,
-                     convert_nvlabs_checkpoint, convert_nvlabs_segformer)
+from .models import NVMixVisionTransformer, NVSegformerHead
 
 __all__ = [
     'SegmentationTask', 'SegmentationBatch', 'SegmentationAdapter',
     'SegmentationCoTTA', 'HybridTTA', 'ACDCContinualDataset',
     'ScaleFlipViews', 'ContinualIoUMetric', 'NVMixVisionTransformer',
-    'NVSegformerHead', 'convert_nvlabs_segformer', 'convert_nvlabs_checkpoint'
+    'NVSegformerHead'
 ]

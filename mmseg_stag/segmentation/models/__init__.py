@@ -1,4 +1,3 @@
-from .nvlabs_convert import convert_nvlabs_checkpoint, convert_nvlabs_segformer
 from .nvlabs_mit import NVMixVisionTransformer
 from .nvlabs_segformer_head import NVSegformerHead
 from .fast_mit import SDPAMixVisionTransformer, use_attention
@@ -6,5 +5,5 @@ from . import stag_loss  # noqa: F401  (registers STAGLoss in MMSeg's MODELS)
 
 __all__ = [
     'NVMixVisionTransformer', 'NVSegformerHead', 'SDPAMixVisionTransformer',
-    'use_attention', 'convert_nvlabs_segformer', 'convert_nvlabs_checkpoint'
+    'use_attention'
 ]

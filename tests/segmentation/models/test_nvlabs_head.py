@@ -14,8 +14,8 @@ from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 
 import mmseg_stag  # noqa: F401  (registers the components)
-from mmseg_stag.segmentation.models import (NVSegformerHead,
-                                            convert_nvlabs_checkpoint,
+from mmseg_stag.segmentation.models import NVSegformerHead
+from tools.convert_nvlabs_segformer import (convert_nvlabs_checkpoint,
                                             convert_nvlabs_segformer)
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import (NVLABS_SEG_CFG, REPO, build_from_config,
