@@ -386,3 +386,30 @@ def test_bad_configs_raise():
     per_token.probe.prediction_kind = 'per_token'  # the probe refuses it
     with pytest.raises(ValueError, match='prediction_kind must be one of'):
         TENT().configure(make_model(), per_token)
+
+
+def test_tent_takes_few_options():
+    """TENT's options, every level a config reaches (its and the base's
+    arguments, the ``stag`` and ``trainable`` dicts; the optimizer's are
+    torch's): at most 22 (issue 59), none for speed only. A new option
+    fails here: add it to the list on purpose."""
+    import inspect
+
+    from mmseg_stag.core import STAGLoss
+    from mmseg_stag.core.methods.base import BaseMethod
+
+    def arguments(fn, skip=()):
+        return {name for name, p in inspect.signature(fn).parameters.items()
+                if p.kind is p.POSITIONAL_OR_KEYWORD and name not in skip}
+
+    own = arguments(TENT.__init__, {'self'}) | arguments(
+        BaseMethod.__init__, {'self'})
+    stag = arguments(STAGLoss.__init__, {'self'}) | {
+        'beta0', 'gamma', 'restart_beta_per_stage'}
+    trainable = arguments(select_parameters, {'model'})
+    assert own == {'loss', 'align_corners', 'stag', 'optimizer', 'trainable',
+                   'fresh_optimizer_per_stage'}
+    assert stag == {'eps', 'anchor', 'label', 'check_finite', 'beta0',
+                    'gamma', 'restart_beta_per_stage'}
+    assert trainable == {'kind', 'norm_types', 'name_regex'}
+    assert len(own | stag | trainable) <= 22
