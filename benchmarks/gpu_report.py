@@ -152,9 +152,12 @@ def md_loader(r):
 def md_loop(r):
     return ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
             f"per method, timed after the first {r['warmup']}.", ''] + \
-        markdown_table(('method', 'images/s', 'classifier calls / image'),
+        markdown_table(('method', 'images/s', 'classifier calls / image',
+                        'peak allocated (MB)', 'mIoU'),
                        [(method, fmt(row['images_per_second'], 2),
-                         fmt(row['classifier_calls_per_image'], 1))
+                         fmt(row['classifier_calls_per_image'], 1),
+                         fmt(row.get('peak_allocated_mb'), 1),
+                         fmt(row.get('mIoU'), 2))
                         for method, row in r['methods'].items()])
 
 

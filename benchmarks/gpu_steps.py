@@ -457,9 +457,13 @@ def loop_args(ctx, methods, images, warmup):
 
 
 def measure_loop(ctx):
-    """Images/s of the whole online loop (tools/benchmark_loop.py)."""
+    """Images/s of the whole online loop (tools/benchmark_loop.py): the
+    faithful TENT(+STAG) configs and, on CUDA, TENT+STAG's fast preset
+    beside them (its run stops before the stream without CUDA)."""
     from benchmarks.loop_benchmark import run_method
-    args = loop_args(ctx, ['tent', 'tent-stag'], ctx.args.loop_images,
+    methods = ['tent', 'tent-stag'] + (
+        ['tent-stag_bf16-graph'] if ctx.cuda else [])
+    args = loop_args(ctx, methods, ctx.args.loop_images,
                      ctx.args.loop_warmup)
     rows = {}
     for method in args.methods:
@@ -470,8 +474,9 @@ def measure_loop(ctx):
         free_memory()
     return dict(methods=rows, images=args.images, warmup=args.warmup,
                 settings='configs/stag_acdc/segformer_mit-b5-nvlabs_'
-                'acdc-continual_{tent,tent-stag}.py as they are (float32, '
-                "the config's loader), random weights, the generated stream")
+                'acdc-continual_{tent,tent-stag,tent-stag_bf16-graph}.py as '
+                "they are (each config's precision and loader workers), "
+                'random weights, the generated stream')
 
 
 # ----------------------------------------------------------- 5. profile

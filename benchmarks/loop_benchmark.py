@@ -67,14 +67,17 @@ def build_runner(config, args, work_dir, method):
 
 def loop_timer():
     """An observing hook: the time at the end of every batch (CUDA
-    synchronised) and the classifier's calls (``count``, a forward hook)."""
+    synchronised), the peak CUDA memory allocated (read before MMEngine's
+    log processor resets the counter at its interval) and the classifier's
+    calls (``count``, a forward hook)."""
     from mmengine.hooks import Hook
 
     class LoopTimer(Hook):
-        priority = 'LOWEST'
+        # before the LoggerHook, whose log processor resets the peak
+        priority = 'VERY_HIGH'
 
         def __init__(self):
-            self.times, self.calls = [], 0
+            self.times, self.calls, self.peak = [], 0, 0
 
         def count(self, *_):
             self.calls += 1
@@ -83,6 +86,7 @@ def loop_timer():
                             outputs=None):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+                self.peak = max(self.peak, torch.cuda.max_memory_allocated())
             self.times.append(time.perf_counter())
 
     return LoopTimer()
@@ -103,9 +107,13 @@ def method_config(pattern, method):
 
 
 def run_method(method, args, work_root):
-    """One method's run (its config by ``args.config_pattern``): images/s
-    after ``args.warmup``, classifier calls per image, mIoU."""
+    """One method's run (its config by ``args.config_pattern``; a
+    ``…_bf16-graph`` method is its fast preset): images/s after
+    ``args.warmup``, classifier calls per image, peak CUDA memory
+    allocated (MB; None without CUDA), mIoU."""
     config = method_config(args.config_pattern, method)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     runner = build_runner(config, args, osp.join(work_root, method), method)
     classifier = runner.model.get_submodule(
         head_layer_of(runner.cfg) or 'decode_head.conv_seg')
@@ -117,4 +125,6 @@ def run_method(method, args, work_root):
                 images_per_second=images_per_second(timer.times,
                                                     args.warmup),
                 classifier_calls_per_image=timer.calls / len(timer.times),
+                peak_allocated_mb=timer.peak / 2**20
+                if torch.cuda.is_available() else None,
                 mIoU=metrics.get('continual/mIoU_mean_over_stages'))
