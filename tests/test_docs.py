@@ -331,3 +331,50 @@ def test_reproduce_page_counts_the_configs_of_each_table():
         assert found == int(runs), (pattern, found, runs)
         counted += 1
     assert counted == 5
+
+
+def report_numbers():
+    """Every number the recorded reports hold (docs/results/: the GPU
+    runs' files as the machine wrote them), thousands separators dropped."""
+    numbers = set()
+    for path in glob.glob(osp.join(REPO, 'docs', 'results', '**', '*'),
+                          recursive=True):
+        if not path.endswith(('.md', '.json', '.txt', '.log', '.tsv')):
+            continue
+        with open(path, encoding='utf-8', errors='ignore') as f:
+            text = f.read().replace(',', '')
+        numbers.update(float(m) for m in re.findall(
+            r'(?<![\w.])(\d+(?:\.\d+)?)', text))
+    return numbers
+
+
+#: a speed or memory figure in a page: a number (or a range) and its unit
+FIGURE = re.compile(r'(?<![\w.–-])(\d[\d,]*(?:\.\d+)?)(?:–(\d[\d,]*'
+                    r'(?:\.\d+)?))?\s?(ms|images/s|GB)\b')
+
+
+def test_pages_state_only_figures_the_reports_hold():
+    """A step time (ms), a rate (images/s) or a GPU memory (GB) on a page
+    is one that a report in docs/results/ holds, to the digits the page
+    gives (GB: a report's MB over 1000 or 1024): a figure changed by hand,
+    or quoted from a run whose report is not kept, fails here."""
+    numbers = report_numbers()
+
+    def held(text, unit):
+        value = float(text.replace(',', ''))
+        digits = len(text.split('.')[1]) if '.' in text else 0
+        scales = (1, 1000, 1024) if unit == 'GB' else (1, )
+        return any(round(n / scale, digits) == value
+                   for n in numbers for scale in scales)
+
+    missing = []
+    pages = glob.glob(osp.join(REPO, 'docs', '*.md')) + [
+        osp.join(REPO, 'README.md')]
+    for page in pages:
+        with open(page, encoding='utf-8') as f:
+            for number, line in enumerate(f, 1):
+                for m in FIGURE.finditer(line):
+                    missing += [f'{osp.relpath(page, REPO)}:{number}: '
+                                f'{g} {m.group(3)}' for g in m.groups()[:2]
+                                if g and not held(g, m.group(3))]
+    assert not missing, missing
