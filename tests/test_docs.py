@@ -333,46 +333,76 @@ def test_reproduce_page_counts_the_configs_of_each_table():
     assert counted == 5
 
 
-def report_numbers():
-    """Every number the recorded reports hold (docs/results/: the GPU
-    runs' files as the machine wrote them), thousands separators dropped."""
-    numbers = set()
-    for path in glob.glob(osp.join(REPO, 'docs', 'results', '**', '*'),
+def report_figures():
+    """Every ``(value, unit)`` the recorded reports' pages hold
+    (docs/results/**/*.md, as the GPU runs wrote them): table cells under a
+    header naming the unit, and numbers written with their unit."""
+    units = ((r'\bms\b', 'ms'), (r'images/s', 'images/s'), (r'\bGB\b', 'GB'),
+             (r'\bMB\b', 'MB'), (r'\((?:s|seconds)\)|\bs\b', 's'))
+
+    def unit_of(text):
+        return next((u for pattern, u in units if re.search(pattern, text)),
+                    None)
+
+    figures = set()
+    for path in glob.glob(osp.join(REPO, 'docs', 'results', '**', '*.md'),
                           recursive=True):
-        if not path.endswith(('.md', '.json', '.txt', '.log', '.tsv')):
-            continue
-        with open(path, encoding='utf-8', errors='ignore') as f:
-            text = f.read().replace(',', '')
-        numbers.update(float(m) for m in re.findall(
-            r'(?<![\w.])(\d+(?:\.\d+)?)', text))
-    return numbers
+        with open(path, encoding='utf-8') as f:
+            lines = f.read().replace(',', '').split('\n')
+        header = None
+        for line in lines:
+            for m in re.finditer(r'(?<![\w.])(\d+(?:\.\d+)?)\s?(ms|images/s|'
+                                 r'MB|GB|s)\b', line):
+                figures.add((float(m.group(1)), m.group(2)))
+            if not line.startswith('|'):
+                header = None
+                continue
+            cells = [c.strip() for c in line.strip().strip('|').split('|')]
+            if header is None:
+                header = [unit_of(c) for c in cells]
+                continue
+            for unit, cell in zip(header, cells):
+                if unit:
+                    figures.update((float(v), unit) for v in re.findall(
+                        r'(?<![\w.])(\d+(?:\.\d+)?)', cell))
+    return figures
 
 
-#: a speed or memory figure in a page: a number (or a range) and its unit
+#: a GPU speed or memory figure in a page: a number (or a range), its unit
 FIGURE = re.compile(r'(?<![\w.–-])(\d[\d,]*(?:\.\d+)?)(?:–(\d[\d,]*'
                     r'(?:\.\d+)?))?\s?(ms|images/s|GB)\b')
+#: where a page speaks of GPU runs (its line or its section's title)
+GPU_CONTEXT = re.compile(r'H100|GPU|CUDA|preset')
 
 
-def test_pages_state_only_figures_the_reports_hold():
-    """A step time (ms), a rate (images/s) or a GPU memory (GB) on a page
-    is one that a report in docs/results/ holds, to the digits the page
-    gives (GB: a report's MB over 1000 or 1024): a figure changed by hand,
-    or quoted from a run whose report is not kept, fails here."""
-    numbers = report_numbers()
+def test_pages_state_only_gpu_figures_the_reports_hold():
+    """Where a page speaks of GPU runs, each step time (ms), rate
+    (images/s) or memory (GB) it states is one a report in docs/results/
+    holds with that unit, to the digits the page gives (ms: a report's
+    seconds too; GB: its MB over 1000 or 1024): a figure changed by hand,
+    derived on the page, or quoted from a run whose report is not kept
+    fails here."""
+    figures = report_figures()
+    scales = {'ms': (('ms', 1), ('s', 1000)), 'images/s': (('images/s', 1), ),
+              'GB': (('GB', 1), ('MB', 1 / 1000), ('MB', 1 / 1024))}
 
     def held(text, unit):
         value = float(text.replace(',', ''))
         digits = len(text.split('.')[1]) if '.' in text else 0
-        scales = (1, 1000, 1024) if unit == 'GB' else (1, )
-        return any(round(n / scale, digits) == value
-                   for n in numbers for scale in scales)
+        return any(u == unit_of and round(v * k, digits) == value
+                   for v, u in figures for unit_of, k in scales[unit])
 
     missing = []
     pages = glob.glob(osp.join(REPO, 'docs', '*.md')) + [
         osp.join(REPO, 'README.md')]
     for page in pages:
+        section = ''
         with open(page, encoding='utf-8') as f:
             for number, line in enumerate(f, 1):
+                if line.startswith('#'):
+                    section = line
+                if not GPU_CONTEXT.search(section + line):
+                    continue
                 for m in FIGURE.finditer(line):
                     missing += [f'{osp.relpath(page, REPO)}:{number}: '
                                 f'{g} {m.group(3)}' for g in m.groups()[:2]
