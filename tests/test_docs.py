@@ -371,7 +371,7 @@ def report_figures():
 #: a GPU speed or memory figure in a page: a number (or a range), its unit
 FIGURE = re.compile(r'(?<![\w.–-])(\d[\d,]*(?:\.\d+)?)(?:–(\d[\d,]*'
                     r'(?:\.\d+)?))?\s?(ms|images/s|GB)\b')
-#: where a page speaks of GPU runs (its line or its section's title)
+#: where a page speaks of GPU runs (its paragraph or its section's title)
 GPU_CONTEXT = re.compile(r'H100|GPU|CUDA|preset')
 
 
@@ -396,15 +396,19 @@ def test_pages_state_only_gpu_figures_the_reports_hold():
     pages = glob.glob(osp.join(REPO, 'docs', '*.md')) + [
         osp.join(REPO, 'README.md')]
     for page in pages:
-        section = ''
         with open(page, encoding='utf-8') as f:
-            for number, line in enumerate(f, 1):
-                if line.startswith('#'):
-                    section = line
-                if not GPU_CONTEXT.search(section + line):
-                    continue
-                for m in FIGURE.finditer(line):
-                    missing += [f'{osp.relpath(page, REPO)}:{number}: '
-                                f'{g} {m.group(3)}' for g in m.groups()[:2]
-                                if g and not held(g, m.group(3))]
+            text = f.read()
+        section, start = '', 1
+        # paragraphs (a table is one), each with its section's title
+        for block in re.split(r'\n\s*\n', text):
+            if block.startswith('#'):
+                section = block.split('\n')[0]
+            if GPU_CONTEXT.search(section + block):
+                for offset, line in enumerate(block.split('\n')):
+                    for m in FIGURE.finditer(line):
+                        missing += [
+                            f'{osp.relpath(page, REPO)}:{start + offset}: '
+                            f'{g} {m.group(3)}' for g in m.groups()[:2]
+                            if g and not held(g, m.group(3))]
+            start += block.count('\n') + 2
     assert not missing, missing
