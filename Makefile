@@ -39,7 +39,7 @@ demo-cls: $(STAMP)
 demo-cls-hard: $(STAMP)
 	$(PY) tools/demo_cls.py --work-dir work_dirs/demo_cls --scenarios label-shift bs1
 
-$(STAMP_REAL): setup.py tools/install_real_models_env.sh
+$(STAMP_REAL): setup.py tools/install_real_models_env.sh constraints-real.txt
 	rm -f $(STAMP_REAL)
 	bash tools/install_real_models_env.sh $(VENV_REAL) $(PYTHON)
 

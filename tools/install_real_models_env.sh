@@ -3,7 +3,8 @@
 # torch with a matching torchvision wheel, which the main stack's CPU torch
 # 2.13 has none of here (SPEC: torch 2.14.1 + torchvision 0.29.1, a CUDA
 # build that runs on the CPU). Classification needs MMEngine, not MMCV, so
-# this environment has no MMCV build. Idempotent: a finished install is kept.
+# this environment has no MMCV build. Its other packages are pinned by
+# constraints-real.txt. Idempotent: a finished install is kept.
 #   bash tools/install_real_models_env.sh [VENV=.venv-real] [PYTHON=python3]
 set -euo pipefail
 VENV="${1:-.venv-real}"
@@ -15,7 +16,8 @@ if [ -f "$STAMP" ]; then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q)
+# every other package at the version tests/real_models passed with
+PIP=("$VENV/bin/python" -m pip install -q -c "$ROOT/constraints-real.txt")
 echo "[install-real] torch 2.14.1 + torchvision 0.29.1, timm, safetensors"
 "${PIP[@]}" torch==2.14.1 torchvision==0.29.1
 "${PIP[@]}" timm safetensors 'setuptools<81' mmengine==0.10.7

@@ -320,3 +320,41 @@ def test_the_constraints_pin_what_the_script_installs_but_torch_and_mmcv():
     for name in ('numpy', 'pillow', 'opencv-python', 'scipy', 'scikit-image',
                  'imagecorruptions-imaug', 'mlxtend'):
         assert name in pinned, name
+
+
+# -- the real classifiers' environment (.venv-real) --------------------------
+INSTALL_REAL = osp.join(REPO, 'tools', 'install_real_models_env.sh')
+CONSTRAINTS_REAL = osp.join(REPO, 'constraints-real.txt')
+
+
+def test_the_real_models_environment_is_pinned(tmp_path):
+    """Every pip call of tools/install_real_models_env.sh takes
+    constraints-real.txt, which pins timm, numpy and the rest (not torch
+    and torchvision: the script's own pins, which bring their NVIDIA
+    libraries and Triton)."""
+    venv = tmp_path / 'venv'
+    executable(venv / 'bin' / 'python', STUB_PYTHON)
+    log = tmp_path / 'pip.log'
+    log.write_text('')
+    done = subprocess.run(
+        ['bash', INSTALL_REAL, str(venv), 'python3'], capture_output=True,
+        text=True, timeout=120, env=dict(
+            PATH=SYSTEM_PATH, HOME=str(tmp_path), STUB_LOG=str(log),
+            REAL_PYTHON=sys.executable, STUB_TORCH='none'))
+    assert done.returncode == 0, done.stderr
+    pip_calls = [c for c in log.read_text().splitlines()
+                 if ' pip install ' in c]
+    assert len(pip_calls) == 3
+    assert all(f'-c {CONSTRAINTS_REAL} ' in c for c in pip_calls)
+    with open(CONSTRAINTS_REAL) as f:
+        pinned = dict(ln.strip().split('==') for ln in f
+                      if ln.strip() and not ln.startswith('#'))
+    for name in ('timm', 'numpy', 'safetensors', 'mmengine', 'setuptools'):
+        assert name in pinned, name
+    for name in ('torch', 'torchvision', 'triton'):
+        assert name not in pinned, name
+    assert not [n for n in pinned if n.startswith('nvidia-')]
+    with open(INSTALL_REAL) as f:
+        script = f.read()
+    assert 'torch==2.14.1 torchvision==0.29.1' in script
+    assert f"mmengine=={pinned['mmengine']}" in script
