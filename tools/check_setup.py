@@ -393,12 +393,12 @@ def checkpoint_problems(cfg, args, classes: Optional[int]) -> List[str]:
 def source_cfg(cfg, args, corruptions) -> Config:
     """``cfg`` with Source as the method and the short stream."""
     cfg = copy.deepcopy(cfg)
-    head = (cfg.get('test_cfg') or {}).get('head_layer')
-    # the method's own keys (EATA's source data, a preset) are dropped too
-    cfg.test_cfg = ConfigDict(type='OnlineAdaptationLoop',
-                              method=dict(type='source'))
-    if head:
-        cfg.test_cfg.head_layer = head
+    # the loop's options stay (a preset's precision is what is checked);
+    # what belongs to the method goes: the method, its test-batch BN
+    # statistics (Source keeps the running ones), its clean data (EATA's)
+    cfg.test_cfg.method = ConfigDict(type='source')
+    for key in ('bn_batch_stats', 'source_dataloader'):
+        cfg.test_cfg.pop(key, None)
     ds = cfg.test_dataloader.dataset
     if is_classification(cfg):
         ds.corruptions = list(corruptions)

@@ -279,3 +279,25 @@ def test_classification_missing_corruption_file_fails(
     assert status == 1
     assert f'corruption fog: {osp.join(root, "fog.npy")} does not exist' \
         in out
+
+
+@pytest.mark.parametrize('config, kept', [
+    ('configs/cls/imagenet-c/imagenet-c_mild_resnet50-bn_eata-stag.py', {}),
+    ('configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_'
+     'tent-stag_bf16-graph.py', {'mixed_precision': 'bf16',
+                                 'preset': 'bf16-graph'})])
+def test_the_source_run_drops_the_method_and_keeps_the_loop(config, kept,
+                                                            load_tool):
+    tool = load_tool('check_setup')
+    args = tool.parse_args([osp.join(REPO, config), 'unused.pth'])
+    cfg = tool.source_cfg(tool.load_cfg(args), args, ['fog'])
+    assert cfg.test_cfg.method == {'type': 'source'}
+    assert 'bn_batch_stats' not in cfg.test_cfg  # Source: running stats
+    assert 'source_dataloader' not in cfg.test_cfg
+    assert {k: cfg.test_cfg.get(k) for k in kept} == kept
+    ds = cfg.test_dataloader.dataset
+    if tool.is_classification(cfg):
+        assert ds.corruptions == ['fog']
+        assert ds.corruption_set.n_examples == tool.DEFAULT_IMAGES
+    else:
+        assert ds.rounds == 1
