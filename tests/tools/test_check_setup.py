@@ -301,3 +301,13 @@ def test_the_source_run_drops_the_method_and_keeps_the_loop(config, kept,
         assert ds.corruption_set.n_examples == tool.DEFAULT_IMAGES
     else:
         assert ds.rounds == 1
+
+
+def test_conditions_kept_by_the_config_are_compared_alone(
+        tiny_acdc, tiny_checkpoint, tmp_path, capsys, load_tool):
+    status, out = check(load_tool, capsys, CONFIG, tiny_checkpoint,
+                        tiny_acdc, '--expected', EXPECTED, '--work-dir',
+                        str(tmp_path / 'run'), '--cfg-options',
+                        "test_dataloader.dataset.conditions=['snow']")
+    assert status == 0, out
+    assert '  snow ' in out and '  fog ' not in out
