@@ -2,7 +2,8 @@
 
     python tools/check_setup.py CONFIG CHECKPOINT [--data-root DIR]
         [--expected FILE] [--corruptions C ...] [--images N]
-        [--work-dir DIR] [--no-run] [--trust-pickle] [--cfg-options KEY=VALUE ...]
+        [--work-dir DIR] [--no-run] [--trust-pickle]
+        [--cfg-options KEY=VALUE ...]
 
 Three checks, each PASS or FAIL, then a verdict and the next command:
 
@@ -166,8 +167,8 @@ def load_expected(path: str, task: str) -> dict:
 
 
 def acdc_tree(cfg, expected: Optional[dict]) -> List[str]:
-    """Problems of the ACDC tree the config reads, one sentence each; the
-    first lines of ``info`` say what was found."""
+    """Problems of the ACDC tree the config reads, one sentence each (what
+    it found is printed when all holds)."""
     ds = cfg.test_dataloader.dataset
     root = ds.data_root
     conditions = ds.get('conditions', ('fog', 'night', 'rain', 'snow'))
