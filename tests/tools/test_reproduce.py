@@ -296,3 +296,36 @@ def test_a_sweep_run_without_a_seed_keeps_the_configs(tmp_path, monkeypatch,
                                'a.b=1']
     assert sys.executable == seen['cmd'][0]
     assert os.path.isfile(tmp_path / 'r' / 'pid')
+
+
+def test_two_runs_on_a_local_ray(tiny_acdc, nvlabs_checkpoint, tmp_path):
+    """``--launcher ray`` end to end (as a command: Ray starts in its own
+    process): both runs in their work dirs, the sweep's table beside them,
+    the paper's table collected."""
+    pytest.importorskip('ray', reason="the sweep extra: pip install -e "
+                        "'.[sweep]'")
+    import tool_runs
+    work = tmp_path / 'work'
+    cmd = [sys.executable, osp.join(REPO, 'tools', 'reproduce.py'), 'table9',
+           '--checkpoint', nvlabs_checkpoint, '--data-root', tiny_acdc,
+           '--work-root', str(work), '--only', 'source', 'tent',
+           '--launcher', 'ray', '--num-cpus', '2', '--allow-short',
+           '--cfg-options',
+           *as_cli(tiny_options(tiny_acdc, rounds=1, head='nvlabs'))]
+    env = dict(os.environ, OMP_NUM_THREADS='1', CUDA_VISIBLE_DEVICES='',
+               RAY_DEDUP_LOGS='0')
+    done = tool_runs.run(cmd, cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    assert 'all 2 runs finished' in done.stdout
+    with open(work / 'sweep_results.json') as f:
+        rows = json.load(f)['runs']
+    assert sorted((r['name'], r['status']) for r in rows) == [
+        (f'segformer_mit-b5-nvlabs_acdc-continual_{m}', 'finished')
+        for m in ('source', 'tent')]
+    for method in ('source', 'tent'):
+        assert (work / f'segformer_mit-b5-nvlabs_acdc-continual_{method}' /
+                'continual_results.json').is_file()
+    with open(work / 'table' / 'paper_table.json') as f:
+        assert [r['method'] for r in json.load(f)['rows']] == \
+            ['source', 'tent']
