@@ -362,11 +362,17 @@ def run_trial(config):
     run, options, resume = config['run'], config['options'], config['resume']
     os.makedirs(run['work_dir'], exist_ok=True)
     cmd = [sys.executable, TEST_PY, run['config'], run['checkpoint'],
-           '--work-dir', run['work_dir'], '--seed', str(run['seed'])]
+           '--work-dir', run['work_dir']]
+    # None: the config's own randomness.seed (tools/reproduce.py's runs)
+    if run['seed'] is not None:
+        cmd += ['--seed', str(run['seed'])]
     if resume and osp.isfile(osp.join(run['work_dir'],
                                       'online_adaptation_state.pth')):
         cmd.append('--resume')
-    words = options + [f'{k}={v}' for k, v in run['overrides'].items()]
+    # a run's own settings (tools/reproduce.py: EATA's clean images) after
+    # the sweep's, the grid's last
+    words = options + list(run.get('options', ())) + [
+        f'{k}={v}' for k, v in run['overrides'].items()]
     if words:
         cmd += ['--cfg-options'] + words
     log_path = osp.join(run['work_dir'], 'run.log')
@@ -442,6 +448,19 @@ def main(argv=None):
     runs = expand_runs(args)
     check_runs(runs, args)
     check_address(args.address)
+    paths = run_on_ray(runs, args)
+    with open(paths['md']) as f:
+        print(f.read(), flush=True)
+    print(f'[sweep] results: {paths["csv"]}, {paths["json"]}, '
+          f'{paths["md"]}, {paths["png"]}', flush=True)
+
+
+def run_on_ray(runs, args):
+    """Run ``runs`` (:func:`expand_runs`' dicts, checked) as Ray Tune
+    trials as ``args`` (:func:`parse_args`' namespace) says, then gather
+    them into ``args.work_dir/sweep_results.*``; return :func:`gather`'s
+    paths. ``tools/reproduce.py`` runs a paper table's configs through
+    it."""
     from mmseg_stag.engine.launch_guard import LAUNCHER_VARIABLES
     try:
         import ray
@@ -481,11 +500,8 @@ def main(argv=None):
             failure_config=tune.FailureConfig(max_failures=0), verbose=1))
     results = tuner.fit()
     paths = gather(runs, results, work_dir)
-    with open(paths['md']) as f:
-        print(f.read(), flush=True)
-    print(f'[sweep] results: {paths["csv"]}, {paths["json"]}, '
-          f'{paths["md"]}, {paths["png"]}', flush=True)
     ray.shutdown()
+    return paths
 
 
 if __name__ == '__main__':
