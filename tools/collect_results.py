@@ -10,17 +10,21 @@ the benchmark, scenario, model, method and +STAG. Writes
 baseline and +STAG, ours and the paper's, and STAG's gain in each. Runs of
 different protocols (task, benchmark, scenario, conditions, rounds), an
 unfinished run or results of another schema are refused before anything is
-written. The table logic is :mod:`mmseg_stag.paper_tables`.
+written. The table logic is ``tools/paper_tables.py``, beside this script.
 """
 import argparse
 import os.path as osp
 import sys
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+TOOLS = osp.dirname(osp.abspath(__file__))
+REPO = osp.dirname(TOOLS)
+# the package (not installed in a checkout) and the table logic beside this
+# script (tools/ is no package: a script loaded by path still finds it)
+for path in (REPO, TOOLS):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
-from mmseg_stag.paper_tables import collect  # noqa: E402
+from paper_tables import collect  # noqa: E402
 
 
 def parse_args(argv=None):

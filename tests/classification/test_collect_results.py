@@ -10,7 +10,6 @@ import shutil
 import pytest
 
 from cls_helpers import CIFAR, options
-from mmseg_stag.paper_tables import setting_of
 from run_helpers import run_config
 from seg_helpers import REPO, SEG_CFG, tiny_options
 
@@ -28,7 +27,8 @@ def cls_runs(tmp_path, stream, names, checkpoint):
     return dirs
 
 
-def test_the_setting_comes_from_the_shipped_config_name():
+def test_the_setting_comes_from_the_shipped_config_name(load_tool):
+    setting_of = load_tool('paper_tables').setting_of
     assert setting_of('segformer_mit-b5-nvlabs_acdc-continual_bn-adapt-stag'
                       '.py') == dict(benchmark='acdc', scenario='continual',
                                      model='segformer-b5',

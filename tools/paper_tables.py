@@ -1,4 +1,6 @@
-"""Finished runs as the paper's table: our score beside the paper's.
+"""Finished runs as the paper's table: our score beside the paper's (the
+logic of ``tools/collect_results.py``, beside it as MMSeg keeps a tool's
+logic in its tools, not in the package).
 
 A run is a work dir of ``tools/test.py`` with its ``continual_results.json``
 and the config MMEngine dumped there, whose file name says the setting.
@@ -10,9 +12,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
-from .engine.report import (RESULTS_FILE, markdown_table, new_figure,
+from mmseg_stag.engine.report import (RESULTS_FILE, markdown_table, new_figure,
                             read_results, write_files)
-from .paper_results import METRICS, paper_result
+from mmseg_stag.paper_results import METRICS, paper_result
 
 #: ``configs/stag_acdc`` names; only the NVlabs B5 is the paper's model
 ACDC_NAME = re.compile(r'^segformer_mit-b5(?P<nvlabs>-nvlabs)?_acdc-continual_'
