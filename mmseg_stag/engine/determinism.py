@@ -49,7 +49,8 @@ def configure_cuda_math(tf32: Optional[bool] = None) -> None:
 
 
 def tf32_state() -> str:
-    """``'tf32 matmul=..., tf32 cudnn=...'`` for the log line."""
+    """``'tf32 matmul=..., tf32 cudnn=...'`` for the log line and the
+    results' provenance."""
     try:
         matmul = torch.backends.cuda.matmul.allow_tf32
         cudnn = torch.backends.cudnn.allow_tf32
