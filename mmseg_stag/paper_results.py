@@ -1,5 +1,6 @@
-"""The paper's reported scores: the Avg. column of each results table."""
-from typing import List, Optional, Tuple
+"""The paper's reported scores: the Avg. column of each results table, and
+the 40 stages of Table acdc_continual."""
+from typing import Dict, List, Optional, Tuple
 
 #: (benchmark, scenario, model, method, baseline, +STAG or None where the
 #: paper has no +STAG row); ACDC: mean mIoU over the 40 stages
@@ -81,3 +82,32 @@ def paper_result(benchmark: str, scenario: str, model: str, method: str,
         if (b, s, m, base) == (benchmark, scenario, model, method):
             return with_stag if stag else plain
     return None
+
+
+#: Table acdc_continual per stage, mIoU %: round 1 fog, night, rain, snow,
+#: round 2 ... round 10 (the paper repeats one round for the rows that do
+#: not change across rounds); key: (method, +STAG) of the NVlabs B5
+ACDC_STAGES: Dict[Tuple[str, bool], List[float]] = {
+    ('source', False): [69.1, 40.3, 59.7, 57.8] * 10,
+    ('bn_adapt', False): [61.7, 37.7, 54.4, 52.6] * 10,
+    ('bn_adapt', True): [62.9, 38.7, 55.3, 52.8] * 10,
+    ('tent', False): [
+        69.0, 40.2, 60.0, 57.3, 68.3, 39.1, 60.0, 56.3, 67.5, 37.8, 59.6,
+        55.1, 66.5, 36.4, 58.7, 54.0, 65.7, 35.1, 57.8, 53.1, 65.0, 34.0,
+        56.6, 52.2, 64.3, 33.0, 55.5, 51.2, 63.5, 31.9, 54.2, 50.2, 62.7,
+        30.9, 53.2, 49.2, 62.1, 30.1, 52.2, 48.3],
+    ('tent', True): [
+        69.2, 40.3, 59.9, 57.9, 69.5, 40.4, 60.2, 58.1, 69.7, 40.4, 60.4,
+        58.2, 69.8, 40.4, 60.6, 58.2, 70.0, 40.3, 60.8, 58.3, 70.0, 40.2,
+        61.0, 58.3, 70.1, 40.2, 61.1, 58.3, 70.1, 40.1, 61.2, 58.2, 70.0,
+        39.9, 61.2, 58.1, 70.0, 39.7, 61.2, 58.0],
+}
+
+
+def paper_stages(benchmark: str, scenario: str, model: str, method: str,
+                 stag: bool) -> Optional[List[float]]:
+    """The paper's 40 stage scores of one ACDC setting, None where the
+    paper has none (its other tables report means only)."""
+    if (benchmark, scenario, model) != ('acdc', 'continual', 'segformer-b5'):
+        return None
+    return ACDC_STAGES.get((method, stag))

@@ -28,6 +28,14 @@ def run_config(config: str, checkpoint: str, work_dir, cfg_options=None,
         return json.load(f)
 
 
+def numbers(record: dict) -> dict:
+    """A run's record without its ``provenance`` (the code, the machine,
+    the wall time, whether it was resumed): what two runs of one setting
+    must agree on, to the bit."""
+    assert 'provenance' in record, sorted(record)  # every run writes it
+    return {k: v for k, v in record.items() if k != 'provenance'}
+
+
 def killable_config(base: str, opts: dict, folder, kill=True,
                     name: str = 'killable.py') -> str:
     """``base`` with ``opts`` (dotted keys) and the test-only kill hook, as

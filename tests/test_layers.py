@@ -4,7 +4,7 @@ never up or sideways, so there is no import cycle between its parts.
     core, checkpoint, paper_hparams, paper_results   (no import of ours)
     registry                                         (the scope's registries)
     engine                                           (loop, stream, reports)
-    classification, segmentation, paper_protocol, paper_tables
+    classification, segmentation, paper_protocol
     analysis                                         (the figures' numbers)
     mmseg_stag/__init__.py                           (imports the parts)
 
@@ -20,7 +20,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACKAGE = osp.join(REPO, 'mmseg_stag')
 LAYERS = dict(versions=0, core=0, checkpoint=0, paper_hparams=0, paper_results=0,
               registry=1, engine=2, classification=3, segmentation=3,
-              paper_protocol=3, paper_tables=3, analysis=4, mmseg_stag=5)
+              paper_protocol=3, analysis=4, mmseg_stag=5)
 
 
 def part_of(module):

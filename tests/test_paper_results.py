@@ -3,7 +3,8 @@ paper prints beside it, and the rows against Table appendix_hp."""
 import pytest
 
 from mmseg_stag.paper_hparams import PAPER_STAG
-from mmseg_stag.paper_results import METRICS, PAPER_RESULTS, paper_result
+from mmseg_stag.paper_results import (ACDC_STAGES, METRICS, PAPER_RESULTS,
+                                      paper_result, paper_stages)
 
 #: the gains the paper prints (its "(+x)" and Gain columns), in the order
 #: of PAPER_RESULTS' +STAG rows: a second reading of the same tables
@@ -47,3 +48,26 @@ def test_lookup():
                         True) is None
     assert paper_result('acdc', 'continual', 'segformer-b5', 'cotta',
                         False) is None
+
+
+def test_acdc_stages_average_to_the_avg_column():
+    """Table acdc_continual's 40 stages of each row, as transcribed, give
+    its Avg. column (56.7, 51.6, 52.4, 52.4, 57.2) to its rounding; a
+    misread stage moves a mean by 0.0025 per 0.1, so the checks below also
+    hold the printed round-10 numbers (SPEC.md) and the table's shape."""
+    printed = {('source', False): 56.7, ('bn_adapt', False): 51.6,
+               ('bn_adapt', True): 52.4, ('tent', False): 52.4,
+               ('tent', True): 57.2}
+    assert set(ACDC_STAGES) == set(printed)
+    for (method, stag), avg in printed.items():
+        stages = paper_stages('acdc', 'continual', 'segformer-b5', method,
+                              stag)
+        assert len(stages) == 40
+        assert abs(sum(stages) / 40 - avg) <= 0.05 + 1e-9, (method, stag)
+        assert paper_result('acdc', 'continual', 'segformer-b5', method,
+                            stag) == avg
+    assert ACDC_STAGES[('tent', False)][-4:] == [62.1, 30.1, 52.2, 48.3]
+    assert ACDC_STAGES[('tent', True)][-4:] == [70.0, 39.7, 61.2, 58.0]
+    assert ACDC_STAGES[('source', False)][:4] == [69.1, 40.3, 59.7, 57.8]
+    assert paper_stages('acdc', 'continual', 'segformer-b5-mmseg', 'tent',
+                        True) is None

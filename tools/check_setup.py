@@ -34,15 +34,19 @@ from typing import Dict, List, Optional
 import numpy as np
 from mmengine.config import Config, ConfigDict, DictAction
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+TOOLS = osp.dirname(osp.abspath(__file__))
+REPO = osp.dirname(TOOLS)
+# the package (not installed in a checkout) and the table logic beside this
+# script (tools/ is no package: a script loaded by path still finds it)
+for path in (REPO, TOOLS):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 from mmseg_stag.checkpoint import (extract_state_dict,  # noqa: E402
                                    load_checkpoint_file,
                                    load_model_checkpoint)
 from mmseg_stag.classification.data import CORRUPTIONS  # noqa: E402
-from mmseg_stag.paper_tables import setting_of  # noqa: E402
+from paper_tables import setting_of  # noqa: E402
 
 # ---------------------------------------------------------------- the paper
 

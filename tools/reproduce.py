@@ -13,15 +13,15 @@
 A table is ``table9`` (Cityscapes -> ACDC, the NVlabs SegFormer-B5) or one
 model of a classification table, ``<benchmark>_<scenario>_<model>`` (one
 checkpoint each); its configs are the shipped configs whose names
-(:func:`mmseg_stag.paper_tables.setting_of`) match a score of
+(``tools/paper_tables.py``'s ``setting_of``) match a score of
 :data:`mmseg_stag.paper_results.PAPER_RESULTS`. Each config runs into
 ``WORK_ROOT/<config stem>``: one after another, a process each
 (``--launcher local``), or as Ray trials through ``tools/sweep.py``
 (``--launcher ray``). A finished run is skipped, an interrupted one resumed
 (``--resume``), a failed one reported while the others go on; the table is
 written to ``WORK_ROOT/table``. The exit status is 0 when every run
-finished and collect_results.py, where it ran, succeeded (a preset's runs
-it cannot read: said so). docs/reproduce.md says more.
+finished and collect_results.py, where it ran, succeeded.
+docs/reproduce.md says more.
 """
 import argparse
 import glob
@@ -35,9 +35,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+TOOLS = osp.dirname(osp.abspath(__file__))
+REPO = osp.dirname(TOOLS)
+# the package (not installed in a checkout) and the table logic beside this
+# script (tools/ is no package: a script loaded by path still finds it)
+for path in (REPO, TOOLS):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 TEST_PY = osp.join(REPO, 'tools', 'test.py')
 COLLECT_PY = osp.join(REPO, 'tools', 'collect_results.py')
 SWEEP_PY = osp.join(REPO, 'tools', 'sweep.py')
@@ -101,7 +105,7 @@ def find_tables(config_root: Optional[str] = None) -> Dict[str, Table]:
     (``<benchmark>_<scenario>_<model>``), with the configs under
     ``config_root`` whose names say its settings."""
     from mmseg_stag.paper_results import PAPER_RESULTS
-    from mmseg_stag.paper_tables import setting_of
+    from paper_tables import setting_of
     root = config_root or CONFIG_ROOT
     found: Dict[tuple, List[str]] = {}
     for path in sorted(glob.glob(osp.join(root, '**', '*.py'),
@@ -393,35 +397,10 @@ def collect_command(runs: List[Run], args) -> List[str]:
     return cmd + (['--allow-short'] if args.allow_short else [])
 
 
-def collector_takes(flag: str) -> bool:
-    """Whether this checkout's collect_results.py has ``flag``."""
-    done = subprocess.run([sys.executable, COLLECT_PY, '--help'],
-                          capture_output=True, text=True, cwd=REPO)
-    return flag in done.stdout
-
-
 def collect(runs: List[Run], args) -> bool:
     """The table of the finished runs in ``WORK_ROOT/table``; False if
-    collect_results.py failed. Runs of a preset cannot be collected (said
-    why): not a failure, they ran as asked."""
-    from mmseg_stag.paper_tables import setting_of
-    unknown = [r.config for r in runs
-               if setting_of(osp.basename(r.config)) is None]
-    if unknown:
-        # collect_results.py tells a run's setting by its config's name
-        print('[reproduce] no table: collect_results.py does not read the '
-              'setting of ' + ', '.join(shown(c) for c in unknown) +
-              ' (a preset\'s name); the faithful configs give the paper\'s '
-              'table', flush=True)
-        return True
+    collect_results.py failed (it marks a preset's rows)."""
     cmd = collect_command(runs, args)
-    if args.allow_short and not collector_takes('--allow-short'):
-        # an older collect_results.py: it does not count the images
-        # either, so the short runs are collected as they are
-        print('[reproduce] note: this collect_results.py has no '
-              '--allow-short (it does not check the number of images); '
-              'collecting without it', flush=True)
-        cmd.remove('--allow-short')
     print(f'[reproduce] {shlex.join(cmd)}', flush=True)
     if args.dry_run:
         return True

@@ -117,8 +117,11 @@ def main():
         # every metric of a list (each writes its own file names there)
         evaluators = cfg.test_evaluator if isinstance(
             cfg.test_evaluator, (list, tuple)) else [cfg.test_evaluator]
+        # absolute: the config dumped in the work dir names it, and
+        # tools/collect_results.py, run from anywhere, finds the results
+        out = osp.abspath(args.out)
         for evaluator in evaluators:
-            evaluator['output_dir'] = args.out
+            evaluator['output_dir'] = out
             evaluator['keep_results'] = True
     _, model = run_test(cfg, args.checkpoint, args.trust_pickle)
     if args.save_adapted:

@@ -32,7 +32,7 @@ def configure_determinism(logger: Optional[logging.Logger] = None,
         f'ops without a deterministic CUDA kernel that may remain: '
         f'{remaining}; cudnn.deterministic='
         f'{torch.backends.cudnn.deterministic}, cudnn.benchmark='
-        f'{torch.backends.cudnn.benchmark}, {_tf32_state()}',
+        f'{torch.backends.cudnn.benchmark}, {tf32_state()}',
         logger=logger or 'current')
     return True
 
@@ -48,8 +48,9 @@ def configure_cuda_math(tf32: Optional[bool] = None) -> None:
     torch.backends.cudnn.allow_tf32 = bool(tf32)
 
 
-def _tf32_state() -> str:
-    """``'tf32 matmul=..., tf32 cudnn=...'`` for the log line."""
+def tf32_state() -> str:
+    """``'tf32 matmul=..., tf32 cudnn=...'`` for the log line and the
+    results' provenance."""
     try:
         matmul = torch.backends.cuda.matmul.allow_tf32
         cudnn = torch.backends.cudnn.allow_tf32

@@ -19,6 +19,7 @@ from .run_state import (identity_differences, load_run_state, rng_state,
 from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
+from .provenance import run_provenance
 from .step_stats import Pending, PendingStep, log_step_stats
 from .stream_metric import assign_result_files
 from .stream import StreamSchedule, StreamStage, dataset_stages
@@ -249,9 +250,18 @@ class OnlineAdaptationLoop(TestLoop):
                   f'{images} images in {seconds:.1f} s '
                   f'({images / max(seconds, 1e-9):.2f} images/s, loader, '
                   'steps and metric)', logger='current')
+        device = next(self._model(self.runner).parameters()).device
+        speed = dict(mixed_precision=self.mixed_precision,
+                     preset=self.preset, cuda_graph=self.cuda_graph,
+                     tf32=self.tf32)
+        # what the numbers came from, written with them
+        provenance = run_provenance(
+            self.runner.cfg, device, self.method_cfg, speed, self.runner.seed,
+            seconds, images, start if self.resume else None)
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'run_info'):
-                metric.run_info['num_updates'] = num_updates
+                metric.run_info.update(num_updates=num_updates,
+                                       provenance=provenance)
         metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
         self.runner.call_hook('after_test_epoch', metrics=metrics)
         self.runner.call_hook('after_test')

@@ -51,6 +51,13 @@ def test_classification_config_runs_without_mmseg_and_mmcv(
     assert out == dict(imported=[], segmentation=False)
     with open(work / 'continual_results.json') as f:
         results = json.load(f)
+    # the provenance names what ran: MMEngine, neither MMSeg nor MMCV
+    prov = results['provenance']
+    assert (prov['versions']['mmseg'], prov['versions']['mmcv']) == (
+        None, None) and prov['versions']['mmengine']
+    assert prov['config'] == osp.basename(config)
+    assert prov['method']['type'] == 'tent' and prov['method']['stag']
+    assert prov['images'] == 16 * len(names)
     # every image of every corruption was predicted
     assert {c: v['total'] for c, v in results['details']['per_corruption'].items()} \
         == {c: 16 for c in names}

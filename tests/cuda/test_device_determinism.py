@@ -9,13 +9,15 @@ import os.path as osp
 import pytest
 import torch
 
+from run_helpers import numbers
 from cuda_runs import (DEVICES, cls_options, config_of, run_tool,
                        seg_options, tool_args, tool_config)
 
 
 def results(work_dir):
+    """The run's numbers, without its provenance (its wall time)."""
     with open(osp.join(str(work_dir), 'continual_results.json')) as f:
-        return json.load(f)
+        return numbers(json.load(f))
 
 
 @pytest.mark.parametrize('task', ['classification', 'segmentation'])

@@ -10,6 +10,7 @@ import signal
 import pytest
 import torch
 
+from run_helpers import numbers
 from cuda_runs import (DEVICES, Run, assert_finite_on, cls_options,
                        config_of, run_tool, seg_options, tensors_of,
                        tool_args, tool_config, use_device)
@@ -21,8 +22,9 @@ KILL = '2,2'
 
 
 def results(work_dir):
+    """The run's numbers, without its provenance (its wall time)."""
     with open(osp.join(str(work_dir), 'continual_results.json')) as f:
-        return json.load(f)
+        return numbers(json.load(f))
 
 
 def adapted(work_dir):

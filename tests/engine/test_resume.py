@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from run_helpers import killable_config
+from run_helpers import killable_config, numbers
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
                          python_path, run_script, tiny_options)
 
@@ -36,9 +36,11 @@ def run_test_py(config, checkpoint, work_dir, opts, *extra, kill=None):
         + as_cli(opts), cwd=REPO, **env)
 
 
-def results(work_dir):
+def results(work_dir, provenance=False):
+    """The run's numbers (``provenance``: its whole record)."""
     with open(osp.join(str(work_dir), 'continual_results.json')) as f:
-        return json.load(f)
+        record = json.load(f)
+    return record if provenance else numbers(record)
 
 
 def final_state(work_dir):
@@ -87,6 +89,13 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     assert [s['score'] for s in got['stages']] == \
         [s['score'] for s in expected['stages']]
     assert got == expected
+    # the provenance tells them apart: the cut run was resumed
+    whole_run, cut_run = (results(w, provenance=True)['provenance']
+                          for w in (whole, cut))
+    assert (whole_run['resumed'], whole_run['resumed_at_batch']) == (
+        False, None)
+    assert (cut_run['resumed'], cut_run['resumed_at_batch']) == (True, 6)
+    assert (whole_run['images'], cut_run['images']) == (16, 10)
     assert_tensors_equal(
         torch.load(osp.join(str(whole), 'adapted.pth'),
                    weights_only=True)['state_dict'],

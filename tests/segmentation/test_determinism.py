@@ -444,5 +444,5 @@ def test_configure_cuda_math(tf32, deterministic):
     configure_cuda_math(None)  # keeps what is set
     assert torch.backends.cuda.matmul.allow_tf32 is tf32
     assert torch.backends.cudnn.allow_tf32 is tf32
-    assert determinism._tf32_state() == (f'tf32 matmul={tf32}, '
+    assert determinism.tf32_state() == (f'tf32 matmul={tf32}, '
                                          f'tf32 cudnn={tf32}')

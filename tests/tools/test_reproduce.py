@@ -95,8 +95,8 @@ def test_the_preset_runs_each_sibling_and_says_where_none_exists(
     assert 'segformer_mit-b5-nvlabs_acdc-continual_tent-stag_bf16-graph.py'\
         in out and '/segformer_mit-b5-nvlabs_acdc-continual_tent-stag_' \
         'bf16-graph --cfg-options' in out
-    # the preset's config name tells collect_results.py no setting
-    assert 'no table: collect_results.py does not read the setting' in out
+    # collected like the faithful runs, their rows marked by collect
+    assert 'collect_results.py' in out
     assert reproduce.main(['imagenet-c_mixed_vit-b16', *files, '--dry-run',
                            '--preset', 'bf16-graph', '--only', 'tent']) == 0
     out = capsys.readouterr().out
@@ -216,19 +216,13 @@ def test_two_runs_killed_resumed_skipped_and_collected(
 
 def test_allow_short_reaches_collect_results(reproduce, files, monkeypatch,
                                              capsys):
-    """Passed on where collect_results.py has the flag; where it has not
-    (a checkout before it), said so and left out."""
-    from mmseg_stag.paper_tables import setting_of  # noqa: F401
-    monkeypatch.setattr(reproduce, 'collector_takes', lambda flag: True)
+    """Passed on when asked, left out otherwise."""
     assert reproduce.main(['table9', *files, '--dry-run',
                            '--allow-short']) == 0
     out = capsys.readouterr().out
     assert f'--out {files[-1]}/table --allow-short\n' in out
-    monkeypatch.setattr(reproduce, 'collector_takes', lambda flag: False)
-    assert reproduce.main(['table9', *files, '--dry-run',
-                           '--allow-short']) == 0
+    assert reproduce.main(['table9', *files, '--dry-run']) == 0
     out = capsys.readouterr().out
-    assert 'this collect_results.py has no --allow-short' in out
     assert f'--out {files[-1]}/table\n' in out
 
 
