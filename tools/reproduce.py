@@ -111,8 +111,9 @@ def find_tables(config_root: Optional[str] = None) -> Dict[str, Table]:
     for path in sorted(glob.glob(osp.join(root, '**', '*.py'),
                                  recursive=True)):
         setting = setting_of(osp.basename(path))
-        if setting is None or '_base_' in path.split(os.sep):
-            continue
+        if setting is None or '_base_' in path.split(os.sep) or any(
+                path.endswith(suffix + '.py') for suffix in PRESETS.values()):
+            continue  # a preset's sibling runs with --preset
         key = tuple(setting[k] for k in ('benchmark', 'scenario', 'model',
                                          'method', 'stag'))
         found.setdefault(key, []).append(osp.abspath(path))
