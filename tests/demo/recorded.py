@@ -74,7 +74,11 @@ def cpuinfo_field(field: str) -> Optional[str]:
 
 
 def cpu_model() -> str:
-    return cpuinfo_field('model name') or platform.processor() or 'unknown'
+    # the name a run's provenance gives its CPU
+    import torch
+
+    from mmseg_stag.engine.provenance import device_name
+    return device_name(torch.device('cpu'))
 
 
 def processor_family(vendor: Optional[str], model: Optional[str]) -> str:
