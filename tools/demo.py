@@ -200,11 +200,19 @@ def main():
                         help="settings of every method's runs (e.g. "
                         'model.backbone.type=SDPAMixVisionTransformer: the '
                         "fast preset's attention, docs/demo.md)")
+    parser.add_argument('--native-kernels', action='store_true',
+                        help="this processor's fastest kernel paths and "
+                        'threads instead of the pinned ones: faster, but '
+                        "the numbers are this machine's own, not the "
+                        "README's (demo_data/kernel_paths.py)")
     args = parser.parse_args()
+    # before NumPy or torch loads, here and in every run it starts
+    sys.path.insert(0, REPO)
+    from demo_data.kernel_paths import pin_or_reexec
+    pin_or_reexec(native=args.native_kernels)
     args.work_dir = osp.abspath(args.work_dir)
     start = time.time()
 
-    sys.path.insert(0, REPO)
     from demo_data import make_demo_benchmark
     data_root = osp.join(args.work_dir, 'data')
     print(f'[1/5] demo data in {data_root}')

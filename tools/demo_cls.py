@@ -105,6 +105,11 @@ def parse_args(argv=None):
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--workers', type=int, default=2,
                    help='processes that corrupt the images')
+    p.add_argument('--native-kernels', action='store_true',
+                   help="this processor's fastest kernel paths and two "
+                   'threads instead of the pinned ones: faster, but the '
+                   "numbers are this machine's own, not the docs' "
+                   '(demo_data/kernel_paths.py)')
     args = p.parse_args(argv)
     # 5,000 digits: EATA's Fisher needs 2,000 clean training digits
     if not 1 <= args.n_test <= 3000:
@@ -362,12 +367,14 @@ def grid_edge(choice, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    # before NumPy or torch loads, here and in the processes it starts
+    from demo_data.kernel_paths import pin_or_reexec
+    pin_or_reexec(native=args.native_kernels)
     import torch
 
     import mmseg_stag  # noqa: F401  (registers the methods, STAGLoss)
-    # two threads where the machine has them, unless OMP_NUM_THREADS says
-    # otherwise (the tests run it with one beside another test process);
-    # empty counts as unset, as for OpenMP
+    # pinned: one thread. Native: two where the machine has them, unless
+    # OMP_NUM_THREADS says otherwise; empty counts as unset, as for OpenMP
     threads = os.environ.get('OMP_NUM_THREADS') or \
         str(max(1, min(2, os.cpu_count() or 1)))
     if not threads.isdigit() or int(threads) < 1:

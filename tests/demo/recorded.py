@@ -1,29 +1,27 @@
-"""The reduced demos' numbers, recorded: a clean install whose numbers
-drift from them fails, naming what differs from the recording.
+"""The reduced demos' numbers, recorded, and the drift check: exact on every
+x86-64 processor.
 
-The demos train their source models on the CPU, and a CPU's kernels round
-differently from one processor family to the next (AMD and Intel cores take
-other vector paths through oneDNN and the BLAS): the same code and pins give
-numbers that differ in their last digits, and a training run carries those
-differences on. So the check has two strengths:
-
-* on the recording's own processor family (``recorded_with.vendor``) it is
-  exact: a package that moves (numpy, Pillow, OpenCV, SciPy, scikit-image,
-  torch) or a change of the code changes the numbers;
-* on another family it holds each number within the tolerance that
-  ``recorded_numbers.json`` states under ``cross_family`` beside the
-  differences it was measured from, and says so in its message. The
-  tolerance is a few times the differences measured between families and
-  well below the distance between two methods' numbers, so a real change
-  of a method still fails (tests/demo/test_recorded.py checks both).
+Design: **pinned kernel paths**. A CPU's numeric kernels follow its
+instruction set and microarchitecture (AVX-512 or AVX2, Intel or AMD):
+oneDNN, MKL, ATen, OpenBLAS, NumPy and OpenCV each take another path and
+round differently, and the demos train their models on the CPU, so the
+last digits move on to counts of correct images and to a chosen β0. The
+demos therefore run with every one of those paths fixed to one that every
+x86-64 processor has (``demo_data/kernel_paths.py``: ATen's default
+kernels, oneDNN at SSE4.1, MKL's processor-independent branch, OpenBLAS
+Nehalem, NumPy's and OpenCV's baseline SIMD, one thread), and the check is
+exact: the same code and pins give the same digits on any processor. An
+unpinned run differs by path; how much, per recorded number, is measured
+by ``tests/demo/kernel_spread.py`` over every kernel path this machine can
+take and stored under ``spread`` in ``recorded_numbers.json``, with how
+it was measured: it says what the pin guards against, nothing here
+compares with it.
 
 The pins of ``constraints.txt`` keep a clean install on the recorded
-numbers; the demos run with one torch thread (``ENV``), so the core count
-of the machine does not change a reduction's order. After a deliberate
-change of the numbers (a pin, a method), record them again on a machine of
-the recording's family (the message names it)::
+numbers. After a deliberate change of the numbers (a pin, a method),
+record them again (any machine: the paths are pinned)::
 
-    MMSEG_STAG_RECORD_NUMBERS=1 .venv/bin/python -m pytest tests/demo \
+    MMSEG_STAG_RECORD_NUMBERS=1 .venv/bin/python -m pytest tests/demo \\
         -k reduced_demo
 """
 import importlib.metadata
@@ -32,18 +30,62 @@ import os
 import os.path as osp
 import platform
 import re
-from typing import List, Optional
-
-import pytest
+import sys
+from typing import List, Mapping, Optional
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if REPO not in sys.path:  # the script kernel_spread.py imports this too
+    sys.path.insert(0, REPO)
+from demo_data.kernel_paths import (cpu_flags, describe,  # noqa: E402
+                                    instruction_set, is_pinned, pinned_env)
+
 PATH = osp.join(REPO, 'tests', 'demo', 'recorded_numbers.json')
 CONSTRAINTS = osp.join(REPO, 'constraints.txt')
 RECORD = os.environ.get('MMSEG_STAG_RECORD_NUMBERS') == '1'
-#: the demos' subprocesses: one intra-op thread whatever the machine
-ENV = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
-#: ``/proc/cpuinfo``'s vendor ids, and the family a model name tells
-VENDORS = {'AuthenticAMD': 'AMD', 'GenuineIntel': 'Intel'}
+#: the demos' subprocesses: the pinned kernel paths, one thread
+ENV = pinned_env(os.environ)
+
+#: the reduced demos, as the tests and kernel_spread.py run them
+REDUCED = {
+    # 64x32 images, 5 training iterations, 2 rounds, four methods
+    # (Hybrid-TTA+STAG, make demo-hybrid's, too), one beta0 candidate
+    'seg': ['tools/demo.py', '--size', '64', '32', '--train-images', '4',
+            '--per-condition', '2', '--train-iters', '5', '--rounds', '2',
+            '--methods', 'source', 'tent', 'tent-stag', 'hybrid-tta-stag',
+            '--beta-grid', '100', '--log-interval', '4'],
+    # 30 digits a corruption, the BN CNN trained 1 epoch, mild scenario
+    'cls': ['tools/demo_cls.py', '--n-test', '30', '--nets', 'bn',
+            '--scenarios', 'mild', '--methods', 'tent', 'eata', '--epochs',
+            '1', '--beta-grid', '10', '50', '--gamma-grid', '10',
+            '--workers', '1'],
+}
+
+
+def reduced_command(key: str, work_dir: str, python=sys.executable,
+                    extra=()) -> List[str]:
+    script, *args = REDUCED[key]
+    return [python, osp.join(REPO, script), '--work-dir', str(work_dir)] + \
+        args + list(extra)
+
+
+def reduced_numbers(key: str, work_dir: str):
+    """The numbers a reduced demo's outputs hold, as recorded: seg, each
+    method's stage mIoU (6 decimals); cls, the clean accuracy, the β0/γ
+    chosen and each row's correct images per corruption."""
+    if key == 'seg':
+        with open(osp.join(work_dir, 'demo_summary.json')) as f:
+            summary = json.load(f)
+        return {m: [round(s['score'], 6) for s in r['stages']]
+                for m, r in summary['methods'].items()}
+    with open(osp.join(work_dir, 'summary.json')) as f:
+        summary = json.load(f)
+    setting = summary['settings']['mild_bn']
+    return dict(
+        clean_test_acc=summary['clean_test_acc'],
+        choices={m: [c['beta0'], c['gamma']]
+                 for m, c in setting['choices'].items()},
+        rows={r['name']: [c['correct'] for c in r['per_corruption'].values()]
+              for r in setting['rows']})
 
 
 def pinned_versions():
@@ -61,18 +103,6 @@ def installed_version(name):
         return None
 
 
-def cpuinfo_field(field: str) -> Optional[str]:
-    """The first ``field`` of ``/proc/cpuinfo`` (None where there is none)."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.split(':', 1)[0].strip() == field:
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def cpu_model() -> str:
     # the name a run's provenance gives its CPU
     import torch
@@ -81,63 +111,54 @@ def cpu_model() -> str:
     return device_name(torch.device('cpu'))
 
 
-def processor_family(vendor: Optional[str], model: Optional[str]) -> str:
-    """``'AMD'``, ``'Intel'`` or the vendor id as it is (``'unknown'``
-    without one); a recording without a vendor id is named by its model."""
-    if vendor:
-        return VENDORS.get(vendor, vendor)
-    for family in VENDORS.values():
-        if model and family.lower() in model.lower():
-            return family
-    return 'unknown'
-
-
-def environment():
-    """What the numbers were recorded with."""
+def environment(env: Mapping[str, str] = ENV):
+    """What numbers made by a run with ``env`` are made with."""
     import torch
-    return dict(python=platform.python_version(), torch=torch.__version__,
+    return dict(python=platform.python_version(),
+                torch=torch.__version__,
                 machine=platform.machine(), processor=cpu_model(),
-                vendor=cpuinfo_field('vendor_id') or 'unknown',
+                instruction_set=instruction_set(cpu_flags()),
+                kernel_paths=describe(is_pinned(env)),
                 constraints='constraints.txt')
 
 
-def differences(recorded_env):
-    """Lines naming what differs from the recording's environment."""
-    lines = [f'  {name}: pinned {pin}, installed {installed_version(name)}'
-             for name, pin in sorted(pinned_versions().items())
-             if installed_version(name) != pin]
-    now = environment()
-    lines += [f'  {key}: recorded with {recorded_env.get(key)}, now '
-              f'{now[key]}' for key in ('python', 'torch', 'processor')
-              if recorded_env.get(key) != now[key]]
-    return lines
+def package_differences():
+    """Lines naming each package installed at another version than its
+    pin."""
+    return [f'  {name}: pinned {pin}, installed {installed_version(name)}'
+            for name, pin in sorted(pinned_versions().items())
+            if installed_version(name) != pin]
 
 
-def beyond_tolerance(numbers, recorded, tolerance: float,
-                     where: str = '') -> List[str]:
+def differing(numbers, recorded, where: str = '') -> List[str]:
     """The places (``'rows.TENT[3]: 11 vs 13'``) where two JSON-like trees
-    of numbers differ by more than ``tolerance`` (absolute), or differ in
-    shape, keys or a non-number; empty when they agree within it."""
+    of numbers differ, in value, shape or keys; empty when equal."""
     if isinstance(recorded, dict) and isinstance(numbers, dict):
         if set(numbers) != set(recorded):
             return [f'{where or "top"}: keys {sorted(numbers)} vs '
                     f'{sorted(recorded)}']
-        return [line for key in sorted(recorded) for line in beyond_tolerance(
-            numbers[key], recorded[key], tolerance,
+        return [line for key in sorted(recorded) for line in differing(
+            numbers[key], recorded[key],
             f'{where}.{key}' if where else str(key))]
     if isinstance(recorded, list) and isinstance(numbers, list):
         if len(numbers) != len(recorded):
             return [f'{where}: {len(numbers)} numbers vs {len(recorded)}']
         return [line for i, (a, b) in enumerate(zip(numbers, recorded))
-                for line in beyond_tolerance(a, b, tolerance, f'{where}[{i}]')]
-    numeric = (int, float)
-    if isinstance(numbers, numeric) and isinstance(recorded, numeric) and \
-            not isinstance(numbers, bool) and not isinstance(recorded, bool):
-        if abs(numbers - recorded) <= tolerance:
-            return []
-    elif numbers == recorded:
-        return []
-    return [f'{where}: {numbers} vs {recorded}']
+                for line in differing(a, b, f'{where}[{i}]')]
+    return [] if numbers == recorded else [f'{where}: {numbers} vs {recorded}']
+
+
+def spread(trees):
+    """Per number of equally shaped JSON-like trees, ``max - min`` over
+    them (rounded to 6 decimals; a non-number: 0 where all agree)."""
+    first = trees[0]
+    if isinstance(first, dict):
+        return {k: spread([t[k] for t in trees]) for k in first}
+    if isinstance(first, list):
+        return [spread([t[i] for t in trees]) for i in range(len(first))]
+    if all(isinstance(t, (int, float)) for t in trees):
+        return round(max(trees) - min(trees), 6)
+    return 0 if all(t == first for t in trees) else 'differs'
 
 
 def load():
@@ -147,10 +168,7 @@ def load():
         return json.load(f)
 
 
-def record(key, numbers):
-    data = load()
-    data.setdefault('demos', {})[key] = numbers
-    data['recorded_with'] = environment()
+def save(data):
     text = json.dumps(data, indent=1, sort_keys=True)
     # one line per list of numbers
     text = re.sub(r'\[[^\[\]{}"]*\]',
@@ -159,58 +177,63 @@ def record(key, numbers):
         f.write(text + '\n')
 
 
-def drift_message(key, numbers, data) -> Optional[str]:
-    """Why ``numbers`` do not hold as the recording of ``key`` on this
-    machine's processor family (None when they hold)."""
+def record(key, numbers):
+    data = load()
+    data.setdefault('demos', {})[key] = numbers
+    data['recorded_with'] = environment()
+    save(data)
+
+
+def drift_message(key, numbers, data, env: Mapping[str, str] = ENV
+                  ) -> Optional[str]:
+    """Why ``numbers``, made by a run with ``env``, are not the recording
+    of ``key`` (None when they are), naming what is known to differ."""
     recorded = data['demos'][key]
-    recorded_env = data.get('recorded_with', {})
-    family = processor_family(recorded_env.get('vendor'),
-                              recorded_env.get('processor'))
-    here = processor_family(cpuinfo_field('vendor_id'), cpu_model())
-    rel = osp.relpath(PATH, REPO)
-    if here == family:
-        if numbers == recorded:
-            return None
-        diff = differences(recorded_env)
-        places = beyond_tolerance(numbers, recorded, 0)
-        return (
-            f'the reduced demo {key!r} drifted from its recorded numbers '
-            f'({rel}; exact on the recording\'s processor family, {family})'
-            ', now vs recorded:\n  ' + '\n  '.join(places) + '\n'
-            + ('what differs from the recording:\n' + '\n'.join(diff)
-               if diff else 'the packages are the pinned ones: the code '
-               'changed the numbers')
-            + '\nA clean install (make install, constraints.txt) gives the '
-            'recorded numbers; a deliberate change records them again (the '
-            'docstring of tests/demo/recorded.py).')
-    cross = data.get('cross_family', {}).get(key)
-    if cross is None:
-        return (f'{rel} states no cross-family tolerance for {key!r}: its '
-                f'numbers were recorded on an {family} processor, this one is '
-                f'{here} ({cpu_model()})')
-    tolerance = cross['tolerance']
-    if isinstance(tolerance, dict):  # one per top-level key (its unit)
-        beyond = [line for name in sorted(set(recorded) | set(numbers))
-                  for line in beyond_tolerance(
-                      numbers.get(name), recorded.get(name),
-                      tolerance.get(name, 0), name)]
-    else:
-        beyond = beyond_tolerance(numbers, recorded, tolerance)
-    if not beyond:
+    if numbers == recorded:
         return None
-    return (
-        f'the reduced demo {key!r} drifted from its recorded numbers ({rel}) '
-        f'beyond the rounding of another processor family: recorded on '
-        f'{recorded_env.get("processor")} ({family}), run on {cpu_model()} '
-        f'({here}), where each number may differ by up to {tolerance} '
-        f'({cross["measured"]}); beyond it:\n  ' + '\n  '.join(beyond)
-        + '\nwhat differs from the recording:\n'
-        + '\n'.join(differences(recorded_env) or ['  nothing else']))
+    was = data.get('recorded_with', {})
+    now = environment(env)
+    packages = package_differences()
+    versions = [f'  {k}: recorded with {was.get(k)}, now {now[k]}'
+                for k in ('python', 'torch') if was.get(k) != now[k]]
+    side = {k: f'{now[k]} (recorded: {was.get(k)})'
+            for k in ('kernel_paths', 'processor', 'instruction_set')}
+    if packages or versions:
+        why = ('what differs from the recording:\n' + '\n'.join(
+            packages + versions) + '\nA clean install (make install, '
+            'constraints.txt) gives the recorded numbers.')
+    elif was.get('kernel_paths') != now['kernel_paths']:
+        why = (f'another kernel path: {side["kernel_paths"]}; the recorded '
+               'numbers hold on the pinned paths (tests/demo/recorded.ENV)')
+    elif (was.get('processor'), was.get('instruction_set')) != \
+            (now['processor'], now['instruction_set']):
+        why = (f'another processor, on the same pinned kernel paths and '
+               f'pins: {side["processor"]}, {side["instruction_set"]}. The '
+               'pin is meant to give the same digits on every x86-64 '
+               'processor, so a kernel path it does not fix differs here: '
+               'report this message with the processor (issues), and '
+               'compare with the spread of unpinned paths under "spread" '
+               f'in {osp.relpath(PATH, REPO)}')
+    else:
+        why = ('the kernel paths, the processor and the pins are the '
+               "recording's: the code changed the numbers; a deliberate "
+               'change records them again (the docstring of '
+               'tests/demo/recorded.py)')
+    return (f'the reduced demo {key!r} drifted from its recorded numbers '
+            f'({osp.relpath(PATH, REPO)}, exact on the pinned kernel '
+            f'paths), now vs recorded:\n  '
+            + '\n  '.join(differing(numbers, recorded)) + '\n'
+            f'this run: {now["processor"]}, {now["instruction_set"]}, '
+            f'kernel paths {now["kernel_paths"]}\n'
+            f'recorded: {was.get("processor")}, '
+            f'{was.get("instruction_set")}, kernel paths '
+            f'{was.get("kernel_paths")}\n' + why)
 
 
 def check_or_record(key, numbers):
     """Compare ``numbers`` (JSON-able) with the recording under ``key``, or
     record them when ``MMSEG_STAG_RECORD_NUMBERS=1``."""
+    import pytest
     if RECORD:
         record(key, numbers)
         return

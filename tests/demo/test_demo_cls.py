@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from recorded import ENV, check_or_record
+from recorded import ENV, check_or_record, reduced_command, reduced_numbers
 
 from demo_data.cls_data import (corrupt_images, split_train_test,
                                 write_corrupted_set)
@@ -76,16 +76,10 @@ def test_demo_training_is_seeded():
 
 
 # ------------------------------------------------ tools/demo_cls.py
-ARGS = ['--n-test', '30', '--nets', 'bn', '--scenarios', 'mild',
-        '--methods', 'tent', 'eata', '--epochs', '1', '--beta-grid', '10',
-        '50', '--gamma-grid', '10', '--workers', '1']
-
-
 def run_demo(work_dir):
-    proc = tool_runs.run(
-        [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
-         str(work_dir)] + ARGS, capture_output=True, text=True, cwd=REPO,
-        env=ENV)
+    """``recorded.REDUCED['cls']``, on the pinned kernel paths."""
+    proc = tool_runs.run(reduced_command('cls', work_dir),
+                         capture_output=True, text=True, cwd=REPO, env=ENV)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -116,13 +110,10 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
               'data/MNIST-C/gaussian_noise.npy', 'models/bn.pth'):
         assert osp.isfile(tmp_path / f), f
     assert 'Mild, CNN-BN (accuracy %)' in out
-    # a clean install (constraints.txt) gives these numbers, to the digit
-    check_or_record('cls', dict(
-        clean_test_acc=summary['clean_test_acc'],
-        choices={m: [c['beta0'], c['gamma']]
-                 for m, c in setting['choices'].items()},
-        rows={r['name']: [c['correct'] for c in r['per_corruption'].values()]
-              for r in setting['rows']}))
+    assert '[kernels] pinned' in out
+    # a clean install (constraints.txt) gives these numbers, to the digit,
+    # on any x86-64 processor (the pinned kernel paths)
+    check_or_record('cls', reduced_numbers('cls', tmp_path))
     # a second run reuses the data, the model and every finished row
     stamp = os.stat(tmp_path / 'data/MNIST-C/labels.npy').st_mtime_ns
     again = run_demo(tmp_path)
@@ -134,6 +125,25 @@ def test_reduced_demo_cls_runs_and_resumes(tmp_path):
         [r['per_corruption'] for r in setting['rows']]
 
 
+def test_reduced_demo_cls_pins_itself_under_another_kernel_path(tmp_path):
+    """Started from an environment that chooses other kernel paths (an
+    AVX2 processor's, two threads), the demo starts itself again on the
+    pinned paths and gives the recorded numbers, digit for digit."""
+    from demo_data.kernel_paths import MARK
+    ambient = {k: v for k, v in ENV.items() if k not in (
+        'ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'MKL_CBWR',
+        'NPY_DISABLE_CPU_FEATURES', 'OPENCV_CPU_DISABLE', MARK)}
+    ambient.update(ATEN_CPU_CAPABILITY='avx2', ONEDNN_MAX_CPU_ISA='AVX2',
+                   MKL_ENABLE_INSTRUCTIONS='AVX2', OMP_NUM_THREADS='2',
+                   MKL_NUM_THREADS='2')
+    proc = tool_runs.run(reduced_command('cls', tmp_path),
+                         capture_output=True, text=True, cwd=REPO,
+                         env=ambient)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert '[kernels] pinned' in proc.stdout
+    check_or_record('cls', reduced_numbers('cls', tmp_path))
+
+
 def test_reduced_demo_cls_runs_ecotta_from_its_warm_up(tmp_path):
     """The continual setting's EcoTTA rows: the meta networks are warmed
     up on the clean training digits first (cached), then the stream."""
@@ -142,7 +152,8 @@ def test_reduced_demo_cls_runs_ecotta_from_its_warm_up(tmp_path):
          str(tmp_path), '--n-test', '30', '--nets', 'bn', '--scenarios',
          'continual', '--methods', 'ecotta', '--epochs', '1',
          '--warmup-epochs', '1', '--beta-grid', '10', '--gamma-grid', '10',
-         '--workers', '1'], capture_output=True, text=True, cwd=REPO)
+         '--workers', '1', '--native-kernels'],  # no recorded numbers
+        capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.load(open(tmp_path / 'summary.json'))['settings'][
         'continual_bn']['rows']
@@ -170,10 +181,11 @@ def test_demo_cls_rejects_bad_options(tmp_path):
     assert not os.listdir(tmp_path)  # nothing written
     # a thread count that is no number: said before anything is written
     # (a real process: no server is preloaded with it)
+    # (natively: pinned, the demo runs one thread whatever it says)
     proc = subprocess.run(
         [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
-         str(tmp_path / 'w')], capture_output=True, text=True, cwd=REPO,
-        env=dict(os.environ, OMP_NUM_THREADS='two'))
+         str(tmp_path / 'w'), '--native-kernels'], capture_output=True,
+        text=True, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS='two'))
     assert proc.returncode == 1
     assert "OMP_NUM_THREADS='two' is not a positive integer" in proc.stderr
     assert not os.listdir(tmp_path)
@@ -192,7 +204,8 @@ def test_reduced_demo_cls_hard_scenarios(tmp_path):
         [sys.executable, osp.join(REPO, 'tools/demo_cls.py'), '--work-dir',
          str(tmp_path), '--n-test', '30', '--nets', 'gn', '--scenarios',
          'label-shift', 'bs1', '--methods', 'tent', 'eata', '--epochs', '1',
-         '--beta-grid', '10', '--gamma-grid', '10', '--workers', '1'],
+         '--beta-grid', '10', '--gamma-grid', '10', '--workers', '1',
+         '--native-kernels'],  # no recorded numbers
         capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     settings = json.load(open(tmp_path / 'summary.json'))['settings']

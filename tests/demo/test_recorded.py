@@ -1,106 +1,220 @@
-"""The drift check of the reduced demos (``recorded.py``): exact on the
-recording's processor family, within the stated cross-family tolerance on
-another, and failing on a real change of a method on both."""
+"""The drift check of the reduced demos (``recorded.py``) and the pin it
+rests on (``demo_data/kernel_paths.py``): exact on every processor, failing
+on a real change of a method whatever the processor, and saying what is
+known to differ; the pin fixes every kernel path a user's environment
+could choose; the measured spread of unpinned paths is stored beside the
+numbers."""
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 
 import recorded
+from demo_data import kernel_paths
 
 DATA = recorded.load()
 SEG = DATA['demos']['seg']
 CLS = DATA['demos']['cls']
+WAS = DATA['recorded_with']
 
 
-def on_family(monkeypatch, vendor, model):
-    fields = {'vendor_id': vendor, 'model name': model}
-    monkeypatch.setattr(recorded, 'cpuinfo_field', fields.get)
-    monkeypatch.setattr(recorded, 'cpu_model', lambda: model)
+def run_on(monkeypatch, **changes):
+    """This run's environment: the recording's, with ``changes``."""
+    now = dict(WAS, **changes)
+    monkeypatch.setattr(recorded, 'environment', lambda env=None: now)
+    monkeypatch.setattr(recorded, 'package_differences', lambda: [])
 
 
-def intel_seg():
-    """The segmentation numbers an Intel Xeon printed (issue 58): Source's
-    snow stage and TENT+STAG's last stage, the rest as recorded."""
-    seg = copy.deepcopy(SEG)
-    seg['source'][3] = seg['source'][7] = 3.866761
-    seg['tent-stag'][7] = 3.625226
-    return seg
+PROCESSORS = [
+    {},  # the recording's own
+    dict(processor='Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz',
+         instruction_set='AVX512'),
+    dict(processor='AMD EPYC 7B13', instruction_set='AVX2'),
+]
 
 
-def intel_cls():
-    """Counts as an Intel Xeon gave them (issue 58): five of Source's
-    counts and one of each method's off by 1-2."""
-    cls = copy.deepcopy(CLS)
-    for i, delta in zip((0, 2, 5, 9, 13), (1, -2, 2, -1, 1)):
-        cls['rows']['Source'][i] += delta
-    for name in ('TENT', 'TENT+STAG', 'EATA', 'EATA+STAG'):
-        cls['rows'][name][4] += 2
-    return cls
-
-
-def test_the_recording_names_its_processor_family():
-    assert recorded.processor_family(
-        DATA['recorded_with']['vendor'],
-        DATA['recorded_with']['processor']) == 'AMD'
-    assert recorded.processor_family(None, 'Intel(R) Xeon(R) CPU') == 'Intel'
-    assert recorded.processor_family('GenuineIntel', None) == 'Intel'
-    assert recorded.processor_family(None, None) == 'unknown'
-
-
-def test_exact_on_the_recording_family(monkeypatch):
-    on_family(monkeypatch, 'AuthenticAMD', 'AMD EPYC 9B14')
+@pytest.mark.parametrize('machine', PROCESSORS)
+def test_exact_on_every_processor(monkeypatch, machine):
+    run_on(monkeypatch, **machine)
     assert recorded.drift_message('seg', copy.deepcopy(SEG), DATA) is None
     assert recorded.drift_message('cls', copy.deepcopy(CLS), DATA) is None
-    # the rounding of another family is a drift on the recording's own
-    message = recorded.drift_message('seg', intel_seg(), DATA)
-    assert 'exact on the recording\'s processor family, AMD' in message
-    assert recorded.drift_message('cls', intel_cls(), DATA) is not None
+    # the last digit of one stage is a drift, on every processor
+    seg = copy.deepcopy(SEG)
+    seg['source'][3] += 1e-6
+    assert 'source[3]' in recorded.drift_message('seg', seg, DATA)
 
 
-def test_another_family_within_the_measured_tolerance(monkeypatch):
-    on_family(monkeypatch, 'GenuineIntel', 'Intel(R) Xeon(R) CPU @ 2.20GHz')
-    assert recorded.drift_message('seg', intel_seg(), DATA) is None
-    assert recorded.drift_message('cls', intel_cls(), DATA) is None
-    assert recorded.drift_message('seg', copy.deepcopy(SEG), DATA) is None
-
-
-@pytest.mark.parametrize('vendor', ['AuthenticAMD', 'GenuineIntel'])
-def test_a_changed_method_fails_on_every_family(monkeypatch, vendor):
-    on_family(monkeypatch, vendor, 'some CPU')
+@pytest.mark.parametrize('machine', PROCESSORS)
+def test_a_changed_method_fails_on_every_processor(monkeypatch, machine):
+    run_on(monkeypatch, **machine)
     # TENT+STAG that computes TENT's numbers (STAG's term lost)
-    seg = intel_seg()
+    seg = copy.deepcopy(SEG)
     seg['tent-stag'] = list(seg['tent'])
     message = recorded.drift_message('seg', seg, DATA)
-    assert message is not None and 'tent-stag' in message
-    if vendor == 'GenuineIntel':
-        assert 'beyond the rounding of another processor family' in message
-        assert 'tent-stag[7]: 3.721988 vs 3.624696' in message
-        assert 'source' not in message.split('beyond it:')[1].split(
-            'what differs')[0]
-    # a method whose counts moved by more than a family's rounding
-    cls = intel_cls()
+    assert message is not None and 'tent-stag[' in message
+    assert 'source' not in message.split('now vs recorded:')[1].split(
+        'this run:')[0]
+    # a method whose counts moved
+    cls = copy.deepcopy(CLS)
     cls['rows']['TENT'] = list(cls['rows']['Source'])
-    message = recorded.drift_message('cls', cls, DATA)
-    assert message is not None and 'rows.TENT' in message
-    # another beta0/gamma choice
-    cls = intel_cls()
-    cls['choices']['TENT'] = [50.0, 10.0]
-    assert 'choices.TENT[0]: 50.0 vs 10.0' in recorded.drift_message(
-        'cls', cls, DATA)
+    assert 'rows.TENT[' in recorded.drift_message('cls', cls, DATA)
+    # another beta0 chosen
+    cls = copy.deepcopy(CLS)
+    beta0, gamma = cls['choices']['TENT']
+    other = 50.0 if beta0 != 50.0 else 10.0
+    cls['choices']['TENT'] = [other, gamma]
+    assert f'choices.TENT[0]: {other} vs {beta0}' in \
+        recorded.drift_message('cls', cls, DATA)
 
 
-def test_a_family_without_a_stated_tolerance_is_named(monkeypatch):
-    on_family(monkeypatch, 'HygonGenuine', 'Hygon C86')
-    data = dict(DATA, cross_family={})
-    message = recorded.drift_message('seg', copy.deepcopy(SEG), data)
-    assert 'no cross-family tolerance' in message and 'Hygon' in message
+def drifted(monkeypatch, **changes):
+    run_on(monkeypatch, **changes)
+    seg = copy.deepcopy(SEG)
+    seg['tent'][0] += 0.01
+    return recorded.drift_message('seg', seg, DATA)
 
 
-def test_beyond_tolerance_reads_shapes_and_keys():
-    assert recorded.beyond_tolerance([1.0, 2.0], [1.0, 2.01], 0.02) == []
-    assert recorded.beyond_tolerance([1.0], [1.0, 2.0], 1, 'x') == \
+def test_the_message_says_what_is_known(monkeypatch):
+    # all as recorded: the code
+    message = drifted(monkeypatch)
+    assert 'the code changed the numbers' in message
+    assert f'kernel paths {WAS["kernel_paths"]}' in message
+    # another processor on the pinned paths: named, not blamed on the code
+    message = drifted(monkeypatch, processor='AMD EPYC 7B13',
+                      instruction_set='AVX2')
+    assert 'another processor' in message and 'AMD EPYC 7B13' in message
+    assert 'AVX2 (recorded: ' in message
+    assert 'the code changed' not in message
+    # another kernel path (an unpinned run)
+    message = drifted(monkeypatch, kernel_paths=kernel_paths.describe(False))
+    assert 'another kernel path' in message
+    assert 'the code changed' not in message
+    # a package off its pin comes first
+    run_on(monkeypatch, processor='Some CPU')
+    monkeypatch.setattr(recorded, 'package_differences',
+                        lambda: ['  numpy: pinned 2.4.6, installed 2.5.0'])
+    seg = copy.deepcopy(SEG)
+    seg['tent'][0] += 0.01
+    message = recorded.drift_message('seg', seg, DATA)
+    assert 'numpy: pinned 2.4.6, installed 2.5.0' in message
+    assert 'the code changed' not in message
+
+
+def test_differing_reads_shapes_and_keys():
+    assert recorded.differing([1.0, 2.0], [1.0, 2.0]) == []
+    assert recorded.differing([1.0, 2.0], [1.0, 2.01]) == \
+        ['[1]: 2.0 vs 2.01']
+    assert recorded.differing([1.0], [1.0, 2.0], 'x') == \
         ['x: 1 numbers vs 2']
-    assert recorded.beyond_tolerance({'a': [1]}, {'b': [1]}, 1) == \
+    assert recorded.differing({'a': [1]}, {'b': [1]}) == \
         ["top: keys ['a'] vs ['b']"]
-    assert recorded.beyond_tolerance({'a': [1, 5]}, {'a': [1, 1]}, 3) == \
-        ['a[1]: 5 vs 1']
+    assert recorded.spread([{'a': [1, 2.5]}, {'a': [3, 2.0]}]) == \
+        {'a': [2, 0.5]}
+
+
+def test_the_recording_names_its_kernel_paths():
+    assert WAS['kernel_paths'] == kernel_paths.describe(True)
+    assert WAS['instruction_set'] in ('AVX512', 'AVX2')
+    assert recorded.ENV[kernel_paths.MARK] == 'pinned'
+
+
+def test_the_spread_of_unpinned_paths_is_stored_beside_the_numbers():
+    """What tests/demo/kernel_spread.py measured: for each demo, every
+    path's numbers in the recording's shape, the pinned runs equal to the
+    recording under every path, and the spread of the unpinned ones."""
+    for key, numbers in DATA['demos'].items():
+        measured = DATA['spread'][key]
+        assert measured['how'] and measured['machine']
+        runs = measured['runs']
+        assert {'native', 'pinned'} <= set(runs)
+        for name, run in runs.items():
+            assert recorded.differing(run, numbers) == [] or \
+                not name.startswith('pinned'), name
+            assert recorded.spread([run, numbers]) is not None
+        unpinned = [run for name, run in runs.items()
+                    if not name.startswith('pinned')]
+        assert measured['spread'] == recorded.spread(unpinned)
+
+
+# ------------------------------------------------- the pin itself
+AMBIENT = [
+    dict(ATEN_CPU_CAPABILITY='avx512', ONEDNN_MAX_CPU_ISA='AVX512_CORE',
+         MKL_ENABLE_INSTRUCTIONS='AVX512', OMP_NUM_THREADS='4'),
+    dict(ATEN_CPU_CAPABILITY='avx2', MKL_CBWR='AVX2',
+         NPY_DISABLE_CPU_FEATURES='X86_V4', OPENBLAS_CORETYPE='Haswell'),
+    dict(DNNL_MAX_CPU_ISA='AVX2', OPENCV_IPP='avx2', MKL_NUM_THREADS='8',
+         NPY_ENABLE_CPU_FEATURES='X86_V3'),
+]
+
+
+@pytest.mark.parametrize('ambient', AMBIENT)
+def test_the_pin_replaces_every_path_a_user_chose(ambient):
+    env = kernel_paths.pinned_env(dict(ambient, HOME='/home/u'))
+    assert env['HOME'] == '/home/u'
+    for name, value in kernel_paths.PINNED.items():
+        assert env[name] == value
+    for name in kernel_paths.CLEARED:
+        assert name not in env
+    assert kernel_paths.is_pinned(env)
+    assert not kernel_paths.is_pinned(dict(env, ATEN_CPU_CAPABILITY='avx2'))
+    assert not kernel_paths.is_pinned(dict(env, MKL_ENABLE_INSTRUCTIONS='AVX2'))
+    assert kernel_paths.pinned_env(env) == env
+
+
+def test_opencv_is_told_only_the_features_this_processor_has():
+    avx2 = frozenset('sse4_1 sse4_2 popcnt f16c avx avx2 fma'.split())
+    assert kernel_paths.opencv_disable(avx2) == \
+        'SSE4.1,SSE4.2,POPCNT,FP16,AVX,AVX2,FMA3'
+    avx512 = avx2 | {'avx512f', 'avx512cd', 'avx512bw', 'avx512dq',
+                     'avx512vl'}
+    assert kernel_paths.opencv_disable(avx512).endswith(
+        'FMA3,AVX512F,AVX512-SKX')
+    assert kernel_paths.instruction_set(avx512) == 'AVX512'
+    assert kernel_paths.instruction_set(avx2) == 'AVX2'
+    assert kernel_paths.instruction_set(frozenset({'sse4_2'})) == \
+        'below AVX2'
+
+
+PROBE = r'''
+import json, os, subprocess, sys
+import numpy, torch, cv2
+from numpy._core._multiarray_umath import __cpu_features__ as npy
+a = torch.rand(64, 64)
+(a @ a).sum()
+torch.nn.Conv2d(16, 16, 3)(torch.rand(2, 16, 32, 32)).sum().backward()
+b = numpy.ones((64, 64))
+b @ b
+print(json.dumps(dict(
+    aten=torch.backends.cpu.get_cpu_capability(),
+    threads=torch.get_num_threads(),
+    numpy_above_baseline=sorted(k for k in ('X86_V3', 'X86_V4', 'AVX512_ICL',
+                                            'AVX512_SPR') if npy.get(k)),
+    opencv_avx2=cv2.checkHardwareSupport(11),
+    opencv_sse41=cv2.checkHardwareSupport(6),
+    opencv_ipp=cv2.ipp.getIppVersion(), opencv_threads=cv2.getNumThreads())))
+'''
+
+
+@pytest.mark.parametrize('ambient', AMBIENT[:2])
+def test_the_pinned_process_takes_the_pinned_paths(ambient):
+    """In a process started with the pin, whatever the ambient variables
+    said: each library reports the pinned path (oneDNN, MKL and OpenBLAS
+    through their verbose logs)."""
+    env = kernel_paths.pinned_env(dict(os.environ, **ambient))
+    env.update(ONEDNN_VERBOSE='1', MKL_VERBOSE='1', OPENBLAS_VERBOSE='2')
+    proc = subprocess.run([sys.executable, '-c', PROBE], env=env,
+                          capture_output=True, text=True, check=True)
+    import json
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report['aten'] == 'DEFAULT' and report['threads'] == 1
+    assert report['numpy_above_baseline'] == []
+    assert not report['opencv_avx2'] and not report['opencv_sse41']
+    assert 'SSE4.2' in report['opencv_ipp']
+    assert report['opencv_threads'] == 1
+    logs = proc.stdout + proc.stderr
+    assert 'isa:Intel SSE4.1' in logs  # oneDNN
+    assert 'CNR:COMPATIBLE,STRICT' in logs and 'NThr:1' in logs  # MKL
+    assert 'Core: Nehalem' in logs  # OpenBLAS
+    assert 'OPENCV: Trying to disable' not in logs
