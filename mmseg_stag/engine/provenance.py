@@ -2,6 +2,7 @@
 key of ``continual_results.json``, docs/running.md): the code, the
 environment, the device, the config and its speed options, the seed, and
 the run's wall time."""
+import os
 import os.path as osp
 import platform
 import subprocess
@@ -78,6 +79,16 @@ def plain(value):
     return repr(value)
 
 
+def cpu_kernels() -> dict:
+    """The CPU kernel path of this process: ATen's capability (``AVX512``,
+    ``AVX2``, ``DEFAULT``), its intra-op threads, and whether the demos'
+    pin (``demo_data/kernel_paths.py``: every library's path fixed, the
+    same digits on every x86-64 processor) was in force."""
+    return dict(aten=torch.backends.cpu.get_cpu_capability(),
+                threads=torch.get_num_threads(),
+                pinned=os.environ.get('MMSEG_STAG_KERNEL_PATHS') == 'pinned')
+
+
 def run_provenance(cfg, device: torch.device, method: dict, speed: dict,
                    seed, seconds: float, images: int,
                    resumed_at_batch: Optional[int]) -> dict:
@@ -101,6 +112,7 @@ def run_provenance(cfg, device: torch.device, method: dict, speed: dict,
     return plain(dict(
         mmseg_stag=code_version(), versions=versions(),
         device=dict(type=device.type, name=device_name(device)),
+        cpu_kernels=cpu_kernels(),
         config=osp.basename(cfg.filename) if cfg.filename else None,
         method=method, dataset=dataset, **speed, tf32_state=tf32_state(),
         seed=seed, deterministic=torch.are_deterministic_algorithms_enabled(),

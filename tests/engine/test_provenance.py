@@ -51,6 +51,10 @@ def test_a_run_records_its_provenance(tiny_acdc, tiny_checkpoint, tmp_path):
                                   name=provenance.device_name(
                                       torch.device('cpu')))
     assert prov['device']['name'] not in ('', 'x86_64')  # a model's name
+    # the CPU kernel path this process ran (the suite does not pin it)
+    assert prov['cpu_kernels'] == dict(
+        aten=torch.backends.cpu.get_cpu_capability(),
+        threads=torch.get_num_threads(), pinned=False)
     code = prov['mmseg_stag']
     assert code['version'] == mmseg_stag.__version__
     assert code['commit'] == git('rev-parse', 'HEAD')
