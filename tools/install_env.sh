@@ -112,7 +112,10 @@ if version_ok mmcv 2.0.0 2.2.0; then
   echo "[install] keeping mmcv (with ops)"
 else
   ops=$(mmcv_ops) || exit 1  # its message said what to do
-  build_env=(MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}")
+  # -g0: no debug information. Python's own flags (sysconfig) carry -g,
+  # and writing DWARF for 77 files of torch templates was a third of the
+  # build (docs/tests.md, "The first make test"); the ops are the same -O3
+  build_env=(MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" CFLAGS="${CFLAGS:+$CFLAGS }-g0")
   cache=()
   if "$PY" -c 'import mmcv' >/dev/null 2>&1; then
     # an MMCV whose compiled ops no longer load (built against another
@@ -122,7 +125,7 @@ else
     cache=(--no-cache-dir --force-reinstall --no-deps)
   fi
   if [ "$ops" = cpu ]; then
-    echo "[install] mmcv 2.1.0 with CPU ops (first build ~13 min, then cached)"
+    echo "[install] mmcv 2.1.0 with CPU ops (first build ~6 min on 2 cores, then cached)"
     build_env+=(FORCE_CUDA=0)
     if [ "${MMCV_OPS:-auto}" = cpu ]; then
       # torch must not see the GPU while setup.py runs (the runs still do)

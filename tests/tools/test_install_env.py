@@ -134,7 +134,8 @@ case "$1" in
   -) [ "$2" = mmcv ] && exit 1; exit 0 ;;
   -m) echo "$* | CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset}" \
         "FORCE_CUDA=${FORCE_CUDA-unset}" \
-        "MMCV_WITH_OPS=${MMCV_WITH_OPS-unset}" >> "$STUB_LOG"; exit 0 ;;
+        "MMCV_WITH_OPS=${MMCV_WITH_OPS-unset}" \
+        "CFLAGS=${CFLAGS-unset}" >> "$STUB_LOG"; exit 0 ;;
   -c) [ "$2" = 'import mmcv' ] && exit "${STUB_MMCV_IMPORTS:-1}"
       [ -n "${STUB_PRINTS:-}" ] && echo "$STUB_PRINTS"; exit 0 ;;
   *check_cuda_build.py) exec "$REAL_PYTHON" "$@" $STUB_TORCH ;;
@@ -199,6 +200,13 @@ def test_install_without_a_gpu_builds_the_cpu_ops_as_before(tmp_path):
     assert 'mmcv 2.1.0 with CPU ops' in done.stdout
     [build] = mmcv_builds(calls)
     assert 'CUDA_VISIBLE_DEVICES=unset FORCE_CUDA=0 MMCV_WITH_OPS=1' in build
+    # no debug information in the ops (a third of the build), the build
+    # only; a user's own CFLAGS kept before it
+    assert build.endswith('CFLAGS=-g0')
+    assert all('CFLAGS=unset' in c for c in calls if c is not build)
+    _, calls = install(tmp_path / 'own', '--no-gpu --torch-cuda none',
+                       CFLAGS='-march=native')
+    assert mmcv_builds(calls)[0].endswith('CFLAGS=-march=native -g0')
 
 
 def test_install_rebuilds_an_mmcv_whose_ops_fail_without_the_cache(
