@@ -34,6 +34,10 @@ on every processor with AVX2, and the package versions, which
 this processor's fastest paths instead: its numbers are then this
 machine's own. Stdlib only: imported before NumPy or torch, which read
 these variables once, when they load.
+
+A command of your own on the same paths (a demo row's config by hand)::
+
+    python demo_data/kernel_paths.py .venv/bin/python tools/test.py CONFIG CKPT
 """
 import os
 import sys
@@ -156,3 +160,10 @@ def pin_or_reexec(native: bool = False, log=print) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable] + sys.argv, pinned_env())
+
+
+if __name__ == '__main__':
+    if len(sys.argv) < 2:
+        sys.exit('usage: python demo_data/kernel_paths.py COMMAND [ARGS...]: '
+                 'runs COMMAND on the pinned kernel paths')
+    os.execvpe(sys.argv[1], sys.argv[1:], pinned_env())

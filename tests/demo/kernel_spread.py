@@ -35,7 +35,8 @@ from demo_data import kernel_paths
 
 #: tests (besides the reduced demos) that compare with numbers recorded on
 #: another machine: each must pass under every path
-TESTS = ['tests/tools/test_check_setup.py::test_stand_in_passes_against_its_recorded_numbers']
+TESTS = ['tests/tools/test_check_setup.py::'
+         'test_stand_in_passes_against_its_recorded_numbers']
 #: the variables a path may set: unset in the base environment
 PATH_VARIABLES = tuple(kernel_paths.PINNED) + kernel_paths.CLEARED + (
     'OPENCV_CPU_DISABLE', kernel_paths.MARK)
@@ -64,6 +65,7 @@ def paths(flags=None):
     if isa in ('AVX512', 'AVX2'):
         out['mkl-avx2'] = dict(MKL_ENABLE_INSTRUCTIONS='AVX2')
     out['mkl-sse4.2'] = dict(MKL_ENABLE_INSTRUCTIONS='SSE4_2')
+    out['mkl-compatible'] = dict(MKL_CBWR='COMPATIBLE,STRICT')
     if avx512:
         out['numpy-opencv-no-avx512'] = dict(
             NPY_DISABLE_CPU_FEATURES=npy_no512, OPENCV_IPP='avx2',

@@ -158,8 +158,9 @@ def test_the_pin_replaces_every_path_a_user_chose(ambient):
     for name in kernel_paths.CLEARED:
         assert name not in env
     assert kernel_paths.is_pinned(env)
-    assert not kernel_paths.is_pinned(dict(env, ATEN_CPU_CAPABILITY='avx2'))
-    assert not kernel_paths.is_pinned(dict(env, MKL_ENABLE_INSTRUCTIONS='AVX2'))
+    for other in (dict(ATEN_CPU_CAPABILITY='avx2'),
+                  dict(MKL_ENABLE_INSTRUCTIONS='AVX2')):
+        assert not kernel_paths.is_pinned(dict(env, **other))
     assert kernel_paths.pinned_env(env) == env
 
 
@@ -218,3 +219,19 @@ def test_the_pinned_process_takes_the_pinned_paths(ambient):
     assert 'CNR:COMPATIBLE,STRICT' in logs and 'NThr:1' in logs  # MKL
     assert 'Core: Nehalem' in logs  # OpenBLAS
     assert 'OPENCV: Trying to disable' not in logs
+
+
+def test_a_command_of_ones_own_on_the_pinned_paths():
+    """``python demo_data/kernel_paths.py COMMAND``: a demo row's config run
+    by hand on the demos' paths."""
+    script = os.path.join(recorded.REPO, 'demo_data', 'kernel_paths.py')
+    proc = subprocess.run(
+        [sys.executable, script, sys.executable, '-c',
+         'import os; print(os.environ["ATEN_CPU_CAPABILITY"], '
+         'os.environ["MMSEG_STAG_KERNEL_PATHS"])'],
+        env=dict(os.environ, ATEN_CPU_CAPABILITY='avx2'),
+        capture_output=True, text=True, check=True)
+    assert proc.stdout.split() == ['default', 'pinned']
+    proc = subprocess.run([sys.executable, script], capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and 'usage' in proc.stderr
