@@ -80,7 +80,18 @@ def main(argv=None):
     p.add_argument('--demo-cls', default='work_dirs/demo_cls')
     p.add_argument('--out', default='docs/results/stand-in.json')
     args = p.parse_args(argv)
-    rows = [row for demo in args.demo for row in segmentation_rows(demo)]
+    rows = {}
+    for demo in args.demo:  # make demo-hybrid's dir repeats make demo's rows
+        for row in segmentation_rows(demo):
+            key = tuple(row[k] for k in ('scenario', 'model', 'method',
+                                         'stag'))
+            if key in rows and rows[key]['score'] != row['score']:
+                raise SystemExit(f'error: {demo}: {row["method"]} '
+                                 f'(stag={row["stag"]}) scored '
+                                 f'{row["score"]}, another --demo dir '
+                                 f'{rows[key]["score"]}: not one run\'s data')
+            rows.setdefault(key, row)
+    rows = list(rows.values())
     rows += classification_rows(args.demo_cls)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:

@@ -61,3 +61,29 @@ def test_missing_demo_outputs_are_named(tmp_path, main):
     with pytest.raises(FileNotFoundError, match='demo_comparison.json'):
         main(['--measured', 'x', '--demo', str(tmp_path), '--demo-cls',
               str(tmp_path), '--out', str(tmp_path / 'o.json')])
+
+
+def test_a_row_two_demo_dirs_share_is_kept_once(tmp_path, main):
+    """make demo-hybrid's dir repeats make demo's Source and TENT rows (the
+    same seeded data and model): kept once; differing scores refused."""
+    for name, tent in (('demo', 40.0), ('hybrid', 40.0), ('other', 41.0)):
+        write_comparison(str(tmp_path / name), [
+            dict(name='tent', stages=[stage(tent)]),
+            dict(name='hybrid-tta', stages=[stage(45.0)])],
+            prefix='demo_comparison')
+    cls_dir = tmp_path / 'demo_cls'
+    write_corruption_table(str(cls_dir / 'mild_gn'),
+                           [cls_row('Source', None, 50.0)], ['fog', 'snow'],
+                           'acc', meta=dict(scenario='mild', net='gn'))
+    out = tmp_path / 'stand-in.json'
+    main(['--measured', 'today', '--demo', str(tmp_path / 'demo'),
+          str(tmp_path / 'hybrid'), '--demo-cls', str(cls_dir), '--out',
+          str(out)])
+    methods = [r['method'] for r in json.loads(out.read_text())['rows']
+               if r['benchmark'] == 'acdc']
+    assert methods == ['tent', 'hybrid_tta']
+    with pytest.raises(SystemExit, match='scored 41.0, another --demo dir '
+                       '40.0'):
+        main(['--measured', 'today', '--demo', str(tmp_path / 'demo'),
+              str(tmp_path / 'other'), '--demo-cls', str(cls_dir), '--out',
+              str(out)])
