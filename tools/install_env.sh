@@ -114,8 +114,11 @@ else
   ops=$(mmcv_ops) || exit 1  # its message said what to do
   # -g0: no debug information. Python's own flags (sysconfig) carry -g,
   # and writing DWARF for 77 files of torch templates was a third of the
-  # build (docs/tests.md, "The first make test"); the ops are the same -O3
-  build_env=(MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" CFLAGS="${CFLAGS:+$CFLAGS }-g0")
+  # build (docs/tests.md, "The first make test"). A CFLAGS in the
+  # environment replaces Python's flags (-O3 -DNDEBUG ...) in the build,
+  # so they are given again, then -g0: the same optimised ops
+  cflags=${CFLAGS:-$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("CFLAGS") or "")')}
+  build_env=(MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-2}" CFLAGS="${cflags:+$cflags }-g0")
   cache=()
   if "$PY" -c 'import mmcv' >/dev/null 2>&1; then
     # an MMCV whose compiled ops no longer load (built against another

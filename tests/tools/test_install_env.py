@@ -136,7 +136,8 @@ case "$1" in
         "FORCE_CUDA=${FORCE_CUDA-unset}" \
         "MMCV_WITH_OPS=${MMCV_WITH_OPS-unset}" \
         "CFLAGS=${CFLAGS-unset}" >> "$STUB_LOG"; exit 0 ;;
-  -c) [ "$2" = 'import mmcv' ] && exit "${STUB_MMCV_IMPORTS:-1}"
+  -c) case "$2" in *sysconfig*) echo '-DNDEBUG -O3'; exit 0 ;; esac
+      [ "$2" = 'import mmcv' ] && exit "${STUB_MMCV_IMPORTS:-1}"
       [ -n "${STUB_PRINTS:-}" ] && echo "$STUB_PRINTS"; exit 0 ;;
   *check_cuda_build.py) exec "$REAL_PYTHON" "$@" $STUB_TORCH ;;
 esac
@@ -201,8 +202,9 @@ def test_install_without_a_gpu_builds_the_cpu_ops_as_before(tmp_path):
     [build] = mmcv_builds(calls)
     assert 'CUDA_VISIBLE_DEVICES=unset FORCE_CUDA=0 MMCV_WITH_OPS=1' in build
     # no debug information in the ops (a third of the build), the build
-    # only; a user's own CFLAGS kept before it
-    assert build.endswith('CFLAGS=-g0')
+    # only, after Python's own flags (which a CFLAGS would replace) or a
+    # user's own CFLAGS
+    assert build.endswith('CFLAGS=-DNDEBUG -O3 -g0')
     assert all('CFLAGS=unset' in c for c in calls if c is not build)
     _, calls = install(tmp_path / 'own', '--no-gpu --torch-cuda none',
                        CFLAGS='-march=native')
