@@ -6,10 +6,10 @@
 # Every step first checks what is already installed and keeps a compatible
 # version: a user with their own torch / mmcv (e.g. CUDA builds) keeps them.
 # Only a missing or incompatible package is installed. mmcv 2.1.0 is built
-# from source with its CPU ops (~13 min the first time; pip caches the wheel,
-# so later installs take seconds); where torch sees a GPU, with its CUDA ops
-# once tools/check_cuda_build.py found an nvcc matching torch's CUDA, or
-# with its CPU ops and the GPU hidden from the build: MMCV_OPS=cpu.
+# from source with its CPU ops (~6 min on 2 cores the first time; pip caches
+# the wheel, so later installs take seconds); where torch sees a GPU, with
+# its CUDA ops once tools/check_cuda_build.py found an nvcc matching torch's
+# CUDA, or with its CPU ops and the GPU hidden from the build: MMCV_OPS=cpu.
 set -euo pipefail
 
 VENV=${1:-.venv}
