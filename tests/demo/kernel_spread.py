@@ -21,7 +21,6 @@ test fails on some path. One thread a run; ``--jobs`` runs side by side.
 import argparse
 import concurrent.futures
 import datetime
-import json
 import os
 import os.path as osp
 import platform

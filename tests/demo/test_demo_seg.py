@@ -2,8 +2,6 @@
 benchmark, a trained source model and the online runs through the same
 scripts, end to end."""
 import json
-import os.path as osp
-import sys
 
 from recorded import (ENV, REPO, check_or_record, reduced_command,
                       reduced_numbers)
