@@ -62,6 +62,9 @@ PINNED = {
 #: them (a user's ``MKL_ENABLE_INSTRUCTIONS=AVX512`` is no longer read)
 CLEARED = ('MKL_ENABLE_INSTRUCTIONS', 'DNNL_MAX_CPU_ISA', 'MKL_DEBUG_CPU_TYPE',
            'NPY_ENABLE_CPU_FEATURES', 'MKL_DYNAMIC', 'OMP_DYNAMIC')
+#: the ``/proc/cpuinfo`` flags of AVX-512 as ATen's and OpenCV's AVX-512
+#: paths need them (Skylake-X's set)
+AVX512_FLAGS = ('avx512f', 'avx512cd', 'avx512bw', 'avx512dq', 'avx512vl')
 #: OpenCV's dispatched features (opencv-python 5.0: SSE4_1 ... AVX512_SKX)
 #: and the ``/proc/cpuinfo`` flags that say the processor has them: OpenCV
 #: warns at import about disabling one the processor lacks
@@ -69,8 +72,7 @@ OPENCV_FEATURES = (
     ('SSE4.1', ('sse4_1', )), ('SSE4.2', ('sse4_2', )),
     ('POPCNT', ('popcnt', )), ('FP16', ('f16c', )), ('AVX', ('avx', )),
     ('AVX2', ('avx2', )), ('FMA3', ('fma', )), ('AVX512F', ('avx512f', )),
-    ('AVX512-SKX', ('avx512f', 'avx512cd', 'avx512bw', 'avx512dq',
-                    'avx512vl')))
+    ('AVX512-SKX', AVX512_FLAGS))
 #: marks a process started with the pin (the demos' re-exec is done once)
 MARK = 'MMSEG_STAG_KERNEL_PATHS'
 
@@ -91,8 +93,7 @@ def instruction_set(flags: Optional[frozenset] = None) -> str:
     """The widest vector instruction set the processor has, as ATen names
     its kernel paths: ``'AVX512'``, ``'AVX2'`` or ``'below AVX2'``."""
     flags = cpu_flags() if flags is None else flags
-    if {'avx512f', 'avx512cd', 'avx512bw', 'avx512dq',
-            'avx512vl'} <= flags:
+    if set(AVX512_FLAGS) <= flags:
         return 'AVX512'
     return 'AVX2' if {'avx2', 'fma'} <= flags else 'below AVX2'
 
