@@ -103,8 +103,9 @@ METHODS = {'source': 'Source', 'bn_adapt': 'BN Adapt', 'tent': 'TENT',
            'deyo': 'DeYO', 'hybrid_tta': 'Hybrid-TTA'}
 
 
-#: the file-name suffix of the fast preset of a config
-PRESET_SUFFIX = '_bf16-graph'
+#: the file-name suffixes of a config's fast preset (docs/running.md):
+#: with a CUDA graph or without
+PRESET_SUFFIXES = ('_bf16-graph', '_bf16')
 
 
 def matrix_settings(paper_rows):
@@ -119,9 +120,11 @@ def matrix_settings(paper_rows):
                 continue
             stem = name[:-3]
             # a fast preset (docs/running.md): beside its faithful config
-            preset = stem.endswith(PRESET_SUFFIX)
+            suffix = next((s for s in PRESET_SUFFIXES if stem.endswith(s)),
+                          None)
+            preset = suffix is not None
             if preset:
-                stem = stem[:-len(PRESET_SUFFIX)]
+                stem = stem[:-len(suffix)]
             stag = stem.endswith('-stag')
             fields = stem[:-len('-stag')].split('_') if stag else \
                 stem.split('_')
@@ -198,7 +201,8 @@ def support_matrix_page() -> str:
         f'stands in for this one (tiny models, generated data; '
         f'[Demos](demo.md)), measured {measured}. A stand-in shows that the '
         'pipeline runs end to end, not the paper\'s number.',
-        '- **fast preset (CUDA)**: the config\'s `_bf16-graph` sibling, '
+        '- **fast preset (CUDA)**: the config\'s `_bf16` sibling '
+        '(`_bf16-graph` where it replays each step as a CUDA graph), '
         'for one CUDA GPU ([Running](running.md#the-fast-preset)).',
         '- **GPU time / memory**: per step, not per setting: the H100 runs '
         'of `make gpu-check` ([Benchmarks](benchmark.md#gpu-check)).', '']

@@ -27,7 +27,7 @@ from mmseg_stag.paper_results import METRICS, paper_result, paper_stages
 #: the paper's model
 ACDC_NAME = re.compile(r'^segformer_mit-b5(?P<nvlabs>-nvlabs)?_acdc-continual_'
                        r'(?P<method>[a-z0-9-]+?)(?P<stag>-stag)?'
-                       r'(?:_(?P<preset>bf16-graph))?\.py$')
+                       r'(?:_(?P<preset>bf16-graph|bf16))?\.py$')
 #: ``configs/cls`` names
 CLS_NAME = re.compile(r'^(?P<benchmark>imagenet-c|cifar10-c|cifar100-c)_'
                       r'(?P<scenario>[a-z0-9-]+)_(?P<model>[a-z0-9-]+)_'
@@ -258,6 +258,8 @@ def speed_marks(run: Run) -> List[str]:
         marks.append(f"{prov['mixed_precision']} autocast")
     if prov.get('preset'):
         marks.append(f"preset {prov['preset']}")
+    if prov.get('cuda_graph'):
+        marks.append('CUDA graph')
     return marks
 
 

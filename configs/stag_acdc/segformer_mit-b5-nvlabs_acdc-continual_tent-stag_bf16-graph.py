@@ -6,7 +6,7 @@
 # workers. Without CUDA the run stops before the stream.
 _base_ = ['./segformer_mit-b5-nvlabs_acdc-continual_tent-stag.py']
 model = dict(backbone=dict(attention='sdpa', token_maps='view'))
-# 1920x1080 PNG decoding on the H100 machine: 2 workers 20-22 images/s, 8
-# workers 81-89 (docs/results/gpu/2026-11-27-h100*/): above the graphed step
+# 1920x1080 PNG decoding on the H100 machine: 2 workers 19.1-21.6 images/s, 8
+# workers 79.3-88.9 (docs/results/gpu/2026-11-27-h100*/): above the graphed step
 test_dataloader = dict(num_workers=8)
-test_cfg = dict(preset='bf16-graph', mixed_precision='bf16', cuda_graph=True)
+test_cfg = dict(preset='fast', mixed_precision='bf16', cuda_graph=True)

@@ -26,10 +26,10 @@ from .stream import StreamSchedule, StreamStage, dataset_stages
 
 #: ``mixed_precision`` values: the autocast dtype of the forward passes
 MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
-#: named presets (``preset``): the speed options a ``…_<preset>.py``
-#: config sets beside its faithful parent, all for a CUDA GPU
-#: (docs/running.md, "The fast preset")
-PRESETS = ('bf16-graph', )
+#: named presets (``preset``): the speed options a config sets beside its
+#: faithful parent, all for a CUDA GPU; the file name says what they are
+#: (``…_bf16.py``, ``…_bf16-graph.py``: docs/running.md, "The fast preset")
+PRESETS = ('fast', )
 #: the run state a resumable stream saves at every stage boundary
 STATE_FILE = 'online_adaptation_state.pth'
 #: config keys a resumed run may change (they do not change its numbers)
@@ -133,7 +133,7 @@ class OnlineAdaptationLoop(TestLoop):
                 f"test_cfg.preset='{preset}' is for a CUDA GPU, and this "
                 f'model is on {self.device_type} (torch.cuda.is_available()'
                 f' is {torch.cuda.is_available()}): run the faithful config,'
-                f' without the _{preset} suffix')
+                ' the same name without the _bf16 or _bf16-graph suffix')
         self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
         if self.cuda_graph and self.device_type != 'cuda':
             raise ValueError('test_cfg.cuda_graph=True needs the model on a '

@@ -98,6 +98,9 @@ def test_the_setting_comes_from_the_shipped_config_name(load_tool):
     assert setting_of('segformer_mit-b5-nvlabs_acdc-continual_tent-stag_'
                       'bf16-graph.py') == setting_of(
         'segformer_mit-b5-nvlabs_acdc-continual_tent-stag.py')
+    assert setting_of('segformer_mit-b5-nvlabs_acdc-continual_source_'
+                      'bf16.py') == setting_of(
+        'segformer_mit-b5-nvlabs_acdc-continual_source.py')
     assert setting_of('imagenet-c_label-shift_resnet50-gn_eata-stag.py') == \
         dict(benchmark='imagenet-c', scenario='label-shift',
              model='resnet50-gn', method='eata', stag=True)
@@ -223,7 +226,7 @@ def test_acdc_stages_beside_the_paper_and_figure_5(tmp_path, seg_run,
     tool = load_tool('collect_results')
     runs = [full_acdc_run(seg_run, tmp_path, 'tent', shift=-0.3),
             full_acdc_run(seg_run, tmp_path, 'tent-stag', shift=0.1,
-                          mixed_precision='bf16', preset='bf16-graph',
+                          mixed_precision='bf16', preset='fast',
                           cuda_graph=True)]
     out = tmp_path / 'table'
     tool.main([*runs, '--out', str(out)])
@@ -236,8 +239,8 @@ def test_acdc_stages_beside_the_paper_and_figure_5(tmp_path, seg_run,
     assert row['base_ours'] == round(means[('tent', False)] - 0.3, 2)
     assert row['gain_ours'] == round(means[('tent', True)] + 0.1 -
                                      means[('tent', False)] + 0.3, 2)
-    assert row['marks'] == ['+STAG: bf16 autocast', '+STAG: preset '
-                            'bf16-graph']
+    assert row['marks'] == ['+STAG: bf16 autocast', '+STAG: preset fast',
+                            '+STAG: CUDA graph']
     assert 'precision: bf16, float32' in table['mixed'][0]
     assert len(table['stages']) == 40
     for i, stage in enumerate(table['stages']):

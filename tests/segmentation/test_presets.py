@@ -1,5 +1,6 @@
-"""The fast presets (``configs/stag_acdc/*_bf16-graph.py``, docs/running.md
-"The fast preset"): what each changes beside its faithful config, and what
+"""The fast presets (``configs/stag_acdc/*_bf16.py`` and ``*_bf16-graph.py``,
+docs/running.md "The fast preset"): what each changes beside its faithful
+config, that its name says whether it replays a CUDA graph, and what
 a machine without CUDA does with one: it stops before the stream, naming
 CUDA; the parts a CPU can run (SDPA attention, token views, bfloat16
 autocast) run through ``tools/test.py``'s path, and SDPA with views gives
@@ -17,20 +18,25 @@ from mmengine.runner import Runner
 from run_helpers import run_config
 from seg_helpers import REPO, build_from_config, save_checkpoint, tiny_options
 
-SUFFIX = '_bf16-graph.py'
-PRESETS = sorted(glob.glob(osp.join(REPO, 'configs', 'stag_acdc',
-                                    '*' + SUFFIX)))
+#: a preset's file name ends with what it does: a graph or not
+SUFFIXES = ('_bf16.py', '_bf16-graph.py')
+PRESETS = sorted(p for suffix in SUFFIXES for p in glob.glob(
+    osp.join(REPO, 'configs', 'stag_acdc', '*' + suffix)))
 #: the methods whose preset replays their step as a CUDA graph
 GRAPHED = ('tent', 'tent-stag', 'cotta', 'cotta-stag')
 MISSING = object()
 
 
+def suffix_of(path: str) -> str:
+    return next(s for s in SUFFIXES if path.endswith(s))
+
+
 def method_of(path: str) -> str:
-    return osp.basename(path)[:-len(SUFFIX)].rsplit('_', 1)[1]
+    return osp.basename(path)[:-len(suffix_of(path))].rsplit('_', 1)[1]
 
 
 def faithful(path: str) -> str:
-    return path[:-len(SUFFIX)] + '.py'
+    return path[:-len(suffix_of(path))] + '.py'
 
 
 def flat(value, prefix=''):
@@ -51,6 +57,13 @@ def test_the_presets_of_table_9_and_cotta():
 
 
 @pytest.mark.parametrize('path', PRESETS, ids=osp.basename)
+def test_a_preset_is_named_graph_exactly_when_it_replays_one(path):
+    graph = Config.fromfile(path).test_cfg.get('cuda_graph', False)
+    assert suffix_of(path) == ('_bf16-graph.py' if graph else '_bf16.py')
+    assert graph == (method_of(path) in GRAPHED)
+
+
+@pytest.mark.parametrize('path', PRESETS, ids=osp.basename)
 def test_a_preset_changes_its_speed_options_only(path):
     """Method, STAG, data, protocol and metric are the faithful config's:
     the two configs differ in exactly the preset's keys."""
@@ -61,7 +74,7 @@ def test_a_preset_changes_its_speed_options_only(path):
     expected = {'model.backbone.attention': 'sdpa',
                 'model.backbone.token_maps': 'view',
                 'test_dataloader.num_workers': 8,
-                'test_cfg.preset': 'bf16-graph',
+                'test_cfg.preset': 'fast',
                 'test_cfg.mixed_precision': 'bf16'}
     method = method_of(path)
     if method in GRAPHED:
@@ -88,9 +101,9 @@ def tiny_runner(config, tiny_acdc, work_dir, extra=None):
 def test_without_cuda_a_preset_stops_before_the_stream(path, tiny_acdc,
                                                        tmp_path):
     runner = tiny_runner(path, tiny_acdc, tmp_path)
-    with pytest.raises(ValueError, match=r"preset='bf16-graph' is for a "
+    with pytest.raises(ValueError, match=r"preset='fast' is for a "
                        r'CUDA GPU, and this model is on cpu.*without the '
-                       r'_bf16-graph suffix'):
+                       r'_bf16 or _bf16-graph suffix'):
         runner.test()
     assert not list(tmp_path.rglob('continual_results.json'))
     assert not list(tmp_path.rglob('online_adaptation_state.pth'))
@@ -137,7 +150,7 @@ def test_the_cpu_parts_of_a_preset_run_through_tools_test(
 @pytest.mark.parametrize('extra,message', [
     ({'test_cfg.cuda_graph': True}, 'cuda_graph=True needs the model on a '
      'CUDA device, it is on cpu'),
-    ({'test_cfg.preset': 'fast'}, r"preset must be one of \('bf16-graph',\)"),
+    ({'test_cfg.preset': 'bf16-graph'}, r"preset must be one of \('fast',\)"),
 ])
 def test_the_loop_checks_its_speed_options_before_the_stream(
         extra, message, tiny_acdc, tmp_path):

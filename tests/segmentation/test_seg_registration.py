@@ -19,10 +19,11 @@ from mmseg_stag.segmentation import (ACDCContinualDataset,
                                      NVMixVisionTransformer, NVSegformerHead)
 from seg_helpers import REPO
 
-# the fast presets (``…_bf16-graph.py``): tests/segmentation/test_presets.py
+# the fast presets (``…_bf16.py``, ``…_bf16-graph.py``):
+# tests/segmentation/test_presets.py
 STAG_CONFIGS = sorted(
     p for p in glob.glob(osp.join(REPO, 'configs', 'stag_acdc', '*.py'))
-    if not p.endswith('_bf16-graph.py'))
+    if not p.endswith(('_bf16.py', '_bf16-graph.py')))
 
 
 def test_registered_types():

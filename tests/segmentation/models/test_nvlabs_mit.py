@@ -24,10 +24,11 @@ from seg_helpers import REPO, build_from_config, mit_backbone, tiny_options
 WIDTHS, HEADS, SR = [16, 32, 40, 64], [2, 4, 5, 8], [8, 4, 2, 1]
 MIT = dict(embed_dims=8, num_heads=HEADS, num_layers=[1, 1, 1, 1],
            sr_ratios=SR)
-# the fast presets (``…_bf16-graph.py``): tests/segmentation/test_presets.py
+# the fast presets (``…_bf16.py``, ``…_bf16-graph.py``):
+# tests/segmentation/test_presets.py
 NVLABS_CONFIGS = sorted(
     p for p in glob.glob(osp.join(REPO, 'configs', 'stag_acdc', '*nvlabs*.py'))
-    if not p.endswith('_bf16-graph.py'))
+    if not p.endswith(('_bf16.py', '_bf16-graph.py')))
 
 
 def layer_norm_eps(model):
