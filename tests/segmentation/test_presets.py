@@ -15,6 +15,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
+from demo_data import make_acdc_like_tree
 from run_helpers import run_config
 from seg_helpers import REPO, build_from_config, save_checkpoint, tiny_options
 
@@ -158,3 +159,34 @@ def test_the_loop_checks_its_speed_options_before_the_stream(
     with pytest.raises(ValueError, match=message):
         runner.test()
     assert not list(tmp_path.rglob('continual_results.json'))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device')
+@pytest.mark.parametrize('path', PRESETS, ids=osp.basename)
+def test_a_preset_on_cuda_equals_its_eager_run(path, nvlabs_checkpoint,
+                                               tmp_path_factory, tmp_path):
+    """Each shipped preset through ``tools/test.py``'s path on the tiny
+    model, with its own loader (8 workers, pinned memory: the pin-memory
+    thread allocates while a graph is captured), two stages (a graph
+    captured again at the second): the stage scores of the same preset
+    with its steps eager. Bfloat16 both; a replay runs the captured
+    kernels, so only the reductions' order may differ. Six images a
+    condition: two eager (``graph_warmup``), a capture, three replays."""
+    root = str(make_acdc_like_tree(str(tmp_path_factory.mktemp('acdc6')),
+                                   images_per_condition=6, size=(96, 48),
+                                   seed=0))
+    opts = tiny_options(root, rounds=1, head='nvlabs')
+    del opts['test_dataloader.num_workers']  # the preset's own
+    opts['test_dataloader.dataset.conditions'] = ('fog', 'night')
+    cfg = Config.fromfile(path)
+    assert cfg.test_dataloader.num_workers == 8
+    assert cfg.test_dataloader.pin_memory is True
+    got = run_config(path, nvlabs_checkpoint, tmp_path / 'preset', opts)
+    eager = run_config(path, nvlabs_checkpoint, tmp_path / 'eager', dict(
+        opts, **{'test_cfg.cuda_graph': False}))
+    assert len(stage_scores(got)) == len(stage_scores(eager)) == 2
+    assert stage_scores(got) == pytest.approx(stage_scores(eager), abs=0.05)
+    log = ''.join(p.read_text() for p in (tmp_path / 'preset').rglob('*.log'))
+    assert 'preset fast' in log
+

@@ -4,13 +4,20 @@ method: ``method.adapt(batch, step=CUDAGraphStep(method))``.
 A captured graph launches an eager step's thousands of kernels at once
 (docs/running.md, "The fast preset"). The step must read nothing back to
 the host and branch on no device value (a replay repeats the capture's):
-the methods that can say so (``graph_capturable``); its optimizer keeps
-its state on the device (Adam/AdamW ``capturable=True``); ``beta_t``
+the methods that can say so (``graph_capturable``), and no option that
+reads the device (``stag.check_finite``); its optimizer keeps its state
+on the device (Adam/AdamW ``capturable=True``); ``beta_t``
 (eq:adaptive_decay) comes in a device tensor filled before each replay; a
 graph is captured per input key (:func:`graph_key`), on a static copy of
 the batch (:func:`static_batch`) whose inputs (:func:`graph_inputs`) later
 batches are copied into.
+
+Safe with the loader's worker processes and its pin-memory thread: a
+capture is ``thread_local`` (another thread's CUDA calls, the pinned host
+allocations of ``pin_memory=True``, are no error, pytorch#146924), and
+each graph has its own memory pool, freed with it.
 """
+import copy
 import dataclasses
 from typing import Any, Dict, Hashable, List, Optional, Tuple
 
@@ -19,14 +26,22 @@ import torch
 from ..stats import StepStats
 
 
+#: what MMSeg's ``postprocess_result`` sets on each data sample; a
+#: captured step whose loss post-processed (TENT's full-size loss) has
+#: them among its outputs, handed to the replayed batch's samples
+POSTPROCESS_FIELDS = ('seg_logits', 'pred_sem_seg')
+
+
 @dataclasses.dataclass
 class Captured:
-    """One captured step: its graph, its inputs and its outputs."""
+    """One captured step: its graph, its inputs and its outputs (``post``:
+    per image the post-processed tensors, :func:`postprocessed_tensors`)."""
     graph: Any  # torch.cuda.CUDAGraph
     inputs: List[torch.Tensor]
     beta: Optional[torch.Tensor]
     prediction: Any  # Logits
     stats: StepStats
+    post: Optional[List[Dict[str, torch.Tensor]]] = None
 
 
 class CUDAGraphStep:
@@ -39,16 +54,19 @@ class CUDAGraphStep:
     which also create the optimizer's state that the graph then updates in
     place); the next batch is captured and replayed, every later one
     copied into the captured inputs and replayed: each batch is stepped on
-    once, as in eager mode. The graphs share one memory pool;
-    :meth:`reset` forgets them (the loop does at each stage's start), as
-    does a rebuilt optimizer.
+    once, as in eager mode. Each graph has its own memory pool (graphs of
+    two keys replay in any order, so none may reuse another's memory);
+    :meth:`reset` forgets them, and their pools with them (the loop does
+    at each stage's start), as does a rebuilt optimizer.
 
     Raises:
-        ValueError: If the method's step cannot be captured, its optimizer
-            is not Adam, AdamW or SGD, ``warmup < 1``, or it comes after
-            ``configure`` built an optimizer it must make capturable; at
-            the first step, if the model is not on a CUDA device or the
-            method scales its gradients (fp16).
+        ValueError: If the method's step cannot be captured, it has an
+            option that reads the device inside the step
+            (``stag.check_finite=True``), its optimizer is not Adam, AdamW
+            or SGD, ``warmup < 1``, or it comes after ``configure`` built
+            an optimizer it must make capturable; at the first step, if
+            the model is not on a CUDA device or the method scales its
+            gradients (fp16).
     """
 
     def __init__(self, method, warmup: int = 2):
@@ -59,6 +77,15 @@ class CUDAGraphStep:
                 'segmentation CoTTA with restore_on_device=True); this '
                 "one's step as configured reads or branches on device "
                 'values')
+        stag_loss = getattr(method, 'stag_loss', None)
+        if stag_loss is not None and stag_loss.check_finite:
+            # a host read inside the step: a capture cannot wait on it, and
+            # the loop checks every statistic it reads anyway
+            raise ValueError(
+                f'{method.name}: stag.check_finite=True reads the device '
+                'inside the step, which cuda_graph=True cannot capture; '
+                'remove it (the loop checks loss_stag with every logged '
+                'statistic) or set test_cfg.cuda_graph=False')
         if warmup < 1:
             raise ValueError(f'cuda_graph warmup must be >= 1 (the '
                              "optimizer's state is made by an eager step), "
@@ -74,11 +101,10 @@ class CUDAGraphStep:
         self.eager_steps: Dict[Hashable, int] = {}
         self.optimizer = None  # the one the graphs update
         self.stream = None
-        self.pool = None
 
     def reset(self) -> None:
-        """Forget every graph (a new stage; the optimizer was rebuilt or
-        reloaded: its state tensors are new)."""
+        """Forget every graph and its memory pool (a new stage; the
+        optimizer was rebuilt or reloaded: its state tensors are new)."""
         self.graphs.clear()
         self.eager_steps.clear()
 
@@ -115,7 +141,10 @@ class CUDAGraphStep:
         captured.graph.replay()
         # the next replay overwrites the graph's outputs; the loop reads
         # the statistics batches later
-        return copy_outputs(captured.prediction, captured.stats)
+        # post-processed in the graph (``post``): the task does not again
+        return copy_outputs(captured.prediction, captured.stats, None if
+                            captured.post is None else attach_postprocessed(
+                                captured.post, batch.data_samples))
 
     def side_stream(self):
         if self.stream is None:
@@ -129,9 +158,13 @@ class CUDAGraphStep:
         side.wait_stream(main)
         with torch.cuda.stream(side):
             prediction, stats = self.method.forward_and_adapt(batch, beta)
-            prediction, stats = copy_outputs(prediction, stats)
+            # the batch's own samples, post-processed by the eager step
+            prediction, stats = copy_outputs(
+                prediction, stats, getattr(prediction, 'postprocessed', None))
         main.wait_stream(side)
-        for value in (prediction.value, *stats.values()):
+        post = [v for tensors in postprocessed_tensors(prediction) or ()
+                for v in tensors.values()]
+        for value in (prediction.value, *stats.values(), *post):
             if torch.is_tensor(value) and value.is_cuda:
                 # made on the side stream, used on the main one
                 value.record_stream(main)
@@ -148,18 +181,24 @@ class CUDAGraphStep:
         graph = torch.cuda.CUDAGraph()
         side = self.side_stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.graph(graph, pool=self.pool, stream=side):
+        # its own pool (pool=None); thread_local: the loader's pin-memory
+        # thread allocates pinned host memory meanwhile, which the default
+        # 'global' mode turns into an error in the capture
+        with torch.cuda.graph(graph, stream=side,
+                              capture_error_mode='thread_local'):
             prediction, stats = self.method.forward_and_adapt(
                 static, beta_buffer)
         torch.cuda.current_stream().wait_stream(side)
-        self.pool = graph.pool()
-        return Captured(graph, inputs, beta_buffer, prediction, stats)
+        return Captured(graph, inputs, beta_buffer, prediction, stats,
+                        postprocessed_tensors(prediction))
 
 
 #: the metainfo a segmentor's forward pass and its post-processing depend
-#: on (``model.inference`` resizes by them): part of :func:`graph_key`
+#: on (``model.inference`` resizes by them; MMSeg's ``postprocess_result``
+#: crops by ``img_padding_size`` where a sample has it, else by
+#: ``padding_size``): part of :func:`graph_key`
 GRAPH_META_KEYS = ('img_shape', 'ori_shape', 'pad_shape', 'padding_size',
-                   'flip', 'flip_direction')
+                   'img_padding_size', 'flip', 'flip_direction')
 
 
 def graph_key(batch) -> Hashable:
@@ -175,6 +214,12 @@ def graph_key(batch) -> Hashable:
     if metas:
         key += (tuple(tuple(repr(meta.get(k)) for k in GRAPH_META_KEYS)
                       for meta in metas), )
+    samples = getattr(batch, 'data_samples', None) or ()
+    if any(hasattr(s, 'metainfo') for s in samples):
+        # what the post-processing reads (the samples' metainfo, which may
+        # hold more than ``metas``)
+        key += (tuple(tuple(repr(s.metainfo.get(k)) for k in GRAPH_META_KEYS)
+                      for s in samples), )
     views = getattr(batch, 'views', None)
     if views:
         key += (tuple(graph_key(view) for view in views), batch.main_view)
@@ -193,8 +238,14 @@ def graph_inputs(batch) -> List[torch.Tensor]:
 def static_batch(batch):
     """``batch`` with each of :func:`graph_inputs` cloned: the batch a step
     is captured on; the main view shares the batch's clone, as it shares
-    its inputs."""
-    static = dataclasses.replace(batch, inputs=batch.inputs.clone())
+    its inputs. Its data samples are copies: a capture's post-processing
+    writes into them, and the batch's own get the replay's outputs."""
+    samples = batch.data_samples
+    if samples:
+        samples = [s.clone() if hasattr(s, 'clone') else copy.copy(s)
+                   for s in samples]
+    static = dataclasses.replace(batch, inputs=batch.inputs.clone(),
+                                 data_samples=samples)
     views = getattr(batch, 'views', None)
     if not views:
         return static
@@ -204,12 +255,45 @@ def static_batch(batch):
         for view in views])
 
 
-def copy_outputs(prediction, stats: StepStats) -> Tuple[Any, StepStats]:
+def copy_outputs(prediction, stats: StepStats,
+                 postprocessed: Optional[list] = None
+                 ) -> Tuple[Any, StepStats]:
     """The prediction (``Logits``/``Labels``) and the tensor statistics
-    copied (on the device); post-processed data samples are not kept: a
-    captured step's are those of the batch it was captured on."""
-    return type(prediction)(prediction.value.clone()), stats.map(
-        lambda v: v.clone() if torch.is_tensor(v) else v)
+    copied (on the device), the prediction's post-processed data samples
+    replaced by ``postprocessed``, the stepped batch's own (a captured
+    step's are those of the batch it was captured on)."""
+    value = prediction.value.clone()
+    copied = type(prediction)(value) if postprocessed is None else \
+        type(prediction)(value, postprocessed)
+    return copied, stats.map(lambda v: v.clone() if torch.is_tensor(v)
+                             else v)
+
+
+def postprocessed_tensors(prediction
+                          ) -> Optional[List[Dict[str, torch.Tensor]]]:
+    """Per image, the tensors of :data:`POSTPROCESS_FIELDS` that the step's
+    loss post-processed (a graph's outputs, rewritten by each replay);
+    None where the step post-processed nothing."""
+    samples = getattr(prediction, 'postprocessed', None)
+    if samples is None:
+        return None
+    return [{k: s.get(k).data for k in POSTPROCESS_FIELDS if k in s}
+            for s in samples]
+
+
+def attach_postprocessed(post: List[Dict[str, torch.Tensor]],
+                         data_samples: list) -> list:
+    """``data_samples`` with copies of a replay's post-processed tensors
+    (:func:`postprocessed_tensors`) set as MMSeg's ``postprocess_result``
+    sets them: what the task would have made of the same logits."""
+    from mmengine.structures import PixelData
+    if len(post) != len(data_samples):
+        raise ValueError(f'a replay post-processed {len(post)} images, the '
+                         f'batch has {len(data_samples)}')
+    for sample, tensors in zip(data_samples, post):
+        sample.set_data({k: PixelData(data=v.clone())
+                         for k, v in tensors.items()})
+    return data_samples
 
 
 def check_capturable_optimizer(optimizer_cfg: dict) -> dict:

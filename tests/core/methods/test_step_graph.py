@@ -5,6 +5,7 @@ copied, graphs dropped with the optimizer) through a stand-in graph that
 replays the step's Python on the captured inputs. On CUDA: real graphs
 against the eager step."""
 import copy
+import os.path as osp
 from contextlib import contextmanager
 
 import pytest
@@ -15,6 +16,7 @@ from mmseg_stag.core import Batch, BNAdapt, TENT, build_method
 from mmseg_stag.core.methods.step_graph import (Captured, CUDAGraphStep,
                                                 check_capturable_optimizer,
                                                 graph_inputs, graph_key,
+                                                postprocessed_tensors,
                                                 static_batch)
 
 from test_base_method import ADAPTER, configured, images, make_model
@@ -61,6 +63,143 @@ def test_a_model_off_the_gpu_and_a_late_wrapper_are_refused():
         graph_key(batch)
 
 
+def test_an_option_that_reads_the_device_is_refused_by_name():
+    """``stag.check_finite=True`` waits on the device inside the step: a
+    capture cannot, so the wrapper refuses it before any step."""
+    for kind in ('tent', 'bn_adapt'):
+        method = build_method(dict(type=kind, stag=dict(STAG,
+                                                        check_finite=True)))
+        with pytest.raises(ValueError, match=r'stag.check_finite=True reads '
+                           r'the device.*cuda_graph=False'):
+            CUDAGraphStep(method)
+    CUDAGraphStep(build_method(dict(type='tent', stag=dict(
+        STAG, check_finite=False))))  # the default: accepted
+
+
+def seg_batch(**meta):
+    from mmseg.structures import SegDataSample
+
+    from mmseg_stag.segmentation.task_adapter import SegmentationBatch
+    metas = [dict(dict(img_shape=(4, 6), ori_shape=(8, 12), pad_shape=(4, 6),
+                       padding_size=[0, 0, 0, 0]), **meta)]
+    return SegmentationBatch(torch.zeros(1, 3, 4, 6), [SegDataSample(
+        metainfo=m) for m in metas], metas)
+
+
+def test_the_key_holds_what_the_post_processing_reads():
+    """MMSeg's ``postprocess_result`` crops by ``img_padding_size`` before
+    ``padding_size``, flips and resizes to ``ori_shape``: each its own
+    graph, from the batch's metas or only its data samples' metainfo."""
+    plain = graph_key(seg_batch())
+    for meta in (dict(img_padding_size=[0, 2, 0, 1]),
+                 dict(padding_size=[0, 2, 0, 1]), dict(ori_shape=(8, 13)),
+                 dict(flip=True, flip_direction='horizontal')):
+        assert graph_key(seg_batch(**meta)) != plain, meta
+    assert graph_key(seg_batch()) == plain
+    batch = seg_batch()
+    batch.data_samples[0].set_metainfo(dict(img_padding_size=[1, 0, 0, 0]))
+    assert graph_key(batch) != plain
+
+
+class StandInCUDAGraph:
+    """What a capture is given, recorded; the step runs eagerly inside."""
+    made = []
+
+    def __init__(self):
+        self.made.append(self)
+
+    def replay(self):
+        pass
+
+
+@contextmanager
+def recorded_capture(graph, **kwargs):
+    graph.kwargs = kwargs
+    yield
+
+
+def test_each_capture_tolerates_other_threads_in_its_own_pool(
+        stand_in_cuda, monkeypatch):
+    """``capture_error_mode='thread_local'``: the loader's pin-memory thread
+    allocates pinned host memory while the main thread captures (the
+    default 'global' mode fails the capture, pytorch#146924); no pool
+    argument: each graph its own pool, freed with the graph (a reset)."""
+    monkeypatch.setattr(torch.cuda, 'CUDAGraph', StandInCUDAGraph)
+    monkeypatch.setattr(torch.cuda, 'graph', recorded_capture)
+    StandInCUDAGraph.made = []
+    method = TENT(stag=STAG, optimizer=dict(type='SGD', lr=0.1))
+    graphs = CUDAGraphStep(method, warmup=1)
+    configured(method, make_model())
+    graphs.check_method = lambda: None
+    for x in stream_of_batches():
+        method.adapt(Batch(x), step=graphs)
+    graphs.reset()
+    method.adapt(Batch(images(0)), step=graphs)
+    method.adapt(Batch(images(1)), step=graphs)
+    assert len(StandInCUDAGraph.made) == 3  # two keys, then after a reset
+    for graph in StandInCUDAGraph.made:
+        assert graph.kwargs['capture_error_mode'] == 'thread_local'
+        assert graph.kwargs.get('pool') is None
+    assert not hasattr(graphs, 'pool')
+
+
+def test_a_replayed_step_post_processes_once(stand_in_cuda, monkeypatch):
+    """TENT with the shipped config's full-size loss post-processes its
+    logits in the step (its labels at the original size): a replay hands
+    the graph's post-processed logits and labels to the batch's own data
+    samples, so the task does not post-process again; they equal the
+    eager step's, and the batch the graph was captured on keeps its own
+    samples."""
+    import argparse
+
+    from benchmarks import step_benchmark
+    from mmseg_stag.segmentation.task_adapter import SegmentationAdapter
+    repo = osp.dirname(osp.dirname(osp.dirname(osp.dirname(
+        osp.abspath(__file__)))))
+    args = argparse.Namespace(size=(128, 64), cls_size=32, batch_size=1,
+                              ori_size=(160, 80))
+    task = step_benchmark.BenchTask('b0', args, 'cpu', repo)
+    opt = dict(optimizer=dict(type='SGD', lr=0.1))
+    eager, _ = task.make_method('tent', STAG, **opt)
+    method, _ = task.make_method('tent', STAG, **opt)
+    assert method.loss_type == 'pseudo_ce_fullres'
+    graphs = graphed(method, None)
+    calls = []
+    postprocess = SegmentationAdapter.postprocess
+    monkeypatch.setattr(SegmentationAdapter, 'postprocess', lambda *a: (
+        calls.append(1), postprocess(*a))[1])
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for i in range(5):
+        raw = step_benchmark.random_batch('seg', args)
+        raw['inputs'] = [torch.randint(0, 256, (3, 64, 128), dtype=torch.uint8,
+                                       generator=gen)]
+        batches.append((task.online.batch(method.model, raw),
+                        task.online.batch(eager.model, copy.deepcopy(raw))))
+    for i, (batch, twin) in enumerate(batches):
+        want, _ = eager.adapt(twin)
+        del calls[:]
+        got, _ = method.adapt(batch, step=graphs)
+        replayed = i >= 2  # two eager steps, then a capture and replays
+        # the step post-processes once (a capture's Python once more),
+        # the task none
+        assert len(calls) == (2 if i == 2 else 1), (i, len(calls))
+        outputs = task.online.outputs(batch, got)
+        assert len(calls) == (2 if i == 2 else 1), (i, len(calls))
+        assert outputs is batch.data_samples
+        wanted = task.online.outputs(twin, want)
+        for o, w in zip(outputs, wanted):
+            for key in ('seg_logits', 'pred_sem_seg'):
+                assert torch.equal(o.get(key).data, w.get(key).data), key
+        if replayed:
+            (captured, ) = graphs.graphs.values()
+            assert outputs[0].seg_logits.data is not captured.post[0][
+                'seg_logits']
+    # the first replayed batch's samples were not the capture's
+    assert batches[2][0].data_samples[0].seg_logits.data is not \
+        graphs.captures[0].outputs[2][0]['seg_logits']
+
+
 class StandInGraph:
     """A captured step on the CPU: at capture the step's Python runs with
     its effects undone (a real capture runs no kernel); each replay runs it
@@ -80,6 +219,10 @@ class StandInGraph:
         for key, value in stats.items():
             if torch.is_tensor(value):
                 self.outputs[1][key].copy_(value)
+        for static, new in zip(self.outputs[2] or (),
+                               postprocessed_tensors(prediction) or ()):
+            for key, value in new.items():
+                static[key].copy_(value)
 
 
 def stand_in_capture(method):
@@ -103,9 +246,10 @@ def stand_in_capture(method):
         torch.set_rng_state(rng)
         graph = StandInGraph()
         graph.run = lambda: method.forward_and_adapt(static, beta_buffer)
-        graph.outputs, graph.replays = (prediction, stats), 0
+        post = postprocessed_tensors(prediction)
+        graph.outputs, graph.replays = (prediction, stats, post), 0
         self.captures.append(graph)
-        return Captured(graph, inputs, beta_buffer, prediction, stats)
+        return Captured(graph, inputs, beta_buffer, prediction, stats, post)
 
     return capture
 
