@@ -24,8 +24,7 @@ setup(
     packages=find_packages(include=['mmseg_stag', 'mmseg_stag.*']),
     # The floors of mmseg_stag/versions.py (which refuses an older Python
     # or torch at import, naming both versions): Python 3.9 for
-    # str.removeprefix, torch 2.4 for torch.get_autocast_dtype(device) (and
-    # 2.3 for torch.amp.GradScaler(device)).
+    # str.removeprefix, torch 2.3 for torch.amp.GradScaler(device).
     python_requires='>=3.9',
     # The core (STAG math and loss, methods, probe) and the classification
     # harness need torch and MMEngine only; the MMSeg side needs the `seg`
@@ -33,7 +32,7 @@ setup(
     # (torch 2.13, mmengine 0.10.7, mmcv 2.1.0, mmsegmentation 1.2.2); mmseg
     # 1.2.x refuses mmcv >= 2.2.0.
     install_requires=[
-        'torch>=2.4',
+        'torch>=2.3',
         'mmengine>=0.10.0,<1.0.0',
         'numpy',
         'matplotlib',

@@ -18,18 +18,29 @@ Three checks, each PASS or FAIL, then a verdict and the next command:
    of a few corruptions, beside the paper's Source numbers within a stated
    tolerance, or beside ``--expected FILE``'s.
 
-Exit status 0 when every check passes, 1 otherwise. docs/get-started.md
-("Check the set-up in minutes") says what each failure means.
+A fast preset (``test_cfg.preset``, ``…_bf16.py`` / ``…_bf16-graph.py``)
+is checked as it will run: its options that change Source's numbers
+(bfloat16 autocast, SDPA attention) stay and are named beside the
+tolerance, those of the adapting method (the CUDA graph of its step) go
+with it. A preset runs on a CUDA GPU only: without one the source check
+fails with the command that checks the faithful config instead.
+
+Each check prints how long it took, the end the whole time. Exit status 0
+when every check passes, 1 otherwise. docs/get-started.md ("Check the
+set-up in minutes") says what each check does, docs/faq.md ("Checking the
+set-up") what each failure means.
 """
 import argparse
 import copy
-import glob
 import json
 import math
 import os
 import os.path as osp
+import re
+import shlex
 import sys
-from typing import Dict, List, Optional
+import time
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from mmengine.config import Config, ConfigDict, DictAction
@@ -46,6 +57,7 @@ from mmseg_stag.checkpoint import (extract_state_dict,  # noqa: E402
                                    load_checkpoint_file,
                                    load_model_checkpoint)
 from mmseg_stag.classification.data import CORRUPTIONS  # noqa: E402
+from mmseg_stag.paper_results import PAPER_RESULTS  # noqa: E402
 from paper_tables import setting_of  # noqa: E402
 
 # ---------------------------------------------------------------- the paper
@@ -58,6 +70,15 @@ PAPER_ACDC_SOURCE = {'fog': 69.1, 'night': 40.3, 'rain': 59.7, 'snow': 57.8}
 #: unconverted head, NVlabs' LayerNorm eps) moves mIoU by points. 1.0 sits
 #: between the two (docs/get-started.md says why).
 ACDC_TOLERANCE = 1.0
+#: A fast preset keeps bfloat16 autocast (and SDPA attention): compared with
+#: the paper's float32 Source within the same ACDC_TOLERANCE. bfloat16 moves
+#: Source's mIoU by far less than a wrong set-up: on the demo's trained
+#: SegFormer (make demo's MiT-tiny, its round-1 Source, 10 images a
+#: condition at 256x128; 2026-11-29, CPU) bfloat16 autocast moved the four
+#: conditions by +0.03, +0.14, +0.04, -0.04 points, with SDPA on views
+#: +0.02, +0.17, +0.05, -0.03 (SDPA alone: 1e-6). No GPU run of the B5 has
+#: measured it yet (docs/get-started.md).
+BF16_SHIFT = 0.17
 #: the protocol's stream: ACDC's train split, 400 images each condition
 ACDC_IMAGES = 400
 ACDC_CLASSES = 19
@@ -395,14 +416,25 @@ def checkpoint_problems(cfg, args, classes: Optional[int]) -> List[str]:
 # ---------------------------------------------------------------- 3. source
 
 
+#: ``test_cfg`` keys of the adapting method, dropped with it for Source:
+#: test-batch BN statistics (Source keeps the running ones), clean source
+#: data (EATA's), the step replayed as a CUDA graph (Source has no step to
+#: replay: the wrapper refuses it) and its warm-up; the method's own options
+#: (``test_cfg.method``) go with the method
+METHOD_ONLY = ('bn_batch_stats', 'source_dataloader', 'cuda_graph',
+               'graph_warmup')
+#: a fast preset's sibling of a faithful config: ``<stem>_bf16-graph.py``
+#: (the step replayed as a CUDA graph) or ``<stem>_bf16.py`` (eager)
+PRESET_NAME = re.compile(r'^(?P<stem>.+)_(?:bf16-graph|bf16)\.py$')
+
+
 def source_cfg(cfg, args, corruptions) -> Config:
     """``cfg`` with Source as the method and the short stream."""
     cfg = copy.deepcopy(cfg)
     # the loop's options stay (a preset's precision is what is checked);
-    # what belongs to the method goes: the method, its test-batch BN
-    # statistics (Source keeps the running ones), its clean data (EATA's)
+    # what belongs to the method goes with it (METHOD_ONLY)
     cfg.test_cfg.method = ConfigDict(type='source')
-    for key in ('bn_batch_stats', 'source_dataloader'):
+    for key in METHOD_ONLY:
         cfg.test_cfg.pop(key, None)
     ds = cfg.test_dataloader.dataset
     if is_classification(cfg):
@@ -411,6 +443,114 @@ def source_cfg(cfg, args, corruptions) -> Config:
     else:
         ds.rounds = 1  # Source does not adapt: round 1 is every round
     return cfg
+
+
+def dropped_options(cfg) -> List[str]:
+    """What the Source run drops of the config besides its method."""
+    test_cfg = cfg.test_cfg
+    dropped = []
+    for key in METHOD_ONLY:
+        value = test_cfg.get(key)
+        if key == 'cuda_graph' and value:
+            dropped.append('test_cfg.cuda_graph=True (Source has no step to '
+                           'replay as a CUDA graph)')
+        elif key != 'cuda_graph' and value is not None and value is not False:
+            dropped.append(f'test_cfg.{key}')
+    options = sorted(k for k in test_cfg.method if k != 'type')
+    if options:
+        dropped.append('test_cfg.method\'s ' + ', '.join(options))
+    return dropped
+
+
+def number_options(cfg) -> List[str]:
+    """The options of ``cfg`` (kept for Source) that move its numbers away
+    from the paper's float32 run, one phrase each."""
+    test_cfg = cfg.test_cfg
+    found = []
+    precision = 'fp16' if test_cfg.get('fp16') else test_cfg.get(
+        'mixed_precision')
+    if precision:
+        found.append({'bf16': 'bfloat16', 'fp16': 'float16'}.get(
+            precision, str(precision)) + ' autocast')
+    if test_cfg.get('tf32'):
+        found.append('TF32 matmuls and convolutions')
+    backbone = (cfg.model.get('backbone') or {}) if not is_classification(
+        cfg) else {}
+    if backbone.get('attention') == 'sdpa' or backbone.get(
+            'type') == 'SDPAMixVisionTransformer':
+        found.append('SDPA attention' + (
+            ' on views of the tokens'
+            if backbone.get('token_maps') == 'view' else ''))
+    return found
+
+
+def preset_sentence(cfg, reference: Optional[dict]) -> Optional[str]:
+    """What a preset (or any option that moves Source's numbers) changes in
+    the comparison, and the tolerance it is held to; None: nothing."""
+    preset = cfg.test_cfg.get('preset')
+    changes = number_options(cfg)
+    if not (preset or changes):
+        return None
+    workers = cfg.test_dataloader.get('num_workers')
+    what = ', '.join(changes) or 'no option that moves the numbers'
+    text = (f'preset {preset}: ' if preset else 'speed options: ') + what
+    if preset and workers:
+        text += f' ({workers} loader workers: no effect on the numbers)'
+    if reference is None:
+        return text
+    if reference['source'] == 'expected':
+        return text + (' -- compared with --expected\'s numbers within its '
+                       f'{reference["tolerance"]:.2f} points')
+    if reference.get('tolerance') is None:  # classification: per subset
+        return text + (' -- compared with the paper\'s Source (float32) '
+                       'within each corruption\'s tolerance below (its '
+                       'sampling error + 1 point): reduced precision moves '
+                       'a score by a fraction of that')
+    shift = (f', at most {BF16_SHIFT} point a condition on the demo\'s '
+             'trained SegFormer' if changes else '')
+    return text + (' -- compared with the paper\'s Source (float32) within '
+                   f'{reference["tolerance"]:.1f} point: these move '
+                   f'Source\'s mIoU by a fraction of that{shift}; a wrong '
+                   'set-up by points (beyond it: check the float32 config '
+                   'first)')
+
+
+def faithful_config(config: str) -> Optional[str]:
+    """The faithful sibling of a preset config (the name without
+    ``_bf16`` / ``_bf16-graph``), if that file exists."""
+    match = PRESET_NAME.match(osp.basename(config))
+    path = match and osp.join(osp.dirname(config), match['stem'] + '.py')
+    return path if path and osp.isfile(path) else None
+
+
+def cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def preset_refusal(cfg, args) -> Optional[str]:
+    """Why a preset's Source run cannot run on this machine (no CUDA
+    device), and how to check instead; None: it can run."""
+    preset = cfg.test_cfg.get('preset')
+    if not preset or cuda_available():
+        return None
+    faithful = faithful_config(args.config)
+    words = ['python', 'tools/check_setup.py', faithful or
+             'FAITHFUL_CONFIG', args.checkpoint]
+    for flag, value in (('--data-root', args.data_root),
+                        ('--expected', args.expected)):
+        words += [flag, value] if value else []
+    words += ['--trust-pickle'] if args.trust_pickle else []
+    return (f'not run: test_cfg.preset=\'{preset}\' runs on a CUDA GPU '
+            'only, and this machine has none (torch.cuda.is_available() is '
+            'False). Run this check on the GPU machine, or check the faithful'
+            ' config on this one (float32, the paper\'s precision; its Source '
+            'pass of the B5 takes hours on a few CPU cores):\n'
+            + ' '.join(map(shlex.quote, words))
+            + (' (and those of your --cfg-options it needs)'
+               if args.cfg_options else '')
+            + ('' if faithful else '\n(FAITHFUL_CONFIG: the config this '
+               'preset inherits, without its _bf16 / _bf16-graph suffix)'))
 
 
 def run_source(cfg, args, work_dir: str, corruptions) -> Dict[str, float]:
@@ -482,31 +622,68 @@ def reference_of(classification: bool, setting: Optional[dict],
                 tolerance=None, metric=metric, source='paper')
 
 
+def data_root_of(cfg) -> Tuple[str, str]:
+    """The key of the config's test images and its value."""
+    if is_classification(cfg):
+        return ('test_dataloader.dataset.corruption_set.data_root',
+                cfg.test_dataloader.dataset.corruption_set.data_root)
+    return ('test_dataloader.dataset.data_root',
+            cfg.test_dataloader.dataset.data_root)
+
+
+def table_of(setting: Optional[dict]) -> Optional[str]:
+    """The ``tools/reproduce.py`` table that runs a config's setting (None:
+    no table of the paper has its row)."""
+    if not setting:
+        return None
+    key = tuple(setting[k] for k in ('benchmark', 'scenario', 'model',
+                                     'method'))
+    if not any(row[:4] == key for row in PAPER_RESULTS):
+        return None
+    key = key[:3]
+    name = '_'.join(key)
+    return 'table9' if name == 'acdc_continual_segformer-b5' else name
+
+
 def next_command(cfg, args) -> str:
-    """The table's runs of this config's family (docs/reproduce.md)."""
-    name = osp.basename(args.config)
-    setting = setting_of(name)
-    if setting is None:
-        return ('the table\'s runs: docs/reproduce.md')
-    method = name[:-3].rsplit('_', 1)[1]
-    prefix = name[:-3][:-len(method)]
-    folder = osp.dirname(args.config) or '.'
-    if not is_classification(cfg):
-        methods = 'source bn-adapt bn-adapt-stag tent tent-stag'  # Table 9
-    else:
-        methods = ' '.join(sorted(
-            p[len(prefix):-3] for p in map(osp.basename, glob.glob(
-                osp.join(folder, glob.escape(prefix) + '*.py')))))
-    root = ('test_dataloader.dataset.corruption_set.data_root'
-            if is_classification(cfg) else 'test_dataloader.dataset.data_root')
-    data_root = (cfg.test_dataloader.dataset.corruption_set.data_root
-                 if is_classification(cfg) else
-                 cfg.test_dataloader.dataset.data_root)
-    return (f'for m in {methods}; do\n'
-            f'  python tools/test.py {folder}/{prefix}$m.py {args.checkpoint}'
-            f' \\\n      --work-dir work_dirs/{prefix}$m '
-            f'--cfg-options {root}={data_root}\ndone\n'
-            '(then tools/collect_results.py: docs/reproduce.md)')
+    """The run of the config checked (its preset included) through
+    ``tools/test.py`` in MMSeg's default work dir, and its table's runs
+    through ``tools/reproduce.py``; each config named exists."""
+    config = args.config
+    if not osp.isfile(config):  # it was read: only a moved file lands here
+        return 'the table\'s runs: docs/reproduce.md'
+    key, data_root = data_root_of(cfg)
+    stem = osp.splitext(osp.basename(config))[0]
+    test = ['python', 'tools/test.py', config, args.checkpoint,
+            '--cfg-options', f'{key}={data_root}']
+    lines = [f'run this config (its work dir work_dirs/{stem}, tools/test.py'
+             '\'s default):', '  ' + ' '.join(map(shlex.quote, test))]
+    if args.cfg_options:
+        lines.append('  (with those of your --cfg-options the run needs: '
+                     'they are not repeated here)')
+    table = table_of(setting_of(osp.basename(config)))
+    if table is not None:
+        words = ['python', 'tools/reproduce.py', table, '--checkpoint',
+                 args.checkpoint, '--data-root', data_root]
+        preset = cfg.test_cfg.get('preset')
+        if preset:
+            words += ['--preset', preset]
+        lines += [f'or every run of its table (each in work_dirs/<config '
+                  'stem>, then the table; docs/reproduce.md):',
+                  '  ' + ' '.join(map(shlex.quote, words))]
+    return '\n'.join(lines)
+
+
+def seconds(value: float) -> str:
+    """A duration as a person reads it: ``4.2 s``, ``3 min 05 s``."""
+    if value < 1:
+        return f'{value:.2f} s'
+    if value < 60:
+        return f'{value:.1f} s'
+    minutes, rest = divmod(int(round(value)), 60)
+    if minutes < 60:
+        return f'{minutes} min {rest:02d} s'
+    return f'{minutes // 60} h {minutes % 60:02d} min'
 
 
 def main(argv=None) -> int:
@@ -543,31 +720,48 @@ def main(argv=None) -> int:
                              f'{args.expected or "the paper"}: give them in '
                              '--expected, or leave them out of the run')
     print(f'check_setup: {args.config}, {args.checkpoint} ({task})')
-    verdicts = {}
+    started = time.perf_counter()
+    verdicts, took = {}, {}
 
-    def report(name, problems):
+    def report(name, problems, since):
         verdicts[name] = 'FAIL' if problems else 'PASS'
-        print(f'[{verdicts[name]}] {name}')
+        took[name] = time.perf_counter() - since
+        print(f'[{verdicts[name]}] {name} ({seconds(took[name])})')
         for p in problems:
             print('  - ' + p.replace('\n', '\n    '))
 
     print('1. data tree')
+    since = time.perf_counter()
     if classification:
         classes = (expected or {}).get('classes', CLS_DATA.get(
             (setting or {}).get('benchmark'), (None, ))[0])
         report('data', cls_tree(cfg, (setting or {}).get('benchmark'),
-                                expected))
+                                expected), since)
     else:
         classes = ACDC_CLASSES
-        report('data', acdc_tree(cfg, expected))
+        report('data', acdc_tree(cfg, expected), since)
     print('2. checkpoint')
-    report('checkpoint', checkpoint_problems(cfg, args, classes))
+    since = time.perf_counter()
+    report('checkpoint', checkpoint_problems(cfg, args, classes), since)
     print('3. source' + (' on round 1' if not classification else
                          f' on {", ".join(corruptions)} ({args.images} '
                          'images each)'))
+    since = time.perf_counter()
+    method = cfg.test_cfg.get('method', {}).get('type', '?')
+    dropped = dropped_options(cfg)
+    if method != 'source' or dropped:
+        print(f'  Source in place of {method}' + (
+            '; dropped with it: ' + '; '.join(dropped) if dropped else ''))
+    sentence = preset_sentence(source_cfg(cfg, args, corruptions),
+                               reference)
+    if sentence:
+        print('  ' + sentence)
+    refusal = preset_refusal(cfg, args)
     if args.no_run:
         verdicts['source'] = 'SKIPPED'
         print('[SKIPPED] source: --no-run')
+    elif refusal:
+        report('source', [refusal], since)
     elif 'FAIL' in verdicts.values():
         verdicts['source'] = 'SKIPPED'
         print('[SKIPPED] source: fix the failures above first')
@@ -575,21 +769,34 @@ def main(argv=None) -> int:
         work_dir = args.work_dir or osp.join(
             'work_dirs', 'check_setup', osp.splitext(
                 osp.basename(args.config))[0])
-        scores = run_source(cfg, args, work_dir, corruptions)
-        if reference is None:
-            verdicts['source'] = 'NOT COMPARED'
-            print('  ' + ', '.join(f'{k} {v:.2f}' for k, v in scores.items()))
-            print('[NOT COMPARED] source: the paper publishes no Source '
-                  'numbers of this config\'s model; give --expected FILE')
+        try:
+            scores = run_source(cfg, args, work_dir, corruptions)
+        except (ValueError, FileNotFoundError) as err:  # the run's refusals
+            report('source', [f'the Source run stopped: {err}'], since)
         else:
-            report('source', compare(scores, reference, args.images))
+            if reference is None:
+                verdicts['source'] = 'NOT COMPARED'
+                took['source'] = time.perf_counter() - since
+                print('  ' + ', '.join(f'{k} {v:.2f}'
+                                       for k, v in scores.items()))
+                print(f'[NOT COMPARED] source ({seconds(took["source"])}): '
+                      'the paper publishes no Source numbers of this '
+                      'config\'s model; give --expected FILE')
+            else:
+                report('source', compare(scores, reference, args.images),
+                       since)
     failed = [k for k, v in verdicts.items() if v == 'FAIL']
     print('Verdict: ' + ('FAIL (' + ', '.join(failed) + ')' if failed
                          else 'PASS') + ' -- ' + ', '.join(
                              f'{k} {v}' for k, v in verdicts.items()))
-    if failed:
-        print('Next: fix each failure above (docs/faq.md, "Check the set-up '
-              'in minutes"), then run this command again.')
+    print(f'Took {seconds(time.perf_counter() - started)}: ' + ', '.join(
+        f'{k} {seconds(v)}' for k, v in took.items()))
+    if failed == ['source'] and refusal:
+        print('Next: the check on the GPU machine, or the faithful config\'s '
+              'on this one (the command above).')
+    elif failed:
+        print('Next: fix each failure above (docs/faq.md#checking-the-set-up'
+              '), then run this command again.')
     else:
         print('Next: ' + next_command(cfg, args))
     return 1 if failed else 0

@@ -54,13 +54,16 @@ PYEOF
 
 "${PIP[@]}" -q packaging wheel
 
-# the oldest torch the package runs on: MIN_TORCH of mmseg_stag/versions.py
-# (torch.get_autocast_dtype(device)), setup.py's torch>=2.4
-TORCH_MIN=2.4
+# the oldest torch whose API the package calls: MIN_TORCH of
+# mmseg_stag/versions.py (torch.amp.GradScaler(device)), setup.py's
+# torch>=2.3
+TORCH_MIN=2.3
 if version_ok torch "$TORCH_MIN" 3.0; then
   echo "[install] keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
 else
-  echo "[install] torch 2.13.0 (CPU wheel)"
+  # from the pip index: PyPI's Linux wheel is a CUDA build (a CPU-only
+  # machine runs it on the CPU); this project's machines have a CPU build
+  echo "[install] torch 2.13.0 (pip's index: on PyPI a CUDA build)"
   "${PIP[@]}" torch==2.13.0
 fi
 
@@ -75,8 +78,8 @@ if ! version_ok mmcv 2.0.0 2.2.0 && ! version_ok torch "$TORCH_MIN" "$TORCH_BUIL
   echo "[install] error: torch $torch_version is in $VENV, and MMCV 2.1.0 has" \
     "to be built, which fails with torch >= $TORCH_BUILD_MAX (its headers need" \
     "C++20; MMCV compiles as C++17). Install a torch below $TORCH_BUILD_MAX" \
-    "first, then run this again: the CPU wheel" \
-    "'$PY -m pip install torch==2.13.0', or a CUDA build of torch 2.11 to 2.13" \
+    "first, then run this again: '$PY -m pip install torch==2.13.0'" \
+    "(PyPI's wheel), or a CUDA build of torch 2.11 to 2.13" \
     "from download.pytorch.org (docs/faq.md, \"The MMCV build stops: C++20\")." >&2
   exit 1
 fi

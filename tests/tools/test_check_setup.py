@@ -6,9 +6,12 @@ sentence naming its file, and the exit status says which.
 The Source numbers of the stand-in are recorded in
 ``check_setup_stand_in.json`` (its note says how);
 ``MMSEG_STAG_RECORD_NUMBERS=1`` records them again."""
+import glob
 import json
 import os
 import os.path as osp
+import re
+import shlex
 import shutil
 
 import numpy as np
@@ -20,6 +23,8 @@ from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG, as_cli,
                          build_from_config, save_checkpoint, tiny_options)
 
 CONFIG = osp.join(REPO, SEG_CFG.format('source'))
+#: the TENT+STAG fast preset (its step replayed as a CUDA graph)
+PRESET = osp.join(REPO, NVLABS_SEG_CFG.format('tent-stag_bf16-graph'))
 #: Scores recorded on one machine; they hold on any x86-64 CPU within the
 #: file's tolerance (0.05). Sized on this stand-in by forcing ATen's
 #: default/AVX2/AVX-512 kernels with oneDNN's SSE4.1/AVX2/native ISA:
@@ -29,6 +34,10 @@ CONFIG = osp.join(REPO, SEG_CFG.format('source'))
 #: flipped to its runner-up moves a stage by 0.011 at most.
 EXPECTED = osp.join(REPO, 'tests', 'tools', 'check_setup_stand_in.json')
 RECORD = os.environ.get('MMSEG_STAG_RECORD_NUMBERS') == '1'
+#: a duration as the tool prints it: 0.42 s, 4.2 s, 3 min 05 s, 1 h 02 min
+TIME = r'(?:[\d.]+ s|\d+ min \d\d s|\d+ h \d\d min)'
+#: the tool's last timing line: the whole check, then each check
+TOOK = rf'^Took {TIME}: data {TIME}, checkpoint {TIME}, source {TIME}$'
 
 
 def tiny_cli(data_root, head='mmseg'):
@@ -83,7 +92,25 @@ def test_stand_in_passes_against_its_recorded_numbers(
         stages = json.load(f)['stages']
     assert [(s['round'], s['condition']) for s in stages] == [
         (1, 'fog'), (1, 'night'), (1, 'rain'), (1, 'snow')]
-    assert 'Next: for m in source bn-adapt bn-adapt-stag tent tent-stag' in out
+    # how long each check took, and all of them
+    assert re.search(rf'^\[PASS\] data \({TIME}\)$', out, re.M), out
+    assert re.search(TOOK, out, re.M), out
+    # the next command runs the config checked, in MMSeg's default work dir
+    commands = next_commands(out)
+    assert commands[0][:4] == ['python', 'tools/test.py', CONFIG,
+                               tiny_checkpoint]
+    assert osp.isfile(commands[0][2])
+    stem = osp.splitext(osp.basename(CONFIG))[0]
+    assert f'its work dir work_dirs/{stem}, tools/test.py\'s default' in out
+    # MMSeg's zoo B5 has no table of the paper: no reproduce.py line
+    assert len(commands) == 1
+
+
+def next_commands(out):
+    """The commands of the output's "Next:" lines, as words."""
+    tail = out[out.index('\nNext: '):]
+    return [shlex.split(line) for line in tail.splitlines()
+            if line.strip().startswith('python ')]
 
 
 @pytest.mark.parametrize('moved, status', [(0.5, 0), (2.0, 1)])
@@ -290,18 +317,27 @@ def test_classification_missing_corruption_file_fails(
 
 @pytest.mark.parametrize('config, kept', [
     ('configs/cls/imagenet-c/imagenet-c_mild_resnet50-bn_eata-stag.py', {}),
-    ('configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_'
-     'tent-stag_bf16-graph.py', {'mixed_precision': 'bf16',
-                                 'preset': 'bf16-graph'})])
+    (NVLABS_SEG_CFG.format('tent-stag_bf16-graph'), {
+        'mixed_precision': 'bf16', 'preset': 'fast'}),
+    (NVLABS_SEG_CFG.format('cotta_bf16-graph'), {
+        'mixed_precision': 'bf16', 'preset': 'fast'}),
+    (NVLABS_SEG_CFG.format('bn-adapt-stag_bf16'), {
+        'mixed_precision': 'bf16', 'preset': 'fast'})])
 def test_the_source_run_drops_the_method_and_keeps_the_loop(config, kept,
                                                             load_tool):
     tool = load_tool('check_setup')
     args = tool.parse_args([osp.join(REPO, config), 'unused.pth'])
     cfg = tool.source_cfg(tool.load_cfg(args), args, ['fog'])
+    # the method and its options (CoTTA's restore_on_device, batch_views)
     assert cfg.test_cfg.method == {'type': 'source'}
     assert 'bn_batch_stats' not in cfg.test_cfg  # Source: running stats
     assert 'source_dataloader' not in cfg.test_cfg
+    # the graph of the method's step (the wrapper refuses Source)
+    assert 'cuda_graph' not in cfg.test_cfg
+    assert 'graph_warmup' not in cfg.test_cfg
     assert {k: cfg.test_cfg.get(k) for k in kept} == kept
+    if kept:  # what moves Source's numbers stays: the preset's attention
+        assert cfg.model.backbone.attention == 'sdpa'
     ds = cfg.test_dataloader.dataset
     if tool.is_classification(cfg):
         assert ds.corruptions == ['fog']
@@ -318,3 +354,155 @@ def test_conditions_kept_by_the_config_are_compared_alone(
                         "test_dataloader.dataset.conditions=['snow']")
     assert status == 0, out
     assert '  snow ' in out and '  fog ' not in out
+
+
+# ------------------------------------------------------- the fast presets
+
+
+@pytest.fixture(scope='module')
+def nvlabs_checkpoint(tiny_acdc, tmp_path_factory):
+    """The tiny NVlabs-head SegFormer with the converter's meta, as the
+    ``*nvlabs*`` configs (the presets among them) take it."""
+    model, _ = build_from_config(NVLABS_SEG_CFG.format('source'),
+                                 tiny_options(tiny_acdc, head='nvlabs'))
+    path = str(tmp_path_factory.mktemp('nvlabs') / 'converted.pth')
+    torch.save({'state_dict': model.state_dict(), 'meta': {
+        'converted_from': 'segformer.b5.1024x1024.city.160k.pth',
+        'converter': 'tools/convert_nvlabs_segformer.py'}}, path)
+    return path
+
+
+def test_a_preset_without_cuda_checks_data_and_checkpoint_and_says_how(
+        tiny_acdc, nvlabs_checkpoint, tmp_path, capsys, load_tool):
+    tool = load_tool('check_setup')
+    tool.cuda_available = lambda: False  # a CPU machine, on any machine
+    status = tool.main([PRESET, nvlabs_checkpoint, '--expected', EXPECTED,
+                        '--work-dir', str(tmp_path / 'run')]
+                       + tiny_cli(tiny_acdc, head='nvlabs'))
+    out = capsys.readouterr().out
+    assert status == 1, out
+    assert 'Traceback' not in out
+    assert 'Verdict: FAIL (source) -- data PASS, checkpoint PASS, source ' \
+        'FAIL' in out
+    assert "not run: test_cfg.preset='fast' runs on a CUDA GPU only, and " \
+        'this machine has none' in out
+    # the check of the faithful config instead: a config that exists
+    line = next(line for line in out.splitlines()
+                if 'python tools/check_setup.py' in line)
+    faithful = shlex.split(line.split(' (and those of', 1)[0])
+    assert faithful[2] == osp.join(REPO, NVLABS_SEG_CFG.format('tent-stag'))
+    assert osp.isfile(faithful[2])
+    assert faithful[3:] == [nvlabs_checkpoint, '--data-root', tiny_acdc,
+                            '--expected', EXPECTED]
+    # what the preset changes, stated before
+    assert 'Source in place of tent; dropped with it: test_cfg.cuda_graph=' \
+        'True (Source has no step to replay as a CUDA graph)' in out
+    assert 'preset fast: bfloat16 autocast, SDPA attention on views of the' \
+        ' tokens' in out
+    assert not osp.exists(tmp_path / 'run')  # nothing ran
+    assert re.search(TOOK, out, re.M), out
+    assert 'Next: the check on the GPU machine, or the faithful config' in out
+
+
+def test_a_preset_source_run_drops_the_graph_and_keeps_bf16(
+        tiny_acdc, nvlabs_checkpoint, tmp_path, capsys, load_tool):
+    """On the CPU the preset runs once its CUDA requirement is lifted
+    (``test_cfg.preset=None``): the graph of the method's step (which the
+    loop refuses without CUDA, and the wrapper refuses for Source) is
+    dropped, bfloat16 autocast and SDPA kept."""
+    expected = tmp_path / 'wide.json'  # the numbers are not the question
+    expected.write_text(json.dumps(dict(
+        scores=dict.fromkeys(('fog', 'night', 'rain', 'snow'), 50.0),
+        tolerance=100.0, images_per_condition=2)))
+    status = load_tool('check_setup').main(
+        [PRESET, nvlabs_checkpoint, '--expected', str(expected),
+         '--work-dir', str(tmp_path / 'run')]
+        + tiny_cli(tiny_acdc, head='nvlabs') + ['test_cfg.preset=None'])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert 'Verdict: PASS -- data PASS, checkpoint PASS, source PASS' in out
+    with open(tmp_path / 'run' / 'continual_results.json') as f:
+        provenance = json.load(f)['provenance']
+    assert provenance['method'] == {'type': 'source'}
+    assert provenance['mixed_precision'] == 'bf16'
+    assert provenance['cuda_graph'] is False
+    assert 'speed options: bfloat16 autocast, SDPA attention on views of ' \
+        'the tokens -- compared with --expected\'s numbers within its ' \
+        '100.00 points' in out
+    commands = next_commands(out)
+    assert commands[0][2] == PRESET and osp.isfile(commands[0][2])
+    assert commands[1] == ['python', 'tools/reproduce.py', 'table9',
+                           '--checkpoint', nvlabs_checkpoint,
+                           '--data-root', tiny_acdc]
+
+
+def test_the_paper_comparison_of_a_preset_states_its_tolerance(load_tool):
+    tool = load_tool('check_setup')
+    args = tool.parse_args([PRESET, 'unused.pth'])
+    cfg = tool.load_cfg(args)
+    ref = tool.reference_of(False, tool.setting_of(osp.basename(PRESET)),
+                            None, ())
+    sentence = tool.preset_sentence(tool.source_cfg(cfg, args, ()), ref)
+    assert sentence.startswith(
+        'preset fast: bfloat16 autocast, SDPA attention on views of the '
+        'tokens (8 loader workers: no effect on the numbers) -- compared '
+        'with the paper\'s Source (float32) within 1.0 point')
+    assert f'at most {tool.BF16_SHIFT} point a condition' in sentence
+    # the faithful config: no such sentence
+    faithful = tool.parse_args([osp.join(REPO, NVLABS_SEG_CFG.format(
+        'tent-stag')), 'unused.pth'])
+    assert tool.preset_sentence(tool.load_cfg(faithful), ref) is None
+
+
+@pytest.mark.parametrize('config', sorted(glob.glob(osp.join(
+    REPO, 'configs', 'stag_acdc', '*nvlabs*.py'))))
+def test_the_next_command_names_configs_that_exist(config, load_tool):
+    tool = load_tool('check_setup')
+    args = tool.parse_args([config, 'ckpt.pth', '--data-root', 'data/acdc'])
+    cfg = tool.load_cfg(args)
+    commands = [shlex.split(line) for line in tool.next_command(
+        cfg, args).splitlines() if line.strip().startswith('python ')]
+    assert commands[0] == [
+        'python', 'tools/test.py', config, 'ckpt.pth', '--cfg-options',
+        'test_dataloader.dataset.data_root=data/acdc']
+    preset = cfg.test_cfg.get('preset')
+    if preset:  # its faithful sibling exists, for the check on a CPU
+        assert osp.isfile(tool.faithful_config(config))
+    table = commands[1:]
+    if tool.setting_of(osp.basename(config))['method'] in (
+            'source', 'bn_adapt', 'tent'):  # Table 9's rows
+        assert table == [['python', 'tools/reproduce.py', 'table9',
+                          '--checkpoint', 'ckpt.pth', '--data-root',
+                          'data/acdc'] + (['--preset', preset]
+                                          if preset else [])]
+    else:  # CoTTA, EATA, ...: no row of the paper's Table 9
+        assert table == []
+
+
+def test_a_classification_config_names_its_table(load_tool):
+    tool = load_tool('check_setup')
+    config = osp.join(REPO, 'configs', 'cls', 'cifar-c',
+                      'cifar10-c_continual_wrn-28-10_tent.py')
+    args = tool.parse_args([config, 'ckpt.pth', '--data-root', 'c10c'])
+    commands = [shlex.split(line) for line in tool.next_command(
+        tool.load_cfg(args), args).splitlines()
+                if line.strip().startswith('python ')]
+    assert commands == [
+        ['python', 'tools/test.py', config, 'ckpt.pth', '--cfg-options',
+         'test_dataloader.dataset.corruption_set.data_root=c10c'],
+        ['python', 'tools/reproduce.py', 'cifar10-c_continual_wrn-28-10',
+         '--checkpoint', 'ckpt.pth', '--data-root', 'c10c']]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='fp16 runs on CUDA')
+def test_a_refused_option_of_the_source_run_is_a_verdict(
+        tiny_acdc, tiny_checkpoint, tmp_path, capsys, load_tool):
+    status, out = check(load_tool, capsys, CONFIG, tiny_checkpoint,
+                        tiny_acdc, '--expected', EXPECTED, '--work-dir',
+                        str(tmp_path / 'run'), '--cfg-options',
+                        'test_cfg.mixed_precision=fp16')
+    assert status == 1
+    assert "- the Source run stopped: mixed_precision='fp16' needs a GPU" \
+        in out
+    assert 'Verdict: FAIL (source)' in out
+    assert 'speed options: float16 autocast' in out
