@@ -352,7 +352,7 @@ def report_figures():
         header = None
         for line in lines:
             for m in re.finditer(r'(?<![\w.])(\d+(?:\.\d+)?)\s?(ms|images/s|'
-                                 r'MB|GB|s)\b', line):
+                                 r'MB|GB|s|min)\b', line):
                 figures.add((float(m.group(1)), m.group(2)))
             if not line.startswith('|'):
                 header = None
@@ -410,5 +410,75 @@ def test_pages_state_only_gpu_figures_the_reports_hold():
                             f'{osp.relpath(page, REPO)}:{start + offset}: '
                             f'{g} {m.group(3)}' for g in m.groups()[:2]
                             if g and not held(g, m.group(3))]
+            start += block.count('\n') + 2
+    assert not missing, missing
+
+
+#: a duration of a GPU run in a page: a number or a range, in minutes or
+#: hours
+DURATION = re.compile(r'(?<![\w.–-])(\d[\d,]*(?:\.\d+)?)(?:–(\d[\d,]*'
+                      r'(?:\.\d+)?))?\s?(min|minutes|h|hours)\b')
+#: where a page speaks of a GPU's run time (its paragraph or its section's
+#: title), unless the paragraph times the CPU ("without a GPU" beside it)
+GPU_RUN = re.compile(r'H100|H200|\bGPU')
+CPU_RUN = re.compile(r'\bCPU|this project\'s machine')
+#: the stream a run time is extrapolated to by default: ACDC's protocol
+PROTOCOL_IMAGES = 16000
+
+
+def test_pages_state_only_gpu_durations_the_reports_give():
+    """Where a page speaks of an H100 run, each duration it states in
+    minutes or hours is a report's (its seconds or minutes), or follows
+    from figures the same sentence states, which the test above holds to
+    the reports: a count of images or steps its paragraph gives (else
+    16,000, the protocol's) at a rate (images/s) or a step time (ms, s).
+    An estimate whose inputs the sentence does not show, or a duration
+    changed by hand, fails here."""
+    figures = report_figures()
+    durations = {v * k for v, u in figures for unit, k in (('s', 1 / 60),
+                                                           ('min', 1))
+                 if u == unit}
+
+    def derived(sentence, block):
+        counts = {PROTOCOL_IMAGES} | {
+            int(c.replace(',', '')) for c in re.findall(
+                r'(?<![\w.])(\d{1,3}(?:,\d{3})+|\d{4,})(?![\w.])', block)}
+        found = set()
+        for m in re.finditer(r'(?<![\w.])(\d+(?:\.\d+)?)(?:–(\d+(?:\.\d+)?'
+                             r'))?\s?(images/s|ms|s)\b', sentence):
+            for value in filter(None, m.groups()[:2]):
+                value = float(value)
+                for count in counts:
+                    found.add(count / value / 60 if m.group(3) == 'images/s'
+                              else count * value / (1000 if m.group(3) ==
+                                                    'ms' else 1) / 60)
+        return found
+
+    def held(text, unit, minutes):
+        value = float(text.replace(',', ''))
+        digits = len(text.split('.')[1]) if '.' in text else 0
+        scale = 60 if unit in ('h', 'hours') else 1
+        return any(round(m / scale, digits) == value for m in minutes)
+
+    missing = []
+    pages = glob.glob(osp.join(REPO, 'docs', '*.md')) + [
+        osp.join(REPO, 'README.md')]
+    for page in pages:
+        with open(page, encoding='utf-8') as f:
+            text = f.read()
+        section, start = '', 1
+        for block in re.split(r'\n\s*\n', text):
+            if block.startswith('#'):
+                section = block.split('\n')[0]
+            if GPU_RUN.search(section + block) and not CPU_RUN.search(block):
+                # sentences: a full stop before a capital or a bracket
+                for sentence in re.split(r'(?<=\.)\s+(?=[A-Z(\[`*])', block):
+                    minutes = durations | derived(sentence, block)
+                    line = start + block[:block.index(sentence)].count('\n')
+                    missing += [
+                        f'{osp.relpath(page, REPO)}:{line}: {g} {m.group(3)}'
+                        for m in DURATION.finditer(sentence)
+                        for g in m.groups()[:2]
+                        if g and not held(g, m.group(3), minutes)]
             start += block.count('\n') + 2
     assert not missing, missing

@@ -3,37 +3,58 @@
 ``tools/collect_results.py``::
 
     python tools/reproduce.py TABLE --checkpoint CKPT --data-root DIR
-        --work-root DIR [--only NAME ...] [--preset bf16-graph]
+        [--work-root DIR] [--only NAME ...] [--preset fast]
         [--launcher local|ray] [--checkpoint-for METHOD=CKPT ...]
         [--source-data-root DIR] [--cfg-options k=v ...] [--allow-short]
-        [--dry-run] [--address HOST:PORT] [--num-cpus N] [--gpus-per-run G]
-        [--cpus-per-run C] [--max-concurrent N]
+        [--dry-run] [--progress-every SECONDS] [--address HOST:PORT]
+        [--num-cpus N] [--gpus-per-run G] [--cpus-per-run C]
+        [--max-concurrent N]
     python tools/reproduce.py --list
 
 A table is ``table9`` (Cityscapes -> ACDC, the NVlabs SegFormer-B5) or one
 model of a classification table, ``<benchmark>_<scenario>_<model>`` (one
 checkpoint each); its configs are the shipped configs whose names
 (``tools/paper_tables.py``'s ``setting_of``) match a score of
-:data:`mmseg_stag.paper_results.PAPER_RESULTS`. Each config runs into
-``WORK_ROOT/<config stem>``: one after another, a process each
-(``--launcher local``), or as Ray trials through ``tools/sweep.py``
-(``--launcher ray``). A finished run is skipped, an interrupted one resumed
-(``--resume``), a failed one reported while the others go on; the table is
-written to ``WORK_ROOT/table``. The exit status is 0 when every run
+:data:`mmseg_stag.paper_results.PAPER_RESULTS`; ``--preset fast`` runs
+each config's fast sibling instead (``<stem>_bf16-graph.py`` or
+``<stem>_bf16.py``, one CUDA GPU; refused before any run on a machine
+without CUDA).
+
+Each run goes where ``tools/test.py CONFIG CKPT`` puts it without
+``--work-dir``: ``WORK_ROOT/<config stem>`` (``WORK_ROOT`` defaults to
+``work_dirs``), one after another, a process each (``--launcher local``,
+its progress on the console every ``--progress-every`` seconds), or as Ray
+trials through ``tools/sweep.py`` (``--launcher ray``). The table goes to
+its own folder, ``WORK_ROOT/tables/<table>[_<preset>][_only-<a>+<b>...]``,
+so that a preset's table or an ``--only`` subset never replaces another.
+
+Before anything runs, every work dir that already holds a run is
+fingerprinted as ``--resume`` fingerprints it (the config after the
+options, the starting weights: ``mmseg_stag.engine.run_state``): a run of
+this command's fingerprint is skipped when finished and resumed
+(``--resume``) when interrupted; any other stops the command, naming the
+work dir, the settings that differ and what to do. A failed run is
+reported while the others go on. The exit status is 0 when every run
 finished and collect_results.py, where it ran, succeeded.
+``--help`` and argument errors answer without importing torch; ``--list``
+and the rest import the package (and torch) for the table logic.
 docs/reproduce.md says more.
 """
 import argparse
 import glob
 import importlib.util
+import json
 import os
 import os.path as osp
+import re
 import shlex
 import subprocess
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from datetime import timedelta
+from typing import Dict, List, Optional, Tuple
 
 TOOLS = osp.dirname(osp.abspath(__file__))
 REPO = osp.dirname(TOOLS)
@@ -48,12 +69,28 @@ SWEEP_PY = osp.join(REPO, 'tools', 'sweep.py')
 #: where the tables' configs are looked for (a test points it elsewhere)
 CONFIG_ROOT = osp.join(REPO, 'configs')
 #: the run state and results of tools/test.py (mmseg_stag.engine's
-#: STATE_FILE and RESULTS_FILE; spelled here so that --list and --dry-run
-#: import no torch)
+#: STATE_FILE and RESULTS_FILE, a test holds them equal; spelled here so
+#: that --help and argument errors answer before torch is imported)
 STATE_FILE = 'online_adaptation_state.pth'
 RESULTS_FILE = 'continual_results.json'
-#: the fast presets: the suffix of a config's sibling (docs/running.md)
-PRESETS = {'bf16-graph': '_bf16-graph'}
+#: where a run goes without --work-root: tools/test.py's own default
+#: without --work-dir (``mmseg_stag.engine.runs.prepare_config``:
+#: ./work_dirs/<config stem>), so that a run made by hand is found here
+DEFAULT_WORK_ROOT = 'work_dirs'
+#: the tables' folder under WORK_ROOT (one subfolder per table, preset and
+#: --only subset: never a run's <config stem>)
+TABLES_DIR = 'tables'
+#: the fast presets (mmseg_stag.engine.online_loop.PRESETS, docs/running.md)
+#: and the suffixes of a config's sibling that is the preset: _bf16-graph
+#: where the method's step is replayed as a CUDA graph (TENT, CoTTA and
+#: their +STAG), _bf16 where it is not (Source, BN Adapt, BN Adapt+STAG);
+#: a config has exactly one of them
+PRESETS = {'fast': ('_bf16-graph', '_bf16')}
+#: the line MMEngine's LogProcessor writes every default_hooks.logger
+#: .interval batches of the test loop ("Iter(test) [ 50/16000]  eta: ..."),
+#: and the images/s the online loop's log processor adds to it
+ITER_LINE = re.compile(r'Iter\(test\)\s*\[\s*(\d+)/(\d+)\]')
+IMAGES_PER_S = re.compile(r'images/s: ([0-9.]+)')
 #: the paper's table that holds a benchmark's scenario (its LaTeX numbers,
 #: docs/reproduce.md); only labels: the configs come from the files
 PAPER_TABLE = {('acdc', 'continual'): 'Table 9',
@@ -112,7 +149,8 @@ def find_tables(config_root: Optional[str] = None) -> Dict[str, Table]:
                                  recursive=True)):
         setting = setting_of(osp.basename(path))
         if setting is None or '_base_' in path.split(os.sep) or any(
-                path.endswith(suffix + '.py') for suffix in PRESETS.values()):
+                path.endswith(suffix + '.py') for suffixes in
+                PRESETS.values() for suffix in suffixes):
             continue  # a preset's sibling runs with --preset
         key = tuple(setting[k] for k in ('benchmark', 'scenario', 'model',
                                          'method', 'stag'))
@@ -172,6 +210,27 @@ def choose_table(name: str, tables: Dict[str, Table]) -> Table:
     return table
 
 
+def short_name(table: Table) -> str:
+    """The name a table is asked by: its alias where it has one."""
+    aliases = {v: k for k, v in ALIASES.items()}
+    return aliases.get(table.name, table.name)
+
+
+def table_dir(table: Table, args) -> str:
+    """The table's own folder, ``WORK_ROOT/tables/<name>`` (``table9``,
+    else ``<benchmark>_<scenario>_<model>``) with ``_<preset>`` for a
+    preset's runs and ``_only-<a>+<b>`` (the table's order) for a subset:
+    the same runs always give the same folder, other runs another one."""
+    name = short_name(table)
+    if args.preset:
+        name += f'_{args.preset}'
+    chosen = [label(c) for c in table.configs if not args.only or
+              label(c) in args.only]
+    if len(chosen) < len(table.configs):  # all of them: the whole table
+        name += '_only-' + '+'.join(chosen)
+    return osp.join(osp.abspath(args.work_root), TABLES_DIR, name)
+
+
 # -- the plan ------------------------------------------------------------
 @dataclass
 class Run:
@@ -183,6 +242,15 @@ class Run:
     work_dir: str
     options: List[str]
     state: str = 'new'  # new | interrupted | finished
+    #: the images of its stream where the config tells (for the ETA)
+    images: Optional[int] = None
+    batch_size: int = 1
+    #: the batches an interrupted run has done (it resumes after them)
+    batches_done: int = 0
+    #: the fingerprint its run state on disk holds (None: none there)
+    saved: Optional[dict] = field(default=None, repr=False)
+    #: the config as tools/test.py will run it (options merged, prepared)
+    cfg: object = field(default=None, repr=False)
 
     def command(self) -> List[str]:
         cmd = [sys.executable, TEST_PY, self.config, self.checkpoint,
@@ -192,17 +260,35 @@ class Run:
         return cmd + (['--cfg-options'] + self.options if self.options
                       else [])
 
+    @property
+    def images_left(self) -> Optional[int]:
+        if self.state == 'finished':
+            return 0
+        if self.images is None:
+            return None
+        return max(self.images - self.batches_done * self.batch_size, 0)
 
-def run_state(work_dir: str) -> str:
-    """``finished`` (complete results, a run state at the stream's end or
-    none), ``interrupted`` (a run state short of the end: ``--resume``
-    continues it) or ``new``.
+
+@dataclass
+class OnDisk:
+    """What a work dir holds: ``state`` (``new``, ``interrupted``: a run
+    state short of the stream's end, ``finished``: complete results and a
+    run state at the end or none), the fingerprint (``identity``) of its
+    run state, and the batches that state says are done."""
+    state: str
+    identity: Optional[dict] = None
+    batches_done: int = 0
+
+
+def on_disk(work_dir: str) -> OnDisk:
+    """Read ``work_dir`` as :class:`OnDisk` says.
 
     Raises:
         SystemExit: For results of another schema, or a run state that
             cannot be read (a rerun would overwrite what is there).
     """
     state_path = osp.join(work_dir, STATE_FILE)
+    identity, done = None, 0
     if osp.isfile(state_path):
         from mmseg_stag.engine.run_state import load_run_state
         try:
@@ -210,17 +296,23 @@ def run_state(work_dir: str) -> str:
         except RuntimeError as err:
             raise SystemExit(f'error: {state_path}: {err}; move the work '
                              'dir away to run it again') from None
+        identity, done = state.get('identity'), state.get('batches_done', 0)
         if state.get('batches_done') != state.get('num_batches'):
             # a stale results file of an earlier run does not count
-            return 'interrupted'
+            return OnDisk('interrupted', identity, done)
     if not osp.isfile(osp.join(work_dir, RESULTS_FILE)):
-        return 'new'
+        return OnDisk('new', identity)
     from mmseg_stag.engine.report import read_results
     try:
         read_results(work_dir)
     except ValueError as err:
         raise SystemExit(f'error: {err}') from None
-    return 'finished'
+    return OnDisk('finished', identity, done)
+
+
+def run_state(work_dir: str) -> str:
+    """``new``, ``interrupted`` or ``finished`` (:func:`on_disk`)."""
+    return on_disk(work_dir).state
 
 
 def parse_pairs(words: List[str], what: str) -> Dict[str, str]:
@@ -233,9 +325,121 @@ def parse_pairs(words: List[str], what: str) -> Dict[str, str]:
     return pairs
 
 
+def cfg_options(options: List[str]) -> dict:
+    """``--cfg-options`` as tools/test.py reads them (MMEngine's
+    ``DictAction``: numbers, tuples, lists, booleans), so that the planned
+    config is the one the run gets."""
+    if not options:
+        return {}
+    from mmengine.config import DictAction
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return parser.parse_args(['--cfg-options', *options]).cfg_options
+
+
+def setting(cfg, key: str):
+    """The value of a dotted ``key`` of ``cfg`` (a ``Config`` or a dict;
+    None where absent)."""
+    node = cfg
+    for part in key.split('.'):
+        if not hasattr(node, 'get') or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def root_option(key: str, cfg, given: str, base: str = REPO) -> str:
+    """``key=DIR`` for the folder ``given``: spelled as the config spells
+    it where that is the same folder (tools/test.py runs from ``base``),
+    else absolute. The fingerprint holds the spelling: a run made from
+    the docs with the config's own data root (or the same
+    ``--cfg-options``) is then this run, not another one."""
+    own = setting(cfg, key)
+    if isinstance(own, str) and osp.realpath(
+            osp.join(base, own)) == osp.realpath(given):
+        return f'{key}={own}'
+    return f'{key}={osp.abspath(given)}'
+
+
+def preset_configs(configs: List[str], preset: str) -> Dict[str, str]:
+    """Each config's sibling of ``preset``: the one of its suffixes that
+    exists (``SystemExit`` naming each config with none or with two)."""
+    chosen, wrong = {}, []
+    for config in configs:
+        stem = config[:-len('.py')]
+        found = [stem + s + '.py' for s in PRESETS[preset]
+                 if osp.isfile(stem + s + '.py')]
+        if len(found) == 1:
+            chosen[config] = found[0]
+        else:
+            names = ' or '.join(osp.basename(stem) + s + '.py'
+                                for s in PRESETS[preset])
+            wrong.append(f'{shown(config)}: ' + (
+                f'no {preset} sibling ({names})' if not found else
+                f'{len(found)} {preset} siblings ({names}): keep one'))
+    if wrong:
+        raise SystemExit(f'error: --preset {preset}: ' + '; '.join(wrong) +
+                         ' (run these without --preset, or leave them out '
+                         'with --only)')
+    return chosen
+
+
+def cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def refuse_preset_without_cuda(args) -> None:
+    """A preset is for a CUDA GPU: refused here, before any run, rather
+    than failing in each run's log (with --launcher ray the runs may be on
+    other machines: only a local Ray, no --address, is this machine)."""
+    if not args.preset or args.dry_run or (
+            args.launcher == 'ray' and args.address):
+        return
+    if not cuda_available():
+        raise SystemExit(
+            f'error: --preset {args.preset} runs on a CUDA GPU and this '
+            'machine has none (torch.cuda.is_available() is False): run the '
+            'table without --preset (the faithful configs)')
+
+
+def planned_config(run: Run, cfg):
+    """The config tools/test.py will run: ``cfg`` (``run.config`` read),
+    ``--cfg-options`` merged, prepared
+    (``mmseg_stag.engine.runs.prepare_config``)."""
+    from mmseg_stag.engine.runs import prepare_config
+    options = cfg_options(run.options)
+    if options:
+        cfg.merge_from_dict(options)
+    return prepare_config(cfg, run.work_dir, run.config)
+
+
+def planned_images(cfg, table: Table) -> Optional[int]:
+    """The images of a run's stream as its config says them, the paper's
+    counts (``paper_tables.PROTOCOLS``) where it takes a whole set; None
+    where it says neither."""
+    from paper_tables import PROTOCOLS
+    dataset = setting(cfg, 'test_dataloader.dataset') or {}
+    protocol = PROTOCOLS.get((table.benchmark, table.scenario))
+    if 'conditions' in dataset and 'rounds' in dataset:  # ACDC's stream
+        per = dataset.get('images_per_condition') or (
+            protocol or {}).get('images')
+        return None if per is None else \
+            len(dataset['conditions']) * int(per) * int(dataset['rounds'])
+    corruptions = dataset.get('corruptions')
+    n = (dataset.get('corruption_set') or {}).get('n_examples')
+    if corruptions and n:
+        return len(corruptions) * int(n)
+    if protocol:  # the whole set of each corruption
+        return protocol['images'] * len(protocol['conditions']) * \
+            protocol['rounds']
+    return None
+
+
 def plan(table: Table, args) -> List[Run]:
     """The runs of ``table`` as ``args`` asks, each with its state; every
-    file and choice checked before anything runs."""
+    file and choice checked, and each run on disk fingerprinted, before
+    anything runs."""
     configs = table.configs
     if args.only:
         labels = [label(c) for c in configs]
@@ -269,85 +473,302 @@ def plan(table: Table, args) -> List[Run]:
             'their warmed-up meta networks (tools/ecotta_warmup.py): give '
             '--checkpoint-for ' + ' '.join(f'{m}=FILE' for m in cold) +
             ', or leave them out with --only')
-    data_key = DATA_ROOT_KEYS.get(table.benchmark, CORRUPTION_ROOT_KEY)
-    common = [f'{data_key}={osp.abspath(args.data_root)}'] + \
-        list(args.cfg_options)
     parse_pairs(args.cfg_options, '--cfg-options')
-    suffix = PRESETS.get(args.preset, '')
+    siblings = preset_configs(configs, args.preset) if args.preset else {}
+    refuse_preset_without_cuda(args)
+    from mmengine.config import Config
+    data_key = DATA_ROOT_KEYS.get(table.benchmark, CORRUPTION_ROOT_KEY)
     runs, reads_source = [], False
     for faithful in configs:
-        config = faithful
-        if suffix:
-            sibling = faithful[:-len('.py')] + suffix + '.py'
-            if osp.isfile(sibling):
-                config = sibling
+        config = siblings.get(faithful, faithful)
+        own = Config.fromfile(config)  # as tools/test.py reads it
         method = label(faithful)[:-len('-stag')] \
             if label(faithful).endswith('-stag') else label(faithful)
-        options = list(common)
-        if args.source_data_root and needs_source(faithful):
+        options = [root_option(data_key, own, args.data_root)]
+        if args.source_data_root and needs_source(own):
             reads_source = True
             # after the data root, before the user's: theirs win
-            options.insert(1, f'{SOURCE_ROOT_KEY}='
-                           f'{osp.abspath(args.source_data_root)}')
+            options.append(root_option(SOURCE_ROOT_KEY, own,
+                                       args.source_data_root))
+        options += list(args.cfg_options)
         stem = osp.splitext(osp.basename(config))[0]
         work_dir = osp.join(osp.abspath(args.work_root), stem)
-        runs.append(Run(label(faithful), config, faithful,
-                        osp.abspath(args.checkpoint_for.get(
-                            method, args.checkpoint)),
-                        work_dir, options, run_state(work_dir)))
+        found = on_disk(work_dir)
+        run = Run(label(faithful), config, faithful,
+                  osp.abspath(args.checkpoint_for.get(method,
+                                                      args.checkpoint)),
+                  work_dir, options, found.state,
+                  batches_done=found.batches_done, saved=found.identity)
+        run.cfg = planned_config(run, own.copy())
+        run.images = planned_images(run.cfg, table)
+        run.batch_size = int(setting(run.cfg, 'test_dataloader.batch_size')
+                             or 1)
+        runs.append(run)
     if args.source_data_root and not reads_source:
         raise SystemExit(f'error: --source-data-root: no run of '
                          f'{table.name} reads clean source images (only '
                          'EATA\'s configs do)')
+    check_fingerprints(runs)
     return runs
 
 
-def needs_source(config: str) -> bool:
+def needs_source(cfg) -> bool:
     """Whether a config reads clean source images (EATA's Fisher)."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(config)
     return bool((cfg.get('test_cfg') or {}).get('source_dataloader'))
 
 
-def describe(table: Table, runs: List[Run], args) -> str:
-    lines = [f'{table.name} ({table.paper}): {len(runs)} run(s) into '
-             f'{osp.abspath(args.work_root)}']
+# -- the fingerprint -----------------------------------------------------
+def planned_identity(run: Run, weights: Dict[str, str]) -> dict:
+    """The fingerprint the online loop will give ``run`` (``run_identity``:
+    its flattened config, the SHA-1 of its starting weights), without the
+    run; ``weights`` caches the weights' digest per model and checkpoint
+    (a model is built and loaded once, not per config)."""
+    from mmseg_stag.engine.online_task import head_layer_of
+    from mmseg_stag.engine.run_state import flatten_settings
+    from mmseg_stag.engine.runs import starting_identity
+    cfg = run.cfg
+    key = json.dumps([cfg.get('model'), cfg.get('data_preprocessor'),
+                      cfg.get('randomness'), cfg.get('default_scope'),
+                      head_layer_of(cfg), osp.realpath(run.checkpoint)],
+                     sort_keys=True, default=repr)
+    if key not in weights:
+        try:
+            weights[key] = starting_identity(cfg, run.checkpoint)['weights']
+        except Exception as err:  # the run itself would fail the same way
+            raise SystemExit(
+                f'error: {shown(run.checkpoint)} could not be loaded into '
+                f'the model of {shown(run.config)} to compare it with the '
+                f'run in {shown(run.work_dir)} ({type(err).__name__}: '
+                f'{err})') from None
+    return dict(config=flatten_settings(cfg.to_dict()), weights=weights[key])
+
+
+def check_fingerprints(runs: List[Run]) -> None:
+    """Stop before any run where a work dir holds a run (finished or not)
+    whose fingerprint is not the planned run's: skipping it would table
+    another run (a smoke run, another seed or option), resuming it would
+    mix two. One message per such work dir, all at once.
+
+    Raises:
+        SystemExit: Naming each work dir, the settings that differ (on
+            disk -> planned) and what to do.
+    """
+    from mmseg_stag.engine.online_loop import RESUME_IGNORES
+    from mmseg_stag.engine.run_state import identity_differences
+    problems, weights = [], {}
+    for run in runs:
+        where = shown(run.work_dir)
+        move = (f'move it away (mv {where} {where}.old) or delete it to run '
+                'it here, or give this command another --work-root')
+        if run.saved is None:
+            if run.state == 'finished':
+                problems.append(
+                    f'{where}: results ({RESULTS_FILE}) without a run state '
+                    f'({STATE_FILE}, test_cfg.save_state=False?), so '
+                    'nothing tells which config, options and weights made '
+                    f'them. To go on: {move}.')
+            continue
+        diffs = identity_differences(run.saved, planned_identity(
+            run, weights), RESUME_IGNORES)
+        if diffs:
+            what = {'finished': 'a finished run',
+                    'interrupted': 'an interrupted run'}.get(
+                        run.state, 'a run state')
+            problems.append(
+                f'{where} holds {what} other than {run.label} as this '
+                f'command runs it: {len(diffs)} setting(s) differ (on disk '
+                '-> this command):\n    ' + '\n    '.join(diffs) +
+                f'\n  To go on: {move}; or give the options that run had.')
+    if problems:
+        raise SystemExit(
+            f'error: {len(problems)} work dir(s) hold another run than the '
+            'one this command would start there; nothing was started, '
+            'nothing changed:\n' + '\n'.join(f'- {p}' for p in problems))
+
+
+def describe(table: Table, runs: List[Run], args, out: str) -> str:
+    lines = [f'{table.name} ({table.paper}): {len(runs)} run(s), each in '
+             f'{shown(osp.abspath(args.work_root))}/<config stem>; the '
+             f'table: {shown(out)}']
     for run in runs:
         how = {'new': 'runs', 'interrupted': 'resumes (--resume)',
                'finished': 'finished: skipped'}[run.state]
-        preset = ''
-        if args.preset:
-            preset = (f', preset {args.preset}' if run.config !=
-                      run.faithful else f', faithful: {shown(run.faithful)} '
-                      f'has no {PRESETS[args.preset]} sibling')
-        lines.append(f'  {run.label}: {how}{preset}')
+        if run.state == 'interrupted':
+            how += f' after {run.batches_done * run.batch_size:,} images'
+        preset = f', preset {args.preset}' if args.preset else ''
+        size = f', {run.images:,} images' if run.images else ''
+        lines.append(f'  {run.label}: {how}{preset}{size} '
+                     f'({shown(run.work_dir)})')
+    if args.preset and args.dry_run and not cuda_available():
+        lines.append(f'  (--preset {args.preset} needs CUDA, which this '
+                     'machine lacks: the real run would be refused)')
     return '\n'.join(lines)
 
 
+# -- progress ------------------------------------------------------------
+@dataclass
+class Progress:
+    """The last test iteration a run's log names: batches done of all,
+    and the images/s the online loop's log processor gives (None where
+    the line has none)."""
+    batches: int
+    num_batches: int
+    images_per_s: Optional[float] = None
+
+
+def read_progress(text: str) -> Optional[Progress]:
+    """The last ``Iter(test) [i/N]`` line of ``text`` (MMEngine's test log
+    line, every ``default_hooks.logger.interval`` batches; at the end once
+    more with the metrics and no images/s: the last rate stays); None if
+    none."""
+    found, rate = None, None
+    for line in text.splitlines():
+        match = ITER_LINE.search(line)
+        if match:
+            given = IMAGES_PER_S.search(line, match.end())
+            rate = float(given[1]) if given else rate
+            found = Progress(int(match[1]), int(match[2]), rate)
+    return found
+
+
+class LogWatch:
+    """A run's log read as it grows (from ``offset``: this run's part of
+    an appended run.log)."""
+
+    def __init__(self, path: str, offset: int = 0):
+        self.path, self.offset, self.partial = path, offset, ''
+        self.last: Optional[Progress] = None
+
+    def poll(self) -> Optional[Progress]:
+        try:
+            with open(self.path, 'rb') as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return self.last
+        self.offset += len(chunk)
+        text = self.partial + chunk.decode('utf-8', errors='replace')
+        # a line being written counts when whole
+        text, _, self.partial = text.rpartition('\n')
+        self.last = read_progress(text) or self.last
+        return self.last
+
+
+def duration(seconds: float) -> str:
+    return str(timedelta(seconds=int(round(seconds))))
+
+
+def progress_line(run: Run, progress: Optional[Progress],
+                  rate: Optional[float], later: List[Optional[int]],
+                  log_path: str, elapsed: float) -> str:
+    """One console line of a running run: images done of all, images/s,
+    the ETA of the run and of the table (the later runs' images at this
+    run's rate), its log.
+
+    Args:
+        progress: What its log says last (None: no iteration logged yet).
+        rate: Images/s (None: not known yet).
+        later: The images left of each later run (None: unknown).
+        elapsed: Seconds since it started.
+    """
+    head = f'[reproduce] {run.label}:'
+    tail = f'log {shown(log_path)}'
+    if progress is None:
+        return (f'{head} starting ({duration(elapsed)}, no iteration '
+                f'logged yet), {tail}')
+    total = progress.num_batches * run.batch_size
+    if run.images:  # the config's count is exact; batches may be partial
+        total = min(total, run.images)
+    done = min(progress.batches * run.batch_size, total)
+    parts = [f'{done:,}/{total:,} images ({100 * done / max(total, 1):.1f}%)']
+    if rate:
+        eta = (total - done) / rate
+        parts.append(f'{rate:.2f} images/s, ETA {duration(eta)}')
+        known = [n for n in later if n is not None]
+        if later:
+            parts[-1] += (f' (table {duration(eta + sum(known) / rate)}' +
+                          (', runs of unknown size not counted'
+                           if len(known) < len(later) else '') + ')')
+    return f'{head} {", ".join(parts)}, {tail}'
+
+
 # -- running -------------------------------------------------------------
-def run_local(runs: List[Run], dry_run: bool) -> None:
+def run_local(runs: List[Run], args) -> None:
     """Each run in its own ``tools/test.py`` process (a crash or a kill
     ends that run only), its output appended to ``WORK_DIR/run.log`` as
-    tools/sweep.py does."""
-    for run in runs:
-        if run.state == 'finished':
-            continue
+    tools/sweep.py does; its progress on the console every
+    ``args.progress_every`` seconds."""
+    todo = [r for r in runs if r.state != 'finished']
+    for index, run in enumerate(todo):
         cmd = run.command()
-        print(f'[reproduce] {run.label}: {shlex.join(cmd)}', flush=True)
-        if dry_run:
+        print(f'[reproduce] {run.label} (run {index + 1} of {len(todo)}): '
+              f'{shlex.join(cmd)}', flush=True)
+        if args.dry_run:
             continue
         os.makedirs(run.work_dir, exist_ok=True)
         log_path = osp.join(run.work_dir, 'run.log')
+        later = todo[index + 1:]
         with open(log_path, 'a') as log:
             log.write(shlex.join(cmd) + '\n')
             log.flush()
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                  cwd=REPO)
-        how = 'finished' if done.returncode == 0 else (
-            f'killed by signal {-done.returncode}' if done.returncode < 0
-            else f'exit code {done.returncode}')
-        print(f'[reproduce] {run.label}: {how} (log: {log_path})',
-              flush=True)
+            returncode, seconds = follow(run, cmd, log, log_path, later,
+                                         args.progress_every)
+        how = 'finished' if returncode == 0 else (
+            f'killed by signal {-returncode}' if returncode < 0
+            else f'exit code {returncode}')
+        print(f'[reproduce] {run.label}: {how} after {duration(seconds)} '
+              f'(log: {shown(log_path)})', flush=True)
+
+
+def follow(run: Run, cmd: List[str], log, log_path: str,
+           later: List[Run], every: float) -> Tuple[int, float]:
+    """Run ``cmd`` into ``log``, printing its progress every ``every``
+    seconds; return its exit code and wall time. The rate is this run's
+    average since its first logged iteration (a resumed run's included),
+    the loop's own images/s until there are two. A stream shorter than
+    its config says (fewer images on disk than the paper's) corrects the
+    later runs of the same count too."""
+    watch = LogWatch(log_path, log.tell())
+    started = time.monotonic()
+    # (when, images) of the first logged iteration seen, and of the latest
+    # change: the rate between them (not up to now: the log is written
+    # every logger interval, not continuously)
+    first: Optional[Tuple[float, int]] = None
+    latest: Optional[Tuple[float, int]] = None
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            cwd=REPO)
+    try:
+        while True:
+            try:
+                proc.wait(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now, progress = time.monotonic(), watch.poll()
+            rate = None
+            if progress is not None:
+                images = progress.batches * run.batch_size
+                total = progress.num_batches * run.batch_size
+                planned = run.images
+                if planned and total < planned:
+                    for other in [run] + later:
+                        if other.images == planned:
+                            other.images = total
+                if first is None:
+                    first = latest = (now, images)
+                elif images > latest[1]:
+                    latest = (now, images)
+                if latest[1] > first[1]:
+                    rate = (latest[1] - first[1]) / (latest[0] - first[0])
+                rate = rate or progress.images_per_s
+            print(progress_line(run, progress, rate,
+                                [r.images_left for r in later], log_path,
+                                now - started), flush=True)
+    except BaseException:  # Ctrl-C: the run ends with this command
+        proc.kill()
+        proc.wait()
+        raise
+    return proc.returncode, time.monotonic() - started
 
 
 def load_sweep():
@@ -358,10 +779,11 @@ def load_sweep():
     return module
 
 
-def run_ray(runs: List[Run], args) -> None:
+def run_ray(runs: List[Run], args, out: str) -> None:
     """The runs not finished, as trials of tools/sweep.py's Ray runner
     (its resources, environment and gathered table), each in its work dir
-    ``WORK_ROOT/<config stem>``, the sweep's files in ``WORK_ROOT``."""
+    ``WORK_ROOT/<config stem>``, the sweep's files (``sweep_results.*``,
+    ``ray/``) in the table's folder ``out``."""
     todo = [r for r in runs if r.state != 'finished']
     for run in todo:
         print(f'[reproduce] {run.label} on Ray: {shlex.join(run.command())}',
@@ -373,7 +795,7 @@ def run_ray(runs: List[Run], args) -> None:
     # (it reads their num_workers for the CPUs a run holds); EATA's
     # source images are a run's own
     shared = todo[0].options
-    argv = ['--work-dir', args.work_root, '--resume', '--cfg-options',
+    argv = ['--work-dir', out, '--resume', '--cfg-options',
             *[o for o in shared if not o.startswith(SOURCE_ROOT_KEY)]]
     for flag in ('address', 'num_cpus', 'gpus_per_run', 'cpus_per_run',
                  'max_concurrent'):
@@ -392,16 +814,16 @@ def run_ray(runs: List[Run], args) -> None:
 
 
 # -- the table -----------------------------------------------------------
-def collect_command(runs: List[Run], args) -> List[str]:
+def collect_command(runs: List[Run], args, out: str) -> List[str]:
     cmd = [sys.executable, COLLECT_PY] + [r.work_dir for r in runs] + [
-        '--out', osp.join(osp.abspath(args.work_root), 'table')]
+        '--out', out]
     return cmd + (['--allow-short'] if args.allow_short else [])
 
 
-def collect(runs: List[Run], args) -> bool:
-    """The table of the finished runs in ``WORK_ROOT/table``; False if
-    collect_results.py failed (it marks a preset's rows)."""
-    cmd = collect_command(runs, args)
+def collect(runs: List[Run], args, out: str) -> bool:
+    """The table of the finished runs in ``out`` (:func:`table_dir`);
+    False if collect_results.py failed (it marks a preset's rows)."""
+    cmd = collect_command(runs, args, out)
     print(f'[reproduce] {shlex.join(cmd)}', flush=True)
     if args.dry_run:
         return True
@@ -410,8 +832,8 @@ def collect(runs: List[Run], args) -> bool:
         print(f'[reproduce] collect_results.py failed (exit code '
               f'{done.returncode})', flush=True)
         return False
-    print(f'[reproduce] the table: {cmd[cmd.index("--out") + 1]}/'
-          'paper_table.md (.csv, .json, .png)', flush=True)
+    print(f'[reproduce] the table: {shown(out)}/paper_table.md (.csv, .json,'
+          ' .png)', flush=True)
     return True
 
 
@@ -426,14 +848,16 @@ def parse_args(argv=None):
     add('--data-root', help='the benchmark\'s test images (ACDC: '
         'test_dataloader.dataset.data_root; ImageNet-C, CIFAR-C: '
         '...corruption_set.data_root)')
-    add('--work-root', help='WORK_ROOT/<config stem> per run, '
-        'WORK_ROOT/table for the table')
+    add('--work-root', default=DEFAULT_WORK_ROOT, help='WORK_ROOT/<config '
+        'stem> per run (tools/test.py\'s default without --work-dir), '
+        f'WORK_ROOT/{TABLES_DIR}/<table>[_<preset>][_only-<a>+<b>] for the '
+        f'table (default: {DEFAULT_WORK_ROOT})')
     add('--only', nargs='+', metavar='NAME', help='only these configs of '
         'the table, by the method their file names end with (source, '
         'tent-stag, ...)')
     add('--preset', choices=sorted(PRESETS), help='run each config\'s '
-        'fast sibling (<stem>_bf16-graph.py, one CUDA GPU) where it has '
-        'one, the faithful config where not')
+        'fast sibling (<stem>_bf16-graph.py or <stem>_bf16.py) on one CUDA '
+        'GPU; refused without CUDA')
     add('--launcher', choices=['local', 'ray'], default='local',
         help='local: one run after another, a process each; ray: all '
         'through tools/sweep.py (the .[sweep] extra)')
@@ -449,6 +873,9 @@ def parse_args(argv=None):
         'protocol (marked so)')
     add('--dry-run', action='store_true', help='print the commands, run '
         'nothing')
+    add('--progress-every', type=float, default=60, metavar='SECONDS',
+        help='--launcher local: a progress line of the running run this '
+        'often (default: 60)')
     ray = parser.add_argument_group('--launcher ray (tools/sweep.py)')
     ray.add_argument('--address', help='a running Ray cluster')
     ray.add_argument('--num-cpus', type=int, help='CPUs of a local Ray')
@@ -458,11 +885,12 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if not args.list:
         missing = [f'--{k.replace("_", "-")}' for k in
-                   ('checkpoint', 'data_root', 'work_root')
-                   if getattr(args, k) is None]
+                   ('checkpoint', 'data_root') if getattr(args, k) is None]
         if args.table is None or missing:
             parser.error('give TABLE ' + ' '.join(f'{m} ...' for m in
                          missing) + ' (or --list)')
+    if args.progress_every <= 0:
+        parser.error('--progress-every: a number of seconds above 0')
     args.checkpoint_for = parse_pairs(args.checkpoint_for,
                                       '--checkpoint-for')
     if args.launcher == 'local':
@@ -482,13 +910,14 @@ def main(argv=None) -> int:
         return 0
     table = choose_table(args.table, tables)
     runs = plan(table, args)
-    print(describe(table, runs, args), flush=True)
+    out = table_dir(table, args)
+    print(describe(table, runs, args, out), flush=True)
     if args.launcher == 'ray':
-        run_ray(runs, args)
+        run_ray(runs, args, out)
     else:
-        run_local(runs, args.dry_run)
+        run_local(runs, args)
     if args.dry_run:
-        collect(runs, args)
+        collect(runs, args, out)
         return 0
     states = {r.label: run_state(r.work_dir) for r in runs}
     failed = [name for name, state in states.items() if state != 'finished']
@@ -498,7 +927,7 @@ def main(argv=None) -> int:
               'table', flush=True)
         return 1
     print(f'[reproduce] all {len(runs)} runs finished', flush=True)
-    return 0 if collect(runs, args) else 1
+    return 0 if collect(runs, args, out) else 1
 
 
 if __name__ == '__main__':

@@ -1,12 +1,16 @@
 """``tools/reproduce.py``: the paper's tables from the configs on disk and
 PAPER_RESULTS; two tiny runs of Table 9's configs (one killed mid-way, then
-resumed; a third call skips both) collected into the table; the dry run,
-the preset, the Ray hand-over and the refusals."""
+resumed; a third call skips both; a fourth with another seed is refused)
+collected into the table; the work dirs (tools/test.py's) and the tables'
+folders; the fingerprint check; the progress lines; the dry run, the
+preset (refused without CUDA), the Ray hand-over and the refusals."""
 import json
 import os
 import os.path as osp
 import re
+import shlex
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -81,28 +85,44 @@ def test_dry_run_prints_the_commands_and_runs_nothing(reproduce, files,
             f'test_dataloader.dataset.data_root={tmp_path / "data"} ' \
             'test_dataloader.num_workers=1\n' in out
     assert 'tools/collect_results.py ' in out and \
-        f'--out {tmp_path / "work" / "table"}' in out
+        f'--out {tmp_path / "work" / "tables" / "table9"}\n' in out
     assert '--resume' not in out
     assert not (tmp_path / 'work').exists()
 
 
-def test_the_preset_runs_each_sibling_and_says_where_none_exists(
-        reproduce, files, capsys):
+def test_the_preset_runs_each_configs_fast_sibling(reproduce, files,
+                                                  capsys):
+    """``--preset fast``: ``_bf16-graph`` where the step is a CUDA graph,
+    ``_bf16`` where not, in the preset's own work dirs and table folder;
+    a config with no sibling (or two) is refused by name."""
     assert reproduce.main(['table9', *files, '--dry-run', '--preset',
-                           'bf16-graph', '--only', 'tent-stag']) == 0
+                           'fast', '--only', 'source', 'tent-stag']) == 0
     out = capsys.readouterr().out
-    assert 'tent-stag: runs, preset bf16-graph' in out
-    assert 'segformer_mit-b5-nvlabs_acdc-continual_tent-stag_bf16-graph.py'\
-        in out and '/segformer_mit-b5-nvlabs_acdc-continual_tent-stag_' \
-        'bf16-graph --cfg-options' in out
-    # collected like the faithful runs, their rows marked by collect
-    assert 'collect_results.py' in out
-    assert reproduce.main(['imagenet-c_mixed_vit-b16', *files, '--dry-run',
-                           '--preset', 'bf16-graph', '--only', 'tent']) == 0
-    out = capsys.readouterr().out
-    assert 'tent: runs, faithful: configs/cls/imagenet-c/imagenet-c_mixed_' \
-        'vit-b16_tent.py has no _bf16-graph sibling' in out
-    assert 'corruption_set.data_root=' in out
+    assert 'tent-stag: runs, preset fast' in out
+    stem = 'segformer_mit-b5-nvlabs_acdc-continual_'
+    for sibling in ('source_bf16', 'tent-stag_bf16-graph'):
+        assert f'{stem}{sibling}.py' in out and \
+            f'/{stem}{sibling} --cfg-options' in out
+    # collected like the faithful runs (collect marks their rows), apart
+    assert f'--out {files[-1]}/tables/table9_fast_only-source+tent-stag\n' \
+        in out
+    with pytest.raises(SystemExit, match=re.escape(
+            'error: --preset fast: configs/cls/imagenet-c/imagenet-c_mixed_'
+            'vit-b16_tent.py: no fast sibling (imagenet-c_mixed_vit-b16_tent_'
+            'bf16-graph.py or imagenet-c_mixed_vit-b16_tent_bf16.py)')):
+        reproduce.main(['imagenet-c_mixed_vit-b16', *files, '--dry-run',
+                        '--preset', 'fast', '--only', 'tent'])
+
+
+def test_a_config_with_two_fast_siblings_is_refused(reproduce, tmp_path):
+    config = tmp_path / 'a_tent.py'
+    for name in ('a_tent.py', 'a_tent_bf16.py', 'a_tent_bf16-graph.py'):
+        (tmp_path / name).write_text('')
+    with pytest.raises(SystemExit, match='2 fast siblings'):
+        reproduce.preset_configs([str(config)], 'fast')
+    (tmp_path / 'a_tent_bf16.py').unlink()
+    assert reproduce.preset_configs([str(config)], 'fast') == {
+        str(config): str(tmp_path / 'a_tent_bf16-graph.py')}
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -167,10 +187,15 @@ def test_two_runs_killed_resumed_skipped_and_collected(
     work = tmp_path / 'work'
     argv = ['table9', '--checkpoint', nvlabs_checkpoint, '--data-root',
             tiny_acdc, '--work-root', str(work), '--only', 'source', 'tent',
-            '--allow-short', '--cfg-options',
+            '--allow-short', '--progress-every', '0.5', '--cfg-options',
             *as_cli(tiny_options(tiny_acdc, rounds=1, head='nvlabs'))]
     source = work / 'segformer_mit-b5-nvlabs_acdc-continual_source'
     tent = work / 'segformer_mit-b5-nvlabs_acdc-continual_tent'
+    table = work / 'tables' / 'table9_only-source+tent'
+    # a faithful table of the whole Table 9, which a subset leaves alone
+    faithful = work / 'tables' / 'table9' / 'paper_table.md'
+    faithful.parent.mkdir(parents=True)
+    faithful.write_text('the faithful table\n')
 
     # TENT is killed before the 1st batch of its 3rd stage; Source goes on
     monkeypatch.setenv('KILL_AT_STAGE', '2,1')
@@ -182,7 +207,12 @@ def test_two_runs_killed_resumed_skipped_and_collected(
     assert (source / 'continual_results.json').is_file()
     assert not (tent / 'continual_results.json').exists()
     assert (tent / reproduce.STATE_FILE).is_file()
-    assert not (work / 'table').exists()
+    assert not table.exists()
+    # MMEngine's log lines, as the console's progress reads them
+    progress = reproduce.read_progress((source / 'run.log').read_text())
+    assert progress.batches == progress.num_batches == 8
+    assert progress.images_per_s > 0
+    assert re.search(r'\[reproduce\] source: (starting|\d+/8 images)', out)
 
     # the same command again: Source skipped, TENT resumed, the table
     monkeypatch.delenv('KILL_AT_STAGE')
@@ -194,12 +224,13 @@ def test_two_runs_killed_resumed_skipped_and_collected(
         f'--work-dir {tent} --resume --cfg-options' in out
     assert 'resumed from' in (tent / 'run.log').read_text()
     assert 'all 2 runs finished' in out
-    assert f'the table: {work / "table"}/paper_table.md' in out
-    with open(work / 'table' / 'paper_table.json') as f:
-        table = json.load(f)
-    assert table['benchmark'] == 'acdc'
-    assert [(r['method'], r['base_paper']) for r in table['rows']] == \
+    assert f'the table: {table}/paper_table.md' in out
+    with open(table / 'paper_table.json') as f:
+        rows = json.load(f)
+    assert rows['benchmark'] == 'acdc'
+    assert [(r['method'], r['base_paper']) for r in rows['rows']] == \
         [('source', 56.7), ('tent', 52.4)]
+    assert faithful.read_text() == 'the faithful table\n'
     with open(tent / 'continual_results.json') as f:
         assert len(json.load(f)['stages']) == 4
     source_log = (source / 'run.log').read_text()
@@ -212,6 +243,19 @@ def test_two_runs_killed_resumed_skipped_and_collected(
     assert 'tools/test.py' not in out
     assert (source / 'run.log').read_text() == source_log
     assert 'paper_table.md' in out
+    written = (table / 'paper_table.md').read_text()
+
+    # another seed in the same work root: neither skipped nor tabled, and
+    # refused before anything runs
+    with pytest.raises(SystemExit) as err:
+        reproduce.main(argv + ['randomness.seed=1'])
+    message = str(err.value)
+    for run in (source, tent):
+        assert f'{run} holds a finished run other than' in message
+    assert message.count('randomness.seed: 0 -> 1') == 2
+    assert 'another --work-root' in message
+    assert (source / 'run.log').read_text() == source_log
+    assert (table / 'paper_table.md').read_text() == written
 
 
 def test_allow_short_reaches_collect_results(reproduce, files, monkeypatch,
@@ -220,22 +264,25 @@ def test_allow_short_reaches_collect_results(reproduce, files, monkeypatch,
     assert reproduce.main(['table9', *files, '--dry-run',
                            '--allow-short']) == 0
     out = capsys.readouterr().out
-    assert f'--out {files[-1]}/table --allow-short\n' in out
+    assert f'--out {files[-1]}/tables/table9 --allow-short\n' in out
     assert reproduce.main(['table9', *files, '--dry-run']) == 0
     out = capsys.readouterr().out
-    assert f'--out {files[-1]}/table\n' in out
+    assert f'--out {files[-1]}/tables/table9\n' in out
 
 
 def test_ray_gets_the_unfinished_runs_in_their_work_dirs(
         reproduce, files, tmp_path, monkeypatch, capsys):
     """``--launcher ray`` hands tools/sweep.py's runner the runs not yet
     finished, each in ``WORK_ROOT/<config stem>``, the config's own seed,
-    resumed where a run state is; its resource flags go through."""
+    resumed where a run state is, the sweep's files in the table's folder;
+    its resource flags go through."""
     work = tmp_path / 'work'
     done = work / 'segformer_mit-b5-nvlabs_acdc-continual_source'
     done.mkdir(parents=True)
-    monkeypatch.setattr(reproduce, 'run_state', lambda d: 'finished'
-                        if d == str(done) else 'new')
+    monkeypatch.setattr(reproduce, 'on_disk', lambda d: reproduce.OnDisk(
+        'finished' if d == str(done) else 'new'))
+    # the fingerprints: test_a_run_of_other_options_stops_the_command
+    monkeypatch.setattr(reproduce, 'check_fingerprints', lambda runs: None)
     sweep = reproduce.load_sweep()
     handed = {}
 
@@ -253,7 +300,7 @@ def test_ray_gets_the_unfinished_runs_in_their_work_dirs(
     assert all(r['work_dir'] == str(work / r['name']) and r['seed'] is None
                for r in runs)
     assert args.resume and args.num_cpus == 2 and args.max_concurrent == 1
-    assert args.work_dir == str(work)
+    assert args.work_dir == str(work / 'tables' / 'table9')
     assert args.cfg_options == [
         f'test_dataloader.dataset.data_root={tmp_path / "data"}']
     assert 'source: finished: skipped' in capsys.readouterr().out
@@ -312,7 +359,8 @@ def test_two_runs_on_a_local_ray(tiny_acdc, nvlabs_checkpoint, tmp_path):
                          text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     assert 'all 2 runs finished' in done.stdout
-    with open(work / 'sweep_results.json') as f:
+    table = work / 'tables' / 'table9_only-source+tent'
+    with open(table / 'sweep_results.json') as f:
         rows = json.load(f)['runs']
     assert sorted((r['name'], r['status']) for r in rows) == [
         (f'segformer_mit-b5-nvlabs_acdc-continual_{m}', 'finished')
@@ -320,6 +368,264 @@ def test_two_runs_on_a_local_ray(tiny_acdc, nvlabs_checkpoint, tmp_path):
     for method in ('source', 'tent'):
         assert (work / f'segformer_mit-b5-nvlabs_acdc-continual_{method}' /
                 'continual_results.json').is_file()
-    with open(work / 'table' / 'paper_table.json') as f:
+    with open(table / 'paper_table.json') as f:
         assert [r['method'] for r in json.load(f)['rows']] == \
             ['source', 'tent']
+
+
+# -- where runs and tables go -------------------------------------------
+def test_the_names_it_spells_are_the_engines(reproduce):
+    """The file names and presets reproduce.py spells (so that --help
+    imports no torch) are the online loop's."""
+    from mmseg_stag.engine import online_loop, report
+    assert reproduce.STATE_FILE == online_loop.STATE_FILE
+    assert reproduce.RESULTS_FILE == report.RESULTS_FILE
+    assert tuple(reproduce.PRESETS) == online_loop.PRESETS
+
+
+def test_help_imports_no_torch():
+    """The docstring's claim: --help answers before torch is imported."""
+    code = ('import runpy, sys\nsys.argv = ["reproduce.py", "--help"]\n'
+            'try:\n    runpy.run_path('
+            f'{osp.join(REPO, "tools", "reproduce.py")!r}, '
+            'run_name="__main__")\nexcept SystemExit:\n    pass\n'
+            'print("torch" in sys.modules)')
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == 'False'
+
+
+def test_a_run_goes_where_test_py_puts_it_by_default(reproduce, files,
+                                                     tmp_path, monkeypatch,
+                                                     capsys):
+    """Without --work-root each run goes to tools/test.py's own default
+    without --work-dir (prepare_config: ./work_dirs/<config stem>), so a
+    run made by hand from the docs is found; the table beside, under
+    work_dirs/tables/."""
+    from mmengine.config import Config
+    from mmseg_stag.engine.runs import prepare_config
+    monkeypatch.chdir(tmp_path)
+    argv = [a for a in files if a not in files[-2:]]  # no --work-root
+    assert reproduce.main(['table9', *argv, '--dry-run', '--only',
+                           'tent']) == 0
+    out = capsys.readouterr().out
+    config = osp.join(REPO, NVLABS_SEG_CFG.format('tent'))
+    default = prepare_config(Config.fromfile(config), None, config).work_dir
+    assert f'--work-dir {osp.abspath(default)} ' in out
+    assert osp.abspath(default) == str(
+        tmp_path / 'work_dirs' / osp.splitext(osp.basename(config))[0])
+    assert f'--out {tmp_path}/work_dirs/tables/table9_only-tent\n' in out
+
+
+def test_the_tables_folders(reproduce):
+    """Each table, preset and subset its own folder; the same runs the
+    same folder (the --only order, all of them: the whole table)."""
+    table = reproduce.choose_table('table9', reproduce.find_tables())
+    all5 = [reproduce.label(c) for c in table.configs]
+
+    def folder(preset=None, only=None):
+        args = reproduce.argparse.Namespace(work_root='w', preset=preset,
+                                            only=only)
+        return osp.relpath(reproduce.table_dir(table, args), 'w')
+
+    assert folder() == folder(only=all5) == 'tables/table9'
+    assert folder('fast') == 'tables/table9_fast'
+    assert folder(only=['tent', 'source']) == \
+        folder(only=['source', 'tent']) == 'tables/table9_only-source+tent'
+    assert folder('fast', ['tent-stag']) == 'tables/table9_fast_only-tent-stag'
+
+
+@pytest.fixture
+def no_runs(reproduce, monkeypatch):
+    """Every run finished at once (none starts); collect_results.py writes
+    a table that says which command made it."""
+    monkeypatch.setattr(reproduce, 'run_local', lambda runs, args: None)
+    monkeypatch.setattr(reproduce, 'run_state', lambda work_dir: 'finished')
+    monkeypatch.setattr(reproduce, 'cuda_available', lambda: True)
+
+    def collect(cmd, **kwargs):
+        out = cmd[cmd.index('--out') + 1]
+        os.makedirs(out, exist_ok=True)
+        with open(osp.join(out, 'paper_table.md'), 'w') as f:
+            f.write(shlex.join(cmd))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(reproduce.subprocess, 'run', collect)
+
+
+def test_a_preset_or_subset_leaves_the_faithful_table_alone(
+        reproduce, files, no_runs, capsys):
+    work = files[-1]
+    assert reproduce.main(['table9', *files]) == 0
+    faithful = osp.join(work, 'tables', 'table9', 'paper_table.md')
+    with open(faithful) as f:
+        written = f.read()
+    for extra, folder in ((['--preset', 'fast'], 'table9_fast'),
+                          (['--only', 'source', 'tent'],
+                           'table9_only-source+tent')):
+        assert reproduce.main(['table9', *files, *extra]) == 0
+        assert osp.isfile(osp.join(work, 'tables', folder, 'paper_table.md'))
+        with open(faithful) as f:
+            assert f.read() == written
+    capsys.readouterr()
+
+
+def test_a_preset_without_cuda_is_refused_before_any_run(
+        reproduce, files, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+
+    def no_run(*args, **kwargs):
+        raise AssertionError('a run started')
+
+    monkeypatch.setattr(reproduce.subprocess, 'Popen', no_run)
+    monkeypatch.setattr(reproduce.subprocess, 'run', no_run)
+    with pytest.raises(SystemExit, match=re.escape(
+            'error: --preset fast runs on a CUDA GPU and this machine has '
+            'none (torch.cuda.is_available() is False): run the table '
+            'without --preset')):
+        reproduce.main(['table9', *files, '--preset', 'fast'])
+    assert not osp.exists(files[-1])
+
+
+# -- the fingerprint ------------------------------------------------------
+def test_a_run_of_other_options_stops_the_command(
+        reproduce, test_configs, tiny_acdc, nvlabs_checkpoint, tmp_path,
+        monkeypatch):
+    """An interrupted run of rounds=2 where this command runs rounds=1:
+    not resumed (it would mix two runs), the work dir and the setting
+    named, nothing started; results without a run state are refused too
+    (nothing says which run made them)."""
+    from mmengine.config import Config
+    from mmseg_stag.engine.report import RESULTS_SCHEMA
+    from mmseg_stag.engine.run_state import save_run_state
+    from mmseg_stag.engine.runs import prepare_config, starting_identity
+
+    def no_run(*args, **kwargs):
+        raise AssertionError('a run started')
+
+    monkeypatch.setattr(reproduce.subprocess, 'Popen', no_run)
+    work = tmp_path / 'work'
+    stem = 'segformer_mit-b5-nvlabs_acdc-continual_source'
+    config = str(test_configs / f'{stem}.py')
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict(tiny_options(tiny_acdc, rounds=2, head='nvlabs'))
+    cfg = prepare_config(cfg, str(work / stem), config)
+    (work / stem).mkdir(parents=True)
+    save_run_state(str(work / stem / reproduce.STATE_FILE), dict(
+        identity=starting_identity(cfg, nvlabs_checkpoint), batches_done=8,
+        num_batches=16))
+    tent = work / 'segformer_mit-b5-nvlabs_acdc-continual_tent'
+    tent.mkdir()
+    (tent / reproduce.RESULTS_FILE).write_text(json.dumps(
+        dict(schema=RESULTS_SCHEMA)))
+    argv = ['table9', '--checkpoint', nvlabs_checkpoint, '--data-root',
+            tiny_acdc, '--work-root', str(work), '--only', 'source', 'tent',
+            '--cfg-options',
+            *as_cli(tiny_options(tiny_acdc, rounds=1, head='nvlabs'))]
+    with pytest.raises(SystemExit) as err:
+        reproduce.main(argv)
+    message = str(err.value)
+    assert message.startswith('error: 2 work dir(s) hold another run')
+    assert f'{work / stem} holds an interrupted run other than source' in \
+        message
+    assert 'test_dataloader.dataset.rounds: 2 -> 1' in message
+    assert 'the starting weights' not in message  # the same checkpoint
+    assert f'{tent}: results (continual_results.json) without a run ' \
+        'state' in message
+    assert message.count('another --work-root') == 2
+    # the same options: it resumes (checked, not run: --dry-run)
+    import shutil
+    shutil.rmtree(tent)
+    argv[argv.index('--cfg-options') + 1:] = as_cli(
+        tiny_options(tiny_acdc, rounds=2, head='nvlabs'))
+    assert reproduce.main(argv + ['--dry-run']) == 0
+
+
+# -- the console ----------------------------------------------------------
+SAMPLE_LOG = """\
+python tools/test.py configs/stag_acdc/x_tent.py ckpt.pth --work-dir w
+11/27 10:00:01 - mmengine - INFO - Loaded checkpoint ckpt.pth
+11/27 10:00:09 - mmengine - INFO - Iter(test) [  50/1600]    eta: 0:05:10  \
+time: 0.2000  data_time: 0.0100  images/s: 4.87  test/loss: 0.6931
+11/27 10:00:19 - mmengine - INFO - Iter(test) [ 100/1600]    eta: 0:05:00  \
+time: 0.1950  data_time: 0.0100  memory: 12000  images/s: 5.13  \
+test/loss: 0.6900
+11/27 10:00:29 - mmengine - INFO - Iter(test) [ 1"""
+
+
+def test_the_progress_line_from_a_run_log(reproduce, tmp_path):
+    """Read from MMEngine's test lines as the log grows (a line half
+    written waits), then one console line: images, images/s, the run's and
+    the table's ETA (later runs at this rate), the log."""
+    log = tmp_path / 'run.log'
+    head, tail = SAMPLE_LOG.split('11/27 10:00:19')
+    log.write_text(head)
+    watch = reproduce.LogWatch(str(log))
+    assert watch.poll() == reproduce.Progress(50, 1600, 4.87)
+    log.write_text(head + '11/27 10:00:19' + tail)
+    assert watch.poll() == reproduce.Progress(100, 1600, 5.13)
+    assert reproduce.read_progress('no iteration yet\n') is None
+
+    run = reproduce.Run('tent', 'c.py', 'c.py', 'k.pth', 'w', [],
+                        images=1600)
+    line = reproduce.progress_line(run, watch.last, 5.0, [16000, 0],
+                                   str(log), 30)
+    assert line == ('[reproduce] tent: 100/1,600 images (6.2%), 5.00 '
+                    'images/s, ETA 0:05:00 (table 0:58:20), log '
+                    f'{log}')
+    # a classification run: batches of 64, the last ones partial
+    run = reproduce.Run('tent', 'c.py', 'c.py', 'k.pth', 'w', [],
+                        images=750000, batch_size=64)
+    line = reproduce.progress_line(run, reproduce.Progress(11730, 11730),
+                                   None, [None], str(log), 30)
+    assert line.startswith('[reproduce] tent: 750,000/750,000 images '
+                           '(100.0%), log ')
+    line = reproduce.progress_line(run, reproduce.Progress(10, 11730),
+                                   100.0, [None], str(log), 30)
+    assert 'runs of unknown size not counted' in line
+    assert 'starting (0:00:30, no iteration logged yet)' in \
+        reproduce.progress_line(run, None, None, [], str(log), 30)
+
+
+def test_a_data_root_is_spelled_as_the_config_spells_it(reproduce,
+                                                        tmp_path):
+    """The same folder as the config's: the config's spelling (a run from
+    the docs has that fingerprint); another: absolute."""
+    from mmengine.config import Config
+    (tmp_path / 'data' / 'acdc').mkdir(parents=True)
+    (tmp_path / 'other').mkdir()
+    cfg = Config.fromfile(osp.join(REPO, NVLABS_SEG_CFG.format('source')))
+    key = 'test_dataloader.dataset.data_root'
+    assert reproduce.setting(cfg, key) == 'data/acdc'
+    for given in ('data/acdc/', str(tmp_path / 'data' / 'acdc')):
+        assert reproduce.root_option(
+            key, cfg, osp.join(tmp_path, given), str(tmp_path)) == \
+            f'{key}=data/acdc'
+    assert reproduce.root_option(key, cfg, str(tmp_path / 'other'),
+                                 str(tmp_path)) == \
+        f'{key}={tmp_path / "other"}'
+
+
+def test_the_images_of_a_run_by_its_config(reproduce):
+    """The total the progress and the table's ETA count: the paper's
+    stream, or what the config's options make of it."""
+    from mmengine.config import Config
+    tables = reproduce.find_tables()
+
+    def images(table, method, **options):
+        config = next(c for c in tables[table].configs
+                      if reproduce.label(c) == method)
+        cfg = Config.fromfile(config)
+        cfg.merge_from_dict(options)
+        return reproduce.planned_images(cfg, tables[table])
+
+    acdc = 'acdc_continual_segformer-b5'
+    assert images(acdc, 'tent') == 16000
+    assert images(acdc, 'tent', **{
+        'test_dataloader.dataset.rounds': 1,
+        'test_dataloader.dataset.images_per_condition': 2}) == 8
+    assert images('imagenet-c_mild_resnet50-bn', 'tent') == 750000
+    assert images('imagenet-c_mixed_vit-b16', 'tent') == 750000
+    assert images('cifar10-c_continual_wrn-28-10', 'tent') == 150000
