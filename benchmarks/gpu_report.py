@@ -4,7 +4,7 @@ import os.path as osp
 import time
 
 from mmseg_stag.engine.report import markdown_table, write_files
-from .gpu_steps import SCALAR_READ, SYNC_EVENTS
+from .gpu_steps import SCALAR_READ, SYNC_EVENTS, pair_presets
 
 
 def fmt(value, digits=1):
@@ -149,16 +149,66 @@ def md_loader(r):
           fmt(row['images_per_s'])) for row in r['rows']])
 
 
+def loop_status(row):
+    status = row.get('status', 'ok')
+    if status == 'failed':
+        return f"failed: {short_message(row.get('error', ''), 200)}"
+    if status == 'skipped':
+        return f"skipped: {row.get('reason', '')}"
+    if status == 'running':
+        return 'running (not finished when this was written)'
+    return status
+
+
 def md_loop(r):
-    return ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
-            f"per method, timed after the first {r['warmup']}.", ''] + \
-        markdown_table(('method', 'images/s', 'classifier calls / image',
-                        'peak allocated (MB)', 'mIoU'),
-                       [(method, fmt(row['images_per_second'], 2),
-                         fmt(row['classifier_calls_per_image'], 1),
-                         fmt(row.get('peak_allocated_mb'), 1),
-                         fmt(row.get('mIoU'), 2))
-                        for method, row in r['methods'].items()])
+    """The loop step: each run's figures, then each fast preset beside its
+    faithful config (:func:`benchmarks.gpu_steps.pair_presets`)."""
+    generated = r.get('generate_seconds')
+    out = ['## Whole loop', '', f"{r['settings']}; {r['images']} images "
+           'per method unless the table says otherwise, timed after the '
+           f"first {r['warmup']}"
+           + (f'; the stream generated in {generated:.1f} s'
+              if generated else '') + '.', '']
+    out += markdown_table(
+        ('method', 'status', 'images', 'images/s',
+         'whole-stream images/s', 'run (s)', 'classifier calls / image',
+         'peak allocated (MB)', 'mIoU'),
+        [(method, loop_status(row),
+          row.get('images', row.get('images_asked', '–')),
+          fmt(row.get('images_per_second'), 2),
+          fmt(row.get('whole_images_per_second'), 2),
+          fmt(row.get('seconds'), 1),
+          fmt(row.get('classifier_calls_per_image'), 1),
+          fmt(row.get('peak_allocated_mb'), 1), fmt(row.get('mIoU'), 2))
+         for method, row in r['methods'].items()])
+    out += ['', 'images/s: after the warm-up; whole-stream: every image '
+            'over the time from the loop\'s start (loader workers, warm-up '
+            'and graph captures included) to its last image; run: the '
+            'runner built, the checkpoint loaded and the stream.']
+    pairs = r.get('pairs')
+    if pairs is None:  # a report written before the pairing
+        pairs = pair_presets(r['methods'])
+    if pairs:
+        out += ['', '### Fast preset vs faithful config', '',
+                "Each preset's run beside its faithful config's on the same "
+                'images: speed-up = the preset\'s images/s over the '
+                "faithful's; stage scores: each stage's mIoU (points), "
+                'preset - faithful, random weights (the two computations '
+                'compared, not an accuracy).', '']
+        out += markdown_table(
+            ('preset', 'faithful', 'images', 'speed-up', 'whole-stream '
+             'speed-up', 'preset peak (MB)', 'faithful peak (MB)',
+             'stages', 'max abs Δ stage score', 'mean Δ stage score'),
+            [(p['preset'], p['faithful'], p['images']) + (
+                (p['note'], ) + ('',) * 6 if not p['same_images'] else (
+                    fmt(p['speedup'], 2), fmt(p['whole_speedup'], 2),
+                    fmt(p['peak_allocated_mb']['preset'], 1),
+                    fmt(p['peak_allocated_mb']['faithful'], 1),
+                    len(p['stages']), fmt(p['max_abs_delta'], 2),
+                    '–' if p['mean_delta'] is None
+                    else f"{p['mean_delta']:+.2f}"))
+             for p in pairs])
+    return out
 
 
 def profile_cells(name, per, p):

@@ -6,12 +6,15 @@ import contextlib
 import copy
 import gc
 import importlib.util
+import math
 import os
 import os.path as osp
+import re
 import statistics
 import subprocess
 import sys
 import time
+import traceback
 
 #: step_cost's SegFormer baselines (step_benchmark.BASELINES), each against
 #: its +STAG arm; the ResNet-50 runs tent_graph too when it is named
@@ -27,6 +30,18 @@ PRECISIONS = ('fp32', 'tf32', 'bf16')
 #: the paper's segmentation config (NVlabs head, D = 768) and its pattern
 NVLABS_CFG = ('configs/stag_acdc/'
               'segformer_mit-b5-nvlabs_acdc-continual_{}.py')
+
+#: the generated stream's ACDC conditions, in the stream's order
+CONDITIONS = ('fog', 'night', 'rain', 'snow')
+
+#: the loop step's runs without --loop-methods (and on CUDA
+#: ``LOOP_CUDA_DEFAULT`` after them)
+LOOP_DEFAULT = ('tent', 'tent-stag')
+LOOP_CUDA_DEFAULT = ('tent-stag_bf16-graph', )
+
+#: a fast preset's config name: its faithful config's and a suffix
+#: (``_bf16-graph``: the step replayed as a CUDA graph; ``_bf16``: eager)
+PRESET_NAME = re.compile(r'(?P<faithful>.+)_bf16(?:-graph)?')
 
 #: shares of the budget: the tests' time limit (35 % left one test of 66
 #: running on an H100) and what loader, loop and profile take on one H100
@@ -463,27 +478,168 @@ def loop_args(ctx, methods, images, warmup):
         images=images, warmup=warmup, cfg_options=ctx.seg_options())
 
 
+def faithful_of(method):
+    """The faithful config's method of fast preset ``method``
+    (``tent-stag_bf16-graph`` -> ``tent-stag``), None for a faithful one."""
+    m = PRESET_NAME.fullmatch(method)
+    return m.group('faithful') if m else None
+
+
+def loop_plan(ctx):
+    """``[(method, images)]``: ``--loop-methods`` with each count (default
+    ``--loop-images``), else TENT and TENT+STAG, and on CUDA TENT+STAG's
+    fast preset."""
+    plan = ctx.args.loop_methods or [
+        (m, None) for m in LOOP_DEFAULT + (LOOP_CUDA_DEFAULT if ctx.cuda
+                                           else ())]
+    return [(m, images or ctx.args.loop_images) for m, images in plan]
+
+
+def needs_cuda(ctx, method):
+    """Whether ``method``'s config is a named preset (``test_cfg.preset``),
+    whose run stops before the stream without CUDA."""
+    from mmengine.config import Config
+    from benchmarks.loop_benchmark import method_config
+    cfg = Config.fromfile(method_config(osp.join(ctx.repo, NVLABS_CFG),
+                                        method))
+    return cfg.get('test_cfg', {}).get('preset') is not None
+
+
+def score_deltas(preset, faithful):
+    """``[dict(stage, round, condition, preset, faithful, delta)]``: the
+    stages both runs scored (a score of None or NaN left out), delta =
+    preset - faithful in points."""
+    def key(s):
+        return s['stage'], s['round'], s['condition']
+
+    def number(v):
+        return v is not None and not math.isnan(v)
+
+    theirs = {key(s): s['score'] for s in faithful or []}
+    return [dict(stage=s['stage'], round=s['round'],
+                 condition=s['condition'], preset=s['score'],
+                 faithful=theirs[key(s)],
+                 delta=s['score'] - theirs[key(s)])
+            for s in preset or [] if key(s) in theirs
+            and number(s['score']) and number(theirs[key(s)])]
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def pair_presets(methods):
+    """Each fast preset of ``methods`` (the loop step's rows by method)
+    beside its faithful config when both ran: on the same images, the
+    preset's images/s over the faithful's (after the warm-up and over the
+    whole stream), the peak memory of each and the stage scores' largest
+    absolute and mean difference (preset - faithful, mIoU points); on
+    different counts, a note and no comparison."""
+    pairs = []
+    for preset, row in methods.items():
+        faithful = faithful_of(preset)
+        base = methods.get(faithful)
+        if faithful is None or base is None or 'ok' != row.get(
+                'status', 'ok') or 'ok' != base.get('status', 'ok'):
+            continue
+        pair = dict(preset=preset, faithful=faithful,
+                    images=row['images'],
+                    same_images=row['images'] == base['images'])
+        if not pair['same_images']:
+            pair['note'] = (f"not on the same images ({row['images']} vs "
+                            f"{base['images']}): not compared")
+            pairs.append(pair)
+            continue
+        deltas = score_deltas(row.get('stages'), base.get('stages'))
+        pair.update(
+            speedup=ratio(row['images_per_second'],
+                          base['images_per_second']),
+            whole_speedup=ratio(row.get('whole_images_per_second'),
+                                base.get('whole_images_per_second')),
+            peak_allocated_mb=dict(preset=row.get('peak_allocated_mb'),
+                                   faithful=base.get('peak_allocated_mb')),
+            stages=deltas,
+            max_abs_delta=max((abs(d['delta']) for d in deltas),
+                              default=None),
+            mean_delta=statistics.mean(d['delta'] for d in deltas)
+            if deltas else None)
+        pairs.append(pair)
+    return pairs
+
+
+def loop_settings(ctx, plan):
+    w, h = ctx.args.image_size
+    return ('configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_'
+            '{%s}.py as tools/test.py runs them (each config as it is: its '
+            'precision, loader workers and pin_memory, CUDA graphs), random '
+            'weights, the generated stream (%d %dx%d PNGs)' % (
+                ','.join(m for m, _ in plan),
+                len(CONDITIONS) * ctx.args.images_per_condition, w, h))
+
+
 def measure_loop(ctx):
-    """Images/s of the whole online loop (tools/benchmark_loop.py): the
-    faithful TENT(+STAG) configs and, on CUDA, TENT+STAG's fast preset
-    beside them (its run stops before the stream without CUDA)."""
+    """The whole online loop (tools/benchmark_loop.py) of each
+    ``loop_plan`` method in turn, each a run of its config as it is; a
+    fast preset beside its faithful config (:func:`pair_presets`). A run
+    that fails is reported and the next runs; a preset is left out,
+    said, without CUDA (its run stops before the stream). The report is
+    rewritten before and after each run (``ctx.save_partial``).
+
+    Raises:
+        RuntimeError: If a run failed (after all ran), naming each.
+    """
     from benchmarks.loop_benchmark import run_method
-    methods = ['tent', 'tent-stag'] + (
-        ['tent-stag_bf16-graph'] if ctx.cuda else [])
-    args = loop_args(ctx, methods, ctx.args.loop_images,
-                     ctx.args.loop_warmup)
+    plan = loop_plan(ctx)
     rows = {}
-    for method in args.methods:
-        rows[method] = run_method(method, args, osp.join(ctx.tmp, 'loop'))
-        print(f"[gpu_check] loop {method}: "
-              f"{rows[method]['images_per_second'] or 0:.2f} images/s",
+    result = dict(methods=rows, images=ctx.args.loop_images,
+                  warmup=ctx.args.loop_warmup, pairs=[],
+                  settings=loop_settings(ctx, plan))
+    loop_args(ctx, [], 1, 0)  # the stream and the weights, made once
+    result['generate_seconds'] = getattr(ctx, 'generate_seconds', None)
+    for k, (method, images) in enumerate(plan, 1):
+        if not ctx.cuda and needs_cuda(ctx, method):
+            rows[method] = dict(status='skipped', images_asked=images,
+                                reason='a fast preset: needs CUDA')
+            print(f'[gpu_check] loop {method}: a fast preset needs a CUDA '
+                  'device: not run', flush=True)
+            ctx.save_partial(result)
+            continue
+        print(f'[gpu_check] loop {k}/{len(plan)} {method}: {images} images',
               flush=True)
-        free_memory()
-    return dict(methods=rows, images=args.images, warmup=args.warmup,
-                settings='configs/stag_acdc/segformer_mit-b5-nvlabs_'
-                'acdc-continual_{tent,tent-stag,tent-stag_bf16-graph}.py as '
-                "they are (each config's precision and loader workers), "
-                'random weights, the generated stream')
+        rows[method] = dict(status='running', images_asked=images)
+        ctx.save_partial(result)
+        args = loop_args(ctx, [method], images, ctx.args.loop_warmup)
+        try:
+            row = run_method(method, args, osp.join(ctx.tmp, 'loop'))
+            rows[method] = dict(status='ok', images_asked=images, **row)
+            print(f"[gpu_check] loop {method}: "
+                  f"{row['images_per_second'] or 0:.2f} images/s, "
+                  f"{row['seconds']:.1f} s, peak "
+                  + ('–' if row['peak_allocated_mb'] is None
+                     else f"{row['peak_allocated_mb']:.0f}") + ' MB, mIoU '
+                  + ('–' if row['mIoU'] is None else f"{row['mIoU']:.2f}"),
+                  flush=True)
+        except Exception as err:  # reported; the next run still runs
+            rows[method] = dict(status='failed', images_asked=images,
+                                error=f'{type(err).__name__}: {err}',
+                                traceback=traceback.format_exc()[-4000:])
+            print(f'[gpu_check] loop {method} FAILED:\n'
+                  + rows[method]['traceback'], file=sys.stderr, flush=True)
+        try:
+            free_memory()
+        except Exception as err:  # e.g. a CUDA error of the run
+            rows[method].setdefault('error', f'after the run: '
+                                    f'{type(err).__name__}: {err}')
+            rows[method]['status'] = 'failed'
+        result['pairs'] = pair_presets(rows)
+        ctx.save_partial(result)
+    failed = [m for m, row in rows.items() if row['status'] == 'failed']
+    if failed:
+        raise RuntimeError(
+            f'loop: {len(failed)} of {len(plan)} runs failed (the others '
+            'are reported): ' + '; '.join(
+                f"{m}: {rows[m]['error'][:300]}" for m in failed))
+    return result
 
 
 # ----------------------------------------------------------- 5. profile

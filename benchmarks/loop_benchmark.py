@@ -1,6 +1,7 @@
 """The loop benchmark (``tools/benchmark_loop.py``, ``tools/gpu_check.py``):
 one method's config through MMEngine's ``Runner`` on the first images of a
 stream, timed per batch by a hook, its classifier's calls counted."""
+import logging
 import os.path as osp
 import time
 import uuid
@@ -66,7 +67,8 @@ def build_runner(config, args, work_dir, method):
 
 
 def loop_timer():
-    """An observing hook: the time at the end of every batch (CUDA
+    """An observing hook: the time the stream starts (``before_test``,
+    before the loader's workers start) and at the end of every batch (CUDA
     synchronised), the peak CUDA memory allocated (read before MMEngine's
     log processor resets the counter at its interval) and the classifier's
     calls (``count``, a forward hook)."""
@@ -78,9 +80,13 @@ def loop_timer():
 
         def __init__(self):
             self.times, self.calls, self.peak = [], 0, 0
+            self.start = None
 
         def count(self, *_):
             self.calls += 1
+
+        def before_test(self, runner):
+            self.start = time.perf_counter()
 
         def after_test_iter(self, runner, batch_idx, data_batch=None,
                             outputs=None):
@@ -106,25 +112,62 @@ def method_config(pattern, method):
     return pattern.format('tent' if method == 'two-forward' else method)
 
 
+def stage_scores(work_dir):
+    """The stages of the run in ``work_dir`` (its
+    ``continual_results.json``): ``[dict(stage, round, condition, score,
+    num_images)]``, the score in points (mIoU); None if the run wrote
+    none."""
+    from mmseg_stag.engine.report import read_results
+    try:
+        record = read_results(work_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+    return [dict(stage=s['stage'], round=s['round'],
+                 condition=s['condition'], score=s['score'],
+                 num_images=s.get('num_images')) for s in record['stages']]
+
+
+def close_log_files(runner):
+    """Close the run's log files (``tools/test.py``'s ``run_test`` does
+    so too): runs in one process do not keep each other's open."""
+    for handler in list(runner.logger.handlers):
+        if isinstance(handler, logging.FileHandler):
+            handler.close()
+            runner.logger.removeHandler(handler)
+
+
 def run_method(method, args, work_root):
     """One method's run (its config by ``args.config_pattern``; a
-    ``…_bf16-graph`` method is its fast preset): images/s after
-    ``args.warmup``, classifier calls per image, peak CUDA memory
-    allocated (MB; None without CUDA), mIoU."""
+    ``…_bf16-graph`` method is its fast preset), as ``tools/test.py`` runs
+    it (the config's own loader, precision and options): images/s after
+    ``args.warmup``, the whole stream's images/s (from the loop's start,
+    loader workers, warm-up and graph captures included), the run's
+    seconds (its runner built too), classifier calls per image, peak CUDA
+    memory allocated (MB; None without CUDA), mIoU and the stage scores
+    (:func:`stage_scores`)."""
     config = method_config(args.config_pattern, method)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
     runner = build_runner(config, args, osp.join(work_root, method), method)
-    classifier = runner.model.get_submodule(
-        head_layer_of(runner.cfg) or 'decode_head.conv_seg')
-    timer = loop_timer()
-    classifier.register_forward_hook(timer.count)
-    runner.register_hook(timer)
-    metrics = runner.test()
-    return dict(images=len(timer.times),
+    try:
+        classifier = runner.model.get_submodule(
+            head_layer_of(runner.cfg) or 'decode_head.conv_seg')
+        timer = loop_timer()
+        classifier.register_forward_hook(timer.count)
+        runner.register_hook(timer)
+        metrics = runner.test()
+    finally:
+        close_log_files(runner)
+    n = len(timer.times)
+    stream = timer.times[-1] - timer.start if n and timer.start else None
+    return dict(images=n,
                 images_per_second=images_per_second(timer.times,
                                                     args.warmup),
-                classifier_calls_per_image=timer.calls / len(timer.times),
+                whole_images_per_second=n / stream if stream else None,
+                seconds=time.perf_counter() - t0,
+                classifier_calls_per_image=timer.calls / n,
                 peak_allocated_mb=timer.peak / 2**20
                 if torch.cuda.is_available() else None,
-                mIoU=metrics.get('continual/mIoU_mean_over_stages'))
+                mIoU=metrics.get('continual/mIoU_mean_over_stages'),
+                stages=stage_scores(runner.work_dir))

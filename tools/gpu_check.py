@@ -1,4 +1,4 @@
-"""GPU check: the CUDA tests and the GPU measurements, one command, one
+r"""GPU check: the CUDA tests and the GPU measurements, one command, one
 report (docs/benchmark.md#gpu-check).
 
     make gpu-check    # tools/gpu_check.py --out-dir work_dirs/gpu_check
@@ -17,6 +17,17 @@ measured). ``--budget`` (minutes) picks the counts left open. Exit status: 0
 when the tests passed and every step ran, 1 otherwise, 2 without CUDA
 (nothing runs). ``--allow-cpu --quick`` (development only) checks the tool
 on the CPU with tiny sizes; it measures nothing.
+
+``--loop-methods NAME[:IMAGES] ...`` picks the ``loop`` step's configs
+(``configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_<NAME>.py``,
+each with its own image count); a fast preset (``…_bf16-graph``,
+``…_bf16``) is compared with its faithful config when both ran on the same
+images. Issue 65's GPU run (docs/benchmark.md#gpu-check):
+
+    python tools/gpu_check.py --only loop --images-per-condition 100 \
+        --loop-methods tent-stag_bf16-graph:400 tent-stag:400 \
+        tent_bf16-graph:400 tent:400 cotta_bf16-graph:40 cotta:40 \
+        cotta-stag_bf16-graph:40 --out-dir $OUT/gpu_check
 """
 import argparse
 import gc
@@ -24,6 +35,7 @@ import multiprocessing
 import os
 import os.path as osp
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -39,8 +51,8 @@ if REPO not in sys.path:
 
 from benchmarks.gpu_report import write_report  # noqa: E402
 from benchmarks.gpu_steps import (  # noqa: E402
-    MEASURES, MIT_MODES, NVLABS_CFG, PRECISIONS, QUICK_SEG,
-    QUICK_SEG_CHANNELS, SEG_METHODS, free_memory, run_tests)
+    CONDITIONS, LOOP_DEFAULT, MEASURES, MIT_MODES, NVLABS_CFG, PRECISIONS,
+    QUICK_SEG, QUICK_SEG_CHANNELS, SEG_METHODS, free_memory, run_tests)
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
 
@@ -68,8 +80,9 @@ COUNTS = (
     ('--cls-batch', 64, None, 'ResNet-50 batch size (paper: 64)'),
     ('--cls-size', 224, None, 'ResNet-50 input side (224)'),
     ('--images-per-condition', 16, 1, 'generated images per ACDC '
-     'condition (4 conditions)'),
-    ('--loop-images', 48, 1, 'images of the whole-loop run per method'),
+     'condition (4 conditions; x 4 at least the largest loop count)'),
+    ('--loop-images', 48, 1, 'images of the whole-loop run per method '
+     '(a --loop-methods NAME:IMAGES sets its own)'),
     ('--loop-warmup', 8, None, 'loop images before its timing starts'),
     ('--profile-steps', 3, 1, 'TENT+STAG steps profiled'),
     ('--profile-iters', 3, 1, 'loop iterations profiled'),
@@ -123,6 +136,16 @@ def parse_args(argv=None):
                    help='generated stream images (ACDC: 1920 1080)')
     p.add_argument('--workers', type=int, nargs='+', default=[2, 8],
                    help='loader worker counts to compare')
+    p.add_argument('--loop-methods', nargs='+', metavar='NAME[:IMAGES]',
+                   help="the loop step's runs, in order: NAME is the "
+                   "config's method part (configs/stag_acdc/segformer_"
+                   'mit-b5-nvlabs_acdc-continual_<NAME>.py: tent, '
+                   'tent-stag_bf16-graph, cotta, ...), IMAGES its image '
+                   'count (default --loop-images); a fast preset is '
+                   'compared with its faithful config (NAME without '
+                   '_bf16-graph / _bf16) when both ran on the same images '
+                   '(default: ' + ' '.join(LOOP_DEFAULT) + ', and on CUDA '
+                   'tent-stag_bf16-graph)')
     p.add_argument('--trace', action='store_true',
                    help='also write the profiles as Chrome traces')
     p.add_argument('--budget', '--budget-min', type=float,
@@ -144,9 +167,68 @@ def parse_args(argv=None):
         p.error('need --min-pairs <= --max-pairs')
     if not 0 <= args.loop_warmup < args.loop_images:
         p.error('need 0 <= --loop-warmup < --loop-images')
+    if args.loop_methods is not None:
+        args.loop_methods = parse_loop_methods(p, args.loop_methods)
     if args.quick:
         make_quick(args)
+    if 'loop' in args.only:
+        check_loop_images(p, args)
     return args
+
+
+#: a --loop-methods entry: the config's method part, its image count
+LOOP_ENTRY = re.compile(r'([A-Za-z0-9][\w.-]*)(?::(\d+))?')
+
+
+def loop_config(name):
+    """The config of loop method ``name`` (``two-forward``: TENT's, as
+    ``benchmarks.loop_benchmark.method_config`` has it), repository
+    relative."""
+    return NVLABS_CFG.format('tent' if name == 'two-forward' else name)
+
+
+def parse_loop_methods(p, items):
+    """``[(name, images or None)]`` of ``--loop-methods``, each name's
+    config checked to exist before any work (``p.error`` names the
+    missing config), each count > ``--loop-warmup``, no name twice."""
+    plan = []
+    for item in items:
+        m = LOOP_ENTRY.fullmatch(item)
+        if m is None:
+            p.error(f'--loop-methods {item!r}: not NAME or NAME:IMAGES '
+                    '(e.g. tent-stag_bf16-graph or cotta:40)')
+        name, images = m.group(1), m.group(2)
+        config = loop_config(name)
+        if not osp.isfile(osp.join(REPO, config)):
+            p.error(f'--loop-methods {item!r}: no config {config}')
+        if name in [n for n, _ in plan]:
+            p.error(f'--loop-methods names {name!r} twice')
+        plan.append((name, None if images is None else int(images)))
+    return plan
+
+
+def check_loop_images(p, args):
+    """Each loop run's images above ``--loop-warmup`` and within the
+    generated stream (``--images-per-condition`` x 4 conditions): a run
+    asking for more would run fewer images than it says, and a preset and
+    its faithful config would not be compared on the same images. Refused
+    (``p.error``), naming the count to pass, rather than the stream grown
+    behind the option's back."""
+    plan = args.loop_methods or [(name, None) for name in LOOP_DEFAULT]
+    have = len(CONDITIONS) * args.images_per_condition
+    for name, images in plan:
+        asked = f'--loop-methods {name}:{images}' if images is not None \
+            else f'--loop-images {args.loop_images}'
+        images = images or args.loop_images
+        if images <= args.loop_warmup:
+            p.error(f'{asked}: need more images than --loop-warmup '
+                    f'{args.loop_warmup}')
+        if images > have:
+            p.error(f'{asked} needs {images} images; the generated stream '
+                    f'holds {have} (--images-per-condition '
+                    f'{args.images_per_condition} x {len(CONDITIONS)} '
+                    'conditions): pass --images-per-condition '
+                    f'{-(-images // len(CONDITIONS))} or more')
 
 
 def make_quick(args):
@@ -238,6 +320,7 @@ class Context:
         self.save_partial = lambda result: None  # run_step sets it
         self.tmp = tempfile.mkdtemp(prefix='gpu_check_')
         self._data_root = self._checkpoint = None
+        self.generate_seconds = None  # the stream's, once generated
 
     @property
     def cuda(self):
@@ -256,22 +339,24 @@ class Context:
         return opts
 
     def data_root(self):
-        """The generated ACDC-layout stream (``--image-size`` PNGs), one
-        process per condition."""
+        """The generated ACDC-layout stream (``--image-size`` PNGs), its
+        conditions cut into chunks written by one process each (up to one
+        per CPU core)."""
         if self._data_root is None:
             root = osp.join(self.tmp, 'acdc')
             t0 = time.perf_counter()
-            conditions = ('fog', 'night', 'rain', 'snow')
+            jobs = generation_jobs(root, self.args.images_per_condition,
+                                   tuple(self.args.image_size),
+                                   os.cpu_count() or 1)
             context = multiprocessing.get_context('spawn')
-            with ProcessPoolExecutor(min(4, os.cpu_count() or 1),
+            with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
                                      mp_context=context) as pool:
-                list(pool.map(generate_condition, [
-                    (root, c, self.args.images_per_condition,
-                     tuple(self.args.image_size), k)
-                    for k, c in enumerate(conditions)]))
+                list(pool.map(generate_condition, jobs))
+            self.generate_seconds = time.perf_counter() - t0
             print(f'[gpu_check] generated {4 * self.args.images_per_condition}'
                   f' {self.args.image_size[0]}x{self.args.image_size[1]} '
-                  f'images in {time.perf_counter() - t0:.1f} s', flush=True)
+                  f'images in {self.generate_seconds:.1f} s ({len(jobs)} '
+                  'processes)', flush=True)
             self._data_root = root
         return self._data_root
 
@@ -296,12 +381,41 @@ class Context:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def generation_jobs(root, count, size, processes):
+    """The generated stream's jobs ``(root, condition, count, size, seed,
+    start)``: each condition's ``count`` frames cut into chunks of an even
+    size, about ``processes`` chunks in all (one per condition at least);
+    a condition's first chunk has the seed one job per condition had."""
+    per = max(1, processes // len(CONDITIONS))
+    chunk = max(2, -(-count // per))
+    chunk += chunk % 2  # even: a frame keeps its sequence folder
+    return [(root, c, min(chunk, count - start), size,
+             k if start == 0 else 1000 * (k + 1) + start, start)
+            for k, c in enumerate(CONDITIONS)
+            for start in range(0, count, chunk)]
+
+
 def generate_condition(job):
-    """One condition of the generated stream (a worker process's job)."""
-    from demo_data import make_acdc_like_tree
-    root, condition, count, size, seed = job
-    make_acdc_like_tree(root, conditions=(condition, ),
+    """One chunk of a condition of the generated stream (a worker
+    process's job): frames ``start .. start + count - 1``, written apart
+    and moved to their numbers in ``root``."""
+    from demo_data import acdc_paths, make_acdc_like_tree
+    root, condition, count, size, seed, start = job
+    if start == 0:
+        make_acdc_like_tree(root, conditions=(condition, ),
+                            images_per_condition=count, size=size, seed=seed)
+        return
+    part = osp.join(root, f'.chunk_{condition}_{start}')
+    make_acdc_like_tree(part, conditions=(condition, ),
                         images_per_condition=count, size=size, seed=seed)
+    for i in range(count):  # start is even: i % 2 == (start + i) % 2
+        sequence = f'GOPR0{400 + i % 2}'
+        for src, dst in zip(
+                acdc_paths(part, condition, 'train', sequence, i),
+                acdc_paths(root, condition, 'train', sequence, start + i)):
+            os.makedirs(osp.dirname(dst), exist_ok=True)
+            os.replace(src, dst)
+    shutil.rmtree(part)
 
 
 def run_step(name, fn, ctx, report):

@@ -45,12 +45,17 @@ def test_without_cuda_it_says_so_and_runs_nothing(tmp_path):
 def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
     out = tmp_path / 'report'
     # the graph rows need CUDA: said and left out
+    # the loop: a run with its own image count, a preset left out without
+    # CUDA (said)
     proc = run_gpu_check('--allow-cpu', '--quick', '--out-dir', str(out),
                          '--seg-methods', 'tent', 'cotta_fast',
-                         'cotta_graph', 'hybrid_tta')
+                         'cotta_graph', 'hybrid_tta', '--loop-methods',
+                         'tent:4', 'tent-stag', 'tent-stag_bf16-graph')
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert 'all ok' in proc.stdout
     assert 'cotta_graph (CUDA graphs) need a CUDA device' in proc.stdout
+    assert 'loop tent-stag_bf16-graph: a fast preset needs a CUDA device' \
+        in proc.stdout
     report = json.loads((out / 'gpu_check.json').read_text())
     env = report['environment']
     assert env['device'] == 'cpu' and env['torch'] == torch.__version__
@@ -97,9 +102,20 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
                for r in loader['rows'])
 
     loop = steps['loop']['result']['methods']
-    assert set(loop) == {'tent', 'tent-stag'}
-    assert all(r['images'] == 3 and r['classifier_calls_per_image'] == 1
-               for r in loop.values())
+    assert list(loop) == ['tent', 'tent-stag', 'tent-stag_bf16-graph']
+    assert loop.pop('tent-stag_bf16-graph') == dict(
+        status='skipped', images_asked=3, reason='a fast preset: needs CUDA')
+    assert {m: (r['status'], r['images']) for m, r in loop.items()} == {
+        'tent': ('ok', 4), 'tent-stag': ('ok', 3)}
+    for row in loop.values():
+        assert row['classifier_calls_per_image'] == 1
+        assert row['whole_images_per_second'] > 0 and row['seconds'] > 0
+        # the stream: 2 images per condition; each stage's score read
+        # from the run's continual_results.json
+        assert [(s['condition'], s['num_images']) for s in row['stages']] \
+            == [('fog', 2), ('night', row['images'] - 2)]
+        assert all(0 <= s['score'] <= 100 for s in row['stages'])
+    assert steps['loop']['result']['pairs'] == []
 
     profile = steps['profile']['result']
     for part in ('step', 'step_fused', 'loop'):
@@ -121,6 +137,8 @@ def test_quick_cpu_run_writes_the_report(tmp_path, gpu_check):
         assert heading in text, heading
     assert 'not a measurement' in text
     assert 'images/s' in text and 'peak allocated (MB)' in text
+    assert '| tent-stag_bf16-graph | skipped: a fast preset: needs CUDA |' \
+        in text
     assert 'STAG term alone' not in text
 
 
@@ -356,3 +374,190 @@ def test_the_targets_held_against_the_fifth_h100_run():
     # eager B5 steps are not held against the 0.3 % (their spread)
     assert not any(k[1].startswith(f'{b5}, tent, ') for k in met
                    if k[0].startswith('STAG <= 0.3 %'))
+
+
+# ----------------------------------------------------------- the loop step
+def test_loop_methods_are_parsed_and_checked(capsys, gpu_check):
+    """--loop-methods NAME[:IMAGES]: each config checked before any work,
+    each count its own, the generated stream large enough for the
+    largest (else refused naming both options)."""
+    args = gpu_check.parse_args([
+        '--only', 'loop', '--images-per-condition', '100', '--loop-methods',
+        'tent-stag_bf16-graph:400', 'tent-stag:400', 'cotta:40',
+        'cotta_bf16-graph:40', 'tent'])
+    assert args.loop_methods == [
+        ('tent-stag_bf16-graph', 400), ('tent-stag', 400), ('cotta', 40),
+        ('cotta_bf16-graph', 40), ('tent', None)]
+    ctx = SimpleNamespace(args=args, cuda=True)
+    assert gpu_steps.loop_plan(ctx)[-1] == ('tent', 48)  # --loop-images
+    # the default: today's runs, the preset on CUDA only
+    ctx.args = gpu_check.parse_args([])
+    assert ctx.args.loop_methods is None
+    assert [m for m, _ in gpu_steps.loop_plan(ctx)] == [
+        'tent', 'tent-stag', 'tent-stag_bf16-graph']
+    ctx.cuda = False
+    assert gpu_steps.loop_plan(ctx) == [('tent', 48), ('tent-stag', 48)]
+    for bad, message in (
+            (['tent', 'tnet:40'], "--loop-methods 'tnet:40': no config "
+             'configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_'
+             'tnet.py'),
+            (['tent_bf16'], 'continual_tent_bf16.py'),
+            (['tent:x'], 'not NAME or NAME:IMAGES'),
+            (['tent', 'tent:9'], "names 'tent' twice"),
+            (['tent:8'], '--loop-methods tent:8: need more images than '
+             '--loop-warmup 8'),
+            (['tent', 'cotta:65'], '--loop-methods cotta:65 needs 65 '
+             'images; the generated stream holds 64 (--images-per-condition'
+             ' 16 x 4 conditions): pass --images-per-condition 17 or more')):
+        with pytest.raises(SystemExit):
+            gpu_check.parse_args(['--loop-methods', *bad])
+        assert message in capsys.readouterr().err, bad
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(['--loop-images', '100'])
+    assert '--loop-images 100 needs 100 images' in capsys.readouterr().err
+    # the stream's size matters to the loop step only
+    assert gpu_check.parse_args(['--only', 'loader', '--loop-methods',
+                                 'tent:400']).loop_methods == [('tent', 400)]
+
+
+def loop_row(images, rate, peak, scores, **extra):
+    return dict(status='ok', images_asked=images, images=images,
+                images_per_second=rate, whole_images_per_second=rate / 2,
+                seconds=images / rate, classifier_calls_per_image=1.0,
+                peak_allocated_mb=peak, mIoU=sum(scores) / len(scores),
+                stages=[dict(stage=k, round=1, condition=c, score=v,
+                             num_images=images // len(scores))
+                        for k, (c, v) in enumerate(zip(
+                            ('fog', 'night', 'rain', 'snow'), scores), 1)],
+                **extra)
+
+
+def test_presets_are_paired_with_their_faithful_configs():
+    """Each preset that ran beside its faithful config on the same images:
+    the speed-up, both peaks, the stage scores' largest absolute and mean
+    difference; a preset on other images is named, not compared; one
+    without its faithful run, or failed, is not paired."""
+    methods = {
+        'tent-stag_bf16-graph': loop_row(400, 20.0, 3000.0,
+                                         [10.0, 20.5, 30.0, 40.0]),
+        'tent-stag': loop_row(400, 5.0, 5000.0, [10.5, 20.0, 29.0, 40.0]),
+        'tent_bf16-graph': loop_row(40, 10.0, 2900.0, [10.0]),
+        'tent': loop_row(400, 5.0, 4900.0, [1.0, 2.0, 3.0, 4.0]),
+        'cotta_bf16-graph': dict(status='failed', images_asked=40,
+                                 error='RuntimeError: capture'),
+        'cotta': loop_row(40, 0.5, 12000.0, [11.0]),
+        'cotta-stag_bf16-graph': loop_row(40, 2.0, 13000.0, [11.0]),
+        'source_bf16': loop_row(40, 30.0, 2000.0, [float('nan')]),
+        'source': loop_row(40, 10.0, 2500.0, [5.0]),
+    }
+    assert gpu_steps.faithful_of('tent-stag_bf16-graph') == 'tent-stag'
+    assert gpu_steps.faithful_of('source_bf16') == 'source'
+    assert gpu_steps.faithful_of('tent-stag') is None
+    pairs = {p['preset']: p for p in gpu_steps.pair_presets(methods)}
+    assert set(pairs) == {'tent-stag_bf16-graph', 'tent_bf16-graph',
+                          'source_bf16'}
+    p = pairs['tent-stag_bf16-graph']
+    assert (p['faithful'], p['images'], p['same_images']) == \
+        ('tent-stag', 400, True)
+    assert p['speedup'] == pytest.approx(4.0)
+    assert p['whole_speedup'] == pytest.approx(4.0)
+    assert p['peak_allocated_mb'] == dict(preset=3000.0, faithful=5000.0)
+    assert [d['delta'] for d in p['stages']] == pytest.approx(
+        [-0.5, 0.5, 1.0, 0.0])
+    assert p['max_abs_delta'] == pytest.approx(1.0)
+    assert p['mean_delta'] == pytest.approx(0.25)
+    assert pairs['tent_bf16-graph']['same_images'] is False
+    assert 'not on the same images (40 vs 400)' in \
+        pairs['tent_bf16-graph']['note']
+    assert 'speedup' not in pairs['tent_bf16-graph']
+    # a NaN stage score is left out of the comparison
+    assert pairs['source_bf16']['stages'] == []
+    assert pairs['source_bf16']['max_abs_delta'] is None
+
+    result = dict(methods=methods, images=48, warmup=8,
+                  pairs=gpu_steps.pair_presets(methods), settings='s',
+                  generate_seconds=12.5)
+    text = '\n'.join(gpu_report.md_loop(result))
+    assert '### Fast preset vs faithful config' in text
+    assert ('| tent-stag_bf16-graph | tent-stag | 400 | 4.00 | 4.00 | '
+            '3,000.0 | 5,000.0 | 4 | 1.00 | +0.25 |') in text
+    assert '| tent_bf16-graph | tent | 40 | not on the same images' in text
+    assert '| cotta_bf16-graph | failed: RuntimeError: capture |' in text
+    assert 'the stream generated in 12.5 s' in text
+    # a report without the pairs (written before them) pairs on the fly
+    del result['pairs']
+    assert '\n'.join(gpu_report.md_loop(result)) == text
+
+
+def test_a_failed_loop_run_is_reported_and_the_next_runs(
+        tmp_path, monkeypatch, gpu_check):
+    """A run that raises (e.g. a graph capture) is reported with its
+    error, the next still runs, the report is written before and after
+    each run; the step fails at its end naming the failed run."""
+    from benchmarks import loop_benchmark
+    args = gpu_check.parse_args(['--only', 'loop', '--loop-methods',
+                                 'tent-stag_bf16-graph:40', 'tent-stag:40',
+                                 'tent_bf16-graph:40', 'tent:40'])
+    saved = []
+    ctx = SimpleNamespace(
+        args=args, cuda=True, repo=REPO, tmp=str(tmp_path),
+        checkpoint=lambda: 'ckpt', data_root=lambda: 'root',
+        seg_options=dict, generate_seconds=3.0,
+        save_partial=lambda r: saved.append(json.loads(json.dumps(r))))
+    runs = []
+
+    def run_method(method, run_args, work_root):
+        runs.append((method, run_args.images, run_args.warmup))
+        if method == 'tent_bf16-graph':
+            raise RuntimeError('CUDA error: operation not permitted when '
+                               'stream is capturing')
+        row = loop_row(40, 8.0 if 'bf16' in method else 4.0, 100.0, [10.0])
+        del row['status'], row['images_asked']  # the step's own keys
+        return row
+
+    monkeypatch.setattr(loop_benchmark, 'run_method', run_method)
+    with pytest.raises(RuntimeError, match=r'loop: 1 of 4 runs failed .*'
+                       r'tent_bf16-graph: RuntimeError: CUDA error'):
+        gpu_steps.measure_loop(ctx)
+    assert runs == [('tent-stag_bf16-graph', 40, 8), ('tent-stag', 40, 8),
+                    ('tent_bf16-graph', 40, 8), ('tent', 40, 8)]
+    # before each run: it is named as running; after it: its figures
+    assert saved[0]['methods'] == {'tent-stag_bf16-graph': dict(
+        status='running', images_asked=40)}
+    last = saved[-1]
+    assert [r['status'] for r in last['methods'].values()] == [
+        'ok', 'ok', 'failed', 'ok']
+    failed = last['methods']['tent_bf16-graph']
+    assert 'stream is capturing' in failed['error']
+    assert 'Traceback' in failed['traceback']
+    assert [p['preset'] for p in last['pairs']] == ['tent-stag_bf16-graph']
+    assert last['pairs'][0]['speedup'] == pytest.approx(2.0)
+    assert last['generate_seconds'] == 3.0
+    # a run stopped during the third run: the report says so
+    text = '\n'.join(gpu_report.md_loop(saved[4]))
+    assert '| tent_bf16-graph | running (not finished' in text
+
+
+def test_the_stream_is_generated_in_chunks(tmp_path, gpu_check):
+    """The stream's conditions cut into chunks (one process each): the
+    same files as one job per condition writes."""
+    jobs = gpu_check.generation_jobs(str(tmp_path / 'a'), 7, (16, 8), 16)
+    # 4 chunks per condition, of an even size
+    assert [(j[1], j[2], j[5]) for j in jobs[:4]] == [
+        ('fog', 2, 0), ('fog', 2, 2), ('fog', 2, 4), ('fog', 1, 6)]
+    assert len(jobs) == 16 and jobs[0][4] == 0 and jobs[4][4] == 1
+    # one core: one job per condition, as before
+    assert [(j[2], j[4], j[5]) for j in gpu_check.generation_jobs(
+        'r', 7, (16, 8), 2)] == [(7, k, 0) for k in range(4)]
+    for job in jobs:
+        gpu_check.generate_condition(job)
+    from demo_data import make_acdc_like_tree
+    make_acdc_like_tree(str(tmp_path / 'b'), images_per_condition=7,
+                        size=(16, 8))
+
+    def files(root):
+        return sorted(osp.relpath(osp.join(d, f), root)
+                      for d, _, names in os.walk(root) for f in names)
+
+    assert files(tmp_path / 'a') == files(tmp_path / 'b')
+    assert len(files(tmp_path / 'a')) == 2 * 4 * 7
