@@ -192,10 +192,30 @@ class OnlineAdaptationLoop(TestLoop):
     def run(self) -> dict:
         """Configure the method (or resume), run the stream, return the
         evaluator's metrics."""
-        configure_cuda_math(self.tf32)
-        configure_determinism()  # warn-only list + one log line
         self.runner.call_hook('before_test')
         self.runner.call_hook('before_test_epoch')
+        start, rng, identity, stateful = self.prepare()
+        started = time.perf_counter()
+        batches = iter(self.batches_from(start))
+        if rng is not None:  # after the loader drew its seed, as at start
+            set_rng_state(rng)
+        for idx, data_batch in enumerate(batches, start):
+            position = self.schedule[idx]
+            if position.starts:
+                self.start_stage(position.stage)
+            self.run_iter(idx, data_batch)
+            if position.ends:
+                self.end_stage(idx + 1, identity, stateful)
+        return self.finish(start, time.perf_counter() - started)
+
+    def prepare(self, keep_source: bool = False):
+        """Configure the method on the model (or resume): what a stream
+        needs before its first batch. Return the first batch, the random
+        states a resume sets, the run's identity and whether its state can
+        be saved. ``keep_source``: keep the source weights to restart from
+        (:meth:`restart_from_source`) even where no stage does."""
+        configure_cuda_math(self.tf32)
+        configure_determinism()  # warn-only list + one log line
         model = self._model(self.runner)
         model.eval()
         # the weights before adapting
@@ -209,7 +229,7 @@ class OnlineAdaptationLoop(TestLoop):
             if getattr(metric, 'output_dir', False) is None:
                 metric.output_dir = self.runner.work_dir
         assign_result_files(self.evaluator.metrics)  # one writer per file
-        if self.schedule.restarts_from_source:
+        if self.schedule.restarts_from_source or keep_source:
             # after configure: a method that adds modules (Hybrid-TTA) has
             # them, at their initialisation, in the state a stage restarts
             # from (and does not add them again)
@@ -229,20 +249,14 @@ class OnlineAdaptationLoop(TestLoop):
         print_log(f'online adaptation ({self.task.name}): {self.method!r}; '
                   f'{len(self.method.params)} trainable tensors ({num} '
                   'values)' + self.speed_options(), logger='current')
-        started = time.perf_counter()
-        batches = iter(self.batches_from(start))
-        if rng is not None:  # after the loader drew its seed, as at start
-            set_rng_state(rng)
-        for idx, data_batch in enumerate(batches, start):
-            position = self.schedule[idx]
-            if position.starts:
-                self.start_stage(position.stage)
-            self.run_iter(idx, data_batch)
-            if position.ends:
-                self.end_stage(idx + 1, identity, stateful)
+        return start, rng, identity, stateful
+
+    def finish(self, start: int, seconds: float) -> dict:
+        """Log the stream's rate, give the metrics the run's provenance,
+        evaluate them; ``start``: the first batch run, ``seconds``: since
+        then."""
         if self.device_type == 'cuda':  # the queued steps are part of it
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
         images = len(self.dataloader.dataset) - self.images_before(start)
         num_updates = self.num_updates + self.method.num_updates
         # the whole loop (loader, steps, metric), as a benchmark times it
@@ -397,6 +411,18 @@ class OnlineAdaptationLoop(TestLoop):
         """Predict, then adapt, on batch ``idx`` of the stream."""
         self.runner.call_hook(
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
+        outputs = self.step(idx, data_batch)
+        self.evaluator.process(data_samples=outputs, data_batch=data_batch)
+        if (idx + 1) % self.log_interval == 0:  # a stage's end: end_stage
+            self.log_stats()
+        self.runner.call_hook(
+            'after_test_iter', batch_idx=idx, data_batch=data_batch,
+            outputs=outputs)
+
+    def step(self, idx: int, data_batch: dict) -> list:
+        """Predict, then adapt, on ``data_batch`` (batch ``idx``): return
+        the task's outputs (segmentation: ``SegDataSample``s with
+        ``pred_sem_seg``); its statistics wait for :meth:`log_stats`."""
         batch = self.task.batch(self._model(self.runner), data_batch)
         # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
         images = image_names(data_batch)
@@ -409,27 +435,23 @@ class OnlineAdaptationLoop(TestLoop):
                         batch, step=self.graph_step)
         except NonFiniteStatistic as err:  # a method that reads its loss
             raise err.locate(idx, self.method.name, images) from None
-        outputs = self.task.outputs(batch, prediction)
-        self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         self.pending_stats.append(PendingStep(idx, stats, images))
-        if (idx + 1) % self.log_interval == 0:  # a stage's end: end_stage
-            self.log_stats()
-        self.runner.call_hook(
-            'after_test_iter', batch_idx=idx, data_batch=data_batch,
-            outputs=outputs)
+        return self.task.outputs(batch, prediction)
 
-    def log_stats(self) -> None:
+    def log_stats(self) -> List[dict]:
         """Read, check and log the steps' statistics since the last read
-        (not every step: reading waits for the device); a non-finite one
-        stops the run (:class:`NonFiniteStatistic`)."""
-        values = log_step_stats(self.pending_stats, self.runner.message_hub,
+        (not every step: reading waits for the device) and return them, a
+        dict of floats a step; a non-finite one stops the run
+        (:class:`NonFiniteStatistic`), the pending steps dropped."""
+        pending, self.pending_stats = self.pending_stats, []
+        values = log_step_stats(pending, self.runner.message_hub,
                                 self.method.name)
         # each step's statistics to the visualizer's backends, by batch
-        for step, read in zip(self.pending_stats, values):
+        for step, read in zip(pending, values):
             self.runner.visualizer.add_scalars(
                 {f'test/{k}': v for k, v in read.items()},
                 step=step.batch + 1)
-        self.pending_stats = []
+        return values
 
     def speed_options(self) -> str:
         """The run's speed settings, for its first log line."""

@@ -20,8 +20,8 @@ CALLBACKS = {'core/probe.py:hook', 'core/stag.py:backward'}
 #: the anchors and the shape checks are done, no log line, no stage end),
 #: the defaults
 EXPECTED = [
-    ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:batch'),
-    ('engine/online_loop.py:run_iter', 'core/methods/base.py:adapt'),
+    ('engine/online_loop.py:step', 'segmentation/online_task.py:batch'),
+    ('engine/online_loop.py:step', 'core/methods/base.py:adapt'),
     ('core/methods/base.py:beta', 'core/stag.py:stag_beta'),
     ('core/methods/base.py:forward_and_adapt',
      'segmentation/task_adapter.py:forward'),
@@ -31,7 +31,7 @@ EXPECTED = [
      'segmentation/task_adapter.py:cross_entropy_at_original_size'),
     ('core/methods/base.py:add_stag', 'core/stag_loss.py:over_outputs'),
     ('core/stag_loss.py:forward', 'core/stag.py:batch_alignment'),
-    ('engine/online_loop.py:run_iter', 'segmentation/online_task.py:outputs'),
+    ('engine/online_loop.py:step', 'segmentation/online_task.py:outputs'),
     ('engine/online_loop.py:run_iter', 'engine/stream_metric.py:process'),
     ('engine/stream_metric.py:process',
      'segmentation/evaluation/continual_metric.py:image_record'),
