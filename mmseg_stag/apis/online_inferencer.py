@@ -1,0 +1,340 @@
+"""Adapt a segmentor online on frames without labels, one call a frame.
+
+``OnlineInferencer`` drives the same :class:`OnlineAdaptationLoop` step
+that ``tools/test.py`` runs on a benchmark (same method, statistics,
+non-finite check, logging and visualizer backends), built by MMEngine's
+``Runner`` from the config as ``tools/test.py`` builds it; only the stream
+differs: the frames the caller gives, through the config's test pipeline
+without its label loading::
+
+    __call__(frames) / step(data, name)
+      -> pipeline (file or decoded BGR array, no labels) -> collate
+      -> loop.step: task.batch -> method.adapt -> task.outputs
+      -> loop.log_stats (every frame: read, checked finite, logged)
+      -> [reset to the source: every N frames, or on a non-finite value]
+      -> SegDataSample (pred_sem_seg, seg_logits)
+"""
+import copy
+import os.path as osp
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from mmengine.config import Config
+from mmengine.dataset import Compose
+from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from mmengine.runner import Runner
+
+from mmseg_stag.checkpoint import load_model_checkpoint
+from mmseg_stag.core import NonFiniteStatistic
+from mmseg_stag.engine.online_loop import RESUME_IGNORES
+from mmseg_stag.engine.online_task import head_layer_of
+from mmseg_stag.engine.run_state import (identity_differences, rng_state,
+                                         run_identity, set_rng_state)
+from mmseg_stag.engine.runs import prepare_config
+from mmseg_stag.engine.stream import StreamStage
+
+#: what to do on a non-finite statistic: stop (the benchmark loop's), or
+#: restart from the source weights and go on
+ON_NONFINITE = ('stop', 'reset')
+#: the adapted state a stream continues from (``state_dict``), this
+#: version's layout
+STATE_SCHEMA = 1
+
+Frame = Union[str, np.ndarray]
+
+
+def check_online_config(cfg: Config, path: str) -> None:
+    """A config that adapts: the online loop with a method (``ValueError``
+    in one sentence otherwise)."""
+    test_cfg = cfg.get('test_cfg') or {}
+    if test_cfg.get('type') != 'OnlineAdaptationLoop' or not test_cfg.get(
+            'method'):
+        raise ValueError(
+            f'{path} has no online method (test_cfg.type='
+            'OnlineAdaptationLoop with test_cfg.method): use one of '
+            'configs/stag_acdc/*.py, e.g. '
+            'segformer_mit-b5-nvlabs_acdc-continual_tent-stag.py')
+    if cfg.model.get('type') == 'OnlineClassifier':
+        raise ValueError(f'{path} is a classification config; adapting on '
+                         'your own frames is for segmentors '
+                         '(docs/adapt.md says why)')
+
+
+def frame_stream_config(cfg: Config) -> dict:
+    """The config's test loader with the frames in place of its dataset:
+    its test pipeline without labels, its classes and palette; no loader
+    workers (the caller decodes)."""
+    from mmseg.registry import DATASETS
+
+    from mmseg_stag.segmentation.datasets import unlabeled_pipeline
+    dataset = cfg.test_dataloader.dataset
+    kind = DATASETS.get(dataset.get('type'))
+    metainfo = dict(getattr(kind, 'METAINFO', {}) or {})
+    metainfo.update(dataset.get('metainfo') or {})
+    return dict(batch_size=1, num_workers=0, persistent_workers=False,
+                # round_up: no padding of an empty stream (it divides by it)
+                sampler=dict(type='DefaultSampler', shuffle=False,
+                             round_up=False),
+                dataset=dict(type='FrameStream', frames=[],
+                             pipeline=unlabeled_pipeline(dataset.pipeline),
+                             metainfo=metainfo))
+
+
+def copied(value):
+    """``value`` with every tensor copied to the CPU (dicts, lists and
+    tuples walked)."""
+    if torch.is_tensor(value):
+        return value.detach().to('cpu', copy=True)
+    if isinstance(value, dict):
+        return type(value)((k, copied(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(copied(v) for v in value)
+    return copy.deepcopy(value)
+
+
+class OnlineInferencer:
+    """A segmentor adapted online on the frames it is called on, by the
+    config's method (Source, BN Adapt, TENT, CoTTA, EATA, SAR, DeYO,
+    Hybrid-TTA, ± STAG, fast presets included), as ``tools/test.py``'s
+    loop adapts on a benchmark. State carries over from call to call (a
+    continual stream).
+
+    Args:
+        config (str): A config of the online loop (``configs/stag_acdc``).
+        checkpoint (str): The source weights (or adapted ones, saved by
+            :meth:`save_checkpoint`).
+        work_dir (str, optional): The run's log and visualizer files.
+            Default: ``work_dirs/adapt/<config name>``.
+        cfg_options (dict, optional): Merged into the config.
+        reset_every (int, optional): Restart from the source weights
+            after every N frames. Default: None (never: continual).
+        stage_frames (int, optional): Every N frames open a new stage, as
+            a benchmark's condition does: what the config restarts per
+            stage restarts (``stag.restart_beta_per_stage``: ``beta_t``;
+            ``fresh_optimizer_per_stage``), and a CUDA graph is captured
+            again. Default: None (one stage; the ACDC protocol's is 400).
+        on_nonfinite (str): ``'stop'`` (raise ``NonFiniteStatistic``,
+            as the benchmark loop does) or ``'reset'`` (restart from the
+            source weights and go on). Default: ``'stop'``.
+        trust_pickle (bool): Read a legacy pickle checkpoint.
+
+    Raises:
+        ValueError: If the config has no online method, ``reset_every``
+            is below 1 or ``on_nonfinite`` unknown, or the checkpoint does
+            not fit the config (classes, head), before any frame.
+    """
+
+    def __init__(self, config: str, checkpoint: str,
+                 work_dir: Optional[str] = None,
+                 cfg_options: Optional[dict] = None,
+                 reset_every: Optional[int] = None,
+                 stage_frames: Optional[int] = None,
+                 on_nonfinite: str = 'stop', trust_pickle: bool = False):
+        for key, value in (('reset_every', reset_every),
+                           ('stage_frames', stage_frames)):
+            if value is not None and int(value) < 1:
+                raise ValueError(f'{key} must be >= 1 or None, got {value}')
+        self.stage_frames = None if stage_frames is None else int(
+            stage_frames)
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f'on_nonfinite must be one of {ON_NONFINITE}, '
+                             f'got {on_nonfinite!r}')
+        for path, what in ((config, 'config'), (checkpoint, 'checkpoint')):
+            if not osp.isfile(path):
+                raise FileNotFoundError(f'{what} file not found: {path}')
+        cfg = Config.fromfile(config)
+        if cfg_options:
+            cfg.merge_from_dict(cfg_options)
+        check_online_config(cfg, config)
+        self.reset_every = None if reset_every is None else int(reset_every)
+        self.on_nonfinite = on_nonfinite
+        # the benchmark's dataset (its classes, palette, pipeline) before
+        # the frames replace it
+        self.pipeline_cfg = list(cfg.test_dataloader.dataset.pipeline)
+        #: the config's loader workers: how many processes decode frames
+        self.workers = int(cfg.test_dataloader.get('num_workers', 0))
+        cfg.test_dataloader = frame_stream_config(cfg)
+        # no labels, no metric: the caller gets each frame's prediction
+        cfg.test_evaluator = []
+        # the run state is this class's own (state_dict), not the loop's
+        cfg.test_cfg.save_state = False
+        name = osp.splitext(osp.basename(config))[0]
+        cfg = prepare_config(cfg, work_dir or osp.join(
+            'work_dirs', 'adapt', name), config)
+        cfg.experiment_name = f'adapt_{name}_{uuid.uuid4().hex[:8]}'
+        self.cfg, self.config, self.checkpoint = cfg, config, checkpoint
+        self.runner = Runner.from_cfg(cfg)
+        model = self.model
+        load_model_checkpoint(model, checkpoint, trust_pickle,
+                              head_layer_of(cfg))
+        print_log(f'Loaded checkpoint {checkpoint}', logger='current')
+        self.runner._test_loop = self.runner.build_test_loop(
+            self.runner._test_loop)
+        self.loop = self.runner.test_loop
+        dataset = self.loop.dataloader.dataset
+        self.classes = dataset.metainfo.get('classes')
+        self.palette = dataset.metainfo.get('palette')
+        self.collate = self.loop.dataloader.collate_fn
+        self.pipelines = {False: dataset.pipeline}
+        self.runner.call_hook('before_run')
+        self.runner.call_hook('before_test')
+        self.runner.call_hook('before_test_epoch')
+        _, _, self.identity, _ = self.loop.prepare(keep_source=True)
+        # tools/test.py's loader draws its seed from torch's generator
+        # before the first batch: the same draw, so that a method's random
+        # numbers (CoTTA's restores) are those of the benchmark loop
+        iter(self.loop.dataloader)
+        # one continual stage (a benchmark's stage boundaries restart the
+        # method's optimizer or beta_t only where its config asks)
+        self.loop.start_stage(self.stage_of(0))
+        #: frames stepped on, restarts from the source, and why
+        self.frames = 0
+        self.resets: List[Dict[str, Any]] = []
+
+    def stage_of(self, frame: int) -> StreamStage:
+        """The stage of frame ``frame`` (``stage_frames`` a stage)."""
+        if not self.stage_frames:
+            return StreamStage(0, 1, 'frames', 0, 0)
+        k = frame // self.stage_frames
+        return StreamStage(k, 1, 'frames', k * self.stage_frames,
+                           (k + 1) * self.stage_frames)
+
+    @property
+    def model(self):
+        model = self.runner.model
+        return model.module if is_model_wrapper(model) else model
+
+    def pipeline(self, from_array: bool) -> Compose:
+        """The config's test pipeline without labels, for files or for
+        decoded frames."""
+        if from_array not in self.pipelines:
+            from mmseg_stag.segmentation.datasets import unlabeled_pipeline
+            self.pipelines[from_array] = Compose(
+                unlabeled_pipeline(self.pipeline_cfg, from_array=True))
+        return self.pipelines[from_array]
+
+    def prepare(self, frame: Frame, index: Optional[int] = None) -> dict:
+        """One frame (a file, or a BGR ``uint8`` array ``H x W x 3``)
+        through the pipeline: what :meth:`step` takes."""
+        from mmseg_stag.segmentation.datasets.frame_stream import frame_info
+        index = self.frames if index is None else index
+        if isinstance(frame, np.ndarray):
+            return self.pipeline(True)(frame_info(index, image=frame))
+        return self.pipeline(False)(frame_info(index, str(frame)))
+
+    def __call__(self, frames: Union[Frame, Sequence[Frame]]):
+        """Adapt on ``frames`` in order (one frame or a list), a step each;
+        return the ``SegDataSample`` of each (one for one frame)."""
+        single = isinstance(frames, (str, np.ndarray))
+        outputs = [self.step(self.prepare(f))[0]
+                   for f in ([frames] if single else frames)]
+        return outputs[0] if single else outputs
+
+    def step(self, data: dict, name: Optional[str] = None):
+        """Predict, then adapt, on one prepared frame (:meth:`prepare`):
+        return its ``SegDataSample`` and its statistics as read (floats:
+        ``loss``, ``loss_stag``, ``beta``, …; ``reset``: why the model
+        was restarted from the source after this frame, else None)."""
+        index, resets = self.frames, len(self.resets)
+        if self.stage_frames and index and index % self.stage_frames == 0:
+            self.loop.start_stage(self.stage_of(index))
+        data_batch = self.collate([data])
+        if name is not None:  # what a message names the frame by
+            for sample in data_batch['data_samples']:
+                if not isinstance(sample, (list, tuple)):
+                    sample.set_metainfo(dict(img_path=name))
+        # the runner's hooks see each frame as the loop's batches
+        self.runner.call_hook('before_test_iter', batch_idx=index,
+                              data_batch=data_batch)
+        try:
+            (output, ) = self.loop.step(index, data_batch)
+        except NonFiniteStatistic as err:  # a method that reads its loss
+            if self.on_nonfinite == 'stop':
+                raise
+            # no prediction came out: the frame again, from the source
+            self.reset(f'non-finite: {err}')
+            (output, ) = self.loop.step(index, data_batch)
+        self.frames += 1
+        try:
+            (stats, ) = self.loop.log_stats()
+            stats = dict(stats)
+        except NonFiniteStatistic as err:
+            if self.on_nonfinite == 'stop':
+                raise
+            stats = dict(nonfinite=str(err))
+            self.reset(f'non-finite: {err}')
+        if self.reset_every and self.frames % self.reset_every == 0 and \
+                'nonfinite' not in stats:
+            self.reset(f'every {self.reset_every} frames')
+        stats['reset'] = '; '.join(r['why'] for r in self.resets[resets:]
+                                   ) or None
+        self.runner.call_hook('after_test_iter', batch_idx=index,
+                              data_batch=data_batch, outputs=[output])
+        return output, stats
+
+    def reset(self, why: str = 'asked') -> None:
+        """Restart from the source weights (and a fresh method: optimizer,
+        ``t`` of ``beta_t``) before the next frame, logged."""
+        self.resets.append(dict(before=self.frames, why=why))
+        self.loop.restart_from_source(len(self.resets))
+        self.loop.method.start_stage(self.stage_of(self.frames).index)
+        print_log(f'restarted from the source weights before frame '
+                  f'{self.frames}: {why}', logger='current')
+
+    def state_dict(self) -> dict:
+        """What the rest of the stream depends on: the method's state (the
+        adapted tensors, optimizer, ``t``), the frames and restarts so
+        far, the random states; and the run's identity (config, starting
+        weights), which :meth:`load_state_dict` checks; tensors copied to
+        the CPU."""
+        loop = self.loop
+        # copies: the method's own tensors change with the next frame
+        return dict(schema=STATE_SCHEMA, identity=self.identity,
+                    frames=self.frames, resets=copy.deepcopy(self.resets),
+                    method=copied(loop.method.state_dict()),
+                    num_updates_before=int(loop.num_updates),
+                    rng=rng_state())
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` of the same config and starting
+        weights (``ValueError`` naming what differs otherwise)."""
+        if state.get('schema') != STATE_SCHEMA:
+            raise ValueError(f'an adaptation state of schema '
+                             f'{state.get("schema")}; this version reads '
+                             f'{STATE_SCHEMA}')
+        diffs = identity_differences(state['identity'], self.identity,
+                                     RESUME_IGNORES)
+        if diffs:
+            raise ValueError(
+                'the saved adaptation state is of another run ('
+                f'{len(diffs)} difference(s)):\n  ' + '\n  '.join(diffs))
+        self.loop.method.load_state_dict(state['method'])
+        self.loop.num_updates = int(state['num_updates_before'])
+        self.frames, self.resets = int(state['frames']), list(
+            state['resets'])
+        set_rng_state(state['rng'])
+
+    def save_checkpoint(self, path: str, meta: Optional[dict] = None
+                        ) -> None:
+        """The adapted segmentor's weights as a checkpoint the loaders of
+        ``tools/test.py`` and this class read (``{'state_dict', 'meta'}``)."""
+        from mmseg_stag.engine.run_state import save_atomic
+        state = {k: v.detach().cpu().clone()
+                 for k, v in self.model.state_dict().items()}
+        save_atomic(dict(state_dict=state, meta=dict(
+            meta or {}, config=self.config, source=self.checkpoint,
+            frames=self.frames)), path)
+
+    def close(self) -> None:
+        """End the run: the hooks' ends (logs closed)."""
+        self.runner.call_hook('after_test_epoch', metrics={})
+        self.runner.call_hook('after_test')
+        self.runner.call_hook('after_run')
+        import logging
+        for handler in list(self.runner.logger.handlers):
+            if isinstance(handler, logging.FileHandler):
+                handler.close()
+                self.runner.logger.removeHandler(handler)
