@@ -5,7 +5,8 @@ never up or sideways, so there is no import cycle between its parts.
     registry                                         (the scope's registries)
     engine                                           (loop, stream, reports)
     classification, segmentation, paper_protocol
-    analysis                                         (the figures' numbers)
+    analysis, apis                                   (the figures' numbers;
+                                                      adapting on own frames)
     mmseg_stag/__init__.py                           (imports the parts)
 
 A function may import the package itself (``import mmseg_stag`` registers
@@ -20,7 +21,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACKAGE = osp.join(REPO, 'mmseg_stag')
 LAYERS = dict(versions=0, core=0, checkpoint=0, paper_hparams=0, paper_results=0,
               registry=1, engine=2, classification=3, segmentation=3,
-              paper_protocol=3, analysis=4, mmseg_stag=5)
+              paper_protocol=3, analysis=4, apis=4, mmseg_stag=5)
 
 
 def part_of(module):
