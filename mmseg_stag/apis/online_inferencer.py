@@ -83,6 +83,23 @@ def frame_stream_config(cfg: Config) -> dict:
                              metainfo=metainfo))
 
 
+def as_bgr(image: np.ndarray) -> np.ndarray:
+    """A decoded frame as 3-channel BGR ``uint8``, as MMCV reads a file in
+    colour: a grey frame repeated, an alpha channel dropped (``ValueError``
+    for another shape or type)."""
+    if image.dtype != np.uint8:
+        raise ValueError(f'a frame must be uint8 (as OpenCV decodes), got '
+                         f'{image.dtype}')
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        image = np.repeat(image.reshape(image.shape[:2] + (1, )), 3, axis=2)
+    elif image.ndim == 3 and image.shape[2] == 4:
+        image = np.ascontiguousarray(image[..., :3])
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError('a frame must be H x W x 3 BGR (or grey, or with '
+                         f'alpha), got shape {image.shape}')
+    return image
+
+
 def copied(value):
     """``value`` with every tensor copied to the CPU (dicts, lists and
     tuples walked)."""
@@ -222,7 +239,8 @@ class OnlineInferencer:
         from mmseg_stag.segmentation.datasets.frame_stream import frame_info
         index = self.frames if index is None else index
         if isinstance(frame, np.ndarray):
-            return self.pipeline(True)(frame_info(index, image=frame))
+            return self.pipeline(True)(frame_info(index,
+                                                  image=as_bgr(frame)))
         return self.pipeline(False)(frame_info(index, str(frame)))
 
     def __call__(self, frames: Union[Frame, Sequence[Frame]]):

@@ -148,3 +148,29 @@ def test_bad_configs_and_checkpoints_are_refused_before_any_frame(
                          cfg_options=dict(tiny_options(tiny_acdc, rounds=1),
                                           **{'model.decode_head.num_classes':
                                              7}))
+
+
+def test_frames_of_another_size_or_channels_go_through_the_pipeline(
+        tiny_acdc, tiny_checkpoint, tmp_path):
+    """A grey file, a grey or BGRA array and a frame of another size are
+    read as the config's pipeline reads files in colour: 3-channel BGR,
+    resized; a label map at each frame's own size."""
+    import cv2
+    want = benchmark_predictions('tent', tiny_acdc, tiny_checkpoint,
+                                 tmp_path / 'test')
+    image = cv2.imread(want[0][0])
+    grey = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
+    cv2.imwrite(str(tmp_path / 'grey.png'), grey)
+    adapt = inferencer('tent', tiny_acdc, tiny_checkpoint, tmp_path / 'a')
+    from_file = adapt(str(tmp_path / 'grey.png'))
+    again = inferencer('tent', tiny_acdc, tiny_checkpoint, tmp_path / 'b')
+    from_array = again(grey)
+    assert np.array_equal(from_file.pred_sem_seg.data.numpy(),
+                          from_array.pred_sem_seg.data.numpy())
+    bgra = cv2.cvtColor(image, cv2.COLOR_BGR2BGRA)
+    assert adapt(bgra).pred_sem_seg.data.shape[-2:] == image.shape[:2]
+    large = cv2.resize(image, (150, 70))
+    assert adapt(large).pred_sem_seg.data.shape[-2:] == (70, 150)
+    with pytest.raises(ValueError, match='must be uint8'):
+        adapt(image.astype(np.float32))
+
