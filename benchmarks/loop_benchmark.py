@@ -29,13 +29,14 @@ class TwoForwardTENT(TENT):
                              " loss='pseudo_ce_fullres', got "
                              f'{self.loss_type!r}')
 
-    def adapt(self, batch):
+    def forward_and_adapt(self, batch, beta=None):
         with torch.no_grad():  # as model(return_loss=False)
             prediction = self.adapter.forward(self.model, batch)
         fwd = self.adapter.forward(self.model, batch)  # the loss's own
         labels = self.adapter.labels_at_original_size(batch, prediction)
-        self.update(self.add_stag(self.adapter.cross_entropy_at_original_size(
-            fwd, labels, self.align_corners), fwd))
+        self.backward_step(self.add_stag(
+            self.adapter.cross_entropy_at_original_size(
+                fwd, labels, self.align_corners), fwd, beta))
         return self.prediction(prediction), StepStats([fwd.stats])
 
 

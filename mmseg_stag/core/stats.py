@@ -66,10 +66,21 @@ class StepStats(Logged):
     """One step: its ``passes`` and its own numbers (``extra``); read as a
     mapping of the logged names (``stats['loss_stag']``), the passes'
     numbered (``loss1``, ``loss2``) where there are several or
-    ``numbered`` (SAR, whose second pass may not run)."""
+    ``numbered`` (SAR, whose second pass may not run). ``updated``: whether
+    the step updated the model (counted as ``t`` of ``beta_t``); None: where
+    a pass minimised a loss (``loss`` set), the rule of every method but
+    SAR's, whose first pass may minimise a loss its second step skips."""
     passes: List[PassStats]
     extra: Dict[str, Stat] = field(default_factory=dict)
     numbered: bool = False
+    updated: Optional[bool] = None
+
+    @property
+    def updates(self) -> bool:
+        """Whether the step counts as an update."""
+        if self.updated is not None:
+            return bool(self.updated)
+        return any(p.loss is not None for p in self.passes)
 
     def suffixes(self) -> List[str]:
         if len(self.passes) > 1 or self.numbered:
@@ -88,7 +99,7 @@ class StepStats(Logged):
         """A copy with ``fn`` applied to every value."""
         return StepStats([p.map(fn) for p in self.passes],
                          {k: fn(v) for k, v in self.extra.items()},
-                         self.numbered)
+                         self.numbered, self.updated)
 
 
 class NonFiniteStatistic(ValueError):

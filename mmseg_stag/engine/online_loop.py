@@ -428,11 +428,9 @@ class OnlineAdaptationLoop(TestLoop):
         images = image_names(data_batch)
         try:
             with torch.set_grad_enabled(self.method.updates):
-                if self.graph_step is None:
-                    prediction, stats = self.method.adapt(batch)
-                else:  # methods overriding adapt cannot be captured
-                    prediction, stats = self.method.adapt(
-                        batch, step=self.graph_step)
+                # the graph replays forward_and_adapt; None: eager
+                prediction, stats = self.method.adapt(
+                    batch, step=self.graph_step)
         except NonFiniteStatistic as err:  # a method that reads its loss
             raise err.locate(idx, self.method.name, images) from None
         self.pending_stats.append(PendingStep(idx, stats, images))

@@ -303,15 +303,6 @@ class BaseMethod:
         self.grad_scaler.step(self.optimizer)
         self.grad_scaler.update()
 
-    def update(self, total: Optional[torch.Tensor]) -> bool:
-        """Run backward and one step on ``total``; return whether it ran."""
-        if total is None:
-            return False
-        self.backward_step(total)
-        self.step += 1
-        self.num_updates += 1
-        return True
-
     def check_configured(self) -> None:
         """Raise ``RuntimeError`` if :meth:`configure` has not run."""
         if self.model is None:
@@ -325,14 +316,17 @@ class BaseMethod:
         :class:`~.step_graph.CUDAGraphStep` replays it); return the
         prediction before the update and the step's :class:`StepStats`.
 
-        The step is counted here (``t`` of ``beta_t``, ``num_updates``)
-        when it minimised a loss: a pass records its ``loss`` exactly then
-        (:meth:`add_stag`), in a replay too; no host read.
+        The one entry point of a step: a method implements
+        :meth:`forward_and_adapt` and nothing else of it. The step is
+        counted here alone (``t`` of ``beta_t``, ``num_updates``) when it
+        updated the model (:attr:`StepStats.updates`: a pass recorded its
+        ``loss``, which :meth:`add_stag` does exactly then, in a replay
+        too; no host read).
         """
         self.check_configured()
         beta = None if self.stag_loss is None else self.beta
         prediction, stats = (step or self.forward_and_adapt)(batch, beta)
-        if any(p.loss is not None for p in stats.passes):
+        if stats.updates:
             self.step += 1
             self.num_updates += 1
         return prediction, stats

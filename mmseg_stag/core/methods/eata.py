@@ -170,12 +170,11 @@ class EATA(SampleFilteringMethod):
             loss = loss + ewc
         return loss
 
-    def adapt(self, batch):
-        if self.model is not None and self.fisher_alpha > 0 and \
-                self.fishers is None:
+    def forward_and_adapt(self, batch, beta=None):
+        if self.fisher_alpha > 0 and self.fishers is None:
             raise RuntimeError(
                 f'EATA with fisher_alpha={self.fisher_alpha} needs the '
                 'Fisher information of clean source data: call '
                 'fit_source(clean_batches) before adapt, or set '
                 'fisher_alpha=0 (ETA)')
-        return super().adapt(batch)
+        return super().forward_and_adapt(batch, beta)

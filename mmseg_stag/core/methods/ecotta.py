@@ -64,9 +64,8 @@ class EcoTTA(BaseMethod):
             return entropy.sum() * 0.
         return entropy[reliable].mean(0)
 
-    def adapt(self, batch: Batch):
-        self.check_configured()
+    def forward_and_adapt(self, batch: Batch, beta=None):
         loss_reg = self.regularisation_step(batch)
-        prediction, stats = super().adapt(batch)
+        prediction, stats = super().forward_and_adapt(batch, beta)
         stats.extra['loss_reg'] = loss_reg
         return prediction, stats

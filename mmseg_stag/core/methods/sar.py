@@ -122,15 +122,14 @@ class SAR(BaseMethod):
         self.ema = loss if self.ema is None else \
             0.9 * self.ema + (1 - 0.9) * loss
 
-    def adapt(self, batch: Batch):
-        self.check_configured()
+    def forward_and_adapt(self, batch: Batch, beta=None):
         sam = self.optimizer
         second, loss2 = None, None
         try:
             # forward 1 (the prediction), filter 1, L1, backward
             first = self.adapter.forward(self.model, batch)
             entropy1, kept = self.reliable_entropy(first)
-            loss1 = self.add_stag(entropy1, first)
+            loss1 = self.add_stag(entropy1, first, beta)
             sam.zero_grad(set_to_none=True)
             if loss1 is not None:
                 loss1.backward()
@@ -139,7 +138,7 @@ class SAR(BaseMethod):
                 # forward 2 at theta + e_w, filter 2 among filter 1
                 second = self.adapter.forward(self.model, batch)
                 entropy2, _ = self.reliable_entropy(second, among=kept)
-                loss2 = self.add_stag(entropy2, second)
+                loss2 = self.add_stag(entropy2, second, beta)
                 if entropy2 is not None:
                     # the recovery decides on the host (as the authors')
                     self.update_ema(float(entropy2))
@@ -148,15 +147,13 @@ class SAR(BaseMethod):
                     sam.second_step()  # back to theta, base optimizer step
         finally:
             sam.unperturb()  # back to theta whatever happened
+        # an update only where the second step ran (adapt counts it)
+        updated = loss2 is not None
         # each pass's names numbered (loss_stag1, loss_stag2), even alone
         stats = StepStats([first.stats] + ([] if second is None
                                            else [second.stats]),
-                          numbered=True)
-        updated = loss2 is not None
-        if updated:
-            self.step += 1
-            self.num_updates += 1
-        elif self.momentum_step_on_empty:
+                          numbered=True, updated=updated)
+        if not updated and self.momentum_step_on_empty:
             # the authors' NaN loss gives zero gradients: momentum only
             for _, p in self.params:
                 p.grad = torch.zeros_like(p)

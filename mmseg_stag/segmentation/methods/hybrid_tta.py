@@ -198,10 +198,9 @@ class HybridTTA(BaseMethod):
         fwd = self.adapter.forward(self.model, batch, run=encode_decode)
         return fwd, levels, mask
 
-    def adapt(self, batch):
+    def forward_and_adapt(self, batch, beta=None):
         """Label with the teacher, train the student on its masked view,
         update the teacher; return the teacher's labels."""
-        self.check_configured()
         with torch.no_grad():
             labels = self.adapter.labels_at_original_size(
                 batch, self.adapter.forward(self.teacher, batch))
@@ -216,8 +215,8 @@ class HybridTTA(BaseMethod):
         student.stats.extra.update(loss_seg=loss_seg.detach(),
                                    loss_recon=loss_recon.detach(),
                                    efficient=float(self.switch.efficient))
-        self.update(self.add_stag(loss_seg + self.recon_weight * loss_recon,
-                                  student))
+        self.backward_step(self.add_stag(
+            loss_seg + self.recon_weight * loss_recon, student, beta))
         ema_update_(self.teacher, self.model, self.ema_momentum)
         return Labels(labels), StepStats([student.stats])
 
