@@ -55,7 +55,8 @@ class OnlineAdaptationLoop(TestLoop):
             Default: the model's.
         bn_batch_stats (bool): Whether BatchNorm uses test-batch statistics
             from before the method is configured. Default: False.
-        fp16 (bool): MMEngine's flag, same as ``mixed_precision='fp16'``.
+        fp16 (bool): MMEngine's flag; refused when True: float16 autocast
+            has one name here, ``mixed_precision='fp16'``.
         main_view (int, optional): The view a multi-view segmentation
             pipeline adapts on and scores. Default: the pipeline's.
         source_dataloader (DataLoader | dict, optional): Clean source images
@@ -70,8 +71,8 @@ class OnlineAdaptationLoop(TestLoop):
         cuda_graph (bool): Replay the method's step as a CUDA graph
             (:class:`~mmseg_stag.core.methods.step_graph.CUDAGraphStep`),
             captured again at each stage's start. Default: False.
-        graph_warmup (int): Eager steps per input shape before a capture.
-            Default: 2.
+        graph_warmup (int, optional): Eager steps per input shape before a
+            capture; refused without ``cuda_graph``. Default: None (2).
         preset (str, optional): The named preset a fast config is
             (:data:`PRESETS`): its run stops before the stream without a
             CUDA device, and its log and results name it. Default: None.
@@ -98,7 +99,7 @@ class OnlineAdaptationLoop(TestLoop):
                  mixed_precision: Optional[str] = None,
                  tf32: Optional[bool] = None,
                  cuda_graph: bool = False,
-                 graph_warmup: int = 2,
+                 graph_warmup: Optional[int] = None,
                  preset: Optional[str] = None):
         check_single_process(get_world_size())
         self.method_cfg = dict(method)
@@ -118,10 +119,12 @@ class OnlineAdaptationLoop(TestLoop):
             raise ValueError(f'mixed_precision must be one of '
                              f'{sorted(MIXED_PRECISION)} or None, got '
                              f'{mixed_precision!r}')
-        if fp16 and mixed_precision not in (None, 'fp16'):
-            raise ValueError(f'fp16=True contradicts mixed_precision='
-                             f'{mixed_precision!r}')
-        self.mixed_precision = 'fp16' if fp16 else mixed_precision
+        if fp16:
+            # one name for one setting: MMEngine's flag would be a second
+            raise ValueError("test_cfg.fp16=True: write mixed_precision="
+                             "'fp16' (float16 autocast has that one name "
+                             'here)')
+        self.mixed_precision = mixed_precision
         self.tf32 = None if tf32 is None else bool(tf32)
         self.device_type = next(self._model(runner).parameters()).device.type
         if preset is not None and preset not in PRESETS:
@@ -134,11 +137,16 @@ class OnlineAdaptationLoop(TestLoop):
                 f'model is on {self.device_type} (torch.cuda.is_available()'
                 f' is {torch.cuda.is_available()}): run the faithful config,'
                 ' the same name without the _bf16 or _bf16-graph suffix')
-        self.cuda_graph, self.graph_warmup = bool(cuda_graph), graph_warmup
+        if graph_warmup is not None and not cuda_graph:
+            raise ValueError(f'test_cfg.graph_warmup={graph_warmup} does '
+                             'nothing without test_cfg.cuda_graph=True: '
+                             'remove it, or set cuda_graph=True')
+        self.cuda_graph = bool(cuda_graph)
+        self.graph_warmup = 2 if graph_warmup is None else graph_warmup
         if self.cuda_graph and self.device_type != 'cuda':
             raise ValueError('test_cfg.cuda_graph=True needs the model on a '
                              f'CUDA device, it is on {self.device_type}')
-        if self.cuda_graph and (fp16 or mixed_precision == 'fp16'):
+        if self.cuda_graph and mixed_precision == 'fp16':
             raise ValueError("test_cfg.cuda_graph=True replays no GradScaler:"
                              " use mixed_precision='bf16' or None, not fp16")
         #: the step a CUDA graph replays (None: eager), before configure

@@ -392,17 +392,17 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
      'a 1x1 classifier'),
     ({'test_cfg.mixed_precision': 'fp16'}, ValueError,
      r"mixed_precision='fp16' needs a GPU .* use mixed_precision='bf16'"),
-    # MMEngine's TestLoop flag is mixed_precision='fp16', not ignored
+    # MMEngine's TestLoop flag: float16 has one name, mixed_precision
     ({'test_cfg.fp16': True}, ValueError,
-     r"mixed_precision='fp16' needs a GPU"),
-    ({'test_cfg.fp16': True, 'test_cfg.mixed_precision': 'bf16'}, ValueError,
-     r"fp16=True contradicts mixed_precision='bf16'"),
+     r"test_cfg.fp16=True: write mixed_precision='fp16'"),
+    ({'test_cfg.graph_warmup': 3}, ValueError,
+     r'graph_warmup=3 does nothing without test_cfg.cuda_graph=True'),
     ({'test_cfg.task': 'classification'}, ValueError,
      r"test_cfg.task='classification' but the model is a EncoderDecoder"),
 ], ids=['unknown-method', 'upper-case-name', 'eata-without-source-data',
         'bad-option', 'no-such-classifier', 'bad-mixed-precision',
         'classifier-not-1x1', 'fp16-on-the-cpu', 'mmengine-fp16-flag',
-        'fp16-flag-and-bf16', 'classification-task'])
+        'graph-warmup-without-graph', 'classification-task'])
 def test_config_error_fails_before_the_first_batch(option, error, match,
                                                    tiny_acdc,
                                                    tiny_checkpoint, tmp_path,

@@ -69,6 +69,10 @@ class CoTTABase(BaseMethod, ABC):
         self.restore_prob = float(restore_prob)
         self.ap = float(ap)
         self.restore_on_device = bool(restore_on_device)
+        if self.restore_on_device and self.restore_prob <= 0:
+            raise ValueError('cotta restore_on_device=True draws the restore '
+                             'mask on the device, and restore_prob='
+                             f'{restore_prob} restores nothing: remove one')
 
         self.teacher: Optional[nn.Module] = None
         self.source_model: Optional[nn.Module] = None

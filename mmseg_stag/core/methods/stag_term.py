@@ -14,7 +14,15 @@ def stag_loss_options(stag_cfg: dict) -> dict:
     """The ``STAGLoss`` arguments of a method's ``stag`` config;
     ``check_finite`` off by default (no wait for the device: the loop
     checks every logged statistic, ``loss_stag`` among them, when it reads
-    them)."""
+    them).
+
+    Raises:
+        ValueError: If ``type`` names another loss than ``STAGLoss``.
+    """
+    kind = stag_cfg.get('type', 'STAGLoss')
+    if kind != 'STAGLoss':
+        raise ValueError(f"stag.type={kind!r}: a method's STAG term is "
+                         "STAGLoss (the only type; leave it out)")
     return {'check_finite': False, **{
         k: v for k, v in stag_cfg.items()
         if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage')}}

@@ -26,6 +26,11 @@ class TENT(BaseMethod):
         if loss not in self.LOSSES:
             raise ValueError(f'tent loss must be one of {self.LOSSES}, got '
                              f'{loss!r}')
+        if align_corners and loss != 'pseudo_ce_fullres':
+            # only the full-size loss resizes: elsewhere it would do nothing
+            raise ValueError(f"tent align_corners=True resizes the logits of "
+                             f"loss='pseudo_ce_fullres' only; loss={loss!r} "
+                             'resizes nothing: remove it')
         super().__init__(**kwargs)
         self.loss_type = loss
         self.align_corners = bool(align_corners)

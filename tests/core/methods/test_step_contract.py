@@ -44,3 +44,28 @@ def test_base_method_has_no_second_counter():
     assert not hasattr(BaseMethod, 'update')
     source = inspect.getsource(BaseMethod)
     assert source.count('self.step += 1') == 1
+
+
+@pytest.mark.parametrize('cfg,message', [
+    (dict(type='tent', loss='entropy', align_corners=True),
+     "align_corners=True resizes the logits of loss='pseudo_ce_fullres' "
+     'only'),
+    (dict(type='tent', stag=dict(beta0=1.0, gamma=1.0, type='FocalLoss')),
+     r"stag.type='FocalLoss': a method's STAG term is STAGLoss"),
+    (dict(type='cotta', restore_prob=0.0, restore_on_device=True),
+     'restore_prob=0.0 restores nothing'),
+])
+def test_an_option_that_would_do_nothing_is_refused(cfg, message):
+    from mmseg_stag.core import build_method
+    with pytest.raises(ValueError, match=message):
+        build_method(cfg)
+
+
+def test_the_options_that_act_are_accepted():
+    from mmseg_stag.core import build_method
+    build_method(dict(type='tent', loss='pseudo_ce_fullres',
+                      align_corners=True))
+    build_method(dict(type='tent', stag=dict(beta0=1.0, gamma=1.0,
+                                             type='STAGLoss')))
+    build_method(dict(type='cotta', restore_prob=0.01,
+                      restore_on_device=True))
