@@ -112,6 +112,22 @@ def copied(value):
     return copy.deepcopy(value)
 
 
+def frames_config(cfg: Config, config: str,
+                  work_dir: Optional[str] = None) -> Config:
+    """``cfg`` as the frames run it: the frame stream in place of the
+    benchmark's data, no metric (no labels), no loop run state (the
+    inferencer keeps its own), a work dir and randomness as
+    ``tools/test.py`` sets them."""
+    cfg.test_dataloader = frame_stream_config(cfg)
+    cfg.test_evaluator = []
+    cfg.test_cfg.save_state = False
+    name = osp.splitext(osp.basename(config))[0]
+    cfg = prepare_config(cfg, work_dir or osp.join('work_dirs', 'adapt',
+                                                   name), config)
+    cfg.experiment_name = f'adapt_{name}_{uuid.uuid4().hex[:8]}'
+    return cfg
+
+
 class OnlineInferencer:
     """A segmentor adapted online on the frames it is called on, by the
     config's method (Source, BN Adapt, TENT, CoTTA, EATA, SAR, DeYO,
@@ -154,11 +170,13 @@ class OnlineInferencer:
                            ('stage_frames', stage_frames)):
             if value is not None and int(value) < 1:
                 raise ValueError(f'{key} must be >= 1 or None, got {value}')
-        self.stage_frames = None if stage_frames is None else int(
-            stage_frames)
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f'on_nonfinite must be one of {ON_NONFINITE}, '
                              f'got {on_nonfinite!r}')
+        self.reset_every = None if reset_every is None else int(reset_every)
+        self.stage_frames = None if stage_frames is None else int(
+            stage_frames)
+        self.on_nonfinite = on_nonfinite
         for path, what in ((config, 'config'), (checkpoint, 'checkpoint')):
             if not osp.isfile(path):
                 raise FileNotFoundError(f'{what} file not found: {path}')
@@ -166,39 +184,33 @@ class OnlineInferencer:
         if cfg_options:
             cfg.merge_from_dict(cfg_options)
         check_online_config(cfg, config)
-        self.reset_every = None if reset_every is None else int(reset_every)
-        self.on_nonfinite = on_nonfinite
-        # the benchmark's dataset (its classes, palette, pipeline) before
-        # the frames replace it
+        # the benchmark's pipeline and loader workers, before the frames
+        # replace its dataset
         self.pipeline_cfg = list(cfg.test_dataloader.dataset.pipeline)
         #: the config's loader workers: how many processes decode frames
         self.workers = int(cfg.test_dataloader.get('num_workers', 0))
-        cfg.test_dataloader = frame_stream_config(cfg)
-        # no labels, no metric: the caller gets each frame's prediction
-        cfg.test_evaluator = []
-        # the run state is this class's own (state_dict), not the loop's
-        cfg.test_cfg.save_state = False
-        name = osp.splitext(osp.basename(config))[0]
-        cfg = prepare_config(cfg, work_dir or osp.join(
-            'work_dirs', 'adapt', name), config)
-        cfg.experiment_name = f'adapt_{name}_{uuid.uuid4().hex[:8]}'
-        self.cfg, self.config, self.checkpoint = cfg, config, checkpoint
-        self.runner = Runner.from_cfg(cfg)
-        model = self.model
-        load_model_checkpoint(model, checkpoint, trust_pickle,
-                              head_layer_of(cfg))
+        self.cfg = frames_config(cfg, config, work_dir)
+        self.config, self.checkpoint = config, checkpoint
+        self.runner = Runner.from_cfg(self.cfg)
+        load_model_checkpoint(self.model, checkpoint, trust_pickle,
+                              head_layer_of(self.cfg))
         print_log(f'Loaded checkpoint {checkpoint}', logger='current')
-        self.runner._test_loop = self.runner.build_test_loop(
-            self.runner._test_loop)
-        self.loop = self.runner.test_loop
+        self.start()
+
+    def start(self) -> None:
+        """Build the loop, configure the method on the model (the loop's
+        ``prepare``), open the first stage: what a stream does before its
+        first frame."""
+        runner = self.runner
+        runner._test_loop = runner.build_test_loop(runner._test_loop)
+        self.loop = runner.test_loop
         dataset = self.loop.dataloader.dataset
         self.classes = dataset.metainfo.get('classes')
         self.palette = dataset.metainfo.get('palette')
         self.collate = self.loop.dataloader.collate_fn
         self.pipelines = {False: dataset.pipeline}
-        self.runner.call_hook('before_run')
-        self.runner.call_hook('before_test')
-        self.runner.call_hook('before_test_epoch')
+        for hook in ('before_run', 'before_test', 'before_test_epoch'):
+            runner.call_hook(hook)
         _, _, self.identity, _ = self.loop.prepare(keep_source=True)
         # tools/test.py's loader draws its seed from torch's generator
         # before the first batch: the same draw, so that a method's random

@@ -145,6 +145,24 @@ def read_training_set(path: str, labels: Optional[str] = None
         '(with --train-labels)')
 
 
+def resume_warm_up(state_path: str, settings: dict, network: nn.Module,
+                   optimizer) -> Tuple[Dict[str, list], int]:
+    """The history and the next epoch of a warm-up saved in
+    ``state_path`` (its network and optimizer loaded), or a fresh start
+    where there is none; ``ValueError`` for another warm-up's state."""
+    if not osp.isfile(state_path):
+        return dict(loss=[], acc=[]), 1
+    state = torch.load(state_path, map_location='cpu', weights_only=True)
+    if state['settings'] != settings:
+        diff = sorted(k for k in set(state['settings']) | set(settings)
+                      if state['settings'].get(k) != settings.get(k))
+        raise ValueError(f'{state_path} was written by another warm-up '
+                         f'(differs in {diff}); use another work dir')
+    network.load_state_dict(state['network'])
+    optimizer.load_state_dict(state['optimizer'])
+    return state['history'], state['epoch'] + 1
+
+
 def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
             work_dir: str, epochs: int, lr: float, batch_size: int,
             seed: int, resume: bool, settings: dict) -> Dict[str, list]:
@@ -160,18 +178,10 @@ def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
     params = [p for p in network.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
     state_path = osp.join(work_dir, STATE_FILE)
-    history, start = dict(loss=[], acc=[]), 1
     settings = dict(settings, lr=lr, batch_size=batch_size, seed=seed)
-    if resume and osp.isfile(state_path):
-        state = torch.load(state_path, map_location='cpu', weights_only=True)
-        if state['settings'] != settings:
-            diff = sorted(k for k in set(state['settings']) | set(settings)
-                          if state['settings'].get(k) != settings.get(k))
-            raise ValueError(f'{state_path} was written by another warm-up '
-                             f'(differs in {diff}); use another work dir')
-        network.load_state_dict(state['network'])
-        optimizer.load_state_dict(state['optimizer'])
-        history, start = state['history'], state['epoch'] + 1
+    history, start = resume_warm_up(state_path, settings, network,
+                                    optimizer) if resume else (
+        dict(loss=[], acc=[]), 1)
     preprocessor = model.data_preprocessor
     iters = (len(x_all) + batch_size - 1) // batch_size
     network.train()
@@ -227,6 +237,43 @@ def source_loss(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
     return float(total) / len(x_all)
 
 
+def ecotta_model(config: str, checkpoint: str, cfg_options: dict,
+                 trust_pickle: bool = False) -> nn.Module:
+    """The EcoTTA classifier of ``config``, its frozen part loaded from
+    ``checkpoint`` (its meta networks at their initialisation).
+
+    Raises:
+        ValueError: If the config is not an EcoTTA classifier's.
+    """
+    from mmengine.config import Config
+
+    import mmseg_stag  # noqa: F401  (registers the classification parts)
+    from mmseg_stag.registry import MODELS
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict(cfg_options)
+    model_cfg = cfg.get('model')
+    if not model_cfg or model_cfg.get('type') != 'OnlineClassifier' or \
+            model_cfg['network'].get('type') != 'EcoTTANetwork':
+        raise ValueError(f'{config}: the warm-up needs model=dict(type='
+                         "'OnlineClassifier', network=dict(type="
+                         "'EcoTTANetwork', ...))")
+    model = MODELS.build(dict(model_cfg, _scope_='mmseg_stag'))
+    meta = model.network.ecotta
+    cold, meta.allow_cold_start = meta.allow_cold_start, True
+    model.load_weights(checkpoint, trust_pickle)  # frozen part
+    meta.allow_cold_start = cold
+    return model
+
+
+def file_sha1(path: str) -> str:
+    """SHA-1 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha1()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def warm_up_checkpoint(config: str, checkpoint: str, out: str,
                        train_data: str, work_dir: str,
                        train_labels: Optional[str] = None, epochs: int = 10,
@@ -246,26 +293,11 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
         ValueError: If ``device`` is not usable here, or the config is not
             an EcoTTA classifier's, before the training set is read.
     """
-    from mmengine.config import Config
-
-    import mmseg_stag  # noqa: F401  (registers the classification parts)
-    from mmseg_stag.registry import MODELS
     cfg_options = dict(cfg_options or {})
     device = warmup_device(device)  # before any work
     torch.manual_seed(seed)  # the meta networks' initialisation
-    cfg = Config.fromfile(config)
-    cfg.merge_from_dict(cfg_options)
-    model_cfg = cfg.get('model')
-    if not model_cfg or model_cfg.get('type') != 'OnlineClassifier' or \
-            model_cfg['network'].get('type') != 'EcoTTANetwork':
-        raise ValueError(f'{config}: the warm-up needs model=dict(type='
-                         "'OnlineClassifier', network=dict(type="
-                         "'EcoTTANetwork', ...))")
-    model = MODELS.build(dict(model_cfg, _scope_='mmseg_stag'))
+    model = ecotta_model(config, checkpoint, cfg_options, trust_pickle)
     meta = model.network.ecotta
-    cold, meta.allow_cold_start = meta.allow_cold_start, True
-    model.load_weights(checkpoint, trust_pickle)  # frozen part
-    meta.allow_cold_start = cold
     model.to(device)  # BaseModel.to: its preprocessor casts there too
     images, labels = read_training_set(train_data, train_labels)
     if limit:
@@ -273,13 +305,9 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
     print(f'EcoTTA warm-up: {len(images)} images, {epochs} epochs, '
           f'batch {batch_size}, lr {lr}, on {device}, meta networks '
           f'{list(meta.blocks_per_part)} -> {out}')
-    source = hashlib.sha1()  # of the checkpoint file's bytes
-    with open(checkpoint, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            source.update(chunk)
     settings = dict(config=osp.abspath(config),
                     cfg_options=repr(sorted(cfg_options.items())),
-                    source=source.hexdigest(),
+                    source=file_sha1(checkpoint),
                     data=hashlib.sha1(np.ascontiguousarray(images)).hexdigest()
                     + hashlib.sha1(np.asarray(labels)).hexdigest())
     x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)

@@ -22,14 +22,9 @@ from .online_task import build_task
 from .provenance import run_provenance
 from .step_stats import Pending, PendingStep, log_step_stats
 from .stream_metric import assign_result_files
+from .speed_options import MIXED_PRECISION, speed_options
 from .stream import StreamSchedule, StreamStage, dataset_stages
 
-#: ``mixed_precision`` values: the autocast dtype of the forward passes
-MIXED_PRECISION = {'bf16': torch.bfloat16, 'fp16': torch.float16}
-#: named presets (``preset``): the speed options a config sets beside its
-#: faithful parent, all for a CUDA GPU; the file name says what they are
-#: (``…_bf16.py``, ``…_bf16-graph.py``: docs/running.md, "The fast preset")
-PRESETS = ('fast', )
 #: the run state a resumable stream saves at every stage boundary
 STATE_FILE = 'online_adaptation_state.pth'
 #: config keys a resumed run may change (they do not change its numbers)
@@ -74,7 +69,7 @@ class OnlineAdaptationLoop(TestLoop):
         graph_warmup (int, optional): Eager steps per input shape before a
             capture; refused without ``cuda_graph``. Default: None (2).
         preset (str, optional): The named preset a fast config is
-            (:data:`PRESETS`): its run stops before the stream without a
+            (``speed_options.PRESETS``): its run stops before the stream without a
             CUDA device, and its log and results name it. Default: None.
 
     Raises:
@@ -115,52 +110,13 @@ class OnlineAdaptationLoop(TestLoop):
                 'test_cfg.source_dataloader (see configs/_base_/datasets/'
                 'cityscapes_source.py, configs/cls/_base_/methods/eata.py), '
                 'or configure the method without it (EATA: fisher_alpha=0)')
-        if mixed_precision not in (None, *MIXED_PRECISION):
-            raise ValueError(f'mixed_precision must be one of '
-                             f'{sorted(MIXED_PRECISION)} or None, got '
-                             f'{mixed_precision!r}')
-        if fp16:
-            # one name for one setting: MMEngine's flag would be a second
-            raise ValueError("test_cfg.fp16=True: write mixed_precision="
-                             "'fp16' (float16 autocast has that one name "
-                             'here)')
-        self.mixed_precision = mixed_precision
-        self.tf32 = None if tf32 is None else bool(tf32)
-        self.device_type = next(self._model(runner).parameters()).device.type
-        if preset is not None and preset not in PRESETS:
-            raise ValueError(f'test_cfg.preset must be one of {PRESETS} or '
-                             f'None, got {preset!r}')
-        self.preset = preset
-        if preset is not None and self.device_type != 'cuda':
-            raise ValueError(
-                f"test_cfg.preset='{preset}' is for a CUDA GPU, and this "
-                f'model is on {self.device_type} (torch.cuda.is_available()'
-                f' is {torch.cuda.is_available()}): run the faithful config,'
-                ' the same name without the _bf16 or _bf16-graph suffix')
-        if graph_warmup is not None and not cuda_graph:
-            raise ValueError(f'test_cfg.graph_warmup={graph_warmup} does '
-                             'nothing without test_cfg.cuda_graph=True: '
-                             'remove it, or set cuda_graph=True')
-        self.cuda_graph = bool(cuda_graph)
-        self.graph_warmup = 2 if graph_warmup is None else graph_warmup
-        if self.cuda_graph and self.device_type != 'cuda':
-            raise ValueError('test_cfg.cuda_graph=True needs the model on a '
-                             f'CUDA device, it is on {self.device_type}')
-        if self.cuda_graph and mixed_precision == 'fp16':
-            raise ValueError("test_cfg.cuda_graph=True replays no GradScaler:"
-                             " use mixed_precision='bf16' or None, not fp16")
+        device_type = next(self._model(runner).parameters()).device.type
+        self.device_type = device_type
+        self.speed = speed_options(device_type, mixed_precision, tf32,
+                                   cuda_graph, graph_warmup, preset, fp16)
+        self.speed.check_method(self.method)
         #: the step a CUDA graph replays (None: eager), before configure
         self.graph_step = self.graph_step_of(self.method)
-        if self.mixed_precision == 'fp16' and self.device_type == 'cpu':
-            raise ValueError("mixed_precision='fp16' needs a GPU (float16 "
-                             "autocast is for CUDA); use "
-                             "mixed_precision='bf16'")
-        if self.mixed_precision == 'fp16' and self.method.updates and \
-                not self.method.supports_grad_scaler:
-            raise ValueError(
-                f"mixed_precision='fp16': {self.method.name} cannot scale "
-                'its gradients (fp16 gradients underflow without a '
-                "GradScaler); use mixed_precision='bf16' or None")
         self.setup_precision()
         #: the steps' statistics since the last read (log_step_stats)
         self.pending_stats: Pending = []
@@ -184,9 +140,9 @@ class OnlineAdaptationLoop(TestLoop):
     def graph_step_of(self, method) -> Optional[CUDAGraphStep]:
         """The CUDA-graph step of a method just built (``cuda_graph``),
         made before its ``configure``; None: eager steps."""
-        if not self.cuda_graph:
+        if not self.speed.cuda_graph:
             return None
-        return CUDAGraphStep(method, warmup=self.graph_warmup)
+        return CUDAGraphStep(method, warmup=self.speed.graph_warmup)
 
     @staticmethod
     def _model(runner):
@@ -222,7 +178,7 @@ class OnlineAdaptationLoop(TestLoop):
         states a resume sets, the run's identity and whether its state can
         be saved. ``keep_source``: keep the source weights to restart from
         (:meth:`restart_from_source`) even where no stage does."""
-        configure_cuda_math(self.tf32)
+        configure_cuda_math(self.speed.tf32)
         configure_determinism()  # warn-only list + one log line
         model = self._model(self.runner)
         model.eval()
@@ -256,7 +212,7 @@ class OnlineAdaptationLoop(TestLoop):
         num = sum(p.numel() for _, p in self.method.params)
         print_log(f'online adaptation ({self.task.name}): {self.method!r}; '
                   f'{len(self.method.params)} trainable tensors ({num} '
-                  'values)' + self.speed_options(), logger='current')
+                  'values)' + self.speed.describe(), logger='current')
         return start, rng, identity, stateful
 
     def finish(self, start: int, seconds: float) -> dict:
@@ -273,9 +229,9 @@ class OnlineAdaptationLoop(TestLoop):
                   f'({images / max(seconds, 1e-9):.2f} images/s, loader, '
                   'steps and metric)', logger='current')
         device = next(self._model(self.runner).parameters()).device
-        speed = dict(mixed_precision=self.mixed_precision,
-                     preset=self.preset, cuda_graph=self.cuda_graph,
-                     tf32=self.tf32)
+        speed = dict(mixed_precision=self.speed.mixed_precision,
+                     preset=self.speed.preset,
+                     cuda_graph=self.speed.cuda_graph, tf32=self.speed.tf32)
         # what the numbers came from, written with them
         provenance = run_provenance(
             self.runner.cfg, device, self.method_cfg, speed, self.runner.seed,
@@ -459,15 +415,6 @@ class OnlineAdaptationLoop(TestLoop):
                 step=step.batch + 1)
         return values
 
-    def speed_options(self) -> str:
-        """The run's speed settings, for its first log line."""
-        parts = [f'preset {self.preset}'] if self.preset else []
-        if self.mixed_precision:
-            parts.append(f'{self.mixed_precision} autocast')
-        if self.cuda_graph:
-            parts.append('steps replayed as CUDA graphs')
-        return '; ' + ', '.join(parts) if parts else ''
-
     def images_before(self, start: int) -> int:
         """The images of the first ``start`` batches (a resumed run's)."""
         if start == 0:
@@ -485,11 +432,12 @@ class OnlineAdaptationLoop(TestLoop):
 
     def setup_precision(self) -> None:
         """Autocast the probe's forwards; give fp16 a gradient scaler."""
-        if self.mixed_precision is None:
+        precision = self.speed.mixed_precision
+        if precision is None:
             return
         self.task.probe.autocast_dtype = MIXED_PRECISION[
-            self.mixed_precision]
-        if self.mixed_precision == 'fp16' and self.method.updates:
+            precision]
+        if precision == 'fp16' and self.method.updates:
             # fp16 gradients underflow (TENT's full-size CE: ~1/2M a pixel)
             self.method.use_grad_scaler(self.device_type)
 
