@@ -51,7 +51,7 @@ def stage_config(config: str, cfg_options: dict, condition=None,
     ``condition``'s) alone, limited to ``images`` images."""
     from mmengine.config import Config
 
-    from mmseg_stag.paper_protocol import (first_images_cfg_options,
+    from mmseg_stag.paper.protocol import (first_images_cfg_options,
                                            first_stage_cfg_options)
     cfg = Config.fromfile(config)
     cfg.merge_from_dict(cfg_options)

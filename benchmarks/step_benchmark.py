@@ -222,7 +222,7 @@ class BenchTask:
 
     def __init__(self, name, args, device, root='.'):
         from mmseg_stag.engine.online_task import build_task
-        from mmseg_stag.paper_hparams import stag_hparams
+        from mmseg_stag.paper.hparams import stag_hparams
         self.name = name
         self.kind = 'cls' if name in IMAGENET_MODELS else \
             'cifar' if name in CIFAR_MODELS else 'seg'

@@ -13,7 +13,7 @@ import os.path as osp
 import torch
 
 #: ``--cfg-options`` words for a dict of options
-from mmseg_stag.paper_protocol import as_cli  # noqa: F401
+from mmseg_stag.paper.protocol import as_cli  # noqa: F401
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: the real STAG configs (``.format(method)``): MMSeg and NVlabs SegFormer head

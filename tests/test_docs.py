@@ -191,7 +191,7 @@ def hooks():
 
 
 def test_beta_gamma_page_is_generated_not_copied():
-    from mmseg_stag.paper_hparams import markdown_table, our_markdown_table
+    from mmseg_stag.paper.hparams import markdown_table, our_markdown_table
     page = hooks().beta_gamma_page()
     assert markdown_table() in page and our_markdown_table() in page
     for path in PAGES:  # nobody keeps a hand copy that could drift
@@ -218,7 +218,7 @@ def test_support_matrix_lists_every_benchmark_config():
         assert folder in module.MATRIX_FOLDERS, folder
         assert f'`{osp.basename(path)}`' in page, path
     # every paper score is in it, and each +STAG config's beta0/gamma
-    from mmseg_stag.paper_results import PAPER_RESULTS
+    from mmseg_stag.paper.results import PAPER_RESULTS
     for *_, plain, stag in PAPER_RESULTS:
         assert f'{plain:.1f}' in page
     # a paper baseline without a +STAG row: its config, no +STAG config

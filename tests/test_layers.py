@@ -1,10 +1,10 @@
 """The package's layers: every import of ``mmseg_stag`` code goes down,
 never up or sideways, so there is no import cycle between its parts.
 
-    core, checkpoint, paper_hparams, paper_results   (no import of ours)
+    core, checkpoint                                 (no import of ours)
     registry                                         (the scope's registries)
     engine                                           (loop, stream, reports)
-    classification, segmentation, paper_protocol
+    classification, segmentation, paper               (the paper's facts)
     analysis, apis                                   (the figures' numbers;
                                                       adapting on own frames)
     mmseg_stag/__init__.py                           (imports the parts)
@@ -19,9 +19,9 @@ import os.path as osp
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACKAGE = osp.join(REPO, 'mmseg_stag')
-LAYERS = dict(versions=0, core=0, checkpoint=0, paper_hparams=0, paper_results=0,
+LAYERS = dict(versions=0, core=0, checkpoint=0,
               registry=1, engine=2, classification=3, segmentation=3,
-              paper_protocol=3, analysis=4, apis=4, mmseg_stag=5)
+              paper=3, analysis=4, apis=4, mmseg_stag=5)
 
 
 def part_of(module):

@@ -1,4 +1,4 @@
-"""The paper's beta0/gamma table (``mmseg_stag/paper_hparams.py``) is the one
+"""The paper's beta0/gamma table (``mmseg_stag/paper/hparams.py``) is the one
 source of the numbers: the generated classification configs, the ACDC
 configs and tools/benchmark.py's +STAG arm match it (the docs' β0/γ page
 is generated from it: tests/test_docs.py)."""
@@ -11,11 +11,11 @@ import torch.nn as nn
 from mmengine.config import Config
 
 from mmseg_stag.core import METHODS
-from mmseg_stag.paper_hparams import (OUR_STAG, PAPER_STAG, markdown_table,
+from mmseg_stag.paper.hparams import (OUR_STAG, PAPER_STAG, markdown_table,
                                       paper_stag, stag_hparams)
 from benchmarks import step_benchmark as benchmark
 from mmseg_stag.classification import OnlineClassifier
-from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
+from mmseg_stag.paper.protocol import BENCHMARK_DIRS, ECOTTA_ROWS
 
 from seg_helpers import SEG_CFG, build_from_config, tiny_options
 
@@ -162,7 +162,7 @@ def test_the_stream_dataset_says_how_to_keep_its_first_stage(config, stage,
                                                             images):
     from mmengine.config import Config
 
-    from mmseg_stag.paper_protocol import (first_images_cfg_options,
+    from mmseg_stag.paper.protocol import (first_images_cfg_options,
                                            first_stage_cfg_options)
     cfg = Config.fromfile(config)
     prefix = 'test_dataloader.dataset.'

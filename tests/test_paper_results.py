@@ -2,8 +2,8 @@
 paper prints beside it, and the rows against Table appendix_hp."""
 import pytest
 
-from mmseg_stag.paper_hparams import PAPER_STAG
-from mmseg_stag.paper_results import (ACDC_STAGES, METRICS, PAPER_RESULTS,
+from mmseg_stag.paper.hparams import PAPER_STAG
+from mmseg_stag.paper.results import (ACDC_STAGES, METRICS, PAPER_RESULTS,
                                       paper_result, paper_stages)
 
 #: the gains the paper prints (its "(+x)" and Gain columns), in the order

@@ -45,20 +45,16 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 from mmengine.config import Config, ConfigDict, DictAction
 
-TOOLS = osp.dirname(osp.abspath(__file__))
-REPO = osp.dirname(TOOLS)
-# the package (not installed in a checkout) and the table logic beside this
-# script (tools/ is no package: a script loaded by path still finds it)
-for path in (REPO, TOOLS):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:  # the package, not installed in a checkout
+    sys.path.insert(0, REPO)
 
 from mmseg_stag.checkpoint import (extract_state_dict,  # noqa: E402
                                    load_checkpoint_file,
                                    load_model_checkpoint)
 from mmseg_stag.classification.data import CORRUPTIONS  # noqa: E402
-from mmseg_stag.paper_results import PAPER_RESULTS  # noqa: E402
-from paper_tables import setting_of  # noqa: E402
+from mmseg_stag.paper.results import PAPER_RESULTS  # noqa: E402
+from mmseg_stag.paper.tables import setting_of  # noqa: E402
 
 # ---------------------------------------------------------------- the paper
 

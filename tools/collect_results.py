@@ -16,22 +16,18 @@ device, seed); for ACDC also every stage beside the paper's
 scenario, conditions, rounds), a run of another protocol or image count
 than the paper's table (unless ``--allow-short``, which marks it), an
 unfinished run or results of another schema are refused before anything
-is written. The table logic is ``tools/paper_tables.py``, beside this
-script.
+is written. The table logic is ``mmseg_stag/paper/tables.py``, in the
+package (a tool imports the package, never another tool).
 """
 import argparse
 import os.path as osp
 import sys
 
-TOOLS = osp.dirname(osp.abspath(__file__))
-REPO = osp.dirname(TOOLS)
-# the package (not installed in a checkout) and the table logic beside this
-# script (tools/ is no package: a script loaded by path still finds it)
-for path in (REPO, TOOLS):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:  # the package, not installed in a checkout
+    sys.path.insert(0, REPO)
 
-from paper_tables import collect  # noqa: E402
+from mmseg_stag.paper.tables import collect  # noqa: E402
 
 
 def parse_args(argv=None):

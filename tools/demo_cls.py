@@ -194,7 +194,7 @@ def make_models(args, train, test, log):
 def stag_rows(scenario, net, methods):
     """The baselines that get a +STAG row: all, or those with a row in the
     paper's table for the setting the scenario stands in for."""
-    from mmseg_stag.paper_hparams import PAPER_STAG
+    from mmseg_stag.paper.hparams import PAPER_STAG
     setting = SCENARIOS[scenario][4]
     if setting is None:
         return list(methods)
@@ -220,7 +220,7 @@ def row_config(args, scenario, net, method, data_root, source_files,
                'default_hooks.logger.interval': 1000,
                'log_level': 'WARNING'}  # the row's files hold the results
     if method not in ('source', 'ecotta'):
-        from mmseg_stag.paper_protocol import batch_scaled_lr
+        from mmseg_stag.paper.protocol import batch_scaled_lr
         # SAR's batch rule; the CNNs follow it as the ResNets do
         lr = batch_scaled_lr(args.lr, cfg.test_dataloader.batch_size,
                              vit=net == 'ln')
@@ -245,7 +245,7 @@ def select_stag(args, scenario, net, method, data_root, source_files, ckpt,
                 out):
     """Best (beta0, gamma) on the first corruption only
     (``tools/select_beta.py``), reused when the grid is unchanged."""
-    from mmseg_stag.paper_protocol import select
+    from mmseg_stag.paper.protocol import select
     work_dir = osp.join(out, 'beta_selection', method)
     cache = osp.join(work_dir, 'beta_selection.json')
     grid = dict(beta_grid=list(args.beta_grid),

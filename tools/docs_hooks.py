@@ -1,5 +1,5 @@
 """MkDocs hook: the pages generated from the repository, so that the docs
-cannot drift from it: ``beta-gamma.md`` from ``mmseg_stag/paper_hparams.py``,
+cannot drift from it: ``beta-gamma.md`` from ``mmseg_stag/paper/hparams.py``,
 ``configs.md`` from ``configs/`` and ``support-matrix.md`` from ``configs/``,
 the paper's scores and the recorded stand-in scores."""
 import ast
@@ -14,20 +14,20 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def package_module(name: str):
-    """A torch-free module of the package, loaded by its path (the
-    package's ``__init__`` would import torch)."""
+    """A torch-free module of the package (``'paper/hparams'``), loaded by
+    its path (the package's ``__init__`` would import torch)."""
     spec = importlib.util.spec_from_file_location(
-        name, osp.join(REPO, 'mmseg_stag', f'{name}.py'))
+        name.replace('/', '.'), osp.join(REPO, 'mmseg_stag', f'{name}.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def beta_gamma_page() -> str:
-    """The β0/γ tables of ``paper_hparams.py``."""
-    hparams = package_module('paper_hparams')
+    """The β0/γ tables of ``paper/hparams.py``."""
+    hparams = package_module('paper/hparams')
     return ('# β0 and γ\n\n'
-            'Generated from `mmseg_stag/paper_hparams.py` (the tests check '
+            'Generated from `mmseg_stag/paper/hparams.py` (the tests check '
             'every config against it).\n\n'
             "## The paper's Table appendix_hp\n\n" + hparams.markdown_table()
             + '\n\n## Settings the paper has no row for\n\n' +
@@ -176,14 +176,14 @@ def name(config) -> str:
 def support_matrix_page() -> str:
     """Method × benchmark × model: the configs, β0/γ, the paper's score and
     ours (stand-in), one table per benchmark and scenario."""
-    results = package_module('paper_results')
-    hparams = package_module('paper_hparams')
+    results = package_module('paper/results')
+    hparams = package_module('paper/hparams')
     ours_beta = {row[:4]: row[6] for row in hparams.OUR_STAG}
     measured, stand_in = stand_in_scores()
     lines = [
         '# Support matrix', '',
         'Generated from `configs/` (every leaf config of the paper\'s '
-        'benchmarks), the paper\'s scores (`mmseg_stag/paper_results.py`: '
+        'benchmarks), the paper\'s scores (`mmseg_stag/paper/results.py`: '
         'the Avg. column of its tables) and the demos\' scores '
         '(`docs/results/stand-in.json`, written by '
         '`tools/record_stand_in.py`).', '',

@@ -14,8 +14,8 @@
 A table is ``table9`` (Cityscapes -> ACDC, the NVlabs SegFormer-B5) or one
 model of a classification table, ``<benchmark>_<scenario>_<model>`` (one
 checkpoint each); its configs are the shipped configs whose names
-(``tools/paper_tables.py``'s ``setting_of``) match a score of
-:data:`mmseg_stag.paper_results.PAPER_RESULTS`; ``--preset fast`` runs
+(``mmseg_stag/paper/tables.py``'s ``setting_of``) match a score of
+:data:`mmseg_stag.paper.results.PAPER_RESULTS`; ``--preset fast`` runs
 each config's fast sibling instead (``<stem>_bf16-graph.py`` or
 ``<stem>_bf16.py``, one CUDA GPU; refused before any run on a machine
 without CUDA).
@@ -56,13 +56,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Dict, List, Optional, Tuple
 
-TOOLS = osp.dirname(osp.abspath(__file__))
-REPO = osp.dirname(TOOLS)
-# the package (not installed in a checkout) and the table logic beside this
-# script (tools/ is no package: a script loaded by path still finds it)
-for path in (REPO, TOOLS):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:  # the package, not installed in a checkout
+    sys.path.insert(0, REPO)
 TEST_PY = osp.join(REPO, 'tools', 'test.py')
 COLLECT_PY = osp.join(REPO, 'tools', 'collect_results.py')
 SWEEP_PY = osp.join(REPO, 'tools', 'sweep.py')
@@ -141,8 +137,8 @@ def find_tables(config_root: Optional[str] = None) -> Dict[str, Table]:
     """Every table of :data:`PAPER_RESULTS` by name
     (``<benchmark>_<scenario>_<model>``), with the configs under
     ``config_root`` whose names say its settings."""
-    from mmseg_stag.paper_results import PAPER_RESULTS
-    from paper_tables import setting_of
+    from mmseg_stag.paper.results import PAPER_RESULTS
+    from mmseg_stag.paper.tables import setting_of
     root = config_root or CONFIG_ROOT
     found: Dict[tuple, List[str]] = {}
     for path in sorted(glob.glob(osp.join(root, '**', '*.py'),
@@ -416,9 +412,9 @@ def planned_config(run: Run, cfg):
 
 def planned_images(cfg, table: Table) -> Optional[int]:
     """The images of a run's stream as its config says them, the paper's
-    counts (``paper_tables.PROTOCOLS``) where it takes a whole set; None
+    counts (``mmseg_stag.paper.tables.PROTOCOLS``) where it takes a whole set; None
     where it says neither."""
-    from paper_tables import PROTOCOLS
+    from mmseg_stag.paper.tables import PROTOCOLS
     dataset = setting(cfg, 'test_dataloader.dataset') or {}
     protocol = PROTOCOLS.get((table.benchmark, table.scenario))
     if 'conditions' in dataset and 'rounds' in dataset:  # ACDC's stream

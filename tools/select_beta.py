@@ -8,7 +8,7 @@ wins (ties: the smaller beta0, then gamma). Both demos use it::
         [--cfg-options test_dataloader.dataset.data_root=data/acdc ...]
 
 Writes ``<work-dir>/beta_selection.json`` and prints the options to use.
-The choice itself is :func:`mmseg_stag.paper_protocol.select`.
+The choice itself is :func:`mmseg_stag.paper.protocol.select`.
 """
 import argparse
 import os.path as osp
@@ -20,7 +20,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from mmseg_stag.paper_protocol import select  # noqa: E402
+from mmseg_stag.paper.protocol import select  # noqa: E402
 
 
 def parse_args(argv=None):

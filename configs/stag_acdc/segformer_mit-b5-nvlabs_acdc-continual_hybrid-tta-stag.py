@@ -1,7 +1,7 @@
 # + STAG on the student's cross-entropy forward (the masked one, the only
 # one with gradients), on the decode head's classifier features; the
 # switch still reads the cross-entropy alone. The paper gives no beta0/gamma
-# for this method: TENT+STAG's ACDC values (mmseg_stag/paper_hparams.py
+# for this method: TENT+STAG's ACDC values (mmseg_stag/paper/hparams.py
 # OUR_STAG); beta_t restarts at beta0 on every stage.
 _base_ = ['./segformer_mit-b5-nvlabs_acdc-continual_hybrid-tta.py']
 test_cfg = dict(method=dict(stag=dict(beta0=500.0, gamma=35.0, eps=1e-8,

@@ -16,7 +16,7 @@ import pytest
 from mmengine.config import Config
 
 from cls_helpers import CIFAR, options
-from mmseg_stag.paper_results import ACDC_STAGES
+from mmseg_stag.paper.results import ACDC_STAGES
 from run_helpers import run_config
 from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 
@@ -87,7 +87,7 @@ def full_acdc_run(seg_run, folder, method, shift=0.0, **provenance):
 
 
 def test_the_setting_comes_from_the_shipped_config_name(load_tool):
-    setting_of = load_tool('paper_tables').setting_of
+    from mmseg_stag.paper.tables import setting_of
     assert setting_of('segformer_mit-b5-nvlabs_acdc-continual_bn-adapt-stag'
                       '.py') == dict(benchmark='acdc', scenario='continual',
                                      model='segformer-b5',
@@ -112,7 +112,7 @@ def test_the_setting_comes_from_the_shipped_config_name(load_tool):
 def test_the_paper_protocols_are_the_shipped_configs(load_tool):
     """PROTOCOLS (what collect checks a run against) holds what the
     configs run: conditions, rounds, split, severity, CIFAR-C's count."""
-    tables = load_tool('paper_tables')
+    from mmseg_stag.paper import tables
     acdc = Config.fromfile(osp.join(
         REPO, 'configs/_base_/datasets/acdc_continual.py'))
     dataset = acdc.test_dataloader.dataset

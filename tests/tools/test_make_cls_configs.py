@@ -10,9 +10,9 @@ from mmengine.config import Config
 
 from mmseg_stag.classification import CLS_MODELS, CORRUPTIONS
 from mmseg_stag.core import METHODS
-from mmseg_stag.paper_hparams import PAPER_STAG, paper_stag
-from mmseg_stag.paper_protocol import BENCHMARK_DIRS, ECOTTA_ROWS
-from mmseg_stag.paper_results import PAPER_RESULTS
+from mmseg_stag.paper.hparams import PAPER_STAG, paper_stag
+from mmseg_stag.paper.protocol import BENCHMARK_DIRS, ECOTTA_ROWS
+from mmseg_stag.paper.results import PAPER_RESULTS
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

@@ -25,7 +25,7 @@ import sys
 from mmengine.config import DictAction
 
 from mmseg_stag.engine.runs import run_cached
-from mmseg_stag.paper_protocol import as_cli, first_stage_cfg_options
+from mmseg_stag.paper.protocol import as_cli, first_stage_cfg_options
 
 # benchmarks/ (what these commands share) is the repository's, not an
 # installed package's: the repository's root on the path

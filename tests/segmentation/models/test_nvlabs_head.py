@@ -1,5 +1,5 @@
 """``NVSegformerHead`` (NVlabs' SegFormer head) and the NVlabs checkpoint
-converter (``tools/convert_nvlabs_segformer.py``)."""
+converter (``mmseg_stag/segmentation/models/nvlabs_convert.py``)."""
 import copy
 import importlib.util
 import os.path as osp
@@ -15,8 +15,8 @@ from mmseg.registry import MODELS
 
 import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.segmentation.models import NVSegformerHead
-from tools.convert_nvlabs_segformer import (convert_nvlabs_checkpoint,
-                                            convert_nvlabs_segformer)
+from mmseg_stag.segmentation.models.nvlabs_convert import (
+    convert_nvlabs_checkpoint, convert_nvlabs_segformer)
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import (NVLABS_SEG_CFG, REPO, build_from_config,
                          build_segmentor, mit_backbone, tiny_options)

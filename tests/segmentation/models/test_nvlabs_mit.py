@@ -15,7 +15,8 @@ from mmseg.registry import MODELS
 
 import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.segmentation.models import NVMixVisionTransformer
-from tools.convert_nvlabs_segformer import convert_nvlabs_segformer
+from mmseg_stag.segmentation.models.nvlabs_convert import \
+    convert_nvlabs_segformer
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import REPO, build_from_config, mit_backbone, tiny_options
 

@@ -1,4 +1,4 @@
-"""The paper's protocol beside its numbers (:mod:`mmseg_stag.paper_hparams`):
+"""The paper's protocol beside its numbers (:mod:`mmseg_stag.paper.hparams`):
 STAG's beta0/gamma chosen on the stream's first stage only (:func:`select`),
 and the baselines' reference settings per classification benchmark, from
 which ``tools/make_cls_configs.py`` writes ``configs/cls``."""

@@ -21,7 +21,7 @@ from mmengine.config import Config
 
 from mmseg_stag.engine.report import (RESULTS_FILE, markdown_table,
                                       new_figure, read_results, write_files)
-from mmseg_stag.paper_results import METRICS, paper_result, paper_stages
+from mmseg_stag.paper.results import METRICS, paper_result, paper_stages
 
 #: ``configs/stag_acdc`` names (a fast preset's too); only the NVlabs B5 is
 #: the paper's model
