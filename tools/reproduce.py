@@ -76,7 +76,7 @@ DEFAULT_WORK_ROOT = 'work_dirs'
 #: the tables' folder under WORK_ROOT (one subfolder per table, preset and
 #: --only subset: never a run's <config stem>)
 TABLES_DIR = 'tables'
-#: the fast presets (mmseg_stag.engine.online_loop.PRESETS, docs/running.md)
+#: the fast presets (mmseg_stag.engine.speed_options.PRESETS, docs/running.md)
 #: and the suffixes of a config's sibling that is the preset: _bf16-graph
 #: where the method's step is replayed as a CUDA graph (TENT, CoTTA and
 #: their +STAG), _bf16 where it is not (Source, BN Adapt, BN Adapt+STAG);
