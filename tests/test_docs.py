@@ -368,6 +368,22 @@ def report_figures():
     return figures
 
 
+def page_paragraphs():
+    """``(page, first line, section title, paragraph)`` of the README and
+    every page under docs/ (a table is one paragraph)."""
+    pages = glob.glob(osp.join(REPO, 'docs', '*.md')) + [
+        osp.join(REPO, 'README.md')]
+    for page in pages:
+        with open(page, encoding='utf-8') as f:
+            text = f.read()
+        section, start = '', 1
+        for block in re.split(r'\n\s*\n', text):
+            if block.startswith('#'):
+                section = block.split('\n')[0]
+            yield osp.relpath(page, REPO), start, section, block
+            start += block.count('\n') + 2
+
+
 #: a GPU speed or memory figure in a page: a number (or a range), its unit
 FIGURE = re.compile(r'(?<![\w.–-])(\d[\d,]*(?:\.\d+)?)(?:–(\d[\d,]*'
                     r'(?:\.\d+)?))?\s?(ms|images/s|GB)\b')
@@ -393,24 +409,14 @@ def test_pages_state_only_gpu_figures_the_reports_hold():
                    for v, u in figures for unit_of, k in scales[unit])
 
     missing = []
-    pages = glob.glob(osp.join(REPO, 'docs', '*.md')) + [
-        osp.join(REPO, 'README.md')]
-    for page in pages:
-        with open(page, encoding='utf-8') as f:
-            text = f.read()
-        section, start = '', 1
-        # paragraphs (a table is one), each with its section's title
-        for block in re.split(r'\n\s*\n', text):
-            if block.startswith('#'):
-                section = block.split('\n')[0]
-            if GPU_CONTEXT.search(section + block):
-                for offset, line in enumerate(block.split('\n')):
-                    for m in FIGURE.finditer(line):
-                        missing += [
-                            f'{osp.relpath(page, REPO)}:{start + offset}: '
-                            f'{g} {m.group(3)}' for g in m.groups()[:2]
-                            if g and not held(g, m.group(3))]
-            start += block.count('\n') + 2
+    for page, start, section, block in page_paragraphs():
+        if GPU_CONTEXT.search(section + block):
+            for offset, line in enumerate(block.split('\n')):
+                for m in FIGURE.finditer(line):
+                    missing += [
+                        f'{page}:{start + offset}: {g} {m.group(3)}'
+                        for g in m.groups()[:2]
+                        if g and not held(g, m.group(3))]
     assert not missing, missing
 
 
@@ -461,24 +467,15 @@ def test_pages_state_only_gpu_durations_the_reports_give():
         return any(round(m / scale, digits) == value for m in minutes)
 
     missing = []
-    pages = glob.glob(osp.join(REPO, 'docs', '*.md')) + [
-        osp.join(REPO, 'README.md')]
-    for page in pages:
-        with open(page, encoding='utf-8') as f:
-            text = f.read()
-        section, start = '', 1
-        for block in re.split(r'\n\s*\n', text):
-            if block.startswith('#'):
-                section = block.split('\n')[0]
-            if GPU_RUN.search(section + block) and not CPU_RUN.search(block):
-                # sentences: a full stop before a capital or a bracket
-                for sentence in re.split(r'(?<=\.)\s+(?=[A-Z(\[`*])', block):
-                    minutes = durations | derived(sentence, block)
-                    line = start + block[:block.index(sentence)].count('\n')
-                    missing += [
-                        f'{osp.relpath(page, REPO)}:{line}: {g} {m.group(3)}'
+    for page, start, section, block in page_paragraphs():
+        if not GPU_RUN.search(section + block) or CPU_RUN.search(block):
+            continue
+        # sentences: a full stop before a capital or a bracket
+        for sentence in re.split(r'(?<=\.)\s+(?=[A-Z(\[`*])', block):
+            minutes = durations | derived(sentence, block)
+            line = start + block[:block.index(sentence)].count('\n')
+            missing += [f'{page}:{line}: {g} {m.group(3)}'
                         for m in DURATION.finditer(sentence)
                         for g in m.groups()[:2]
                         if g and not held(g, m.group(3), minutes)]
-            start += block.count('\n') + 2
     assert not missing, missing

@@ -75,13 +75,6 @@ class StepStats(Logged):
     numbered: bool = False
     updated: Optional[bool] = None
 
-    @property
-    def updates(self) -> bool:
-        """Whether the step counts as an update."""
-        if self.updated is not None:
-            return bool(self.updated)
-        return any(p.loss is not None for p in self.passes)
-
     def suffixes(self) -> List[str]:
         if len(self.passes) > 1 or self.numbered:
             return [str(i + 1) for i in range(len(self.passes))]

@@ -11,17 +11,6 @@ from frame_helpers import benchmark_predictions, options
 from mmseg_stag.apis import OnlineInferencer
 from seg_helpers import REPO, SEG_CFG, tiny_options
 
-#: CoTTA on the tiny stream: 6 views, and restores often enough to matter
-#: (tests/engine/test_resume.py's)
-COTTA = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),
-         'test_dataloader.dataset.pipeline.1.ratios': [0.5, 1.0, 1.5],
-         'test_cfg.method.restore_prob': 0.5}
-
-
-def options(method, tiny_acdc):
-    opts = tiny_options(tiny_acdc, rounds=1)
-    return dict(opts, **COTTA) if method.startswith('cotta') else opts
-
 
 def inferencer(method, tiny_acdc, checkpoint, work_dir, **kwargs):
     """The method's inferencer; a stage every 2 frames, as the tiny

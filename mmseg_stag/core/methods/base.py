@@ -319,14 +319,16 @@ class BaseMethod:
         The one entry point of a step: a method implements
         :meth:`forward_and_adapt` and nothing else of it. The step is
         counted here alone (``t`` of ``beta_t``, ``num_updates``) when it
-        updated the model (:attr:`StepStats.updates`: a pass recorded its
-        ``loss``, which :meth:`add_stag` does exactly then, in a replay
+        updated the model (``StepStats.updated``, else where a pass recorded
+        its ``loss``, which :meth:`add_stag` does exactly then, in a replay
         too; no host read).
         """
         self.check_configured()
         beta = None if self.stag_loss is None else self.beta
         prediction, stats = (step or self.forward_and_adapt)(batch, beta)
-        if stats.updates:
+        # as the step says (SAR), else where a pass minimised a loss
+        if stats.updated or (stats.updated is None and any(
+                p.loss is not None for p in stats.passes)):
             self.step += 1
             self.num_updates += 1
         return prediction, stats
