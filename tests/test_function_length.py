@@ -24,3 +24,14 @@ def test_no_function_of_the_package_is_over_sixty_lines():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and node.end_lineno - node.lineno + 1 > LIMIT]
     assert not longer, longer
+
+
+def test_base_method_reads_in_one_sitting():
+    """``BaseMethod`` (the life cycle and the step every method shares)
+    stays at most 250 lines; what a resume saves is ``MethodState``'s."""
+    path = osp.join(REPO, 'mmseg_stag', 'core', 'methods', 'base.py')
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read())
+    (cls, ) = [n for n in tree.body if isinstance(n, ast.ClassDef)
+               and n.name == 'BaseMethod']
+    assert cls.end_lineno - cls.lineno + 1 <= 250

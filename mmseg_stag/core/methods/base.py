@@ -1,25 +1,27 @@
 """The base class of the online-adaptation methods and STAG's place in it;
 the life cycle of DequanWang/tent's tent.py (Tent.forward)."""
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
-from ..params import exclude_by_module, select_parameters
-from ..probe import PREDICTION_KINDS, check_prediction_kind
+from ..params import select_parameters
+from ..probe import PREDICTION_KINDS
 from ..stag import stag_beta
 from ..stag_loss import STAGLoss
 from ..stats import StepStats
 from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
                             TaskAdapter)
+from .checks import check_supports
+from .method_state import MethodState
 from .stag_term import log_anchor_signs, stag_loss_options
 
 #: a method's step: ``(batch, beta_t) -> (prediction, stats)``
 Step = Callable[[Batch, Any], Tuple[Prediction, StepStats]]
 
 
-class BaseMethod:
+class BaseMethod(MethodState):
     """Base class of the online-adaptation methods.
 
     Its life cycle and options (``stag``, ``optimizer``, ``trainable``,
@@ -46,9 +48,6 @@ class BaseMethod:
     #: the ``optimizer`` and ``trainable`` configs when none is given
     default_optimizer = dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999))
     default_trainable = dict(kind='norm_affine')
-    #: attributes :meth:`state_dict` saves under their names (through their
-    #: own ``state_dict`` where they have one)
-    state_attributes: Tuple[str, ...] = ()
 
     def __init__(self,
                  stag: Optional[dict] = None,
@@ -99,20 +98,9 @@ class BaseMethod:
     needs_original_size = False
 
     def check_supports(self, adapter: TaskAdapter) -> None:
-        """Raise ``ValueError`` unless the method is defined on the task
-        ``adapter`` serves: its prediction kind and the original size."""
-        kind = check_prediction_kind(adapter.prediction_kind)
-        supported = self.supported_prediction_kinds
-        if kind not in supported:
-            raise ValueError(
-                f'{self.name} supports {" and ".join(supported)} outputs '
-                f'only, but this task gives {kind} outputs (choose another '
-                'method)')
-        if self.needs_original_size and not adapter.has_original_size:
-            raise ValueError(
-                f'{self.name} as configured needs logits, labels and a loss '
-                "at each image's original size (the segmentation task), "
-                f'which {type(adapter).__name__} does not give')
+        """``ValueError`` unless the method is defined on the task
+        ``adapter`` serves (:func:`~.checks.check_supports`)."""
+        check_supports(self, adapter)
 
     def configure(self, model: nn.Module, adapter: TaskAdapter) -> None:
         """Set the modes, unfreeze the adapted parameters, build the optimizer;
@@ -151,21 +139,6 @@ class BaseMethod:
         return OPTIMIZERS.build(
             dict(self.optimizer_cfg, params=[p for _, p in self.params]))
 
-    def exclude_modules(self, exclude_regex: Optional[str]) -> None:
-        """Freeze the parameters of the modules ``exclude_regex`` matches;
-        ``ValueError`` if it matches every selected parameter."""
-        if exclude_regex is None:
-            return
-        kept = exclude_by_module(self.params, exclude_regex)
-        if not kept:
-            raise ValueError(
-                f'{self.name}: every parameter of trainable='
-                f'{self.trainable_cfg} matches exclude_regex='
-                f'{exclude_regex!r}')
-        if len(kept) != len(self.params):
-            self.params = kept
-            self.optimizer = self.build_optimizer()
-
     def set_modes(self, model: nn.Module) -> None:
         """Set the layers' train/eval modes (once, in :meth:`configure`)."""
         model.eval()
@@ -190,69 +163,6 @@ class BaseMethod:
             if self.fresh_optimizer_per_stage and self.optimizer is not None:
                 self.optimizer = self.build_optimizer()
         self.stage_index = index
-
-    def state_dict(self) -> dict:
-        """Return what the rest of the stream depends on (live tensors)."""
-        if self.model is None:
-            raise RuntimeError(f'{self.name}: configure before state_dict')
-        state = dict(
-            model=self.changing_state(),
-            optimizer=None if self.optimizer is None
-            else self.optimizer.state_dict(),
-            grad_scaler=None if self.grad_scaler is None
-            else self.grad_scaler.state_dict(),
-            step=self.step, num_updates=self.num_updates,
-            stage=self.stage_index)
-        for name in self.state_attributes:
-            value = getattr(self, name)
-            state[name] = value.state_dict() if hasattr(
-                value, 'state_dict') else value
-        return state
-
-    def changing_state(self) -> Dict[str, torch.Tensor]:
-        """The adapted parameters and every buffer: what steps can change
-        (the frozen ones are the checkpoint's, pinned by the run's identity).
-        """
-        state = {name: p.detach() for name, p in self.params}
-        state.update((n, b) for n, b in self.model.named_buffers())
-        return state
-
-    @torch.no_grad()
-    def load_changing_state(self, state: Dict[str, torch.Tensor]) -> None:
-        """Copy :meth:`changing_state` back, onto the model's devices."""
-        current = self.changing_state()
-        if set(state) != set(current):
-            missing = sorted(set(current) - set(state))[:5]
-            extra = sorted(set(state) - set(current))[:5]
-            raise ValueError(f'{self.name}: the saved state holds other '
-                             f'tensors (missing {missing}, unexpected '
-                             f'{extra})')
-        for name, tensor in current.items():
-            tensor.copy_(state[name])  # copy_ converts device and dtype
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict` of a method of the same config."""
-        if self.model is None:
-            raise RuntimeError(f'{self.name}: configure before '
-                               'load_state_dict')
-        self.load_changing_state(state['model'])
-        # torch moves the optimizer state onto each parameter's device
-        for key, what in (('optimizer', 'an optimizer'),
-                          ('grad_scaler', 'a GradScaler (fp16)')):
-            current = getattr(self, key)
-            if (current is None) != (state[key] is None):
-                raise ValueError(f'{self.name}: the saved state was written '
-                                 'with' + ('out' if state[key] is None
-                                           else '') + f' {what}')
-            if current is not None:
-                current.load_state_dict(state[key])
-        self.step, self.num_updates = state['step'], state['num_updates']
-        self.stage_index = state['stage']
-        for name in self.state_attributes:
-            if hasattr(getattr(self, name), 'load_state_dict'):
-                getattr(self, name).load_state_dict(state[name])
-            else:
-                setattr(self, name, state[name])
 
     def base_loss(self, batch: Batch,
                   fwd: ForwardPass) -> Optional[torch.Tensor]:

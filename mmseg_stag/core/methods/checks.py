@@ -1,4 +1,6 @@
-"""Checks of a method's numeric options, with the option named."""
+"""Checks of a method's options, with the option named, and of the task
+it is configured on; SAR's and DeYO's parameters excluded by module."""
+from ..probe import check_prediction_kind
 
 
 def check_range(relation: str, **values) -> None:
@@ -9,3 +11,39 @@ def check_range(relation: str, **values) -> None:
     for name, value in values.items():
         if not holds(value):
             raise ValueError(f'{name} must be {relation}, got {value}')
+
+
+def check_supports(method, adapter) -> None:
+    """Raise ``ValueError`` unless ``method`` is defined on the task
+    ``adapter`` serves: its prediction kind and the original size."""
+    kind = check_prediction_kind(adapter.prediction_kind)
+    supported = method.supported_prediction_kinds
+    if kind not in supported:
+        raise ValueError(
+            f'{method.name} supports {" and ".join(supported)} outputs '
+            f'only, but this task gives {kind} outputs (choose another '
+            'method)')
+    if method.needs_original_size and not adapter.has_original_size:
+        raise ValueError(
+            f'{method.name} as configured needs logits, labels and a loss '
+            "at each image's original size (the segmentation task), "
+            f'which {type(adapter).__name__} does not give')
+
+
+def exclude_modules(method, exclude_regex) -> None:
+    """Freeze the parameters of ``method`` (configured) in the modules
+    ``exclude_regex`` matches, its optimizer rebuilt on the rest (SAR's
+    and DeYO's ``exclude_regex``); ``ValueError`` if it matches every
+    selected parameter."""
+    from ..params import exclude_by_module
+    if exclude_regex is None:
+        return
+    kept = exclude_by_module(method.params, exclude_regex)
+    if not kept:
+        raise ValueError(
+            f'{method.name}: every parameter of trainable='
+            f'{method.trainable_cfg} matches exclude_regex='
+            f'{exclude_regex!r}')
+    if len(kept) != len(method.params):
+        method.params = kept
+        method.optimizer = method.build_optimizer()

@@ -9,7 +9,7 @@ from ..losses import (HeadOutputs, flatten_logits, pixels_as_rows,
                       softmax_entropy)
 from ..registry import METHODS
 from ..task_adapter import Batch, ForwardPass
-from .checks import check_range
+from .checks import check_range, exclude_modules
 from .sample_filtering import SampleFilteringMethod
 from .sar import SAR_AUTHORS_EXCLUDE  # DeYO's collect_params is SAR's
 
@@ -96,7 +96,7 @@ class DeYO(SampleFilteringMethod):
 
     def configure(self, model, adapter):
         super().configure(model, adapter)
-        self.exclude_modules(self.exclude_regex)
+        exclude_modules(self, self.exclude_regex)
         self.num_classes = int(self.classifier.weight.shape[0])
         self.ent_margin = self.deyo_margin * math.log(self.num_classes)
         self.margin_e0 = self.reweight_margin * math.log(self.num_classes)

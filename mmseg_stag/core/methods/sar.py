@@ -11,7 +11,7 @@ from ..sam import SAM
 from ..stats import StepStats
 from ..task_adapter import Batch, ForwardPass
 from .base import BaseMethod
-from .checks import check_range
+from .checks import check_range, exclude_modules
 from .sample_filtering import AUTHORS_SGD
 
 #: Modules SAR's collect_params never adapts (last stage, final norm).
@@ -70,7 +70,7 @@ class SAR(BaseMethod):
 
     def configure(self, model, adapter):
         super().configure(model, adapter)
-        self.exclude_modules(self.exclude_regex)
+        exclude_modules(self, self.exclude_regex)
         self.e_margin = self.entropy_margin * math.log(
             int(self.classifier.weight.shape[0]))
         self.ema = None
