@@ -19,13 +19,14 @@ import argparse
 import json
 import os
 import os.path as osp
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO not in sys.path:  # the package, not installed in a checkout
+    sys.path.insert(0, REPO)
 
 
 def run(cmd):
@@ -35,17 +36,6 @@ def run(cmd):
         raise SystemExit(f'error: {" ".join(cmd[:2])} failed '
                          f'({proc.returncode}):\n{proc.stderr[-3000:]}')
     return proc
-
-
-def processor():
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or 'unknown'
 
 
 def main(argv=None) -> int:
@@ -58,6 +48,9 @@ def main(argv=None) -> int:
     parser.add_argument('--out', help='the figures as JSON')
     parser.add_argument('--cfg-options', nargs='+', default=[])
     args = parser.parse_args(argv)
+    import torch
+
+    from mmseg_stag.engine.provenance import device_name
     opts = [f'test_dataloader.dataset.data_root={args.data_root}',
             f'test_dataloader.dataset.rounds={args.rounds}'] + \
         args.cfg_options
@@ -88,7 +81,8 @@ def main(argv=None) -> int:
         config=args.config, rounds=args.rounds, repeats=args.repeats,
         test_images_per_second=test_rates, adapt_frames_per_second=
         adapt_rates, added_time_pct=round(100 * (test / adapt - 1), 1),
-        machine=dict(processor=processor(), cores=os.cpu_count(),
+        machine=dict(processor=device_name(torch.device('cpu')),
+                     cores=os.cpu_count(),
                      threads=os.environ.get('OMP_NUM_THREADS'),
                      kernel_paths=os.environ.get('MMSEG_STAG_KERNEL_PATHS',
                                                  'native')))

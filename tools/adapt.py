@@ -30,7 +30,6 @@ docs/adapt.md says more.
 """
 import argparse
 import csv
-import json
 import os
 import os.path as osp
 import queue
@@ -415,8 +414,8 @@ def main(argv=None) -> int:
                    if seconds > 0 else None,
                    checkpoint=final, video=video, config=args.config,
                    source_checkpoint=args.checkpoint)
-    with open(osp.join(args.out_dir, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
+    from mmseg_stag.engine.report import write_json
+    write_json(osp.join(args.out_dir, 'summary.json'), summary)
     print_log(f'adapted on {next_frame} frames ({len(skipped)} skipped, '
               f'{len(inferencer.resets)} restarts from the source); '
               f'{stepped} this run in {seconds:.1f} s '
