@@ -413,12 +413,11 @@ def checkpoint_problems(cfg, args, classes: Optional[int]) -> List[str]:
 
 
 #: ``test_cfg`` keys of the adapting method, dropped with it for Source:
-#: test-batch BN statistics (Source keeps the running ones), clean source
-#: data (EATA's), the step replayed as a CUDA graph (Source has no step to
-#: replay: the wrapper refuses it) and its warm-up; the method's own options
-#: (``test_cfg.method``) go with the method
-METHOD_ONLY = ('bn_batch_stats', 'source_dataloader', 'cuda_graph',
-               'graph_warmup')
+#: clean source data (EATA's), the step replayed as a CUDA graph (Source
+#: has no step to replay: the wrapper refuses it) and its warm-up; the
+#: method's own options (``test_cfg.method``: test-batch BN statistics
+#: among them, Source keeps the running ones) go with the method
+METHOD_ONLY = ('source_dataloader', 'cuda_graph', 'graph_warmup')
 #: a fast preset's sibling of a faithful config: ``<stem>_bf16-graph.py``
 #: (the step replayed as a CUDA graph) or ``<stem>_bf16.py`` (eager)
 PRESET_NAME = re.compile(r'^(?P<stem>.+)_(?:bf16-graph|bf16)\.py$')

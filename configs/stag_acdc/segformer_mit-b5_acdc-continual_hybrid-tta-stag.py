@@ -4,5 +4,5 @@
 # for this method: TENT+STAG's ACDC values (mmseg_stag/paper/hparams.py
 # OUR_STAG); beta_t restarts at beta0 on every stage.
 _base_ = ['./segformer_mit-b5_acdc-continual_hybrid-tta.py']
-test_cfg = dict(method=dict(stag=dict(beta0=500.0, gamma=35.0, eps=1e-8,
-                                       restart_beta_per_stage=True)))
+test_cfg = dict(method=dict(stag=dict(beta0=500.0, gamma=35.0, eps=1e-8),
+                            stage_restart=('optimizer', 'beta_t')))

@@ -145,10 +145,10 @@ class OnlineInferencer:
         reset_every (int, optional): Restart from the source weights
             after every N frames. Default: None (never: continual).
         stage_frames (int, optional): Every N frames open a new stage, as
-            a benchmark's condition does: what the config restarts per
-            stage restarts (``stag.restart_beta_per_stage``: ``beta_t``;
-            ``fresh_optimizer_per_stage``), and a CUDA graph is captured
-            again. Default: None (one stage; the ACDC protocol's is 400).
+            a benchmark's condition does: what the method's
+            ``stage_restart`` names restarts (``beta_t``, the optimizer; a
+            new optimizer is captured again under a CUDA graph). Default:
+            None (one stage; the ACDC protocol's is 400).
         on_nonfinite (str): ``'stop'`` (raise ``NonFiniteStatistic``,
             as the benchmark loop does) or ``'reset'`` (restart from the
             source weights and go on). Default: ``'stop'``.

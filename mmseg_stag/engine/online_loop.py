@@ -12,7 +12,7 @@ from mmengine.registry import LOOPS
 from mmengine.runner import TestLoop
 from torch.utils.data import DataLoader
 
-from mmseg_stag.core import NonFiniteStatistic, use_batch_statistics
+from mmseg_stag.core import NonFiniteStatistic
 from mmseg_stag.core.methods.step_graph import CUDAGraphStep
 from .run_state import (identity_differences, load_run_state, rng_state,
                         run_identity, save_run_state, set_rng_state)
@@ -35,6 +35,15 @@ RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
                   'log_level', 'env_cfg.*')
 
 
+def check_moved(bn_batch_stats: Optional[bool]) -> None:
+    """``ValueError`` for a loop option that is now the method's."""
+    if bn_batch_stats is not None:
+        raise ValueError(
+            "test_cfg.bn_batch_stats is now the method's option: write "
+            'test_cfg.method.bn_batch_stats=True (one place for BatchNorm '
+            'statistics; BN Adapt has them always)')
+
+
 @LOOPS.register_module()
 class OnlineAdaptationLoop(TestLoop):
     """Test loop that predicts each batch, then adapts the model on it.
@@ -48,8 +57,8 @@ class OnlineAdaptationLoop(TestLoop):
             adapted module. Default: the task's.
         task (str, optional): ``'segmentation'`` or ``'classification'``.
             Default: the model's.
-        bn_batch_stats (bool): Whether BatchNorm uses test-batch statistics
-            from before the method is configured. Default: False.
+        bn_batch_stats: Refused: BatchNorm's test-batch statistics are the
+            method's option, ``method=dict(..., bn_batch_stats=True)``.
         fp16 (bool): MMEngine's flag; refused when True: float16 autocast
             has one name here, ``mixed_precision='fp16'``.
         main_view (int, optional): The view a multi-view segmentation
@@ -65,7 +74,7 @@ class OnlineAdaptationLoop(TestLoop):
             convolutions may use TF32. Default: None (PyTorch's settings).
         cuda_graph (bool): Replay the method's step as a CUDA graph
             (:class:`~mmseg_stag.core.methods.step_graph.CUDAGraphStep`),
-            captured again at each stage's start. Default: False.
+            captured again whenever the optimizer is new. Default: False.
         graph_warmup (int, optional): Eager steps per input shape before a
             capture; refused without ``cuda_graph``. Default: None (2).
         preset (str, optional): The named preset a fast config is
@@ -85,7 +94,7 @@ class OnlineAdaptationLoop(TestLoop):
                  method: dict,
                  head_layer: Optional[str] = None,
                  task: Optional[str] = None,
-                 bn_batch_stats: bool = False,
+                 bn_batch_stats: Optional[bool] = None,
                  fp16: bool = False,
                  main_view: Optional[int] = None,
                  source_dataloader: Optional[Union[dict, object]] = None,
@@ -97,6 +106,7 @@ class OnlineAdaptationLoop(TestLoop):
                  graph_warmup: Optional[int] = None,
                  preset: Optional[str] = None):
         check_single_process(get_world_size())
+        check_moved(bn_batch_stats)
         self.method_cfg = dict(method)
         options = {} if main_view is None else dict(main_view=main_view)
         self.task = build_task(self._model(runner), task, head_layer,
@@ -120,7 +130,6 @@ class OnlineAdaptationLoop(TestLoop):
         self.setup_precision()
         #: the steps' statistics since the last read (log_step_stats)
         self.pending_stats: Pending = []
-        self.bn_batch_stats = bool(bn_batch_stats)
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.task.check_dataset(self.dataloader.dataset)
         self.task.setup(self.dataloader.dataset)
@@ -185,8 +194,6 @@ class OnlineAdaptationLoop(TestLoop):
         # the weights before adapting
         identity = run_identity(self.runner.cfg.to_dict(), model)
         adapted = self.task.adapted_module(model)
-        if self.bn_batch_stats:
-            use_batch_statistics(adapted)
         self.source_state = None
         self.task.configure(self.method, adapted)
         for metric in self.evaluator.metrics:
@@ -250,9 +257,9 @@ class OnlineAdaptationLoop(TestLoop):
         if stage.from_source:
             self.num_updates += self.method.num_updates
             self.restart_from_source(stage.index)
+        # what else restarts is the method's (stage_restart); a graph
+        # captures again when its optimizer is new (CUDAGraphStep)
         self.method.start_stage(stage.index)
-        if self.graph_step is not None:  # captured again, in this stage
-            self.graph_step.reset()
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'start_stage'):
                 metric.start_stage(stage)

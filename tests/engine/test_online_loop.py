@@ -205,10 +205,12 @@ def test_loop_logs_the_method_scalars(method, tiny_acdc, tiny_checkpoint,
 def test_stage_tags_reach_the_method(restart, tiny_acdc, tiny_checkpoint,
                                      tmp_path, monkeypatch):
     """The loop hands each batch's stage to the method: with
-    ``stag.restart_beta_per_stage`` (the ACDC configs) beta_t restarts at
-    beta0 on every stage (two images a stage here), without it t runs on."""
+    ``stage_restart`` naming ``'beta_t'`` (the ACDC configs) beta_t restarts
+    at beta0 on every stage (two images a stage here), without it t runs
+    on."""
+    restarts = ('optimizer', 'beta_t') if restart else ('optimizer', )
     run = Run('tent-stag', tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch,
-              extra={'test_cfg.method.stag.restart_beta_per_stage': restart})
+              extra={'test_cfg.method.stage_restart': restarts})
     assert run.method.stage_index == 3 and run.method.num_updates == 8
     lines = [line for line in run.log_lines()
              if 'continual/mIoU' not in line]
@@ -399,10 +401,17 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
      r'graph_warmup=3 does nothing without test_cfg.cuda_graph=True'),
     ({'test_cfg.task': 'classification'}, ValueError,
      r"test_cfg.task='classification' but the model is a EncoderDecoder"),
+    # BatchNorm statistics have one place: the method's option
+    ({'test_cfg.bn_batch_stats': True}, ValueError,
+     r'test_cfg.bn_batch_stats is now the method.s option: write '
+     r'test_cfg.method.bn_batch_stats=True'),
+    ({'test_cfg.method.fresh_optimizer_per_stage': False}, ValueError,
+     r'fresh_optimizer_per_stage is now stage_restart'),
 ], ids=['unknown-method', 'upper-case-name', 'eata-without-source-data',
         'bad-option', 'no-such-classifier', 'bad-mixed-precision',
         'classifier-not-1x1', 'fp16-on-the-cpu', 'mmengine-fp16-flag',
-        'graph-warmup-without-graph', 'classification-task'])
+        'graph-warmup-without-graph', 'classification-task',
+        'loop-bn-batch-stats', 'renamed-fresh-optimizer'])
 def test_config_error_fails_before_the_first_batch(option, error, match,
                                                    tiny_acdc,
                                                    tiny_checkpoint, tmp_path,

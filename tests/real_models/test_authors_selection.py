@@ -55,11 +55,10 @@ def authors_lr(model, batch_size):
 @pytest.mark.parametrize('model', ['resnet50-bn', 'resnet50-gn', 'vit-b16'])
 @pytest.mark.parametrize('method', ['sar', 'deyo', 'tent', 'eata'])
 def test_adapted_parameters_are_the_authors(model, method):
-    from mmseg_stag.core import (HeadProbe, TaskAdapter, build_method,
-                                 use_batch_statistics)
+    from mmseg_stag.core import HeadProbe, TaskAdapter, build_method
     net = source(model)
-    use_batch_statistics(net)  # the configs' bn_batch_stats
-    ours = build_method(dict(type=method))
+    # the configs' test-batch BN statistics
+    ours = build_method(dict(type=method, bn_batch_stats=True))
     classifier = 'head' if model == 'vit-b16' else 'fc'
     ours.configure(net, TaskAdapter(HeadProbe(classifier)))
     if method in ('tent', 'eata'):

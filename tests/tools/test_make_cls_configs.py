@@ -130,6 +130,9 @@ def test_every_cls_config_loads(tool):
         assert cfg.test_evaluator.type == 'StreamAccuracyMetric'
         assert cfg.test_dataloader.dataset.type == 'CorruptionStream'
         # Source keeps its BatchNorm statistics; the baselines use the
-        # test batch's (their authors' code; EcoTTA by its train() mode)
-        assert cfg.test_cfg.get('bn_batch_stats', False) == (
+        # test batch's (their authors' code; BN Adapt always; EcoTTA by its
+        # train() mode)
+        batch_stats = cfg.test_cfg.method.type == 'bn_adapt' or (
+            cfg.test_cfg.method.get('bn_batch_stats', False))
+        assert batch_stats == (
             not rel.endswith('_source.py') and '_ecotta' not in rel), rel

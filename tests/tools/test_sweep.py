@@ -98,7 +98,7 @@ def test_unknown_grid_key_is_refused_before_ray(tiny_checkpoint, tmp_path,
     check_key = load_tool('sweep').check_key
     cfg = Config.fromfile(TENT).to_dict()
     assert check_key(cfg, 'test_cfg.method.optimizer.lr') is None
-    assert check_key(cfg, 'test_cfg.method.fresh_optimizer_per_stage') is None
+    assert check_key(cfg, 'test_cfg.method.stage_restart') is None
     assert check_key(cfg, 'test_cfg.method.loss') is None
     assert 'has no' in check_key(cfg, 'test_cfg.method.no_such_option')
 

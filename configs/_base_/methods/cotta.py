@@ -9,7 +9,7 @@ test_cfg = dict(
     method=dict(
         type='cotta',
         optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
-        fresh_optimizer_per_stage=True,
+        stage_restart=('optimizer', ),
         trainable=dict(kind='all'),
         ema_momentum=0.999,
         restore_prob=0.01,

@@ -12,5 +12,5 @@ test_cfg = dict(
         patch_len=4,
         exclude_regex=None,
         optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
-        fresh_optimizer_per_stage=True,
+        stage_restart=('optimizer', ),
         trainable=dict(kind='norm_affine')))

@@ -13,5 +13,5 @@ test_cfg = dict(
         d_margin=0.05,
         fisher_alpha=2000.0,
         optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
-        fresh_optimizer_per_stage=True,
+        stage_restart=('optimizer', ),
         trainable=dict(kind='norm_affine')))

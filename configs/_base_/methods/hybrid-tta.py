@@ -12,7 +12,7 @@ test_cfg = dict(
     method=dict(
         type='hybrid_tta',
         optimizer=dict(type='Adam', lr=7.5e-5, betas=(0.9, 0.999)),
-        fresh_optimizer_per_stage=True,
+        stage_restart=('optimizer', ),
         trainable=dict(kind='all'),
         ema_momentum=0.999,
         recon_weight=0.3,

@@ -10,5 +10,5 @@ test_cfg = dict(
         type='tent',
         loss='pseudo_ce_fullres',
         optimizer=dict(type='Adam', lr=7.5e-6, betas=(0.9, 0.999)),
-        fresh_optimizer_per_stage=True,
+        stage_restart=('optimizer', ),
         trainable=dict(kind='norm_affine')))

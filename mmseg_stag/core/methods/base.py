@@ -1,21 +1,20 @@
 """The base class of the online-adaptation methods and STAG's place in it;
 the life cycle of DequanWang/tent's tent.py (Tent.forward)."""
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
-from ..params import select_parameters
+from ..params import select_parameters, use_batch_statistics
 from ..probe import PREDICTION_KINDS
 from ..stag import stag_beta
-from ..stag_loss import STAGLoss
 from ..stats import StepStats
 from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
                             TaskAdapter)
-from .checks import check_supports
+from .checks import check_stage_restart, check_supports
 from .method_state import MethodState
-from .stag_term import log_anchor_signs, stag_loss_options
+from .stag_term import build_stag_loss, log_anchor_signs
 
 #: a method's step: ``(batch, beta_t) -> (prediction, stats)``
 Step = Callable[[Batch, Any], Tuple[Prediction, StepStats]]
@@ -25,10 +24,12 @@ class BaseMethod(MethodState):
     """Base class of the online-adaptation methods.
 
     Its life cycle and options (``stag``, ``optimizer``, ``trainable``,
-    ``fresh_optimizer_per_stage``): docs/methods.md ("How a method runs").
+    ``stage_restart``, ``bn_batch_stats``): docs/methods.md ("How a method
+    runs").
 
     Raises:
-        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``.
+        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``, or
+            ``stage_restart`` names what the method does not have.
     """
 
     #: whether the method has a loss of its own (``L_base``)
@@ -53,21 +54,14 @@ class BaseMethod(MethodState):
                  stag: Optional[dict] = None,
                  optimizer: Optional[dict] = None,
                  trainable: Optional[dict] = None,
-                 fresh_optimizer_per_stage: bool = False):
+                 stage_restart: Sequence[str] = (),
+                 bn_batch_stats: bool = False):
         self.stag_cfg = None if stag is None else dict(stag)
-        self.stag_loss = None
-        if self.stag_cfg is not None:
-            missing = {'beta0', 'gamma'} - set(self.stag_cfg)
-            if missing:
-                raise ValueError(f'stag config needs {sorted(missing)}, got '
-                                 f'{self.stag_cfg}')
-            self.stag_loss = STAGLoss(**stag_loss_options(self.stag_cfg))
-            stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'], 0)
+        self.stag_loss = build_stag_loss(self.stag_cfg)
         self.optimizer_cfg = dict(optimizer or self.default_optimizer)
         self.trainable_cfg = dict(trainable or self.default_trainable)
-        self.restart_beta_per_stage = bool(
-            (self.stag_cfg or {}).get('restart_beta_per_stage', False))
-        self.fresh_optimizer_per_stage = bool(fresh_optimizer_per_stage)
+        #: BatchNorm normalises with the test batch's statistics
+        self.bn_batch_stats = bool(bn_batch_stats)
 
         self.model: Optional[nn.Module] = None
         self.adapter: Optional[TaskAdapter] = None
@@ -80,6 +74,9 @@ class BaseMethod(MethodState):
         self.grad_scaler: Optional[torch.amp.GradScaler] = None
         #: whether :meth:`adapt` runs a backward pass and a step
         self.updates = self.has_base_loss or self.stag_loss is not None
+        #: what restarts at a new stage of the stream (a subset of
+        #: STAGE_RESTARTS); a stage from the source restarts everything
+        self.stage_restart = check_stage_restart(self, stage_restart)
 
     @property
     def name(self) -> str:
@@ -111,6 +108,8 @@ class BaseMethod(MethodState):
         self.classifier = adapter.classifier(model)
         model.requires_grad_(False)
         self.set_modes(model)
+        if self.bn_batch_stats:  # after the modes: BN Adapt's and others'
+            use_batch_statistics(model)
         if not self.updates:
             self.params = []
             return
@@ -155,12 +154,12 @@ class BaseMethod(MethodState):
         """Use :meth:`source_statistics` of an earlier fit instead."""
 
     def start_stage(self, index: int) -> None:
-        """Restart ``t`` and/or the optimizer, if set, when the stage
-        ``index`` (``StreamStage.index``) differs from the last one."""
+        """Restart what ``stage_restart`` names when the stage ``index``
+        (``StreamStage.index``) differs from the last one."""
         if self.stage_index is not None and index != self.stage_index:
-            if self.restart_beta_per_stage:
+            if 'beta_t' in self.stage_restart:
                 self.step = 0
-            if self.fresh_optimizer_per_stage and self.optimizer is not None:
+            if 'optimizer' in self.stage_restart:
                 self.optimizer = self.build_optimizer()
         self.stage_index = index
 
@@ -263,10 +262,8 @@ class BaseMethod(MethodState):
 
     def __repr__(self) -> str:
         stag = 'off' if self.stag_cfg is None else self.stag_cfg
-        fresh = (', fresh_optimizer_per_stage=True'
-                 if self.fresh_optimizer_per_stage else '')
-        extra = ''.join(f', {f}={getattr(self, f)!r}'
-                        for f in self.repr_fields)
+        extra = ''.join(f', {f}={getattr(self, f)!r}' for f in (
+            'stage_restart', 'bn_batch_stats', *self.repr_fields))
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
-                f'trainable={self.trainable_cfg}{fresh}{extra})')
+                f'trainable={self.trainable_cfg}{extra})')
 

@@ -1,18 +1,24 @@
-from ..params import use_batch_statistics
 from ..registry import METHODS
 from .base import BaseMethod
 
 
 @METHODS.register_module(name='bn_adapt')
 class BNAdapt(BaseMethod):
-    """BN Adapt: BatchNorm layers normalise with the test batch's statistics.
+    """BN Adapt: BatchNorm layers normalise with the test batch's statistics
+    (``bn_batch_stats``, which is what the method is, so always on).
 
     No loss of its own; with STAG the update is ``beta_t L_STAG`` alone.
+
+    Raises:
+        ValueError: If ``bn_batch_stats=False`` (that is Source).
     """
 
     has_base_loss = False
     graph_capturable = True
 
-    def set_modes(self, model):
-        model.eval()
-        use_batch_statistics(model)
+    def __init__(self, bn_batch_stats: bool = True, **kwargs):
+        if not bn_batch_stats:
+            raise ValueError('bn_adapt is BatchNorm with test-batch '
+                             'statistics: bn_batch_stats=False is the source '
+                             "model (type='source')")
+        super().__init__(bn_batch_stats=True, **kwargs)

@@ -1,5 +1,7 @@
 """Checks of a method's options, with the option named, and of the task
 it is configured on; SAR's and DeYO's parameters excluded by module."""
+from typing import Tuple
+
 from ..probe import check_prediction_kind
 
 
@@ -11,6 +13,31 @@ def check_range(relation: str, **values) -> None:
     for name, value in values.items():
         if not holds(value):
             raise ValueError(f'{name} must be {relation}, got {value}')
+
+
+#: what a method may restart at a new stage of the stream (``stage_restart``)
+STAGE_RESTARTS = ('optimizer', 'beta_t')
+
+
+def check_stage_restart(method, names) -> Tuple[str, ...]:
+    """Return ``names`` (``stage_restart``) as a tuple in
+    :data:`STAGE_RESTARTS` order; ``ValueError`` for an unknown name, or
+    one the method as configured does not have: ``'beta_t'`` without
+    ``stag``, ``'optimizer'`` for a method that never updates."""
+    names = (names, ) if isinstance(names, str) else tuple(names)
+    unknown = sorted(set(names) - set(STAGE_RESTARTS))
+    if unknown:
+        raise ValueError(f'{method.name}: stage_restart names {unknown}; it '
+                         f'takes {STAGE_RESTARTS} (a stage from the source '
+                         'restarts everything anyway)')
+    if 'beta_t' in names and method.stag_loss is None:
+        raise ValueError(f"{method.name}: stage_restart has 'beta_t', but "
+                         'there is no beta_t without stag=dict(...)')
+    if 'optimizer' in names and not method.updates:
+        raise ValueError(f"{method.name}: stage_restart has 'optimizer', "
+                         'but this method as configured makes no update '
+                         '(add stag=dict(...) or remove it)')
+    return tuple(n for n in STAGE_RESTARTS if n in names)
 
 
 def check_supports(method, adapter) -> None:

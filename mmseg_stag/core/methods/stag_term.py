@@ -1,13 +1,28 @@
 """STAG's term in a method, around :class:`BaseMethod`: the ``STAGLoss``
 arguments of its ``stag`` config, and the anchors' signs it logs when it
 is configured (eq:structural_anchor)."""
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 from mmengine.logging import print_log
 
-from ..stag import anchor_coefficients
+from ..stag import anchor_coefficients, stag_beta
+from ..stag_loss import STAGLoss
+
+
+def build_stag_loss(stag_cfg: Optional[dict]) -> Optional[STAGLoss]:
+    """The ``STAGLoss`` of a method's ``stag`` config (None: no STAG);
+    ``ValueError`` if it lacks ``beta0`` or ``gamma``, or they are out of
+    range (:func:`~..stag.stag_beta`)."""
+    if stag_cfg is None:
+        return None
+    missing = {'beta0', 'gamma'} - set(stag_cfg)
+    if missing:
+        raise ValueError(f'stag config needs {sorted(missing)}, got '
+                         f'{stag_cfg}')
+    stag_beta(stag_cfg['beta0'], stag_cfg['gamma'], 0)
+    return STAGLoss(**stag_loss_options(stag_cfg))
 
 
 def stag_loss_options(stag_cfg: dict) -> dict:
@@ -25,7 +40,7 @@ def stag_loss_options(stag_cfg: dict) -> dict:
                          "STAGLoss (the only type; leave it out)")
     return {'check_finite': False, **{
         k: v for k, v in stag_cfg.items()
-        if k not in ('beta0', 'gamma', 'type', 'restart_beta_per_stage')}}
+        if k not in ('beta0', 'gamma', 'type')}}
 
 
 @torch.no_grad()

@@ -56,8 +56,10 @@ class CUDAGraphStep:
     copied into the captured inputs and replayed: each batch is stepped on
     once, as in eager mode. Each graph has its own memory pool (graphs of
     two keys replay in any order, so none may reuse another's memory);
-    :meth:`reset` forgets them, and their pools with them (the loop does
-    at each stage's start), as does a rebuilt optimizer.
+    :meth:`reset` forgets them, and their pools with them, when the
+    method's optimizer or its state is another object (``stage_restart``
+    rebuilt it, ``load_state_dict`` loaded one): the only changes a replay
+    cannot follow.
 
     Raises:
         ValueError: If the method's step cannot be captured, it has an
@@ -100,6 +102,7 @@ class CUDAGraphStep:
         self.graphs: Dict[Hashable, Captured] = {}
         self.eager_steps: Dict[Hashable, int] = {}
         self.optimizer = None  # the one the graphs update
+        self.optimizer_state = None  # its ``state``, which a load replaces
         self.stream = None
 
     def reset(self) -> None:
@@ -122,11 +125,15 @@ class CUDAGraphStep:
 
     def __call__(self, batch, beta: Optional[float]
                  ) -> Tuple[Any, StepStats]:
-        if self.optimizer is not self.method.optimizer:
+        optimizer = self.method.optimizer
+        # a new optimizer (stage_restart) or a loaded state (load_state_dict
+        # replaces ``state``): the graphs stepped the old tensors
+        if self.optimizer is not optimizer or (
+                self.optimizer_state is not optimizer.state):
             if self.optimizer is None:
                 self.check_method()
-            self.reset()  # the graphs stepped the old optimizer
-            self.optimizer = self.method.optimizer
+            self.reset()
+            self.optimizer, self.optimizer_state = optimizer, optimizer.state
         key = graph_key(batch)
         captured = self.graphs.get(key)
         if captured is None:

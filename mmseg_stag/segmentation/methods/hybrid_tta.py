@@ -8,7 +8,7 @@ mmseg/ood/base.py (FreezeController, mode loss_seg_with_wma).
 import copy
 import math
 import re
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -94,6 +94,8 @@ class HybridTTA(BaseMethod):
         switch (dict, optional): :class:`TuningSwitch` arguments.
         optimizer (dict, optional): Default: Adam, lr 7.5e-5 (6e-4 / 8).
         trainable (dict, optional): Default: ``dict(kind='all')``.
+        stage_restart (tuple): Default: ``('optimizer', )``, a fresh
+            optimizer per stage (the authors' test_feat.py:124-136).
         **kwargs: See :class:`BaseMethod` (``stag``).
     """
 
@@ -115,11 +117,10 @@ class HybridTTA(BaseMethod):
                  adapter_init: str = 'backbone',
                  neck_embed_dim: int = 768,
                  switch: Optional[dict] = None,
-                 fresh_optimizer_per_stage: bool = True,
+                 stage_restart: Sequence[str] = ('optimizer', ),
                  **kwargs):
         check_range('in [0, 1]', ema_momentum=ema_momentum)
-        super().__init__(
-            fresh_optimizer_per_stage=fresh_optimizer_per_stage, **kwargs)
+        super().__init__(stage_restart=stage_restart, **kwargs)
         self.ema_momentum = float(ema_momentum)
         self.recon_weight = float(recon_weight)
         self.masks = PatchMaskGenerator(mask_patch_size, 4, mask_ratio,

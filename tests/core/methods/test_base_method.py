@@ -212,7 +212,7 @@ def test_beta_decays_per_update_and_optional_restart_per_stage():
 
     model = make_model()
     method = configured(
-        TENT(stag=dict(beta0=10.0, gamma=2.0, restart_beta_per_stage=True)),
+        TENT(stag=dict(beta0=10.0, gamma=2.0), stage_restart='beta_t'),
         model)
     seen = []
     for stage in (0, 0, 1, 1):
@@ -238,10 +238,11 @@ def test_pseudo_ce_loss_is_cross_entropy_to_own_argmax():
 def test_repr_shows_the_base_options_then_the_repr_fields():
     """One ``repr`` scheme: the base options, then a method's
     ``repr_fields`` (TENT's loss)."""
-    text = repr(TENT(loss='pseudo_ce', fresh_optimizer_per_stage=True))
+    text = repr(TENT(loss='pseudo_ce', stage_restart=['optimizer'],
+                     bn_batch_stats=True))
     assert text.startswith("TENT(stag=off, optimizer={'type': 'Adam'")
-    assert text.endswith(", fresh_optimizer_per_stage=True, "
-                         "loss_type='pseudo_ce')")
+    assert text.endswith(", stage_restart=('optimizer',), bn_batch_stats="
+                         "True, loss_type='pseudo_ce')")
 
 
 def test_full_resolution_loss_needs_the_original_size():
@@ -259,12 +260,63 @@ def test_full_resolution_loss_needs_the_original_size():
     assert method.model is None and method.optimizer is None
 
 
-def test_fresh_optimizer_per_stage():
-    """``fresh_optimizer_per_stage``: a fresh optimizer (no moments) when
-    the stage changes, as CoTTA's ACDC code builds its Adam per stage."""
+STAG_CFG = dict(beta0=10.0, gamma=2.0)
+
+
+def test_stage_restart_is_refused_where_it_cannot_act_and_old_names_too():
+    """``stage_restart`` takes 'optimizer' and 'beta_t' where they act; the
+    options it replaced, and the loop's ``bn_batch_stats``, are refused
+    with their new spelling."""
+    with pytest.raises(ValueError, match=r"stage_restart names \['beta'\]"):
+        TENT(stag=STAG_CFG, stage_restart=('beta', ))
+    with pytest.raises(ValueError, match="no beta_t without stag"):
+        TENT(stage_restart=('beta_t', ))
+    with pytest.raises(ValueError, match='makes no update'):
+        BNAdapt(stage_restart=('optimizer', ))
+    assert BNAdapt(stag=STAG_CFG, stage_restart=['beta_t', 'optimizer']
+                   ).stage_restart == ('optimizer', 'beta_t')
+    with pytest.raises(ValueError, match=r"fresh_optimizer_per_stage is now "
+                       r"stage_restart=\('optimizer', ...\)"):
+        build_method(dict(type='tent', fresh_optimizer_per_stage=True))
+    with pytest.raises(ValueError, match=r"stag.restart_beta_per_stage is "
+                       r"now stage_restart=\(..., 'beta_t'\)"):
+        build_method(dict(type='tent', stag=dict(
+            STAG_CFG, restart_beta_per_stage=True)))
+    with pytest.raises(ValueError, match='bn_batch_stats=False is the '
+                       'source model'):
+        BNAdapt(bn_batch_stats=False)
+
+
+def test_bn_batch_stats_is_the_methods_and_reaches_its_copies():
+    """``bn_batch_stats=True``: BatchNorm without running statistics, set
+    in ``configure`` before a method copies the model (CoTTA's teacher)."""
+    per_sample = TaskAdapter(HeadProbe('classifier',
+                                       prediction_kind='per_sample'))
+    torch.manual_seed(0)
+    classifier = nn.Module()  # body[1] a BatchNorm, as TinySegNet's
+    classifier.body = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4),
+                                    nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    classifier.classifier = nn.Linear(4, 3)
+    for method, adapter, model in (
+            (BNAdapt(), ADAPTER, make_model()),
+            (build_method(dict(type='cotta', bn_batch_stats=True)),
+             per_sample, classifier)):
+        method.configure(model, adapter)
+        for copy_ in (method.model, getattr(method, 'teacher', None)):
+            if copy_ is not None:
+                assert copy_.body[1].running_mean is None
+                assert copy_.body[1].running_var is None
+    assert configured(TENT(), make_model()).model.body[1].running_mean \
+        is not None
+
+
+def test_stage_restart_optimizer():
+    """``stage_restart=('optimizer', )``: a fresh optimizer (no moments)
+    when the stage changes, as CoTTA's ACDC code builds its Adam per
+    stage."""
     x = images()
     for fresh in (False, True):
-        method = configured(TENT(fresh_optimizer_per_stage=fresh),
+        method = configured(TENT(stage_restart=('optimizer', ) * fresh),
                             make_model())
         first = method.optimizer
         for stage in (0, 0):
@@ -405,11 +457,11 @@ def test_tent_takes_few_options():
     own = arguments(TENT.__init__, {'self'}) | arguments(
         BaseMethod.__init__, {'self'})
     stag = arguments(STAGLoss.__init__, {'self'}) | {
-        'beta0', 'gamma', 'restart_beta_per_stage'}
+        'beta0', 'gamma'}
     trainable = arguments(select_parameters, {'model'})
     assert own == {'loss', 'align_corners', 'stag', 'optimizer', 'trainable',
-                   'fresh_optimizer_per_stage'}
+                   'stage_restart', 'bn_batch_stats'}
     assert stag == {'eps', 'anchor', 'label', 'check_finite', 'beta0',
-                    'gamma', 'restart_beta_per_stage'}
+                    'gamma'}
     assert trainable == {'kind', 'norm_types', 'name_regex'}
     assert len(own | stag | trainable) <= 22

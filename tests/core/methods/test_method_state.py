@@ -19,9 +19,9 @@ STAG = dict(beta0=50.0, gamma=5.0)
 SGD = dict(type='SGD', lr=0.05, momentum=0.9)
 METHODS = {
     'tent+stag': dict(type='tent', optimizer=SGD, stag=STAG,
-                      fresh_optimizer_per_stage=True),
-    'bn_adapt+stag': dict(type='bn_adapt', optimizer=SGD,
-                          stag=dict(STAG, restart_beta_per_stage=True)),
+                      stage_restart=('optimizer', )),
+    'bn_adapt+stag': dict(type='bn_adapt', optimizer=SGD, stag=STAG,
+                          stage_restart=('beta_t', )),
     'eata+stag': dict(type='eata', optimizer=SGD, stag=STAG,
                       fisher_alpha=50.0, entropy_margin=0.9, d_margin=0.5),
     'sar+stag': dict(type='sar', optimizer=SGD, stag=STAG,

@@ -242,7 +242,13 @@ def stand_in_capture(method):
         prediction, stats = method.forward_and_adapt(static, beta_buffer)
         for module, module_state in zip(modules, state[0]):
             module.load_state_dict(module_state)  # nothing ran
+        # in the optimizer's own ``state`` object, which a real capture
+        # keeps (a new one means a loaded state: the graphs are dropped)
+        kept = method.optimizer.state
         method.optimizer.load_state_dict(state[1])
+        kept.clear()
+        kept.update(method.optimizer.state)
+        method.optimizer.state = kept
         torch.set_rng_state(rng)
         graph = StandInGraph()
         graph.run = lambda: method.forward_and_adapt(static, beta_buffer)
@@ -301,7 +307,7 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
     method = cls(stag=STAG, optimizer=opt)
     graphs = graphed(method, make_model())
     for i, x in enumerate(stream_of_batches()):
-        method.start_stage(i // 4)  # beta restarts: no (default)
+        method.start_stage(i // 4)  # stage_restart: nothing (default)
         eager.start_stage(i // 4)
         want, want_stats = eager.adapt(Batch(x))
         got, got_stats = method.adapt(Batch(x), step=graphs)
@@ -325,19 +331,29 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
         torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
 
 
-def test_a_rebuilt_optimizer_or_a_reset_drops_the_graphs(stand_in_cuda):
-    method = TENT(stag=STAG, optimizer=dict(type='SGD', lr=0.1),
-                  fresh_optimizer_per_stage=True)
+def test_a_rebuilt_optimizer_or_a_loaded_state_drops_the_graphs(
+        stand_in_cuda):
+    method = TENT(stag=STAG, optimizer=dict(type='SGD', lr=0.1,
+                                            momentum=0.9),
+                  stage_restart=('optimizer', ))
     graphs = graphed(method, make_model())
     method.start_stage(0)
     for seed in range(3):
         method.adapt(Batch(images(seed)), step=graphs)
     assert len(graphs.graphs) == 1
+    method.start_stage(0)  # the same stage: nothing restarts
+    method.adapt(Batch(images(4)), step=graphs)
+    assert len(graphs.graphs) == 1
     method.start_stage(1)  # a new optimizer: the graph stepped the old one
     method.adapt(Batch(images(5)), step=graphs)
     assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
-    graphs.reset()  # the loop's, at a stage's start (a loaded state too)
-    assert graphs.graphs == {} and graphs.eager_steps == {}
+    for seed in range(6, 9):
+        method.adapt(Batch(images(seed)), step=graphs)
+    assert len(graphs.graphs) == 1
+    # a loaded state replaces the optimizer's state tensors (momentum)
+    method.load_state_dict(method.state_dict())
+    method.adapt(Batch(images(9)), step=graphs)
+    assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
 
 
 # ------------------------------------------------------------------ CUDA

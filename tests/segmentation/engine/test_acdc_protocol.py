@@ -89,7 +89,7 @@ def test_one_adam_for_the_whole_stream_is_not_cottas(tiny_acdc,
     (the reference above would catch a loop that ignores the option)."""
     _, ours, _ = run_ours(
         'tent', tiny_acdc, tiny_checkpoint, tmp_path,
-        extra={'test_cfg.method.fresh_optimizer_per_stage': False})
+        extra={'test_cfg.method.stage_restart': ()})
     _, fresh, _ = run_ours('tent', tiny_acdc, tiny_checkpoint,
                            tmp_path / 'fresh')
     name = 'backbone.layers.0.2.weight'

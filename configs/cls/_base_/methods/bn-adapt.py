@@ -2,5 +2,4 @@
 # beta_t * L_STAG alone (optimizer in the leaf config).
 test_cfg = dict(
     type='OnlineAdaptationLoop',
-    method=dict(type='bn_adapt'),
-    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)
+    method=dict(type='bn_adapt'))

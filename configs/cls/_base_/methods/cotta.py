@@ -2,5 +2,6 @@
 # labels, stochastic restore (method defaults).
 test_cfg = dict(
     type='OnlineAdaptationLoop',
-    method=dict(type='cotta'),
-    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)
+    method=dict(type='cotta',
+                # test-batch BN statistics (the authors' code)
+                bn_batch_stats=True))

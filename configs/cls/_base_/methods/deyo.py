@@ -2,5 +2,6 @@
 # shuffling (method defaults).
 test_cfg = dict(
     type='OnlineAdaptationLoop',
-    method=dict(type='deyo'),
-    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)
+    method=dict(type='deyo',
+                # test-batch BN statistics (the authors' code)
+                bn_batch_stats=True))

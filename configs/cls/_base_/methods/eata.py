@@ -7,8 +7,9 @@
 # clean data).
 test_cfg = dict(
     type='OnlineAdaptationLoop',
-    method=dict(type='eata'),
-    bn_batch_stats=True,  # test-batch BN statistics (the authors' code)
+    method=dict(type='eata',
+                # test-batch BN statistics (the authors' code)
+                bn_batch_stats=True),
     source_dataloader=dict(
         batch_size=64,
         num_workers=2,

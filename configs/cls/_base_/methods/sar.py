@@ -2,5 +2,6 @@
 # model recovery (method defaults).
 test_cfg = dict(
     type='OnlineAdaptationLoop',
-    method=dict(type='sar'),
-    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)
+    method=dict(type='sar',
+                # test-batch BN statistics (the authors' code)
+                bn_batch_stats=True))

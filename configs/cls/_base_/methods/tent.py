@@ -2,5 +2,6 @@
 # benchmark in the leaf config).
 test_cfg = dict(
     type='OnlineAdaptationLoop',
-    method=dict(type='tent', loss='entropy'),
-    bn_batch_stats=True)  # test-batch BN statistics (the authors' code)
+    method=dict(type='tent', loss='entropy',
+                # test-batch BN statistics (the authors' code)
+                bn_batch_stats=True))
