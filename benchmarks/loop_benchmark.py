@@ -31,11 +31,11 @@ class TwoForwardTENT(TENT):
 
     def forward_and_adapt(self, batch, beta=None):
         with torch.no_grad():  # as model(return_loss=False)
-            prediction = self.adapter.forward(self.model, batch)
-        fwd = self.adapter.forward(self.model, batch)  # the loss's own
-        labels = self.adapter.labels_at_original_size(batch, prediction)
+            prediction = self.task_adapter.forward(self.model, batch)
+        fwd = self.task_adapter.forward(self.model, batch)  # the loss's own
+        labels = self.task_adapter.labels_at_original_size(batch, prediction)
         self.backward_step(self.add_stag(
-            self.adapter.cross_entropy_at_original_size(
+            self.task_adapter.cross_entropy_at_original_size(
                 fwd, labels, self.align_corners), fwd, beta))
         return self.prediction(prediction), StepStats([fwd.stats])
 

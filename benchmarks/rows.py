@@ -51,14 +51,14 @@ def stage_config(config: str, cfg_options: dict, condition=None,
     ``condition``'s) alone, limited to ``images`` images."""
     from mmengine.config import Config
 
-    from mmseg_stag.paper.protocol import (first_images_cfg_options,
-                                           first_stage_cfg_options)
+    from mmseg_stag.paper.protocol import (first_stage_cfg_options,
+                                           images_per_stage_cfg_options)
     cfg = Config.fromfile(config)
     cfg.merge_from_dict(cfg_options)
     if not whole_stream:
         cfg.merge_from_dict(first_stage_cfg_options(cfg, condition))
     if images:
-        cfg.merge_from_dict(first_images_cfg_options(cfg, images))
+        cfg.merge_from_dict(images_per_stage_cfg_options(cfg, images))
     return cfg
 
 

@@ -231,7 +231,7 @@ class BenchTask:
         self.online.setup(None)
         self.raw = random_batch(self.kind, args)  # the loader's batch
         self.batch = self.online.batch(model, self.raw)
-        self.adapter = self.online.adapter
+        self.task_adapter = self.online.task_adapter
         self.probe = self.online.probe  # its autocast_dtype: mixed precision
         self.base = self.online.adapted_module(model)
         setting = STAG_SETTING[name if self.kind != 'seg' else 'seg']
@@ -306,19 +306,19 @@ class BenchTask:
         its ``CUDAGraphStep`` (a :data:`GRAPHED` arm)."""
         batch = self.batch if batch is None else batch
         step = getattr(method, 'bench_step', None)
-        with torch.set_grad_enabled(method.updates):
+        with torch.set_grad_enabled(method.has_loss):
             if step is None:
                 return method.adapt(batch)[0]
-            return method.adapt(batch, step=step)[0]
+            return method.adapt(batch, replay=step)[0]
 
     def two_forward_step(self, method):
         """CoTTA-style: predict under no_grad, then forward for the loss."""
         model = method.model
         with torch.no_grad():
-            prediction = self.adapter.forward(model, self.batch).output
+            prediction = self.task_adapter.forward(model, self.batch).output
         with torch.enable_grad():
             loss = method.loss(self.batch,
-                               self.adapter.forward(model, self.batch))
+                               self.task_adapter.forward(model, self.batch))
             method.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             method.optimizer.step()

@@ -154,7 +154,7 @@ def test_benchmark_stag_arm_uses_the_table(monkeypatch):
 
 @pytest.mark.parametrize('config, stage, images', [
     ('configs/stag_acdc/segformer_mit-b5-nvlabs_acdc-continual_tent-stag.py',
-     {'rounds': 1, 'conditions': ['night']}, {'indices': 3}),
+     {'rounds': 1, 'conditions': ['night']}, {'images_per_condition': 3}),
     ('configs/cls/cifar-c/cifar10-c_continual_wrn-28-10_cotta-stag.py',
      {'corruptions': ['night']}, {'corruption_set.n_examples': 3}),
 ])
@@ -162,13 +162,13 @@ def test_the_stream_dataset_says_how_to_keep_its_first_stage(config, stage,
                                                             images):
     from mmengine.config import Config
 
-    from mmseg_stag.paper.protocol import (first_images_cfg_options,
-                                           first_stage_cfg_options)
+    from mmseg_stag.paper.protocol import (first_stage_cfg_options,
+                                           images_per_stage_cfg_options)
     cfg = Config.fromfile(config)
     prefix = 'test_dataloader.dataset.'
     assert first_stage_cfg_options(cfg, 'night') == {
         prefix + k: v for k, v in stage.items()}
-    assert first_images_cfg_options(cfg, 3) == {
+    assert images_per_stage_cfg_options(cfg, 3) == {
         prefix + k: v for k, v in images.items()}
     if 'conditions' in stage:  # ACDC: one condition given as a string
         cfg.test_dataloader.dataset.conditions = 'rain'

@@ -41,7 +41,7 @@ from mmseg_stag.engine.stream import StreamStage
 ON_NONFINITE = ('stop', 'reset')
 #: the adapted state a stream continues from (``state_dict``), this
 #: version's layout
-STATE_SCHEMA = 1
+STATE_SCHEMA = 2
 
 Frame = Union[str, np.ndarray]
 

@@ -69,8 +69,10 @@ class CorruptionStream(Dataset):
         return dict(corruptions=[corruption or corruptions[0]])
 
     @staticmethod
-    def first_images_options(num_images: int) -> dict:
-        """Options that keep ``num_images`` images of each corruption."""
+    def images_per_stage_options(num_images: int) -> dict:
+        """Options that keep ``num_images`` images of each stage: of each
+        corruption (the ``mixed`` scenario's one stage: of each of its
+        corruptions)."""
         return {'corruption_set.n_examples': num_images}
 
     def stream_stages(self) -> List[StreamStage]:

@@ -398,10 +398,10 @@ class OnlineAdaptationLoop(TestLoop):
         # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
         images = image_names(data_batch)
         try:
-            with torch.set_grad_enabled(self.method.updates):
+            with torch.set_grad_enabled(self.method.has_loss):
                 # the graph replays forward_and_adapt; None: eager
                 prediction, stats = self.method.adapt(
-                    batch, step=self.graph_step)
+                    batch, replay=self.graph_step)
         except NonFiniteStatistic as err:  # a method that reads its loss
             raise err.locate(idx, self.method.name, images) from None
         self.pending_stats.append(PendingStep(idx, stats, images))
@@ -444,7 +444,7 @@ class OnlineAdaptationLoop(TestLoop):
             return
         self.task.probe.autocast_dtype = MIXED_PRECISION[
             precision]
-        if precision == 'fp16' and self.method.updates:
+        if precision == 'fp16' and self.method.has_loss:
             # fp16 gradients underflow (TENT's full-size CE: ~1/2M a pixel)
             self.method.use_grad_scaler(self.device_type)
 

@@ -32,7 +32,7 @@ class OnlineTask(ABC):
                                prediction_kind=self.prediction_kind)
         self.probe.find(self.adapted_module(model))  # fail before the stream
         #: what the method is given: the task's operations on a batch
-        self.adapter = self.build_adapter(model)
+        self.task_adapter = self.build_adapter(model)
 
     def build_adapter(self, model: nn.Module) -> TaskAdapter:
         """Return the :class:`TaskAdapter` the method is configured with."""
@@ -53,8 +53,8 @@ class OnlineTask(ABC):
     # benchmarks' before they time (benchmarks/step_benchmark.py)
     def configure(self, method, adapted: nn.Module) -> None:
         """Configure ``method`` on the ``adapted`` module with the task's
-        adapter (:meth:`adapted_module` of the runner's model)."""
-        method.configure(adapted, self.adapter)
+        task_adapter (:meth:`adapted_module` of the runner's model)."""
+        method.configure(adapted, self.task_adapter)
 
     def fit_source(self, method, batches: Iterable[Batch]) -> None:
         """``method.fit_source(batches)`` in float32: squared fp16 gradients

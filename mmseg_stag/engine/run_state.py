@@ -13,7 +13,7 @@ import torch.nn as nn
 from .report import write_torch
 
 #: version of the state-file layout (a file of another version is refused)
-STATE_VERSION = 4
+STATE_VERSION = 5
 
 
 def rng_state() -> dict:

@@ -27,7 +27,7 @@ class SpeedOptions:
 
     def check_method(self, method) -> None:
         """What the method built must allow (``ValueError`` otherwise)."""
-        if self.mixed_precision == 'fp16' and method.updates and \
+        if self.mixed_precision == 'fp16' and method.has_loss and \
                 not method.supports_grad_scaler:
             raise ValueError(
                 f"mixed_precision='fp16': {method.name} cannot scale "

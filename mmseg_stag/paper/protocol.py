@@ -21,12 +21,12 @@ def first_stage_cfg_options(cfg: Config, condition=None) -> dict:
     return {f'test_dataloader.dataset.{k}': v for k, v in options.items()}
 
 
-def first_images_cfg_options(cfg: Config, num_images: int) -> dict:
+def images_per_stage_cfg_options(cfg: Config, num_images: int) -> dict:
     """``--cfg-options`` that keep the first ``num_images`` images of each
-    stage: the stream dataset's ``first_images_options`` under
-    ``test_dataloader.dataset.``."""
+    stage, for either task: the stream dataset's
+    ``images_per_stage_options`` under ``test_dataloader.dataset.``."""
     options = stream_dataset_class(
-        cfg.test_dataloader.dataset).first_images_options(num_images)
+        cfg.test_dataloader.dataset).images_per_stage_options(num_images)
     return {f'test_dataloader.dataset.{k}': v for k, v in options.items()}
 
 

@@ -97,7 +97,7 @@ class SegmentationTask(OnlineTask):
             return batch.data_samples
         if prediction.postprocessed is not None:  # made by the loss
             return prediction.postprocessed
-        return self.adapter.postprocess(batch, prediction.value)
+        return self.task_adapter.postprocess(batch, prediction.value)
 
     def source_batch(self, inputs) -> SegmentationBatch:
         """Whole-image metainfo, as the clean images come."""

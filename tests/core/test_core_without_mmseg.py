@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent('''
     method.configure(model, TaskAdapter(probe))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     x = torch.randn(16, 6)
-    with torch.set_grad_enabled(method.updates):
+    with torch.set_grad_enabled(method.has_loss):
         prediction, stats = method.adapt(Batch(x))
     out['prediction'] = [type(prediction).__name__,
                          list(prediction.value.shape)]

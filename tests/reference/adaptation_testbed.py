@@ -191,14 +191,14 @@ def adapt(method, inputs, forward=None):
     updates; returns ``(prediction, stats)``, the prediction's tensor and
     the stats read as floats.
     ``forward``: this batch's forward passes go through it instead."""
-    adapter = method.adapter
+    adapter = method.task_adapter
     if forward is not None:
-        method.adapter = ScriptedAdapter(forward, adapter.probe)
+        method.task_adapter = ScriptedAdapter(forward, adapter.probe)
     try:
-        with torch.set_grad_enabled(method.updates):
+        with torch.set_grad_enabled(method.has_loss):
             prediction, stats = method.adapt(Batch(inputs))
     finally:
-        method.adapter = adapter
+        method.task_adapter = adapter
     return prediction.value, floats(stats)
 
 

@@ -116,7 +116,7 @@ def test_segmentation_cotta_batched_views_equal_one_at_a_time(monkeypatch):
         counter = PassCounter(task.counted(teacher))
         probabilities.clear()
         results[batched] = cotta.teacher_labels(
-            task.adapter, teacher, source, views, batch.main_view,
+            task.task_adapter, teacher, source, views, batch.main_view,
             method.ap, batched)
         assert counter.forwards == (7 if batched else 14)
         # the teacher's passes, then the source model's main view

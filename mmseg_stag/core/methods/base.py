@@ -16,8 +16,6 @@ from .checks import check_stage_restart, check_supports
 from .method_state import MethodState
 from .stag_term import build_stag_loss, log_anchor_signs
 
-#: a method's step: ``(batch, beta_t) -> (prediction, stats)``
-Step = Callable[[Batch, Any], Tuple[Prediction, StepStats]]
 
 
 class BaseMethod(MethodState):
@@ -64,16 +62,17 @@ class BaseMethod(MethodState):
         self.bn_batch_stats = bool(bn_batch_stats)
 
         self.model: Optional[nn.Module] = None
-        self.adapter: Optional[TaskAdapter] = None
+        self.task_adapter: Optional[TaskAdapter] = None
         self.classifier: Optional[nn.Module] = None
         self.optimizer = None
         self.params: List[Tuple[str, nn.Parameter]] = []
-        self.step = 0  # t of beta_t
+        self.t = 0  # t of beta_t: the updates since beta_0 (or its restart)
         self.num_updates = 0
         self.stage_index: Optional[int] = None  # the stage's, in the stream
         self.grad_scaler: Optional[torch.amp.GradScaler] = None
-        #: whether :meth:`adapt` runs a backward pass and a step
-        self.updates = self.has_base_loss or self.stag_loss is not None
+        #: whether there is a loss (its own or STAG): :meth:`adapt` runs a
+        #: backward pass and an optimizer step
+        self.has_loss = self.has_base_loss or self.stag_loss is not None
         #: what restarts at a new stage of the stream (a subset of
         #: STAGE_RESTARTS); a stage from the source restarts everything
         self.stage_restart = check_stage_restart(self, stage_restart)
@@ -88,29 +87,29 @@ class BaseMethod(MethodState):
         if self.stag_cfg is None:
             return 0.0
         return stag_beta(self.stag_cfg['beta0'], self.stag_cfg['gamma'],
-                         self.step)
+                         self.t)
 
     #: whether the method, as configured, needs logits, labels and a loss
     #: at each image's original size (``TaskAdapter.has_original_size``)
     needs_original_size = False
 
-    def check_supports(self, adapter: TaskAdapter) -> None:
+    def check_supports(self, task_adapter: TaskAdapter) -> None:
         """``ValueError`` unless the method is defined on the task
-        ``adapter`` serves (:func:`~.checks.check_supports`)."""
-        check_supports(self, adapter)
+        ``task_adapter`` serves (:func:`~.checks.check_supports`)."""
+        check_supports(self, task_adapter)
 
-    def configure(self, model: nn.Module, adapter: TaskAdapter) -> None:
+    def configure(self, model: nn.Module, task_adapter: TaskAdapter) -> None:
         """Set the modes, unfreeze the adapted parameters, build the optimizer;
         ``ValueError`` if no parameter matches ``trainable``."""
-        self.check_supports(adapter)
+        self.check_supports(task_adapter)
         self.prepare_model(model)
-        self.model, self.adapter = model, adapter
-        self.classifier = adapter.classifier(model)
+        self.model, self.task_adapter = model, task_adapter
+        self.classifier = task_adapter.classifier(model)
         model.requires_grad_(False)
         self.set_modes(model)
         if self.bn_batch_stats:  # after the modes: BN Adapt's and others'
             use_batch_statistics(model)
-        if not self.updates:
+        if not self.has_loss:
             self.params = []
             return
         self.params = select_parameters(model, **self.trainable_cfg)
@@ -158,7 +157,7 @@ class BaseMethod(MethodState):
         (``StreamStage.index``) differs from the last one."""
         if self.stage_index is not None and index != self.stage_index:
             if 'beta_t' in self.stage_restart:
-                self.step = 0
+                self.t = 0
             if 'optimizer' in self.stage_restart:
                 self.optimizer = self.build_optimizer()
         self.stage_index = index
@@ -215,15 +214,15 @@ class BaseMethod(MethodState):
     def check_configured(self) -> None:
         """Raise ``RuntimeError`` if :meth:`configure` has not run."""
         if self.model is None:
-            raise RuntimeError(f'{self.name}.configure(model, adapter) must '
-                               'be called before adapting')
+            raise RuntimeError(f'{self.name}.configure(model, task_adapter) '
+                               'must be called before adapting')
 
-    def adapt(self, batch: Batch, step: Optional[Step] = None
+    def adapt(self, batch: Batch, replay: Optional[Callable] = None
               ) -> Tuple[Prediction, StepStats]:
-        """Predict, then adapt: one step, ``step(batch, beta_t)``,
-        :meth:`forward_and_adapt` by default (a
-        :class:`~.step_graph.CUDAGraphStep` replays it); return the
-        prediction before the update and the step's :class:`StepStats`.
+        """Predict, then adapt: one step, :meth:`forward_and_adapt`, or
+        ``replay(batch, beta_t)``, which replays it (a
+        :class:`~.step_graph.CUDAGraphStep`); return the prediction before
+        the update and the step's :class:`StepStats`.
 
         The one entry point of a step: a method implements
         :meth:`forward_and_adapt` and nothing else of it. The step is
@@ -234,11 +233,11 @@ class BaseMethod(MethodState):
         """
         self.check_configured()
         beta = None if self.stag_loss is None else self.beta
-        prediction, stats = (step or self.forward_and_adapt)(batch, beta)
+        prediction, stats = (replay or self.forward_and_adapt)(batch, beta)
         # as the step says (SAR), else where a pass minimised a loss
         if stats.updated or (stats.updated is None and any(
                 p.loss is not None for p in stats.passes)):
-            self.step += 1
+            self.t += 1
             self.num_updates += 1
         return prediction, stats
 
@@ -254,8 +253,8 @@ class BaseMethod(MethodState):
         optimizer step on :meth:`loss` where there is one; ``beta``:
         ``beta_t`` (a float, or a 0-d device tensor filled before each
         replay of a captured step)."""
-        fwd = self.adapter.forward(self.model, batch)
-        total = self.loss(batch, fwd, beta) if self.updates else None
+        fwd = self.task_adapter.forward(self.model, batch)
+        total = self.loss(batch, fwd, beta) if self.has_loss else None
         if total is not None:
             self.backward_step(total)
         return self.prediction(fwd), StepStats([fwd.stats])

@@ -33,28 +33,28 @@ def check_stage_restart(method, names) -> Tuple[str, ...]:
     if 'beta_t' in names and method.stag_loss is None:
         raise ValueError(f"{method.name}: stage_restart has 'beta_t', but "
                          'there is no beta_t without stag=dict(...)')
-    if 'optimizer' in names and not method.updates:
+    if 'optimizer' in names and not method.has_loss:
         raise ValueError(f"{method.name}: stage_restart has 'optimizer', "
                          'but this method as configured makes no update '
                          '(add stag=dict(...) or remove it)')
     return tuple(n for n in STAGE_RESTARTS if n in names)
 
 
-def check_supports(method, adapter) -> None:
+def check_supports(method, task_adapter) -> None:
     """Raise ``ValueError`` unless ``method`` is defined on the task
-    ``adapter`` serves: its prediction kind and the original size."""
-    kind = check_prediction_kind(adapter.prediction_kind)
+    ``task_adapter`` serves: its prediction kind and the original size."""
+    kind = check_prediction_kind(task_adapter.prediction_kind)
     supported = method.supported_prediction_kinds
     if kind not in supported:
         raise ValueError(
             f'{method.name} supports {" and ".join(supported)} outputs '
             f'only, but this task gives {kind} outputs (choose another '
             'method)')
-    if method.needs_original_size and not adapter.has_original_size:
+    if method.needs_original_size and not task_adapter.has_original_size:
         raise ValueError(
             f'{method.name} as configured needs logits, labels and a loss '
             "at each image's original size (the segmentation task), "
-            f'which {type(adapter).__name__} does not give')
+            f'which {type(task_adapter).__name__} does not give')
 
 
 def exclude_modules(method, exclude_regex) -> None:

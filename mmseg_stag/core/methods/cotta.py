@@ -79,8 +79,8 @@ class CoTTABase(BaseMethod, ABC):
         self.source_params: Dict[str, torch.Tensor] = {}
         self.restore_params: List[Tuple[str, nn.Parameter]] = []
 
-    def configure(self, model, adapter):
-        super().configure(model, adapter)
+    def configure(self, model, task_adapter):
+        super().configure(model, task_adapter)
         # CoTTA's copy_model_and_optimizer, after configure_model
         self.teacher = copy.deepcopy(model).requires_grad_(False)
         self.source_model = copy.deepcopy(model).requires_grad_(False)
@@ -131,7 +131,7 @@ class CoTTABase(BaseMethod, ABC):
         """The step: student, teacher, one update, EMA, restore; the
         teacher's prediction is returned (as CoTTA.forward_and_adapt
         returns outputs_ema). ``BaseMethod.adapt`` runs and counts it."""
-        student = self.adapter.forward(self.model, batch)
+        student = self.task_adapter.forward(self.model, batch)
         teacher = self.teacher_prediction(batch, student.stats)
         self.backward_step(self.add_stag(
             self.loss_to_teacher(student, teacher), student, beta))
@@ -202,7 +202,7 @@ class CoTTA(CoTTABase):
     def teacher_prediction(self, batch: Batch,
                            stats: PassStats) -> Prediction:
         """Return the teacher's logits (augmented if unsure); log stats."""
-        forward = self.adapter.forward
+        forward = self.task_adapter.forward
         source_logits = forward(self.source_model, batch).output
         source_prob = source_logits.softmax(1).max(1)[0]
         standard_ema = forward(self.teacher, batch).output

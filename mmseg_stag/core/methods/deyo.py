@@ -94,8 +94,8 @@ class DeYO(SampleFilteringMethod):
         self.ent_margin: Optional[float] = None  # tau_Ent (absolute)
         self.margin_e0: Optional[float] = None  # Ent_0 (absolute)
 
-    def configure(self, model, adapter):
-        super().configure(model, adapter)
+    def configure(self, model, task_adapter):
+        super().configure(model, task_adapter)
         exclude_modules(self, self.exclude_regex)
         self.num_classes = int(self.classifier.weight.shape[0])
         self.ent_margin = self.deyo_margin * math.log(self.num_classes)
@@ -130,7 +130,7 @@ class DeYO(SampleFilteringMethod):
             else:
                 x_prime = patch_shuffle(inputs[reliable].detach(),
                                         self.patch_len)
-                prob_prime = self.adapter.forward(
+                prob_prime = self.task_adapter.forward(
                     self.model, batch, x_prime).output.softmax(1)
             prob = logits.detach()[reliable].softmax(1)
             cls1 = prob.argmax(dim=1, keepdim=True)
@@ -153,7 +153,7 @@ class DeYO(SampleFilteringMethod):
         has_reliable[image_of_pixel[reliable]] = True
         x_prime = patch_shuffle(batch.inputs[has_reliable].detach(),
                                 self.patch_len)
-        outputs_prime = self.adapter.forward(self.model, batch,
+        outputs_prime = self.task_adapter.forward(self.model, batch,
                                              x_prime).head_outputs
         shapes = [tuple(z.shape) for _, z in head_outputs]
         num_shuffled = int(has_reliable.sum())

@@ -62,8 +62,8 @@ class EATA(SampleFilteringMethod):
         """Whether clean batches are needed (``fisher_alpha > 0``)."""
         return self.fisher_alpha > 0
 
-    def configure(self, model, adapter):
-        super().configure(model, adapter)
+    def configure(self, model, task_adapter):
+        super().configure(model, task_adapter)
         self.num_classes = int(self.classifier.weight.shape[0])
         self.e_margin = self.entropy_margin * math.log(self.num_classes)
         self.model_probs = None
@@ -100,7 +100,7 @@ class EATA(SampleFilteringMethod):
         for batch in batches:
             self.optimizer.zero_grad(set_to_none=True)
             with torch.enable_grad():
-                head_outputs = self.adapter.forward(self.model,
+                head_outputs = self.task_adapter.forward(self.model,
                                                     batch).head_outputs
                 logits = flatten_logits(head_outputs)
                 targets = logits.detach().max(1)[1]

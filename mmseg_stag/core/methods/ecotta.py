@@ -33,7 +33,7 @@ class EcoTTA(BaseMethod):
         self.entropy_margin = float(entropy_margin)
         self.meta = None
 
-    def configure(self, model, adapter):
+    def configure(self, model, task_adapter):
         meta = getattr(model, 'ecotta', None)
         if meta is None:
             raise ValueError(
@@ -41,7 +41,7 @@ class EcoTTA(BaseMethod):
                 "it as network=dict(type='EcoTTANetwork', network=..., K=4) "
                 '(configs/cls/_base_/models/*_ecotta-k*.py)')
         self.meta = meta
-        super().configure(model, adapter)
+        super().configure(model, task_adapter)
 
     def set_modes(self, model):
         model.train()  # community main.py: net.train() before adapt()
@@ -49,7 +49,7 @@ class EcoTTA(BaseMethod):
     def regularisation_step(self, batch: Batch) -> torch.Tensor:
         """Take one step on ``reg_weight * sum_k R_k``; return that loss."""
         with self.meta.regularising():
-            self.adapter.forward(self.model, batch)
+            self.task_adapter.forward(self.model, batch)
             reg = self.reg_weight * self.meta.regulariser()
         self.backward_step(reg)
         return reg.detach()

@@ -9,7 +9,7 @@ import torch
 class MethodState:
     """The run state of a method (a :class:`~.base.BaseMethod`), after
     ``configure``: ``model``, ``params``, ``optimizer``, ``grad_scaler``,
-    ``step``, ``num_updates`` and ``stage_index`` are the method's."""
+    ``t``, ``num_updates`` and ``stage_index`` are the method's."""
 
     #: attributes :meth:`state_dict` saves under their names (through their
     #: own ``state_dict`` where they have one)
@@ -25,7 +25,7 @@ class MethodState:
             else self.optimizer.state_dict(),
             grad_scaler=None if self.grad_scaler is None
             else self.grad_scaler.state_dict(),
-            step=self.step, num_updates=self.num_updates,
+            t=self.t, num_updates=self.num_updates,
             stage=self.stage_index)
         for name in self.state_attributes:
             value = getattr(self, name)
@@ -70,7 +70,7 @@ class MethodState:
                                            else '') + f' {what}')
             if current is not None:
                 current.load_state_dict(state[key])
-        self.step, self.num_updates = state['step'], state['num_updates']
+        self.t, self.num_updates = state['t'], state['num_updates']
         self.stage_index = state['stage']
         for name in self.state_attributes:
             if hasattr(getattr(self, name), 'load_state_dict'):

@@ -68,8 +68,8 @@ class SAR(BaseMethod):
     def build_optimizer(self):
         return SAM(super().build_optimizer(), rho=self.rho)
 
-    def configure(self, model, adapter):
-        super().configure(model, adapter)
+    def configure(self, model, task_adapter):
+        super().configure(model, task_adapter)
         exclude_modules(self, self.exclude_regex)
         self.e_margin = self.entropy_margin * math.log(
             int(self.classifier.weight.shape[0]))
@@ -127,7 +127,7 @@ class SAR(BaseMethod):
         second, loss2 = None, None
         try:
             # forward 1 (the prediction), filter 1, L1, backward
-            first = self.adapter.forward(self.model, batch)
+            first = self.task_adapter.forward(self.model, batch)
             entropy1, kept = self.reliable_entropy(first)
             loss1 = self.add_stag(entropy1, first, beta)
             sam.zero_grad(set_to_none=True)
@@ -136,7 +136,7 @@ class SAR(BaseMethod):
                 sam.first_step()  # theta + e_w
                 sam.zero_grad(set_to_none=True)
                 # forward 2 at theta + e_w, filter 2 among filter 1
-                second = self.adapter.forward(self.model, batch)
+                second = self.task_adapter.forward(self.model, batch)
                 entropy2, _ = self.reliable_entropy(second, among=kept)
                 loss2 = self.add_stag(entropy2, second, beta)
                 if entropy2 is not None:

@@ -1,5 +1,5 @@
 """A method's whole adaptation step replayed as a CUDA graph, around the
-method: ``method.adapt(batch, step=CUDAGraphStep(method))``.
+method: ``method.adapt(batch, replay=CUDAGraphStep(method))``.
 
 A captured graph launches an eager step's thousands of kernels at once
 (docs/running.md, "The fast preset"). The step must read nothing back to
@@ -49,7 +49,7 @@ class CUDAGraphStep:
     batches of an input key, then as a captured CUDA graph.
 
     Built before ``method.configure`` (which builds the optimizer it makes
-    capturable); a step is ``method.adapt(batch, step=this)``. Per key,
+    capturable); a step is ``method.adapt(batch, replay=this)``. Per key,
     the first ``warmup`` batches run eagerly on a side stream (real steps,
     which also create the optimizer's state that the graph then updates in
     place); the next batch is captured and replayed, every later one

@@ -42,7 +42,7 @@ class TENT(BaseMethod):
     def base_loss(self, batch, fwd):
         if self.loss_type == 'pseudo_ce_fullres':
             # to the labels the batch is scored on, at the original size
-            return self.adapter.cross_entropy_at_original_size(
+            return self.task_adapter.cross_entropy_at_original_size(
                 fwd, align_corners=self.align_corners, batch=batch)
         if self.loss_type == 'pseudo_ce':
             fn = pseudo_label_cross_entropy

@@ -136,9 +136,10 @@ class ACDCContinualDataset(BaseSegDataset):
         return dict(rounds=1, conditions=[condition or conditions[0]])
 
     @staticmethod
-    def first_images_options(num_images: int) -> dict:
-        """Options that keep the first ``num_images`` images."""
-        return dict(indices=num_images)
+    def images_per_stage_options(num_images: int) -> dict:
+        """Options that keep the first ``num_images`` images of each stage
+        (each condition of each round), as the classification stream's."""
+        return dict(images_per_condition=num_images)
 
     def stream_stages(self) -> List[StreamStage]:
         """Return the stages: one per round and condition, continual."""

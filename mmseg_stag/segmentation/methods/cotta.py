@@ -75,21 +75,21 @@ class SegmentationCoTTA(CoTTABase):
                 'a multi-view pipeline (ScaleFlipViews, see configs/_base_/'
                 'datasets/acdc_continual_views.py); this batch has one view')
         labels, view_stats = teacher_labels(
-            self.adapter, self.teacher, self.source_model, batch.views,
+            self.task_adapter, self.teacher, self.source_model, batch.views,
             batch.main_view, self.ap, self.batch_views)
         stats.extra.update(view_stats)
         return Labels(labels)
 
     def loss_to_teacher(self, student, teacher):
-        return self.adapter.cross_entropy_at_original_size(student,
+        return self.task_adapter.cross_entropy_at_original_size(student,
                                                            teacher.value)
 
 
 @torch.no_grad()
-def view_probabilities(adapter, model: nn.Module, view) -> torch.Tensor:
+def view_probabilities(task_adapter, model: nn.Module, view) -> torch.Tensor:
     """Return a view's softmax at the original size, flip undone."""
-    return adapter.logits_at_original_size(
-        view, adapter.forward(model, view)).softmax(dim=1)
+    return task_adapter.logits_at_original_size(
+        view, task_adapter.forward(model, view)).softmax(dim=1)
 
 
 def view_groups(views: Sequence, batch_views: bool) -> List[List[int]]:
@@ -112,7 +112,7 @@ def merge_views(views: Sequence) -> SegmentationBatch:
 
 
 @torch.no_grad()
-def teacher_labels(adapter, teacher: nn.Module, source_model: nn.Module,
+def teacher_labels(task_adapter, teacher: nn.Module, source_model: nn.Module,
                    views: Sequence, main_view: int, threshold: float,
                    batch_views: bool = False
                    ) -> Tuple[torch.Tensor, Dict[str, float]]:
@@ -125,14 +125,14 @@ def teacher_labels(adapter, teacher: nn.Module, source_model: nn.Module,
     for group in view_groups(views, batch_views):
         # each view's probabilities added in view order, as one at a time
         for idx, probs in zip(group, view_probabilities(
-                adapter, teacher, merge_views([views[i] for i in group]))
+                task_adapter, teacher, merge_views([views[i] for i in group]))
                 .chunk(len(group))):
             if idx == main_view:
                 single = probs.argmax(dim=1)
             total = probs if total is None else total + probs
     multi = (total / len(views)).argmax(dim=1)
     # CoTTA's anchor model predicts every view but uses only the main one
-    confidence = view_probabilities(adapter, source_model,
+    confidence = view_probabilities(task_adapter, source_model,
                                     views[main_view]).max(dim=1)[0]
     confident = confidence > threshold
     labels = torch.where(confident, single, multi)

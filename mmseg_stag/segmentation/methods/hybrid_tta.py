@@ -24,8 +24,8 @@ from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
 #: what efficient tuning freezes (ood/base.py:24-26): the MiT blocks (the
 #: authors' "block1" .. "block4") but their parallel adapters
 BLOCK_PARAM = re.compile(r'^backbone\.layers\.\d+\.1\.')
-#: a parallel adapter's parameters (``AdaptedMixFFN.adapter``, not the task
-#: adapter ``self.adapter``)
+#: a parallel adapter's parameters (``AdaptedMixFFN.adapter``, not the
+#: method's ``self.task_adapter``)
 PARALLEL_ADAPTER = '.adapter.'
 
 
@@ -196,17 +196,17 @@ class HybridTTA(BaseMethod):
             return model.decode_head.predict(feats, batch.metas,
                                              model.test_cfg)
 
-        fwd = self.adapter.forward(self.model, batch, run=encode_decode)
+        fwd = self.task_adapter.forward(self.model, batch, run=encode_decode)
         return fwd, levels, mask
 
     def forward_and_adapt(self, batch, beta=None):
         """Label with the teacher, train the student on its masked view,
         update the teacher; return the teacher's labels."""
         with torch.no_grad():
-            labels = self.adapter.labels_at_original_size(
-                batch, self.adapter.forward(self.teacher, batch))
+            labels = self.task_adapter.labels_at_original_size(
+                batch, self.task_adapter.forward(self.teacher, batch))
         student, levels, mask = self.masked_forward(batch)
-        loss_seg = self.adapter.cross_entropy_at_original_size(student,
+        loss_seg = self.task_adapter.cross_entropy_at_original_size(student,
                                                                 labels)
         loss_recon = masked_l1(self.model.recon_neck(levels), batch.inputs,
                                mask)

@@ -284,7 +284,7 @@ def test_teacher_prediction_and_loss_to_teacher_on_their_own():
     student = copy.deepcopy(model)
     x = batch(40)
     one = Batch(x)
-    fwd = method.adapter.forward(method.model, one)
+    fwd = method.task_adapter.forward(method.model, one)
     stats = PassStats()
     prediction = method.teacher_prediction(one, stats)
     loss = method.loss_to_teacher(fwd, prediction)

@@ -171,7 +171,7 @@ def test_matches_authors_code_over_batches(margins):
                                                        rel=1e-12)
         nontrivial |= 0 < n2 < n1 < x.shape[0]
         assert_params_equal(model, ref)
-    assert method.num_updates == method.step
+    assert method.num_updates == method.t
     if margins[:2] == (0.5, 0.0):
         assert nontrivial  # both filters actually filter in this setting
 
@@ -232,7 +232,7 @@ def test_base_loss_on_a_forward_pass_of_its_own():
         return FORWARD(net, inputs)
 
     logits, outs = FORWARD(model, x)
-    method.adapter = ScriptedAdapter(counting, FORWARD)
+    method.task_adapter = ScriptedAdapter(counting, FORWARD)
     fwd = ForwardPass(logits, outs)
     torch.manual_seed(5)
     loss = method.base_loss(Batch(x), fwd)
@@ -248,7 +248,7 @@ def test_base_loss_on_a_forward_pass_of_its_own():
     _, _, selected, _ = method.select(Batch(x), outs)
     assert int(selected.sum()) == stats['num_selected']
     assert loss.requires_grad and model[1].weight.grad is None
-    method.adapter = CNN_ADAPTER
+    method.task_adapter = CNN_ADAPTER
     with pytest.raises(ValueError, match=r'images \[N, C, H, W\]'):
         method.base_loss(Batch(x[:, 0]), ForwardPass(logits, outs))
 
@@ -289,7 +289,7 @@ def test_empty_filters_no_update_without_stag_update_with_stag():
         ref = copy.deepcopy(model)
         method = build(model, **kwargs)
         out, stats = adapt(method, x)
-        assert method.num_updates == 0 and method.step == 0
+        assert method.num_updates == 0 and method.t == 0
         assert 'loss' not in stats
         assert stats['num_selected'] == 0
         assert_params_equal(model, ref, tol=0)
@@ -337,7 +337,7 @@ def test_stag_adds_beta_times_stag_loss_and_nothing_else():
             stats.get('loss_base', 0.0) + beta * stats['loss_stag'],
             rel=1e-12)
         assert_params_equal(model, ref)
-    assert method.step == 3
+    assert method.t == 3
 
 
 # ---------------------------------------------------------------------------
@@ -406,7 +406,7 @@ def test_per_pixel_is_the_authors_code_with_pixels_as_samples(margins,
                                                        rel=1e-12)
         nontrivial |= 0 < n2 < n1 < len(samples)
         assert_params_equal(net, ref_net)
-    assert method.num_updates == method.step
+    assert method.num_updates == method.t
     assert nontrivial  # both filters filter
 
 

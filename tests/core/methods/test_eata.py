@@ -231,7 +231,7 @@ def test_no_selected_sample_no_update_without_stag():
     before = copy.deepcopy(model.state_dict())
     method = build(model, fisher_alpha=0, entropy_margin=1e-9)
     _, stats = adapt(method, batch(5))
-    assert method.num_updates == 0 and method.step == 0
+    assert method.num_updates == 0 and method.t == 0
     assert stats['num_reliable'] == 0
     assert 'loss' not in stats
     for k, v in model.state_dict().items():
@@ -279,7 +279,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
             assert stats['loss'] == pytest.approx(
                 stats['loss_base'] + beta * stats['loss_stag'], rel=1e-12)
         assert_params_equal(model, ref)
-    assert method.num_updates == method.step == 3
+    assert method.num_updates == method.t == 3
     assert method.beta == pytest.approx(beta0 * math.exp(-3 / gamma))
 
     # an empty filter with STAG still updates, with beta_t L_STAG alone

@@ -158,7 +158,7 @@ def test_steps_match_the_community_adapt_over_batches(margin):
         assert_same_state(ours, ref)
         kept += stats['num_reliable']
     assert (kept > 0) == (margin > 0)
-    assert method.step == 4
+    assert method.t == 4
     for k, v in ours.named_parameters():
         if not k.startswith('ecotta.'):
             assert torch.equal(v, frozen[k]), k

@@ -131,7 +131,7 @@ def test_sam_step_matches_authors_code_over_batches():
         assert stats['updated'] == 1.0 and stats['recovered'] == 0.0
         assert_params_equal(model, ref.model)
     assert saw_filter2  # filter 2 dropped a filter-1 sample at least once
-    assert method.num_updates == method.step == 4
+    assert method.num_updates == method.t == 4
 
 
 def test_second_filter_only_among_first_filter_samples():
@@ -173,7 +173,7 @@ def test_reliable_entropy_filters_among_and_returns_kept():
     model = make_model()
     method = build(model)
     x = batch(10)
-    fwd = method.adapter.forward(method.model, Batch(x))
+    fwd = method.task_adapter.forward(method.model, Batch(x))
     ent = ref_entropy(fwd.head_outputs[0][1]).detach()
     loss, kept = method.reliable_entropy(fwd)
     assert kept.tolist() == (ent < E0).tolist()
@@ -181,13 +181,13 @@ def test_reliable_entropy_filters_among_and_returns_kept():
                                rtol=1e-12, atol=1e-12)
     among = torch.zeros(16, dtype=torch.bool)
     among[::2] = True
-    fwd = method.adapter.forward(method.model, Batch(x))
+    fwd = method.task_adapter.forward(method.model, Batch(x))
     loss, kept = method.reliable_entropy(fwd, among=among)
     assert kept.tolist() == ((ent < E0) & among).tolist()
     assert fwd.stats['num_kept'] == int(((ent < E0) & among).sum())
     torch.testing.assert_close(loss.detach(), ent[kept].mean(),
                                rtol=1e-12, atol=1e-12)
-    fwd = method.adapter.forward(method.model, Batch(x))
+    fwd = method.task_adapter.forward(method.model, Batch(x))
     loss, kept = method.reliable_entropy(fwd, among=~(ent < E0))
     assert loss is None and not kept.any()
 
@@ -542,7 +542,7 @@ def test_stag_objective_beta_decay_and_empty_filter():
         assert stats['loss2'] == pytest.approx(rec['loss2'], rel=1e-10)
         assert method.ema == pytest.approx(ref.ema, rel=1e-12)
         assert_params_equal(model, ref.model)
-    assert method.num_updates == method.step == 3
+    assert method.num_updates == method.t == 3
     assert method.beta == pytest.approx(beta0 * math.exp(-3 / gamma))
 
     # an empty filter with STAG still makes a full SAM update on

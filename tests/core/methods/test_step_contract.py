@@ -43,7 +43,7 @@ def test_a_method_overrides_only_forward_and_adapt(name, cls):
 def test_base_method_has_no_second_counter():
     assert not hasattr(BaseMethod, 'update')
     source = inspect.getsource(BaseMethod)
-    assert source.count('self.step += 1') == 1
+    assert source.count('self.t += 1') == 1
 
 
 @pytest.mark.parametrize('cfg,message', [

@@ -52,7 +52,7 @@ def test_a_model_off_the_gpu_and_a_late_wrapper_are_refused():
     step = CUDAGraphStep(method)
     configured(method, make_model())
     with pytest.raises(ValueError, match=r"CUDA device.*\['cpu'\]"):
-        method.adapt(Batch(images()), step=step)
+        method.adapt(Batch(images()), replay=step)
     # after configure Adam is built: too late to make it capturable
     with pytest.raises(ValueError, match='before configure'):
         CUDAGraphStep(configured(TENT(), make_model()))
@@ -132,10 +132,10 @@ def test_each_capture_tolerates_other_threads_in_its_own_pool(
     configured(method, make_model())
     graphs.check_method = lambda: None
     for x in stream_of_batches():
-        method.adapt(Batch(x), step=graphs)
+        method.adapt(Batch(x), replay=graphs)
     graphs.reset()
-    method.adapt(Batch(images(0)), step=graphs)
-    method.adapt(Batch(images(1)), step=graphs)
+    method.adapt(Batch(images(0)), replay=graphs)
+    method.adapt(Batch(images(1)), replay=graphs)
     assert len(StandInCUDAGraph.made) == 3  # two keys, then after a reset
     for graph in StandInCUDAGraph.made:
         assert graph.kwargs['capture_error_mode'] == 'thread_local'
@@ -179,7 +179,7 @@ def test_a_replayed_step_post_processes_once(stand_in_cuda, monkeypatch):
     for i, (batch, twin) in enumerate(batches):
         want, _ = eager.adapt(twin)
         del calls[:]
-        got, _ = method.adapt(batch, step=graphs)
+        got, _ = method.adapt(batch, replay=graphs)
         replayed = i >= 2  # two eager steps, then a capture and replays
         # the step post-processes once (a capture's Python once more),
         # the task none
@@ -310,7 +310,7 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
         method.start_stage(i // 4)  # stage_restart: nothing (default)
         eager.start_stage(i // 4)
         want, want_stats = eager.adapt(Batch(x))
-        got, got_stats = method.adapt(Batch(x), step=graphs)
+        got, got_stats = method.adapt(Batch(x), replay=graphs)
         torch.testing.assert_close(got.value, want.value, rtol=0, atol=0)
         assert set(got_stats) == set(want_stats)
         for key, value in want_stats.items():
@@ -321,7 +321,7 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
     assert len(graphs.captures) == 2
     assert [g.replays for g in graphs.captures] == [2, 1]
     assert got.value is not graphs.captures[0].outputs[0].value
-    assert method.step == eager.step == 7
+    assert method.t == eager.t == 7
     assert method.num_updates == 7
     for (name, p), (_, q) in zip(method.model.named_parameters(),
                                  eager.model.named_parameters()):
@@ -339,20 +339,20 @@ def test_a_rebuilt_optimizer_or_a_loaded_state_drops_the_graphs(
     graphs = graphed(method, make_model())
     method.start_stage(0)
     for seed in range(3):
-        method.adapt(Batch(images(seed)), step=graphs)
+        method.adapt(Batch(images(seed)), replay=graphs)
     assert len(graphs.graphs) == 1
     method.start_stage(0)  # the same stage: nothing restarts
-    method.adapt(Batch(images(4)), step=graphs)
+    method.adapt(Batch(images(4)), replay=graphs)
     assert len(graphs.graphs) == 1
     method.start_stage(1)  # a new optimizer: the graph stepped the old one
-    method.adapt(Batch(images(5)), step=graphs)
+    method.adapt(Batch(images(5)), replay=graphs)
     assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
     for seed in range(6, 9):
-        method.adapt(Batch(images(seed)), step=graphs)
+        method.adapt(Batch(images(seed)), replay=graphs)
     assert len(graphs.graphs) == 1
     # a loaded state replaces the optimizer's state tensors (momentum)
     method.load_state_dict(method.state_dict())
-    method.adapt(Batch(images(9)), step=graphs)
+    method.adapt(Batch(images(9)), replay=graphs)
     assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
 
 
@@ -376,7 +376,7 @@ def test_cuda_graph_equals_the_eager_step(stag):
     for x in stream_of_batches():
         x = x.cuda()
         want, want_stats = eager.adapt(Batch(x))
-        got, got_stats = method.adapt(Batch(x), step=graphs)
+        got, got_stats = method.adapt(Batch(x), replay=graphs)
         torch.testing.assert_close(got.value, want.value, rtol=1e-5,
                                    atol=1e-6)
         for key, value in want_stats.items():
@@ -437,7 +437,7 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
         results = []
         for m, step in ((eager, None), (method, graphs)):
             torch.manual_seed(100 + i)  # the same restore masks
-            results.append(m.adapt(batch, step=step))
+            results.append(m.adapt(batch, replay=step))
         (want, want_stats), (got, got_stats) = results
         assert torch.equal(got.value, want.value)
         for key, value in want_stats.items():
@@ -448,7 +448,7 @@ def test_stand_in_graph_of_segmentation_cotta_equals_its_eager_step(
     (captured, ) = graphs.graphs.values()
     assert len(captured.inputs) == 14
     assert captured.inputs[0] is not batch.inputs
-    assert method.step == eager.step == 4
+    assert method.t == eager.t == 4
     assert_same_student_and_teacher(method, eager, rtol=1e-6, atol=1e-7)
     # what a capture needs: nothing in the step waits for the device
     counter = HostSyncCounter()
@@ -523,7 +523,7 @@ def test_cuda_graph_of_segmentation_cotta_equals_its_eager_step(
         momentum = momenta(method)
         batch = view_batch()
         (want, want_stats), (got, got_stats) = (
-            eager.adapt(batch), method.adapt(batch, step=graphs))
+            eager.adapt(batch), method.adapt(batch, replay=graphs))
         assert (got.value == want.value).float().mean() > 0.999, i
         for key, value in want_stats.items():
             assert float(got_stats[key]) == pytest.approx(

@@ -84,6 +84,21 @@ def test_default_is_the_paper_protocol(acdc):
     assert len(ds.metainfo['classes']) == 19
 
 
+def test_images_per_stage_counts_every_stage_and_keeps_the_first_one(acdc):
+    """``images_per_stage_options(n)``: n images of every stage of the
+    whole stream (not the first n of the stream, which are fog alone), and
+    on a first stage alone the same images as its first n."""
+    options = ACDCContinualDataset.images_per_stage_options(2)
+    ds = ACDCContinualDataset(data_root=acdc, rounds=2, **options)
+    assert [(s.condition, s.stop - s.start) for s in dataset_stages(ds)] == [
+        (cond, 2) for _ in range(2) for cond in CONDS]
+    first = dict(ACDCContinualDataset.first_stage_options({}, 'night'))
+    one = ACDCContinualDataset(data_root=acdc, **first, **options)
+    cut = ACDCContinualDataset(data_root=acdc, **first, indices=2)
+    assert [one.get_data_info(i)['img_path'] for i in range(len(one))] == [
+        cut.get_data_info(i)['img_path'] for i in range(len(cut))]
+
+
 def test_the_dataset_declares_its_stages(acdc):
     """One stage per round and condition, none restarting from the source,
     tiling the stream;
