@@ -11,9 +11,9 @@ from .probe import PREDICTION_KINDS, HeadProbe
 from .registry import METHODS, build_method
 from .sam import SAM
 from .stag_loss import STAGLoss
-from .stats import NonFiniteStatistic, PassStats, StepStats
-from .task_adapter import (Batch, ForwardPass, Labels, Logits, Prediction,
-                           TaskAdapter)
+from .task_adapter import (Batch, ForwardPass, Labels, Logits,
+                           NonFiniteStatistic, PassStats, Prediction,
+                           StepStats, TaskAdapter)
 
 __all__ = [
     'stag', 'STAGLoss', 'HeadProbe', 'PREDICTION_KINDS', 'METHODS',

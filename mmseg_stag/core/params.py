@@ -1,4 +1,5 @@
-"""Which parameters a method adapts, and how normalisation layers behave."""
+"""Which parameters a method adapts (and which SAR and DeYO exclude by
+module), and how normalisation layers behave."""
 import re
 from typing import List, Optional, Sequence, Tuple
 
@@ -63,6 +64,24 @@ def exclude_by_module(params: List[Tuple[str, nn.Parameter]],
         else:
             kept.append((name, p))
     return kept
+
+
+def exclude_modules(method, exclude_regex) -> None:
+    """Freeze the parameters of ``method`` (configured) in the modules
+    ``exclude_regex`` matches, its optimizer rebuilt on the rest (SAR's
+    and DeYO's ``exclude_regex``); ``ValueError`` if it matches every
+    selected parameter."""
+    if exclude_regex is None:
+        return
+    kept = exclude_by_module(method.params, exclude_regex)
+    if not kept:
+        raise ValueError(
+            f'{method.name}: every parameter of trainable='
+            f'{method.trainable_cfg} matches exclude_regex='
+            f'{exclude_regex!r}')
+    if len(kept) != len(method.params):
+        method.params = kept
+        method.optimizer = method.build_optimizer()
 
 
 def use_batch_statistics(model: nn.Module) -> None:

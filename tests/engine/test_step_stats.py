@@ -1,7 +1,7 @@
-"""The step statistics: typed per pass (``mmseg_stag.core.stats``), read
-by the loop in one transfer, logged in batch order, and every value checked
-when it is read (SAR logs one per pass, ``loss_stag1`` and
-``loss_stag2``)."""
+"""The step statistics: typed per pass
+(``mmseg_stag.core.task_adapter``), read by the loop in one transfer,
+logged in batch order, and every value checked when it is read (SAR logs
+one per pass, ``loss_stag1`` and ``loss_stag2``)."""
 import math
 
 import pytest

@@ -8,14 +8,12 @@ from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
 from ..params import select_parameters, use_batch_statistics
 from ..probe import PREDICTION_KINDS
+from ..registry import check_stage_restart, check_supports
 from ..stag import stag_beta
-from ..stats import StepStats
+from ..stag_loss import build_stag_loss, log_anchor_signs
 from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
-                            TaskAdapter)
-from .checks import check_stage_restart, check_supports
+                            StepStats, TaskAdapter)
 from .method_state import MethodState
-from .stag_term import build_stag_loss, log_anchor_signs
-
 
 
 class BaseMethod(MethodState):
@@ -95,7 +93,7 @@ class BaseMethod(MethodState):
 
     def check_supports(self, task_adapter: TaskAdapter) -> None:
         """``ValueError`` unless the method is defined on the task
-        ``task_adapter`` serves (:func:`~.checks.check_supports`)."""
+        ``task_adapter`` serves (:func:`~..registry.check_supports`)."""
         check_supports(self, task_adapter)
 
     def configure(self, model: nn.Module, task_adapter: TaskAdapter) -> None:
@@ -265,4 +263,3 @@ class BaseMethod(MethodState):
             'stage_restart', 'bn_batch_stats', *self.repr_fields))
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
                 f'trainable={self.trainable_cfg}{extra})')
-

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 
 from ..losses import (HeadOutputs, flatten_logits, pixels_as_rows,
                       softmax_entropy)
-from ..registry import METHODS
+from ..params import exclude_modules
+from ..registry import METHODS, check_range
 from ..task_adapter import Batch, ForwardPass
-from .checks import check_range, exclude_modules
 from .sample_filtering import SampleFilteringMethod
 from .sar import SAR_AUTHORS_EXCLUDE  # DeYO's collect_params is SAR's
 
@@ -153,8 +153,8 @@ class DeYO(SampleFilteringMethod):
         has_reliable[image_of_pixel[reliable]] = True
         x_prime = patch_shuffle(batch.inputs[has_reliable].detach(),
                                 self.patch_len)
-        outputs_prime = self.task_adapter.forward(self.model, batch,
-                                             x_prime).head_outputs
+        outputs_prime = self.task_adapter.forward(
+            self.model, batch, x_prime).head_outputs
         shapes = [tuple(z.shape) for _, z in head_outputs]
         num_shuffled = int(has_reliable.sum())
         shapes_prime = [tuple(z.shape) for _, z in outputs_prime]

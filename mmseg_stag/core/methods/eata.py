@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import flatten_logits, softmax_entropy
-from ..registry import METHODS
-from .checks import check_range
+from ..registry import METHODS, check_range
 from .sample_filtering import SampleFilteringMethod
 
 
@@ -100,8 +99,8 @@ class EATA(SampleFilteringMethod):
         for batch in batches:
             self.optimizer.zero_grad(set_to_none=True)
             with torch.enable_grad():
-                head_outputs = self.task_adapter.forward(self.model,
-                                                    batch).head_outputs
+                head_outputs = self.task_adapter.forward(
+                    self.model, batch).head_outputs
                 logits = flatten_logits(head_outputs)
                 targets = logits.detach().max(1)[1]
                 F.cross_entropy(logits, targets).backward()

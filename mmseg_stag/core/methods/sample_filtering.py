@@ -2,7 +2,7 @@
 their authors' code (SAR's too)."""
 import torch
 
-from ..stats import PassStats
+from ..task_adapter import PassStats
 from .base import BaseMethod
 
 #: the optimizer of the EATA, SAR and DeYO authors' code

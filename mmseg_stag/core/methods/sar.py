@@ -6,12 +6,11 @@ from typing import Optional, Tuple
 import torch
 
 from ..losses import flatten_logits, softmax_entropy
-from ..registry import METHODS
+from ..params import exclude_modules
+from ..registry import METHODS, check_range
 from ..sam import SAM
-from ..stats import StepStats
-from ..task_adapter import Batch, ForwardPass
+from ..task_adapter import Batch, ForwardPass, StepStats
 from .base import BaseMethod
-from .checks import check_range, exclude_modules
 from .sample_filtering import AUTHORS_SGD
 
 #: Modules SAR's collect_params never adapts (last stage, final norm).

@@ -23,7 +23,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import torch
 
-from ..stats import StepStats
+from ..task_adapter import StepStats
 
 
 #: what MMSeg's ``postprocess_result`` sets on each data sample; a

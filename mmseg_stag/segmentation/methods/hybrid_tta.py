@@ -16,8 +16,8 @@ from mmengine.logging import print_log
 
 from mmseg_stag.core import METHODS, Labels, NonFiniteStatistic, StepStats
 from mmseg_stag.core.methods.base import BaseMethod
-from mmseg_stag.core.methods.checks import check_range
 from mmseg_stag.core.methods.cotta import ema_update_
+from mmseg_stag.core.registry import check_range
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
                                          masked_l1, masked_mit_features)
 
@@ -206,8 +206,8 @@ class HybridTTA(BaseMethod):
             labels = self.task_adapter.labels_at_original_size(
                 batch, self.task_adapter.forward(self.teacher, batch))
         student, levels, mask = self.masked_forward(batch)
-        loss_seg = self.task_adapter.cross_entropy_at_original_size(student,
-                                                                labels)
+        loss_seg = self.task_adapter.cross_entropy_at_original_size(
+            student, labels)
         loss_recon = masked_l1(self.model.recon_neck(levels), batch.inputs,
                                mask)
         # the switch reads the cross-entropy alone (STAG-free, as theirs),

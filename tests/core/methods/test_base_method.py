@@ -346,11 +346,11 @@ def test_anchor_signs_are_logged_when_stag_is_configured(monkeypatch):
         sens.append(float(grad[k]))
     positive = sum(v > 0 for v in sens)
     assert 0 < positive < 5  # both signs occur for this classifier
-    from mmseg_stag.core.methods import stag_term
-    assert stag_term.log_anchor_signs(model.classifier) == (
+    from mmseg_stag.core import stag_loss
+    assert stag_loss.log_anchor_signs(model.classifier) == (
         positive, pytest.approx(min(sens)), pytest.approx(max(sens)))
     logged = []
-    monkeypatch.setattr(stag_term, 'print_log',
+    monkeypatch.setattr(stag_loss, 'print_log',
                         lambda msg, **kwargs: logged.append(msg))
     configured(TENT(stag=dict(beta0=1.0, gamma=1.0)), model)
     assert len(logged) == 1
