@@ -97,18 +97,18 @@ def unread_options(cls_node, loaded):
 
 
 def classes_to_check():
-    """The registered methods, their bases in the package, the loop, its
-    speed options and the STAG loss."""
+    """The registered methods and a task's own (segmentation CoTTA),
+    their bases in the package, the loop, its speed options and the STAG
+    loss."""
     import mmseg_stag.classification  # noqa: F401  (registers methods)
     import mmseg_stag.segmentation  # noqa: F401
     from mmseg_stag.core import METHODS
     from mmseg_stag.core.stag_loss import STAGLoss
     from mmseg_stag.engine.online_loop import OnlineAdaptationLoop
     from mmseg_stag.engine.speed_options import SpeedOptions
-    from mmseg_stag.segmentation.registry import SEG_METHODS
+    from mmseg_stag.segmentation.online_task import OWN_METHODS
     roots = [OnlineAdaptationLoop, SpeedOptions, STAGLoss]
-    roots += [cls for registry in (METHODS, SEG_METHODS)
-              for cls in registry.module_dict.values()]
+    roots += [*METHODS.module_dict.values(), *OWN_METHODS.values()]
     found = {}
     for klass in (k for root in roots for k in inspect.getmro(root)):
         in_package = (klass.__module__ or '').startswith('mmseg_stag')

@@ -9,7 +9,7 @@ from .metric import StreamAccuracyMetric
 from .models import load_weights
 from .online_task import ClassificationTask
 from .registry import CLS_DATASETS, CLS_MODELS, CLS_SCENARIOS
-from .scenarios import Stage, build_stream
+from .scenarios import build_stream
 from .small_models import SmallCNN, SmallViT
 from .stream import (CorruptionStream, SeededShuffleSampler, SourceImages,
                      StageBatchSampler)
@@ -24,7 +24,7 @@ __all__ = [
     'CORRUPTIONS', 'SHORT_NAMES', 'IMAGENET_MEAN', 'IMAGENET_STD',
     'CorruptionSet', 'ImageNetC', 'CIFARC', 'ImageFolder', 'NumpyImages',
     'StreamData', 'build_corruption_sets', 'imagenet_preprocess',
-    'to_uint8_chw', 'Stage', 'build_stream', 'CorruptionStream',
+    'to_uint8_chw', 'build_stream', 'CorruptionStream',
     'SourceImages', 'StageBatchSampler', 'SeededShuffleSampler',
     'OnlineClassifier', 'ClassifierPreprocessor', 'ClassificationTask',
     'StreamAccuracyMetric', 'load_weights', 'WideResNet',

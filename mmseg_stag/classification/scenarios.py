@@ -1,22 +1,30 @@
-"""Test streams of the paper's classification scenarios, as lists of stages."""
-from dataclasses import dataclass
-from typing import List, Optional
+"""Test streams of the paper's classification scenarios: each is the
+order of the stream's samples (indices into the data) and its stages, the
+``StreamStage`` s the loop reads for either task."""
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mmseg_stag.engine.stream import StreamStage
 from .data import StreamData
 from .registry import CLS_SCENARIOS
 
 ORDERS = ('shuffle', 'file', 'class')
+#: a scenario's stream: the data indices in stream order, and its stages
+Stream = Tuple[np.ndarray, List[StreamStage]]
 
 
-@dataclass
-class Stage:
-    """One stream segment: its corruption (or ``'mixed'``), its global
-    indices in stream order, and ``StreamStage.from_source``."""
-    name: str
-    indices: np.ndarray
-    from_source: bool = False
+def stream_of(parts: Sequence[Tuple[str, np.ndarray, bool]]) -> Stream:
+    """The stream of ``parts`` in order, each ``(corruption or 'mixed',
+    its data indices in stream order, whether it starts from the
+    source)``: one stage a part, one round."""
+    order = np.concatenate([indices for _, indices, _ in parts])
+    stages, start = [], 0
+    for k, (name, indices, from_source) in enumerate(parts):
+        stages.append(StreamStage(k, 1, name, start, start + len(indices),
+                                  bool(from_source)))
+        start += len(indices)
+    return order, stages
 
 
 def stage_rng(seed: int, stage: int) -> np.random.Generator:
@@ -52,21 +60,21 @@ def per_corruption(data: StreamData,
                    order: str = 'shuffle',
                    from_source: bool = True,
                    shuffle_class_order: bool = False,
-                   n_per_corruption: Optional[int] = None) -> List[Stage]:
+                   n_per_corruption: Optional[int] = None) -> Stream:
     """One stage per corruption, in the data's order, each ordered by
     :func:`order_indices` and cut to ``n_per_corruption``; every stage from
     the source if ``from_source``, else only the first."""
-    stages = []
+    parts = []
     for k, name in enumerate(data.names):
         idx = data.indices_of(name)
         idx = order_indices(idx, data.labels[idx], order, stage_rng(seed, k),
                             shuffle_class_order)[:n_per_corruption]
-        stages.append(Stage(name, idx, from_source=from_source or k == 0))
-    return stages
+        parts.append((name, idx, from_source or k == 0))
+    return stream_of(parts)
 
 
 @CLS_SCENARIOS.register_module(name='mild')
-def mild(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
+def mild(data: StreamData, seed: int = 0, **kwargs) -> Stream:
     """One corruption at a time, shuffled, each from the source (bs1 too)."""
     return per_corruption(data, seed, order='shuffle', from_source=True,
                           **kwargs)
@@ -74,7 +82,7 @@ def mild(data: StreamData, seed: int = 0, **kwargs) -> List[Stage]:
 
 @CLS_SCENARIOS.register_module(name='label-shift')
 def label_shift(data: StreamData, seed: int = 0,
-                shuffle_class_order: bool = True, **kwargs) -> List[Stage]:
+                shuffle_class_order: bool = True, **kwargs) -> Stream:
     """Imbalance ratio inf: each corruption's stream sorted by class."""
     return per_corruption(data, seed, order='class', from_source=True,
                           shuffle_class_order=shuffle_class_order, **kwargs)
@@ -82,7 +90,7 @@ def label_shift(data: StreamData, seed: int = 0,
 
 @CLS_SCENARIOS.register_module(name='continual')
 def continual(data: StreamData, seed: int = 0, order: str = 'file',
-              **kwargs) -> List[Stage]:
+              **kwargs) -> Stream:
     """Corruptions in sequence, only the first from the source (CoTTA's)."""
     return per_corruption(data, seed, order=order, from_source=False,
                           **kwargs)
@@ -90,16 +98,17 @@ def continual(data: StreamData, seed: int = 0, order: str = 'file',
 
 @CLS_SCENARIOS.register_module(name='mixed')
 def mixed(data: StreamData, seed: int = 0,
-          n_per_corruption: Optional[int] = None) -> List[Stage]:
+          n_per_corruption: Optional[int] = None) -> Stream:
     """All corruptions shuffled into one stream (one stage)."""
     idx = np.concatenate([data.indices_of(name)[:n_per_corruption]
                           for name in data.names])
     idx = idx[stage_rng(seed, 0).permutation(len(idx))]
-    return [Stage('mixed', idx, from_source=True)]
+    return stream_of([('mixed', idx, True)])
 
 
-def build_stream(cfg: dict, data: StreamData, seed: int) -> List[Stage]:
-    """Build the stages of ``cfg`` (``dict(type='mild', ...)``)."""
+def build_stream(cfg: dict, data: StreamData, seed: int) -> Stream:
+    """Build the stream of ``cfg`` (``dict(type='mild', ...)``): the data
+    indices in stream order and the stages."""
     cfg = dict(cfg)
     if cfg.get('type') == 'label_shift':  # refused, naming the spelling
         raise KeyError("scenario type 'label_shift' is spelt 'label-shift' "

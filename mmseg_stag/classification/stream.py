@@ -46,13 +46,9 @@ class CorruptionStream(Dataset):
             corruptions = (corruptions, )
         self.data = StreamData(build_corruption_sets(
             dict(corruption_set, corruptions=list(corruptions))))
-        self.stages = build_stream(dict(scenario or dict(type='mild')),
-                                   self.data, shuffle_seed)
-        self.order = np.concatenate([s.indices for s in self.stages])
-        bounds = np.cumsum([0] + [len(s.indices) for s in self.stages])
-        self._stream_stages = [
-            StreamStage(k, 1, s.name, int(bounds[k]), int(bounds[k + 1]),
-                        s.from_source) for k, s in enumerate(self.stages)]
+        #: the data indices in stream order; the stages over them
+        self.order, self._stream_stages = build_stream(
+            dict(scenario or dict(type='mild')), self.data, shuffle_seed)
         self.metainfo = dict(corruptions=list(self.data.names),
                              task=self.task)
 

@@ -8,8 +8,8 @@ from mmengine.registry import Registry
 from .probe import check_prediction_kind
 
 #: one registration per method, by the method's own module; a task whose
-#: method of a name differs keeps a child registry of its own, which finds
-#: every other name here (``SEG_METHODS``: segmentation CoTTA)
+#: method of a name differs builds its own class for that name
+#: (segmentation CoTTA: ``SegmentationTask``'s ``OWN_METHODS``)
 METHODS = Registry('online adaptation method', scope='mmseg_stag',
                    locations=['mmseg_stag.core.methods'])
 

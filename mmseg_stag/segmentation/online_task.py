@@ -7,8 +7,14 @@ from mmseg.models.segmentors import BaseSegmentor
 
 from mmseg_stag.core import Labels, Prediction, build_method
 from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
-from .registry import SEG_METHODS
+from .methods.cotta import SegmentationCoTTA
 from .task_adapter import SegmentationAdapter, SegmentationBatch
+
+#: the methods this task runs with a class of its own, by config name:
+#: CoTTA's ACDC code labels with a multi-view teacher at full size (the
+#: classification CoTTA, ``METHODS``' ``cotta``, with augmentations per
+#: sample); every other name is ``METHODS``'
+OWN_METHODS = {'cotta': SegmentationCoTTA}
 
 
 @ONLINE_TASKS.register_module(name='segmentation')
@@ -56,10 +62,11 @@ class SegmentationTask(OnlineTask):
         self.main_view = int(self.main_view)
 
     def build_method(self, cfg: dict):
-        """Build ``cfg`` from ``SEG_METHODS``: this task's methods where
-        they differ (CoTTA's ACDC code labels with a multi-view teacher at
-        full size), the others of ``METHODS``."""
-        return build_method(cfg, SEG_METHODS)
+        """Build ``cfg``: the task's own class for a name of
+        :data:`OWN_METHODS`, else ``METHODS``' (``KeyError`` listing them
+        for an unknown name)."""
+        own = OWN_METHODS.get(cfg.get('type'))
+        return build_method(cfg if own is None else dict(cfg, type=own))
 
     def build_adapter(self, model) -> SegmentationAdapter:
         return SegmentationAdapter(self.probe, model)

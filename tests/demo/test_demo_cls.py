@@ -217,12 +217,12 @@ def test_reduced_demo_cls_hard_scenarios(tmp_path):
     stream = CorruptionStream(**{k: v for k, v in
                                  cfg.test_dataloader.dataset.items()
                                  if k != 'type'})
-    assert len(stream.stages) == 15
-    for stage in stream.stages:  # ratio inf: one block per class
-        labels = stream.data.labels[stage.indices]
+    assert len(stream.stream_stages()) == 15
+    for stage in stream.stream_stages():  # ratio inf: one block per class
+        labels = stream.data.labels[stream.order[stage.start:stage.stop]]
         blocks = [c for i, c in enumerate(labels)
                   if i == 0 or c != labels[i - 1]]
-        assert len(blocks) == len(set(labels.tolist())), stage.name
+        assert len(blocks) == len(set(labels.tolist())), stage.condition
     cfg = Config.fromfile(tmp_path / 'bs1_gn/eata/row_config.py')
     assert cfg.test_dataloader.batch_size == 1
     assert cfg.test_cfg.method.optimizer.lr == pytest.approx(1e-3 * 2 / 64)

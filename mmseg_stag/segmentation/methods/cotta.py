@@ -6,7 +6,6 @@ import torch.nn as nn
 
 from mmseg_stag.core import Labels
 from mmseg_stag.core.methods.cotta import CoTTABase
-from ..registry import SEG_METHODS
 from ..task_adapter import SegmentationBatch
 
 #: classification CoTTA's options that have no meaning here: its teacher
@@ -14,12 +13,12 @@ from ..task_adapter import SegmentationBatch
 CLASSIFICATION_ONLY = ('num_augs', 'augment', 'always_augment', 'loss')
 
 
-@SEG_METHODS.register_module(name='cotta')
 class SegmentationCoTTA(CoTTABase):
     """CoTTA per pixel: a multi-view teacher label at full size.
 
     Follows CoTTA's ACDC mmseg/apis/test.py (single_gpu_cotta). The
-    segmentation task builds it for ``type='cotta'`` (``SEG_METHODS``). The teacher averages
+    segmentation task builds it for ``type='cotta'`` (its ``OWN_METHODS``,
+    not a registry). The teacher averages
     the pipeline's views (``ScaleFlipViews``) and the student's loss is the
     cross-entropy to the teacher's label map, so the classification CoTTA's
     augmentation options and ``loss`` are refused, not ignored.

@@ -15,16 +15,14 @@ STEP = ('adapt', 'update')
 
 
 def registered_methods():
-    found = {}
-    registries = [METHODS]
-    try:
-        from mmseg_stag.segmentation.registry import SEG_METHODS
-        registries.append(SEG_METHODS)
+    found = {f'METHODS.{name}': cls
+             for name, cls in METHODS.module_dict.items()}
+    try:  # a task's own classes (segmentation CoTTA)
+        from mmseg_stag.segmentation.online_task import OWN_METHODS
+        found.update((f'segmentation.{name}', cls)
+                     for name, cls in OWN_METHODS.items())
     except ImportError:  # no MMSeg: the core's methods
         pass
-    for registry in registries:
-        for name, cls in registry.module_dict.items():
-            found[f'{registry.name}.{name}'] = cls
     return found
 
 

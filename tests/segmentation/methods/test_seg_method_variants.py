@@ -13,7 +13,7 @@ from mmseg_stag.core import (EATA, METHODS, TENT, CoTTA, ForwardPass,
 from mmseg_stag.segmentation import (HybridTTA, SegmentationAdapter,
                                      SegmentationBatch, SegmentationCoTTA,
                                      SegmentationTask)
-from mmseg_stag.segmentation.registry import SEG_METHODS
+from mmseg_stag.segmentation.online_task import OWN_METHODS
 
 FORWARD = HeadProbe('2', prediction_kind='per_pixel')
 
@@ -30,13 +30,13 @@ def images(seed=1, n=2):
 
 
 def test_one_registration_per_name_and_the_tasks_cotta():
-    """``METHODS`` holds each name once, and the segmentation task's child
-    registry its own CoTTA only: ``type='cotta'`` builds the multi-view
-    CoTTA there, every other name the core's."""
+    """``METHODS`` holds each name once, and the segmentation task names
+    its own CoTTA only: ``type='cotta'`` builds the multi-view CoTTA there,
+    every other name the core's; the task's CoTTA is in no registry."""
     assert METHODS.get('tent') is TENT and METHODS.get('cotta') is CoTTA
     assert METHODS.get('hybrid_tta') is HybridTTA
-    assert SEG_METHODS.module_dict == dict(cotta=SegmentationCoTTA)
-    assert SEG_METHODS.parent is METHODS
+    assert OWN_METHODS == dict(cotta=SegmentationCoTTA)
+    assert SegmentationCoTTA not in METHODS.module_dict.values()
     task = SegmentationTask.__new__(SegmentationTask)  # no model needed
     built = {name: type(task.build_method(dict(type=name)))
              for name in ('tent', 'cotta', 'eata', 'hybrid_tta')}
