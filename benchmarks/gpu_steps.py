@@ -179,14 +179,15 @@ def precision(task, name):
     of the forward passes (TF32 off for what stays float32)."""
     import torch
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    before = matmul.allow_tf32, cudnn.allow_tf32, task.probe.autocast_dtype
+    adapter = task.task_adapter
+    before = matmul.allow_tf32, cudnn.allow_tf32, adapter.autocast_dtype
     matmul.allow_tf32 = cudnn.allow_tf32 = name == 'tf32'
     # the loop's way: autocast around the forward passes only
-    task.probe.autocast_dtype = torch.bfloat16 if name == 'bf16' else None
+    adapter.autocast_dtype = torch.bfloat16 if name == 'bf16' else None
     try:
         yield
     finally:
-        matmul.allow_tf32, cudnn.allow_tf32, task.probe.autocast_dtype = \
+        matmul.allow_tf32, cudnn.allow_tf32, adapter.autocast_dtype = \
             before
 
 

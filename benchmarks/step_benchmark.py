@@ -232,7 +232,7 @@ class BenchTask:
         self.raw = random_batch(self.kind, args)  # the loader's batch
         self.batch = self.online.batch(model, self.raw)
         self.task_adapter = self.online.task_adapter
-        self.probe = self.online.probe  # its autocast_dtype: mixed precision
+        self.probe = self.online.probe
         self.base = self.online.adapted_module(model)
         setting = STAG_SETTING[name if self.kind != 'seg' else 'seg']
         self.stag = {m: {k: float(v) for k, v in stag_hparams(

@@ -1,5 +1,4 @@
 """``HeadProbe``: the prediction and the classifier's inputs and outputs."""
-import contextlib
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -28,17 +27,15 @@ class HeadProbe:
             (the head layer), e.g. ``'decode_head.conv_seg'``. ``None``: the
             model's last ``nn.Linear`` (per sample only).
         prediction_kind (str): ``'per_sample'`` or ``'per_pixel'``.
-        autocast_dtype (torch.dtype, optional): Runs each forward pass, and
-            only the forward pass, under ``torch.autocast`` of this dtype.
-            Default: None (no autocast).
+
+    Mixed precision is the task adapter's (``TaskAdapter.autocast_dtype``),
+    around the probe's pass.
     """
 
     def __init__(self,
                  head_layer: Optional[str] = None,
-                 prediction_kind: str = 'per_sample',
-                 autocast_dtype: Optional[torch.dtype] = None):
+                 prediction_kind: str = 'per_sample'):
         self.prediction_kind = check_prediction_kind(prediction_kind)
-        self.autocast_dtype = autocast_dtype
         if head_layer is None and prediction_kind == 'per_pixel':
             raise ValueError('a per-pixel probe needs head_layer, the '
                              "classifier's module name (e.g. "
@@ -91,12 +88,7 @@ class HeadProbe:
         """Run ``model`` (or ``run``, e.g. a segmentor's ``inference`` with
         its metainfo bound) once on ``inputs``; return ``(prediction,
         [(features, logits), ...])``, one pair per classifier call, with
-        their autograd graphs.
-
-        Under :attr:`autocast_dtype` the prediction and the logits come
-        back in float32 (the losses run outside autocast) and the features
-        in the autocast dtype (a float32 copy would be ``D``-sized).
-        """
+        their autograd graphs."""
         name, module = self.find(model)
         records: HeadOutputs = []
 
@@ -105,13 +97,9 @@ class HeadProbe:
 
         handle = module.register_forward_hook(hook)
         try:
-            with self.autocast(inputs):
-                prediction = model(inputs) if run is None else run(inputs)
+            prediction = model(inputs) if run is None else run(inputs)
         finally:
             handle.remove()
-            if self.autocast_dtype is not None:
-                # an enclosing autocast region would keep the weights' casts
-                torch.clear_autocast_cache()
         if not records:
             raise RuntimeError(f'the classifier {name!r} did not run during '
                                "the model's forward pass; name the module "
@@ -123,28 +111,7 @@ class HeadProbe:
                     f'classifier {name!r} got an input of shape '
                     f'{tuple(features.shape)}; {self.prediction_kind} outputs '
                     f'need {want}-d features')
-        if self.autocast_dtype is not None:
-            prediction = to_float32(prediction)
-            records = [(f, to_float32(z)) for f, z in records]
         return prediction, records
-
-    def autocast(self, inputs: Any):
-        """``torch.autocast`` on the inputs' device, or a no-op; it ends
-        with the forward pass (autocast caches its casts of the weights: a
-        forward after an update in the same region would read the old ones).
-        """
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        device = inputs.device.type if torch.is_tensor(inputs) else (
-            'cuda' if torch.cuda.is_available() else 'cpu')
-        return torch.autocast(device_type=device, dtype=self.autocast_dtype)
-
-
-def to_float32(x: Any) -> Any:
-    """``x`` as float32 if it is a half-precision tensor, else ``x``."""
-    if torch.is_tensor(x) and x.dtype in (torch.float16, torch.bfloat16):
-        return x.float()
-    return x
 
 
 def check_pixel_classifier(module: nn.Module, name: str) -> nn.Conv2d:

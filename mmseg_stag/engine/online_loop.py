@@ -78,8 +78,9 @@ class OnlineAdaptationLoop(TestLoop):
         graph_warmup (int, optional): Eager steps per input shape before a
             capture; refused without ``cuda_graph``. Default: None (2).
         preset (str, optional): The named preset a fast config is
-            (``speed_options.PRESETS``): its run stops before the stream without a
-            CUDA device, and its log and results name it. Default: None.
+            (``speed_options.PRESETS``): its run stops before the stream
+            without a CUDA device, and its log and results name it.
+            Default: None.
 
     Raises:
         RuntimeError: If launched on more than one rank.
@@ -395,7 +396,7 @@ class OnlineAdaptationLoop(TestLoop):
         the task's outputs (segmentation: ``SegDataSample``s with
         ``pred_sem_seg``); its statistics wait for :meth:`log_stats`."""
         batch = self.task.batch(self._model(self.runner), data_batch)
-        # autocast wraps the forward passes only (HeadProbe.autocast_dtype)
+        # autocast wraps the forward passes only (TaskAdapter.autocast_dtype)
         images = image_names(data_batch)
         try:
             with torch.set_grad_enabled(self.method.has_loss):
@@ -438,12 +439,12 @@ class OnlineAdaptationLoop(TestLoop):
         return 1
 
     def setup_precision(self) -> None:
-        """Autocast the probe's forwards; give fp16 a gradient scaler."""
+        """Autocast the task's forward passes; give fp16 a gradient
+        scaler."""
         precision = self.speed.mixed_precision
         if precision is None:
             return
-        self.task.probe.autocast_dtype = MIXED_PRECISION[
-            precision]
+        self.task.task_adapter.autocast_dtype = MIXED_PRECISION[precision]
         if precision == 'fp16' and self.method.has_loss:
             # fp16 gradients underflow (TENT's full-size CE: ~1/2M a pixel)
             self.method.use_grad_scaler(self.device_type)

@@ -59,11 +59,12 @@ class OnlineTask(ABC):
     def fit_source(self, method, batches: Iterable[Batch]) -> None:
         """``method.fit_source(batches)`` in float32: squared fp16 gradients
         underflow (EATA's Fisher information); it runs once a run."""
-        dtype, self.probe.autocast_dtype = self.probe.autocast_dtype, None
+        adapter = self.task_adapter
+        dtype, adapter.autocast_dtype = adapter.autocast_dtype, None
         try:
             method.fit_source(batches)
         finally:
-            self.probe.autocast_dtype = dtype
+            adapter.autocast_dtype = dtype
 
     @classmethod
     @abstractmethod

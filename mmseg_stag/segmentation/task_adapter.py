@@ -38,7 +38,7 @@ class SegmentationAdapter(TaskAdapter):
         if run is None:
             run = functools.partial(model.inference,
                                     batch_img_metas=batch.metas)
-        logits, head_outputs = self.probe(
+        logits, head_outputs = self.probe_pass(
             model, batch.inputs if inputs is None else inputs, run=run)
         return ForwardPass(logits, head_outputs)
 

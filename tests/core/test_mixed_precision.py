@@ -52,9 +52,9 @@ def test_autocast_reuses_its_cast_of_an_updated_weight():
     assert not torch.equal(y1, y3)
 
 
-def test_probe_autocasts_each_forward_and_returns_float32_logits():
+def test_task_adapter_autocasts_each_forward_and_returns_float32_logits():
     model = make_cnn().float()
-    probe = HeadProbe('5', autocast_dtype=BF16)
+    probe = TaskAdapter(HeadProbe('5'), BF16).probe_pass
     x = unit_images(0).float()
     logits, [(features, z)] = probe(model, x)
     assert logits.dtype == z.dtype == torch.float32
@@ -92,8 +92,8 @@ def run_sar(model, steps, probe=None, whole_step_autocast=False):
         type='sar', trainable=dict(kind='all'), exclude_regex=None,
         recovery_threshold=0.0, entropy_margin=1.0,
         optimizer=dict(type='SGD', lr=0.05, momentum=0.9)))
-    probe = probe or HeadProbe('5', autocast_dtype=BF16)
-    method.configure(model, TaskAdapter(probe))
+    probe = probe or TaskAdapter(HeadProbe('5'), BF16)
+    method.configure(model, probe)
     for step in range(steps):
         batch = Batch(unit_images(10 + step).float())
         with torch.enable_grad():
@@ -116,7 +116,7 @@ def test_sar_all_parameters_bf16_matches_forward_only_autocast():
         ref.step(unit_images(10 + step).float(), 1.0 * math.log(10))
     ours = run_sar(copy.deepcopy(source), 4)
     old = run_sar(copy.deepcopy(source), 4,
-                  probe=HeadProbe('5'), whole_step_autocast=True)
+                  probe=TaskAdapter(HeadProbe('5')), whole_step_autocast=True)
     gap = max((a - b).abs().max().item() for a, b in zip(
         ours.parameters(), ref.model.parameters()))
     old_gap = max((a - b).abs().max().item() for a, b in zip(
@@ -146,7 +146,7 @@ def run_ecotta(model, steps, probe, whole_step_autocast=False):
     method = build_method(dict(
         type='ecotta', reg_weight=0.5,
         optimizer=dict(type='SGD', lr=0.05, momentum=0.9)))
-    method.configure(model, TaskAdapter(probe))
+    method.configure(model, probe)
     for step in range(steps):
         batch = Batch(
             torch.rand(8, *SIZE, generator=torch.Generator().manual_seed(
@@ -198,16 +198,16 @@ def test_ecotta_entropy_forward_reads_the_regularised_weights_in_bf16():
         momentum=0.9))
     outputs = {}
     for name, model, probe in (
-            ('new', ours, HeadProbe('fc', autocast_dtype=BF16)),
-            ('old', old, HeadProbe('fc'))):
+            ('new', ours, TaskAdapter(HeadProbe('fc'), BF16)),
+            ('old', old, TaskAdapter(HeadProbe('fc')))):
         method = build_method(dict(
             type='ecotta', reg_weight=0.5,
             optimizer=dict(type='SGD', lr=0.05, momentum=0.9)))
-        method.configure(model, TaskAdapter(probe))
+        method.configure(model, probe)
         with torch.enable_grad(), torch.autocast(
                 'cpu', dtype=BF16, enabled=name == 'old'):
             method.regularisation_step(Batch(x))
-            outputs[name] = probe(model, x)[0].float()
+            outputs[name] = probe.probe_pass(model, x)[0].float()
     assert meta_gap(ours, ref) == 0 == meta_gap(old, ref)
     assert torch.equal(outputs['new'], ref_out)
     assert (outputs['old'] - ref_out).abs().max() > 1e-2
@@ -224,8 +224,9 @@ def test_ecotta_bf16_steps_match_forward_only_autocast():
                                if p.requires_grad], lr=0.05, momentum=0.9)
     x = torch.rand(8, *SIZE, generator=torch.Generator().manual_seed(20))
     reference_adapt(ref, ref_opt, x, 0.5, 0.4 * math.log(10))
-    run_ecotta(ours, 1, HeadProbe('fc', autocast_dtype=BF16))
-    run_ecotta(old, 1, HeadProbe('fc'), whole_step_autocast=True)
+    run_ecotta(ours, 1, TaskAdapter(HeadProbe('fc'), BF16))
+    run_ecotta(old, 1, TaskAdapter(HeadProbe('fc')),
+               whole_step_autocast=True)
     gap, old_gap = meta_gap(ours, ref), meta_gap(old, ref)
     assert gap < 0.05 and old_gap > 0.2 and old_gap > 10 * gap, \
         (gap, old_gap)
@@ -260,7 +261,7 @@ def tent_update(scaler: bool, dtype):
     method = SmallLossTENT(trainable=dict(kind='all'),
                            optimizer=dict(type='SGD', lr=1e3))
     method.configure(model, TaskAdapter(HeadProbe(
-        'head', prediction_kind='per_pixel', autocast_dtype=dtype)))
+        'head', prediction_kind='per_pixel'), dtype))
     if scaler:
         method.use_grad_scaler('cpu')
     before = model.conv.weight.detach().clone()

@@ -249,18 +249,18 @@ def test_test_workers_follow_pytest_xdist(monkeypatch, capsys):
     ('fp32', False, None), ('tf32', True, None),
     ('bf16', False, torch.bfloat16)])
 def test_precision_switches_and_restores(name, tf32, dtype, gpu_check):
-    """TF32 flags and the probe's forward-only autocast inside the block,
+    """TF32 flags and the task adapter's forward-only autocast inside the block,
     the previous settings after it."""
-    task = SimpleNamespace(probe=SimpleNamespace(autocast_dtype=None))
+    task = SimpleNamespace(task_adapter=SimpleNamespace(autocast_dtype=None))
     flags = (torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32)
     with gpu_steps.precision(task, name):
         assert torch.backends.cuda.matmul.allow_tf32 is tf32
         assert torch.backends.cudnn.allow_tf32 is tf32
-        assert task.probe.autocast_dtype is dtype
+        assert task.task_adapter.autocast_dtype is dtype
     assert (torch.backends.cuda.matmul.allow_tf32,
             torch.backends.cudnn.allow_tf32) == flags
-    assert task.probe.autocast_dtype is None
+    assert task.task_adapter.autocast_dtype is None
 
 
 def test_partial_report_of_a_stopped_run(tmp_path, gpu_check):
