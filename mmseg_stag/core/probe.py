@@ -28,8 +28,8 @@ class HeadProbe:
             model's last ``nn.Linear`` (per sample only).
         prediction_kind (str): ``'per_sample'`` or ``'per_pixel'``.
 
-    Mixed precision is the task adapter's (``TaskAdapter.autocast_dtype``),
-    around the probe's pass.
+    It records, nothing else: mixed precision is the task adapter's
+    (``TaskAdapter.autocast_dtype``), around the pass (:func:`run_probe`).
     """
 
     def __init__(self,
@@ -112,6 +112,37 @@ class HeadProbe:
                     f'{tuple(features.shape)}; {self.prediction_kind} outputs '
                     f'need {want}-d features')
         return prediction, records
+
+
+def run_probe(probe: HeadProbe, model: nn.Module, inputs: Any,
+              run: Optional[Callable[[Any], Any]] = None,
+              autocast_dtype: Optional[torch.dtype] = None
+              ) -> Tuple[Any, HeadOutputs]:
+    """``probe``'s pass of ``model`` on ``inputs`` (:meth:`HeadProbe.
+    __call__`), under ``torch.autocast`` of ``autocast_dtype`` (the task
+    adapter's) ended with the pass: autocast caches its casts of the
+    weights, so a forward after an update in the same region would read
+    the old ones. Under autocast the prediction and the logits come back
+    in float32 (the losses run outside autocast), the features in the
+    autocast dtype (a float32 copy would be ``D``-sized)."""
+    if autocast_dtype is None:
+        return probe(model, inputs, run)
+    device = inputs.device.type if torch.is_tensor(inputs) else (
+        'cuda' if torch.cuda.is_available() else 'cpu')
+    try:
+        with torch.autocast(device_type=device, dtype=autocast_dtype):
+            prediction, records = probe(model, inputs, run)
+    finally:
+        # an enclosing autocast region would keep the weights' casts
+        torch.clear_autocast_cache()
+    return to_float32(prediction), [(f, to_float32(z)) for f, z in records]
+
+
+def to_float32(x: Any) -> Any:
+    """``x`` as float32 if it is a half-precision tensor, else ``x``."""
+    if torch.is_tensor(x) and x.dtype in (torch.float16, torch.bfloat16):
+        return x.float()
+    return x
 
 
 def check_pixel_classifier(module: nn.Module, name: str) -> nn.Conv2d:

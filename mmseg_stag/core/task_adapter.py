@@ -11,12 +11,12 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence,
-                    Tuple, Union)
+                    Union)
 
 import torch
 import torch.nn as nn
 
-from .probe import HeadOutputs, HeadProbe
+from .probe import HeadOutputs, HeadProbe, run_probe
 
 
 @dataclass
@@ -187,20 +187,14 @@ class NonFiniteStatistic(ValueError):
                 "stage's end, whose state was finite")
 
 
-def to_float32(x: Any) -> Any:
-    """``x`` as float32 if it is a half-precision tensor, else ``x``."""
-    if torch.is_tensor(x) and x.dtype in (torch.float16, torch.bfloat16):
-        return x.float()
-    return x
-
-
 class TaskAdapter:
     """The per-sample task's operations: the forward pass of ``probe``.
 
     What a task can do for a method is its :attr:`prediction_kind` and
     whether it :attr:`has_original_size` (``BaseMethod.check_supports``).
     Its :attr:`autocast_dtype` (the loop's ``mixed_precision``) runs each
-    forward pass, and only the forward pass, under ``torch.autocast``.
+    forward pass, and only the forward pass, under ``torch.autocast``
+    (:func:`~.probe.run_probe`).
     """
 
     #: whether it gives logits, labels and a loss at each image's original
@@ -225,28 +219,8 @@ class TaskAdapter:
     def forward(self, model: nn.Module, batch: Batch,
                 inputs: Any = None) -> ForwardPass:
         """Run ``model`` once on the batch, or on ``inputs`` made from it."""
-        logits, head_outputs = self.probe_pass(
-            model, batch.inputs if inputs is None else inputs)
+        logits, head_outputs = run_probe(
+            self.probe, model, batch.inputs if inputs is None else inputs,
+            autocast_dtype=self.autocast_dtype)
         return ForwardPass(logits, head_outputs)
 
-    def probe_pass(self, model: nn.Module, inputs: Any,
-                   run: Optional[Callable[[Any], Any]] = None
-                   ) -> Tuple[Any, HeadOutputs]:
-        """The probe's pass (``HeadProbe.__call__``) under autocast of
-        :attr:`autocast_dtype`, ended with the pass (autocast caches its
-        casts of the weights: a forward after an update in the same region
-        would read the old ones); the prediction and the logits come back
-        in float32 (the losses run outside autocast), the features in the
-        autocast dtype (a float32 copy would be ``D``-sized)."""
-        if self.autocast_dtype is None:
-            return self.probe(model, inputs, run)
-        device = inputs.device.type if torch.is_tensor(inputs) else (
-            'cuda' if torch.cuda.is_available() else 'cpu')
-        try:
-            with torch.autocast(device_type=device, dtype=self.autocast_dtype):
-                prediction, records = self.probe(model, inputs, run)
-        finally:
-            # an enclosing autocast region would keep the weights' casts
-            torch.clear_autocast_cache()
-        return to_float32(prediction), [(f, to_float32(z))
-                                        for f, z in records]

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mmseg_stag.core import Batch, ForwardPass, TaskAdapter
+from mmseg_stag.core.probe import run_probe
 
 
 @dataclass
@@ -38,8 +39,9 @@ class SegmentationAdapter(TaskAdapter):
         if run is None:
             run = functools.partial(model.inference,
                                     batch_img_metas=batch.metas)
-        logits, head_outputs = self.probe_pass(
-            model, batch.inputs if inputs is None else inputs, run=run)
+        logits, head_outputs = run_probe(
+            self.probe, model, batch.inputs if inputs is None else inputs,
+            run, self.autocast_dtype)
         return ForwardPass(logits, head_outputs)
 
     @torch.no_grad()

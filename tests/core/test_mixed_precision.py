@@ -8,12 +8,14 @@ against a transcription of its authors' step whose autocast wraps only the
 forwards, and the old arrangement (the whole step inside one region) is
 shown to differ. float16 gets a ``GradScaler``."""
 import copy
+import functools
 import math
 
 import pytest
 import torch
 import torch.nn as nn
 
+from mmseg_stag.core.probe import run_probe
 from mmseg_stag.core import (TENT, Batch, HeadProbe, TaskAdapter,
                              build_method)
 from mmseg_stag.classification.ecotta_network import attach_meta_networks
@@ -54,7 +56,9 @@ def test_autocast_reuses_its_cast_of_an_updated_weight():
 
 def test_task_adapter_autocasts_each_forward_and_returns_float32_logits():
     model = make_cnn().float()
-    probe = TaskAdapter(HeadProbe('5'), BF16).probe_pass
+    adapter = TaskAdapter(HeadProbe('5'), BF16)
+    probe = functools.partial(run_probe, adapter.probe,
+                              autocast_dtype=adapter.autocast_dtype)
     x = unit_images(0).float()
     logits, [(features, z)] = probe(model, x)
     assert logits.dtype == z.dtype == torch.float32
@@ -207,7 +211,8 @@ def test_ecotta_entropy_forward_reads_the_regularised_weights_in_bf16():
         with torch.enable_grad(), torch.autocast(
                 'cpu', dtype=BF16, enabled=name == 'old'):
             method.regularisation_step(Batch(x))
-            outputs[name] = probe.probe_pass(model, x)[0].float()
+            outputs[name] = run_probe(probe.probe, model, x, None,
+                                      probe.autocast_dtype)[0].float()
     assert meta_gap(ours, ref) == 0 == meta_gap(old, ref)
     assert torch.equal(outputs['new'], ref_out)
     assert (outputs['old'] - ref_out).abs().max() > 1e-2

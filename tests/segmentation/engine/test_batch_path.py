@@ -25,7 +25,7 @@ EXPECTED = [
     ('core/methods/base.py:beta', 'core/stag.py:stag_beta'),
     ('core/methods/base.py:forward_and_adapt',
      'segmentation/task_adapter.py:forward'),
-    ('segmentation/task_adapter.py:forward', 'core/probe.py:__call__'),
+    ('segmentation/task_adapter.py:forward', 'core/probe.py:run_probe'),
     ('core/methods/base.py:loss', 'core/methods/tent.py:base_loss'),
     ('core/methods/tent.py:base_loss',
      'segmentation/task_adapter.py:cross_entropy_at_original_size'),
