@@ -549,7 +549,7 @@ def check_fingerprints(runs: List[Run]) -> None:
         SystemExit: Naming each work dir, the settings that differ (on
             disk -> planned) and what to do.
     """
-    from mmseg_stag.engine.online_loop import RESUME_IGNORES
+    from mmseg_stag.engine.run_state import RESUME_IGNORES
     from mmseg_stag.engine.run_state import identity_differences
     problems, weights = [], {}
     for run in runs:

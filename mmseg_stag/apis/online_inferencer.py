@@ -29,7 +29,7 @@ from mmengine.runner import Runner
 
 from mmseg_stag.checkpoint import load_model_checkpoint
 from mmseg_stag.core import NonFiniteStatistic
-from mmseg_stag.engine.online_loop import RESUME_IGNORES
+from mmseg_stag.engine.run_state import RESUME_IGNORES
 from mmseg_stag.engine.online_task import head_layer_of
 from mmseg_stag.engine.run_state import (identity_differences, rng_state,
                                          run_identity, set_rng_state)

@@ -1,7 +1,8 @@
 """Task-agnostic MMEngine parts: online loop, log processor, task, metric."""
 from .launch_guard import DISTRIBUTED_ERROR
 from .log_processor import OnlineAdaptationLogProcessor
-from .online_loop import STATE_FILE, OnlineAdaptationLoop
+from .online_loop import OnlineAdaptationLoop
+from .run_state import STATE_FILE
 from .online_task import ONLINE_TASKS, OnlineTask
 from .stream import StreamSchedule, StreamStage
 from .stream_metric import StreamMetric

@@ -14,8 +14,9 @@ from torch.utils.data import DataLoader
 
 from mmseg_stag.core import NonFiniteStatistic
 from mmseg_stag.core.methods.step_graph import CUDAGraphStep
-from .run_state import (identity_differences, load_run_state, rng_state,
-                        run_identity, save_run_state, set_rng_state)
+from .run_state import (STATE_FILE, check_stateful, resume_state,
+                        run_identity, save_run_state, set_rng_state,
+                        stage_end_state)
 from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
@@ -24,16 +25,6 @@ from .step_stats import Pending, PendingStep, log_step_stats
 from .stream_metric import assign_result_files
 from .speed_options import MIXED_PRECISION, speed_options
 from .stream import StreamSchedule, StreamStage, dataset_stages
-
-#: the run state a resumable stream saves at every stage boundary
-STATE_FILE = 'online_adaptation_state.pth'
-#: config keys a resumed run may change (they do not change its numbers)
-RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
-                  'test_cfg.resume', 'test_cfg.save_state', '*num_workers',
-                  '*persistent_workers', '*pin_memory', 'default_hooks.*',
-                  'visualizer.*', 'vis_backends*', 'log_processor.*',
-                  'log_level', 'env_cfg.*')
-
 
 def check_moved(bn_batch_stats: Optional[bool]) -> None:
     """``ValueError`` for a loop option that is now the method's."""
@@ -207,13 +198,16 @@ class OnlineAdaptationLoop(TestLoop):
             # from (and does not add them again)
             self.source_state = {k: v.detach().clone()
                                  for k, v in adapted.state_dict().items()}
-        stateful = self.check_stateful()
+        stateful = check_stateful(self.evaluator.metrics, self.save_state,
+                                  self.resume)
         #: the updates of the methods that earlier from-source stages
         #: replaced (the current method counts its own)
         self.num_updates = 0
         start, rng = 0, None
         if self.resume:
-            start, rng = self.load_state(identity)
+            start, self.num_updates, rng = resume_state(
+                self.state_path, identity, len(self.dataloader), self.method,
+                self.evaluator.metrics)
         elif self.source_dataloader is not None and not (
                 self.schedule[0].stage.from_source):
             self.fit_source()
@@ -277,22 +271,6 @@ class OnlineAdaptationLoop(TestLoop):
         if self.source_dataloader is not None:
             self.fit_source()
 
-    def check_stateful(self) -> bool:
-        """Return whether the run state can be saved (a ``resume`` whose
-        metrics keep no state raises ``ValueError``)."""
-        if not (self.save_state or self.resume):
-            return False
-        lacking = [type(m).__name__ for m in self.evaluator.metrics
-                   if not hasattr(m, 'state_dict')]
-        if lacking and self.resume:
-            raise ValueError(f'cannot resume: the metric(s) {lacking} keep '
-                             'no state_dict (the StreamMetric ones do)')
-        if lacking:
-            print_log(f'run state not saved: the metric(s) {lacking} keep no '
-                      'state_dict, so this run cannot be resumed',
-                      logger='current', level=30)
-        return not lacking
-
     def end_stage(self, batches_done: int, identity: dict,
                   stateful: bool) -> None:
         """Log the steps' statistics, close the stage, save the state."""
@@ -308,48 +286,10 @@ class OnlineAdaptationLoop(TestLoop):
                 for tag, (value, step) in metric.stage_scalars(
                         result).items():
                     visualizer.add_scalar(tag, value, step=step)
-        if not (stateful and self.save_state):
-            return
-        save_run_state(self.state_path, dict(
-            identity=identity, batches_done=int(batches_done),
-            num_batches=len(self.dataloader),
-            method=self.method.state_dict(),
-            num_updates_before=int(self.num_updates),
-            metrics=[m.state_dict() for m in self.evaluator.metrics],
-            rng=rng_state()))
-
-    def load_state(self, identity: dict):
-        """Restore the run state of :meth:`end_stage`; return the batches
-        done and the random states to set (``ValueError`` if the state is
-        another run's or stream's)."""
-        path = self.state_path
-        state = load_run_state(path)
-        diffs = identity_differences(state['identity'], identity,
-                                     RESUME_IGNORES)
-        if diffs:
-            raise ValueError(
-                f'cannot resume from {path}: it was written by another run '
-                f'({len(diffs)} difference(s)):\n  ' + '\n  '.join(diffs)
-                + '\nUse the same config and checkpoint, or another '
-                '--work-dir for a new run.')
-        if state['num_batches'] != len(self.dataloader):
-            raise ValueError(f'cannot resume from {path}: it holds a stream '
-                             f"of {state['num_batches']} batches, this one "
-                             f'has {len(self.dataloader)}')
-        if len(state['metrics']) != len(self.evaluator.metrics):
-            raise ValueError(f'cannot resume from {path}: '
-                             f"{len(state['metrics'])} metric state(s) for "
-                             f'{len(self.evaluator.metrics)} metric(s)')
-        self.method.load_state_dict(state['method'])
-        self.num_updates = int(state['num_updates_before'])
-        for metric, metric_state in zip(self.evaluator.metrics,
-                                        state['metrics']):
-            metric.load_state_dict(metric_state)
-        done = state['batches_done']
-        print_log(f'resumed from {path}: {done} of {len(self.dataloader)} '
-                  f'batches done (stage {self.method.stage_index})',
-                  logger='current')
-        return done, state['rng']
+        if stateful and self.save_state:
+            save_run_state(self.state_path, stage_end_state(
+                identity, batches_done, len(self.dataloader), self.method,
+                self.num_updates, self.evaluator.metrics))
 
     def batches_from(self, start: int):
         """Return a loader of the batches from ``start`` on, skipping loads."""

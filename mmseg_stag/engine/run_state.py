@@ -1,17 +1,27 @@
-"""Run state for resuming: random states, fingerprints, one atomic file."""
+"""Run state for resuming: random states, fingerprints, one atomic file;
+the online loop's state at a stage's end and its resume."""
 import hashlib
 import json
 import os.path as osp
 import random
 from fnmatch import fnmatchcase
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn as nn
+from mmengine.logging import print_log
 
 from .report import write_torch
 
+#: the run state a resumable stream saves at every stage boundary
+STATE_FILE = 'online_adaptation_state.pth'
+#: config keys a resumed run may change (they do not change its numbers)
+RESUME_IGNORES = ('work_dir', 'launcher', 'experiment_name',
+                  'test_cfg.resume', 'test_cfg.save_state', '*num_workers',
+                  '*persistent_workers', '*pin_memory', 'default_hooks.*',
+                  'visualizer.*', 'vis_backends*', 'log_processor.*',
+                  'log_level', 'env_cfg.*')
 #: version of the state-file layout (a file of another version is refused)
 STATE_VERSION = 5
 
@@ -132,3 +142,70 @@ def load_run_state(path: str, mmap: bool = False) -> dict:
             f'code reads {STATE_VERSION} (another mmseg_stag wrote it, and '
             'its layout or names differ); delete it to start the run again')
     return state
+
+
+# ------------------------------------------- the online loop's run state
+
+
+def check_stateful(metrics: Sequence, save_state: bool,
+                   resume: bool) -> bool:
+    """Return whether the loop's run state can be saved: every metric
+    keeps a ``state_dict`` (the ``StreamMetric`` ones); ``ValueError`` for
+    a ``resume`` whose metrics keep none."""
+    if not (save_state or resume):
+        return False
+    lacking = [type(m).__name__ for m in metrics
+               if not hasattr(m, 'state_dict')]
+    if lacking and resume:
+        raise ValueError(f'cannot resume: the metric(s) {lacking} keep '
+                         'no state_dict (the StreamMetric ones do)')
+    if lacking:
+        print_log(f'run state not saved: the metric(s) {lacking} keep no '
+                  'state_dict, so this run cannot be resumed',
+                  logger='current', level=30)
+    return not lacking
+
+
+def stage_end_state(identity: dict, batches_done: int, num_batches: int,
+                    method, num_updates_before: int, metrics: Sequence
+                    ) -> dict:
+    """What the loop saves at a stage's end (:func:`save_run_state`):
+    the run's identity, the batches done of how many, the method's and
+    the metrics' states, the updates of methods that earlier from-source
+    stages replaced, the random states."""
+    return dict(identity=identity, batches_done=int(batches_done),
+                num_batches=int(num_batches), method=method.state_dict(),
+                num_updates_before=int(num_updates_before),
+                metrics=[m.state_dict() for m in metrics], rng=rng_state())
+
+
+def resume_state(path: str, identity: dict, num_batches: int, method,
+                 metrics: Sequence) -> Tuple[int, int, dict]:
+    """Restore ``method`` and ``metrics`` from :func:`stage_end_state` at
+    ``path``; return the batches done, the updates before and the random
+    states to set (``ValueError`` if the state is another run's or
+    stream's)."""
+    state = load_run_state(path)
+    diffs = identity_differences(state['identity'], identity,
+                                 RESUME_IGNORES)
+    if diffs:
+        raise ValueError(
+            f'cannot resume from {path}: it was written by another run '
+            f'({len(diffs)} difference(s)):\n  ' + '\n  '.join(diffs)
+            + '\nUse the same config and checkpoint, or another '
+            '--work-dir for a new run.')
+    if state['num_batches'] != num_batches:
+        raise ValueError(f'cannot resume from {path}: it holds a stream '
+                         f"of {state['num_batches']} batches, this one "
+                         f'has {num_batches}')
+    if len(state['metrics']) != len(metrics):
+        raise ValueError(f'cannot resume from {path}: '
+                         f"{len(state['metrics'])} metric state(s) for "
+                         f'{len(metrics)} metric(s)')
+    method.load_state_dict(state['method'])
+    for metric, metric_state in zip(metrics, state['metrics']):
+        metric.load_state_dict(metric_state)
+    done = state['batches_done']
+    print_log(f'resumed from {path}: {done} of {num_batches} batches done '
+              f'(stage {method.stage_index})', logger='current')
+    return done, int(state['num_updates_before']), state['rng']

@@ -15,7 +15,7 @@ from mmseg_stag.checkpoint import load_model_checkpoint
 from .run_state import (identity_differences, load_run_state, rng_state,
                         run_identity, set_rng_state)
 from .launch_guard import check_single_process
-from .online_loop import RESUME_IGNORES, STATE_FILE
+from .run_state import RESUME_IGNORES, STATE_FILE
 from .online_task import head_layer_of
 from .report import read_results
 

@@ -12,7 +12,7 @@ import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
 
-from mmseg_stag.engine.online_loop import STATE_FILE
+from mmseg_stag.engine.run_state import STATE_FILE
 from mmseg_stag.engine.report import read_partial, read_results
 from mmseg_stag.engine.runs import prepare_config, run_test
 from cls_helpers import CIFAR, killable_config, options, run_tool

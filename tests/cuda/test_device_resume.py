@@ -15,7 +15,7 @@ from cuda_runs import (DEVICES, Run, assert_finite_on, cls_options,
                        config_of, run_tool, seg_options, tensors_of,
                        tool_args, tool_config, use_device)
 
-from mmseg_stag.engine.online_loop import STATE_FILE
+from mmseg_stag.engine.run_state import STATE_FILE
 
 #: before the 2nd batch of the 3rd stage: 2 stages (4 batches) saved
 KILL = '2,2'

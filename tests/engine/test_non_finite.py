@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from mmseg_stag.engine.online_loop import STATE_FILE
+from mmseg_stag.engine.run_state import STATE_FILE
 from mmseg_stag.segmentation.methods.hybrid_tta import TuningSwitch
 from seg_helpers import make_runner
 

@@ -16,7 +16,7 @@ from run_helpers import killable_config, numbers
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
                          python_path, run_script, tiny_options)
 
-from mmseg_stag.engine.online_loop import STATE_FILE
+from mmseg_stag.engine.run_state import STATE_FILE
 
 #: CoTTA on the tiny stream: 6 views, and restores often enough to matter
 COTTA = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),

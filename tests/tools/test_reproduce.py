@@ -377,8 +377,8 @@ def test_two_runs_on_a_local_ray(tiny_acdc, nvlabs_checkpoint, tmp_path):
 def test_the_names_it_spells_are_the_engines(reproduce):
     """The file names and presets reproduce.py spells (so that --help
     imports no torch) are the online loop's."""
-    from mmseg_stag.engine import online_loop, report, speed_options
-    assert reproduce.STATE_FILE == online_loop.STATE_FILE
+    from mmseg_stag.engine import report, run_state, speed_options
+    assert reproduce.STATE_FILE == run_state.STATE_FILE
     assert reproduce.RESULTS_FILE == report.RESULTS_FILE
     assert tuple(reproduce.PRESETS) == speed_options.PRESETS
 

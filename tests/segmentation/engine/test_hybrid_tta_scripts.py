@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from mmseg_stag.engine.online_loop import STATE_FILE
+from mmseg_stag.engine.run_state import STATE_FILE
 from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, mmseg_test_py, python_path,
                          run_script, tiny_options)
