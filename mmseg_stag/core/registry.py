@@ -32,10 +32,10 @@ def check_renamed(cfg: dict) -> None:
                          'stage (docs/methods.md, CHANGELOG)')
 
 
-def build_method(cfg: dict, registry: Registry = METHODS):
-    """Build a method of ``registry`` (``METHODS`` or a task's child of it)
-    whatever the caller's default scope; ``type`` a registered name
-    (``KeyError`` listing the known ones if unknown) or a method class;
+def build_method(cfg: dict):
+    """Build a method of ``METHODS`` whatever the caller's default scope;
+    ``type`` a registered name (``KeyError`` listing the known ones if
+    unknown) or a method class (a task's own, e.g. segmentation CoTTA);
     ``ValueError`` for a renamed option (:func:`check_renamed`)."""
     cfg = dict(cfg)
     if 'type' not in cfg:
@@ -43,14 +43,12 @@ def build_method(cfg: dict, registry: Registry = METHODS):
     check_renamed(cfg)
     method_cls = cfg['type']
     if isinstance(method_cls, str):
-        found = registry.get(method_cls)
+        found = METHODS.get(method_cls)
         if found is None:
-            known = set(registry.module_dict) | set(METHODS.module_dict)
             raise KeyError(f'unknown method {method_cls!r}; available: '
-                           f'{sorted(known)}')
+                           f'{sorted(METHODS.module_dict)}')
         method_cls = found
-    return registry.build(dict(cfg, type=method_cls,
-                               _scope_=registry.scope))
+    return METHODS.build(dict(cfg, type=method_cls, _scope_=METHODS.scope))
 
 
 def check_range(relation: str, **values) -> None:
