@@ -4,8 +4,8 @@
 # attention through SDPA on channels-last views of the tokens, the restore mask
 # drawn on the GPU, the teacher's views of one size as one batch (its labels
 # can differ where two classes tie: docs/methods.md), each step replayed as a
-# CUDA graph (captured again at each stage's start), 8 loader workers. Without
-# CUDA the run stops before the stream.
+# CUDA graph (kept across stages: the optimizer restarts in place), 8
+# loader workers. Without CUDA the run stops before the stream.
 _base_ = ['./segformer_mit-b5-nvlabs_acdc-continual_cotta.py']
 model = dict(backbone=dict(attention='sdpa', token_maps='view'))
 # 1920x1080 PNG decoding on the H100 machine: 2 workers 19.1-21.6 images/s, 8

@@ -2,8 +2,8 @@
 # CUDA GPU (docs/running.md, "The fast preset"): the same method, data,
 # protocol and metric; bfloat16 autocast around the forward passes, MiT
 # attention through SDPA on channels-last views of the tokens, each step
-# replayed as a CUDA graph (captured again at each stage's start), 8 loader
-# workers. Without CUDA the run stops before the stream.
+# replayed as a CUDA graph (kept across stages: the optimizer restarts in
+# place), 8 loader workers. Without CUDA the run stops before the stream.
 _base_ = ['./segformer_mit-b5-nvlabs_acdc-continual_tent.py']
 model = dict(backbone=dict(attention='sdpa', token_maps='view'))
 # 1920x1080 PNG decoding on the H100 machine: 2 workers 19.1-21.6 images/s, 8

@@ -13,7 +13,7 @@ from ..stag import stag_beta
 from ..stag_loss import build_stag_loss, log_anchor_signs
 from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
                             StepStats, TaskAdapter)
-from .method_state import MethodState
+from .method_state import MethodState, restart_in_place
 
 
 class BaseMethod(MethodState):
@@ -156,7 +156,10 @@ class BaseMethod(MethodState):
         if self.stage_index is not None and index != self.stage_index:
             if 'beta_t' in self.stage_restart:
                 self.t = 0
-            if 'optimizer' in self.stage_restart:
+            # in place where it can (a CUDA graph stepping its state
+            # survives the stage)
+            if 'optimizer' in self.stage_restart and not restart_in_place(
+                    self.optimizer):
                 self.optimizer = self.build_optimizer()
         self.stage_index = index
 

@@ -77,3 +77,30 @@ class MethodState:
                 getattr(self, name).load_state_dict(state[name])
             else:
                 setattr(self, name, state[name])
+
+
+#: torch optimizers whose every state tensor starts at zero, so that one
+#: zeroed in place steps as a new optimizer's first step (SGD: where its
+#: ``dampening`` is 0; a new buffer takes the gradient undampened)
+ZERO_STATE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+@torch.no_grad()
+def restart_in_place(optimizer) -> bool:
+    """Restart ``optimizer`` as a new one of its config would start, in its
+    own state tensors: every tensor of its ``state`` zeroed (Adam's and
+    AdamW's step counts and moments, SGD's momentum), the same updates as
+    a new optimizer's, bit for bit. A CUDA graph that steps those tensors
+    stays valid. Return False (nothing changed) for an optimizer whose
+    fresh state is not all zeros: the caller builds a new one."""
+    if type(optimizer) not in ZERO_STATE_OPTIMIZERS or (
+            type(optimizer) is torch.optim.SGD and any(
+                group.get('dampening', 0) for group in
+                optimizer.param_groups)):
+        return False
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value):
+                value.zero_()
+    return True
+

@@ -28,8 +28,13 @@ from ..task_adapter import StepStats
 
 #: what MMSeg's ``postprocess_result`` sets on each data sample; a
 #: captured step whose loss post-processed (TENT's full-size loss) has
-#: them among its outputs, handed to the replayed batch's samples
+#: them among its outputs
 POSTPROCESS_FIELDS = ('seg_logits', 'pred_sem_seg')
+#: those a replay copies to the replayed batch's samples: the labels the
+#: metric and the hooks read; not the full-size logits, which nothing
+#: downstream reads and would cost a copy of C x H x W floats a replay
+#: (158 MB for 19 classes at 1920 x 1080)
+REPLAY_FIELDS = ('pred_sem_seg', )
 
 
 @dataclasses.dataclass
@@ -103,6 +108,7 @@ class CUDAGraphStep:
         self.eager_steps: Dict[Hashable, int] = {}
         self.optimizer = None  # the one the graphs update
         self.optimizer_state = None  # its ``state``, which a load replaces
+        self.checked = False  # check_method ran (at the first step)
         self.stream = None
 
     def reset(self) -> None:
@@ -125,15 +131,18 @@ class CUDAGraphStep:
 
     def __call__(self, batch, beta: Optional[float]
                  ) -> Tuple[Any, StepStats]:
+        if not self.checked:
+            self.check_method()
+            self.checked = True
+        # None: a step without an update (BN Adapt without STAG)
         optimizer = self.method.optimizer
-        # a new optimizer (stage_restart) or a loaded state (load_state_dict
-        # replaces ``state``): the graphs stepped the old tensors
-        if self.optimizer is not optimizer or (
-                self.optimizer_state is not optimizer.state):
-            if self.optimizer is None:
-                self.check_method()
+        state = None if optimizer is None else optimizer.state
+        # a new optimizer or a loaded state (load_state_dict replaces
+        # ``state``): the graphs stepped the old tensors
+        if self.optimizer is not optimizer or self.optimizer_state is not \
+                state:
             self.reset()
-            self.optimizer, self.optimizer_state = optimizer, optimizer.state
+            self.optimizer, self.optimizer_state = optimizer, state
         key = graph_key(batch)
         captured = self.graphs.get(key)
         if captured is None:
@@ -291,15 +300,16 @@ def postprocessed_tensors(prediction
 def attach_postprocessed(post: List[Dict[str, torch.Tensor]],
                          data_samples: list) -> list:
     """``data_samples`` with copies of a replay's post-processed tensors
-    (:func:`postprocessed_tensors`) set as MMSeg's ``postprocess_result``
-    sets them: what the task would have made of the same logits."""
+    of :data:`REPLAY_FIELDS` (:func:`postprocessed_tensors`) set as
+    MMSeg's ``postprocess_result`` sets them: the labels the task would
+    have made of the same logits (not the logits)."""
     from mmengine.structures import PixelData
     if len(post) != len(data_samples):
         raise ValueError(f'a replay post-processed {len(post)} images, the '
                          f'batch has {len(data_samples)}')
     for sample, tensors in zip(data_samples, post):
         sample.set_data({k: PixelData(data=v.clone())
-                         for k, v in tensors.items()})
+                         for k, v in tensors.items() if k in REPLAY_FIELDS})
     return data_samples
 
 

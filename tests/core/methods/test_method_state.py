@@ -190,3 +190,39 @@ def test_sar_recoveries_fire_in_this_stream():
     method = start(METHODS['sar+stag'])
     stream(method, BATCHES)
     assert method.num_recoveries > 0 and method.ema is not None
+
+
+@pytest.mark.parametrize('opt', [
+    dict(type='Adam', lr=1e-2), dict(type='AdamW', lr=1e-2, amsgrad=True),
+    dict(type='SGD', lr=0.05, momentum=0.9),
+    dict(type='SGD', lr=0.05, momentum=0.9, nesterov=True,
+         weight_decay=1e-3),
+    dict(type='SGD', lr=0.05, momentum=0.9, dampening=0.5),
+    dict(type='Adagrad', lr=1e-2)], ids=lambda o: '-'.join(
+        f'{v}' for v in o.values()))
+def test_a_stage_restart_of_the_optimizer_steps_as_a_new_one(opt):
+    """``stage_restart=('optimizer',)`` zeroes the state in place where a
+    new optimizer's state starts at zero (Adam, AdamW, SGD without
+    dampening: the same object, so a CUDA graph stepping it survives),
+    else builds a new one; either way the next stage's updates are those
+    of a new optimizer, bit for bit."""
+    from mmseg_stag.core.methods.method_state import restart_in_place
+    torch.manual_seed(0)
+    restarted = start(dict(type='tent', optimizer=opt,
+                           stage_restart=('optimizer', )))
+    torch.manual_seed(0)
+    fresh = start(dict(type='tent', optimizer=opt))  # rebuilt by hand
+    first = restarted.optimizer
+    for i in range(8):
+        x = block_images(i, n=8)
+        restarted.start_stage(i // 3)
+        if i and i % 3 == 0:
+            fresh.optimizer = fresh.build_optimizer()
+        want, got = adapt(fresh, x)[0], adapt(restarted, x)[0]
+        assert torch.equal(got, want), i
+    in_place = opt['type'] in ('Adam', 'AdamW') or (
+        opt['type'] == 'SGD' and not opt.get('dampening'))
+    assert (restarted.optimizer is first) == in_place
+    assert_same(restarted.model, fresh.model)
+    assert_same(restarted.optimizer, fresh.optimizer)
+    assert restart_in_place(restarted.optimizer) == in_place

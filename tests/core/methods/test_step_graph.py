@@ -11,13 +11,13 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from benchmarks.stand_in_graph import (StandInStream, same_stream,
+                                       stand_in_capture)
 from host_syncs import HostSyncCounter
 from mmseg_stag.core import Batch, BNAdapt, TENT, build_method
-from mmseg_stag.core.methods.step_graph import (Captured, CUDAGraphStep,
+from mmseg_stag.core.methods.step_graph import (CUDAGraphStep,
                                                 check_capturable_optimizer,
-                                                graph_inputs, graph_key,
-                                                postprocessed_tensors,
-                                                static_batch)
+                                                graph_key)
 
 from test_base_method import ADAPTER, configured, images, make_model
 
@@ -146,10 +146,10 @@ def test_each_capture_tolerates_other_threads_in_its_own_pool(
 def test_a_replayed_step_post_processes_once(stand_in_cuda, monkeypatch):
     """TENT with the shipped config's full-size loss post-processes its
     logits in the step (its labels at the original size): a replay hands
-    the graph's post-processed logits and labels to the batch's own data
-    samples, so the task does not post-process again; they equal the
-    eager step's, and the batch the graph was captured on keeps its own
-    samples."""
+    copies of the graph's post-processed labels (not its full-size
+    logits) to the batch's own data samples, so the task does not
+    post-process again; they equal the eager step's, and the batch the
+    graph was captured on keeps its own samples."""
     import argparse
 
     from benchmarks import step_benchmark
@@ -189,86 +189,20 @@ def test_a_replayed_step_post_processes_once(stand_in_cuda, monkeypatch):
         assert outputs is batch.data_samples
         wanted = task.online.outputs(twin, want)
         for o, w in zip(outputs, wanted):
-            for key in ('seg_logits', 'pred_sem_seg'):
+            # a replay copies the labels out, not the full-size logits
+            # (REPLAY_FIELDS: nothing downstream reads them)
+            assert ('seg_logits' in o) != replayed
+            keys = ('pred_sem_seg', ) if replayed else ('seg_logits',
+                                                        'pred_sem_seg')
+            for key in keys:
                 assert torch.equal(o.get(key).data, w.get(key).data), key
         if replayed:
             (captured, ) = graphs.graphs.values()
-            assert outputs[0].seg_logits.data is not captured.post[0][
-                'seg_logits']
+            assert outputs[0].pred_sem_seg.data is not captured.post[0][
+                'pred_sem_seg']
     # the first replayed batch's samples were not the capture's
-    assert batches[2][0].data_samples[0].seg_logits.data is not \
-        graphs.captures[0].outputs[2][0]['seg_logits']
-
-
-class StandInGraph:
-    """A captured step on the CPU: at capture the step's Python runs with
-    its effects undone (a real capture runs no kernel); each replay runs it
-    again on the captured inputs and writes the captured outputs in place,
-    as a real replay writes the same memory."""
-
-    def __init__(self):
-        self.run = None
-
-    def pool(self):
-        return 'pool'
-
-    def replay(self):
-        self.replays += 1
-        prediction, stats = self.run()
-        self.outputs[0].value.copy_(prediction.value)
-        for key, value in stats.items():
-            if torch.is_tensor(value):
-                self.outputs[1][key].copy_(value)
-        for static, new in zip(self.outputs[2] or (),
-                               postprocessed_tensors(prediction) or ()):
-            for key, value in new.items():
-                static[key].copy_(value)
-
-
-def stand_in_capture(method):
-    """``CUDAGraphStep.capture`` with a :class:`StandInGraph`."""
-
-    def capture(self, batch, beta):
-        static = static_batch(batch)
-        inputs = graph_inputs(static)
-        beta_buffer = None if beta is None else torch.full((), float(beta))
-        method.zero_grad()
-        # CoTTA's teacher too; the random draws (CoTTA's restore) replayed
-        modules = [method.model] + [getattr(method, 'teacher', None)] * (
-            getattr(method, 'teacher', None) is not None)
-        state = copy.deepcopy(([m.state_dict() for m in modules],
-                               method.optimizer.state_dict()))
-        rng = torch.get_rng_state()
-        prediction, stats = method.forward_and_adapt(static, beta_buffer)
-        for module, module_state in zip(modules, state[0]):
-            module.load_state_dict(module_state)  # nothing ran
-        # in the optimizer's own ``state`` object, which a real capture
-        # keeps (a new one means a loaded state: the graphs are dropped)
-        kept = method.optimizer.state
-        method.optimizer.load_state_dict(state[1])
-        kept.clear()
-        kept.update(method.optimizer.state)
-        method.optimizer.state = kept
-        torch.set_rng_state(rng)
-        graph = StandInGraph()
-        graph.run = lambda: method.forward_and_adapt(static, beta_buffer)
-        post = postprocessed_tensors(prediction)
-        graph.outputs, graph.replays = (prediction, stats, post), 0
-        self.captures.append(graph)
-        return Captured(graph, inputs, beta_buffer, prediction, stats, post)
-
-    return capture
-
-
-class StandInStream:
-
-    def wait_stream(self, other):
-        pass
-
-
-@contextmanager
-def same_stream(stream):
-    yield
+    assert batches[2][0].data_samples[0].pred_sem_seg.data is not \
+        graphs.captures[0].outputs[2][0]['pred_sem_seg']
 
 
 @pytest.fixture
@@ -286,7 +220,7 @@ def graphed(method, model, adapter=ADAPTER):
         configured(method, model)
     graphs.check_method = lambda: None
     graphs.captures = []
-    graphs.capture = stand_in_capture(method).__get__(graphs)
+    graphs.capture = stand_in_capture.__get__(graphs)
     return graphs
 
 
@@ -299,13 +233,19 @@ def stream_of_batches():
     return small[:3] + large + small[3:]
 
 
-@pytest.mark.parametrize('kind', ['tent', 'bn_adapt'])
-def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
+@pytest.mark.parametrize('kind,stag', [('tent', STAG), ('bn_adapt', STAG),
+                                       ('bn_adapt', None)])
+def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stag,
+                                                       stand_in_cuda):
+    """BN Adapt without STAG steps without an optimizer (no update): its
+    graph replays the statistics pass alone."""
     cls = TENT if kind == 'tent' else BNAdapt
-    opt = dict(type='SGD', lr=0.1, momentum=0.9)
-    eager = configured(cls(stag=STAG, optimizer=opt), make_model())
-    method = cls(stag=STAG, optimizer=opt)
+    opt = {} if stag is None else dict(
+        optimizer=dict(type='SGD', lr=0.1, momentum=0.9))
+    eager = configured(cls(stag=stag, **opt), make_model())
+    method = cls(stag=stag, **opt)
     graphs = graphed(method, make_model())
+    assert (method.optimizer is None) == (stag is None)
     for i, x in enumerate(stream_of_batches()):
         method.start_stage(i // 4)  # stage_restart: nothing (default)
         eager.start_stage(i // 4)
@@ -321,8 +261,9 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
     assert len(graphs.captures) == 2
     assert [g.replays for g in graphs.captures] == [2, 1]
     assert got.value is not graphs.captures[0].outputs[0].value
-    assert method.t == eager.t == 7
-    assert method.num_updates == 7
+    updates = 0 if stag is None else 7
+    assert method.t == eager.t == updates
+    assert method.num_updates == updates
     for (name, p), (_, q) in zip(method.model.named_parameters(),
                                  eager.model.named_parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
@@ -331,28 +272,47 @@ def test_stand_in_graph_steps_each_batch_once_as_eager(kind, stand_in_cuda):
         torch.testing.assert_close(b, c, rtol=0, atol=0, msg=name)
 
 
-def test_a_rebuilt_optimizer_or_a_loaded_state_drops_the_graphs(
+def test_a_stage_restart_keeps_the_graph_a_new_optimizer_or_state_drops_it(
         stand_in_cuda):
-    method = TENT(stag=STAG, optimizer=dict(type='SGD', lr=0.1,
-                                            momentum=0.9),
-                  stage_restart=('optimizer', ))
+    """``stage_restart=('optimizer',)`` zeroes the optimizer's state in
+    place (the same updates as a new optimizer's): the graph that steps
+    those tensors survives the stage. An optimizer whose new state is not
+    zeros (SGD with dampening) is rebuilt, and a loaded state replaces the
+    tensors: both drop the graphs."""
+    sgd = dict(type='SGD', lr=0.1, momentum=0.9)
+    method = TENT(stag=STAG, optimizer=sgd, stage_restart=('optimizer', ))
     graphs = graphed(method, make_model())
-    method.start_stage(0)
-    for seed in range(3):
-        method.adapt(Batch(images(seed)), replay=graphs)
-    assert len(graphs.graphs) == 1
-    method.start_stage(0)  # the same stage: nothing restarts
-    method.adapt(Batch(images(4)), replay=graphs)
-    assert len(graphs.graphs) == 1
-    method.start_stage(1)  # a new optimizer: the graph stepped the old one
-    method.adapt(Batch(images(5)), replay=graphs)
-    assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
-    for seed in range(6, 9):
-        method.adapt(Batch(images(seed)), replay=graphs)
-    assert len(graphs.graphs) == 1
+    eager = configured(TENT(stag=STAG, optimizer=sgd), make_model())
+    for stage, seeds in enumerate((range(4), range(4, 9))):
+        method.start_stage(stage)
+        if stage:  # the eager twin restarts with a new optimizer
+            eager.optimizer = eager.build_optimizer()
+        for seed in seeds:
+            method.adapt(Batch(images(seed)), replay=graphs)
+            eager.adapt(Batch(images(seed)))
+            if stage == 0 and seed == 3:
+                method.start_stage(0)  # the same stage: nothing restarts
+    # 9 batches: 2 eager, then a capture (and its replay) and 6 replays
+    assert len(graphs.captures) == 1 and graphs.captures[0].replays == 7
+    for p, q in zip(method.model.parameters(), eager.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    optimizer = method.optimizer
     # a loaded state replaces the optimizer's state tensors (momentum)
     method.load_state_dict(method.state_dict())
     method.adapt(Batch(images(9)), replay=graphs)
+    assert method.optimizer is optimizer
+    assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
+    damped = TENT(stag=STAG, optimizer=dict(sgd, dampening=0.5),
+                  stage_restart=('optimizer', ))
+    graphs = graphed(damped, make_model())
+    damped.start_stage(0)
+    for seed in range(3):
+        damped.adapt(Batch(images(seed)), replay=graphs)
+    assert len(graphs.graphs) == 1
+    first = damped.optimizer
+    damped.start_stage(1)  # a new optimizer: the graph stepped the old one
+    damped.adapt(Batch(images(5)), replay=graphs)
+    assert damped.optimizer is not first
     assert graphs.graphs == {} and list(graphs.eager_steps.values()) == [1]
 
 
