@@ -155,3 +155,35 @@ def count_dispatched_ops(fn):
     with counter:
         fn()
     return counter.ops
+
+
+def count_whole_loop(loop, monkeypatch):
+    """Wrap ``loop.run_iter`` and ``loop.end_stage``, nothing paused (the
+    task's outputs and the metric counted too): returns ``(per_batch,
+    stage_ends)``, ``{batch index: [sync names]}`` of every whole loop
+    iteration and, per stage end, its sync names; an optimizer's host
+    step count (not a wait for the device) is left out."""
+    counter = HostSyncCounter()
+    state = dict(active=False)
+    per_batch, stage_ends = {}, []
+    patch_host_reads(monkeypatch, counter, lambda: state['active'])
+    optimizer_step_counts_on_host(monkeypatch, counter)
+
+    def counted(fn, record):
+        def run(*args, **kwargs):
+            counter.calls, counter.host_reads = [], []
+            state['active'] = True
+            try:
+                with counter:
+                    return fn(*args, **kwargs)
+            finally:
+                state['active'] = False
+                record(args, list(counter.calls))
+        return run
+
+    monkeypatch.setattr(loop, 'run_iter', counted(
+        loop.run_iter, lambda args, calls: per_batch.__setitem__(
+            args[0], calls)))
+    monkeypatch.setattr(loop, 'end_stage', counted(
+        loop.end_stage, lambda args, calls: stage_ends.append(calls)))
+    return per_batch, stage_ends

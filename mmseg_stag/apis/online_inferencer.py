@@ -12,7 +12,8 @@ without its label loading::
       -> loop.step: task.batch -> method.adapt -> task.outputs
       -> loop.log_stats (every frame: read, checked finite, logged)
       -> [reset to the source: every N frames, or on a non-finite value]
-      -> SegDataSample (pred_sem_seg, seg_logits)
+      -> SegDataSample (pred_sem_seg, seg_logits; a replayed CUDA graph
+         hands out pred_sem_seg only)
 """
 import copy
 import os.path as osp
@@ -146,9 +147,9 @@ class OnlineInferencer:
             after every N frames. Default: None (never: continual).
         stage_frames (int, optional): Every N frames open a new stage, as
             a benchmark's condition does: what the method's
-            ``stage_restart`` names restarts (``beta_t``, the optimizer; a
-            new optimizer is captured again under a CUDA graph). Default:
-            None (one stage; the ACDC protocol's is 400).
+            ``stage_restart`` names restarts (``beta_t``, the optimizer's
+            state, in place where it can: a CUDA graph survives it).
+            Default: None (one stage; the ACDC protocol's is 400).
         on_nonfinite (str): ``'stop'`` (raise ``NonFiniteStatistic``,
             as the benchmark loop does) or ``'reset'`` (restart from the
             source weights and go on). Default: ``'stop'``.

@@ -1,8 +1,7 @@
 """Classification task of ``OnlineAdaptationLoop``."""
-import torch
-
 from mmseg_stag.core import Batch, Logits, Prediction
-from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
+from mmseg_stag.engine.online_task import (ONLINE_TASKS, OnlineTask,
+                                           preprocess)
 from .classifier import OnlineClassifier
 
 
@@ -21,8 +20,7 @@ class ClassificationTask(OnlineTask):
         return model.network
 
     def batch(self, model, data_batch: dict) -> Batch:
-        with torch.no_grad():
-            data = model.data_preprocessor(data_batch, False)
+        data = preprocess(model, data_batch)
         return Batch(data['inputs'], data['data_samples'])
 
     def outputs(self, batch: Batch, prediction: Prediction) -> list:

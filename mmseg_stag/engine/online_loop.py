@@ -21,7 +21,7 @@ from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
 from .online_task import build_task
 from .provenance import run_provenance
-from .step_stats import Pending, PendingStep, log_step_stats
+from .step_stats import Pending, PendingStep, StatsRead, log_step_stats
 from .stream_metric import assign_result_files
 from .speed_options import MIXED_PRECISION, speed_options
 from .stream import StreamSchedule, StreamStage, dataset_stages
@@ -65,7 +65,9 @@ class OnlineAdaptationLoop(TestLoop):
             convolutions may use TF32. Default: None (PyTorch's settings).
         cuda_graph (bool): Replay the method's step as a CUDA graph
             (:class:`~mmseg_stag.core.methods.step_graph.CUDAGraphStep`),
-            captured again whenever the optimizer is new. Default: False.
+            captured again whenever the optimizer is another object or
+            its state was loaded (a stage restart zeroes it in place where
+            it can, keeping the graph). Default: False.
         graph_warmup (int, optional): Eager steps per input shape before a
             capture; refused without ``cuda_graph``. Default: None (2).
         preset (str, optional): The named preset a fast config is
@@ -122,6 +124,9 @@ class OnlineAdaptationLoop(TestLoop):
         self.setup_precision()
         #: the steps' statistics since the last read (log_step_stats)
         self.pending_stats: Pending = []
+        #: reads started at the logger's interval, not logged yet (oldest
+        #: first)
+        self.reads: List[StatsRead] = []
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.task.check_dataset(self.dataloader.dataset)
         self.task.setup(self.dataloader.dataset)
@@ -326,7 +331,7 @@ class OnlineAdaptationLoop(TestLoop):
         outputs = self.step(idx, data_batch)
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         if (idx + 1) % self.log_interval == 0:  # a stage's end: end_stage
-            self.log_stats()
+            self.log_stats(wait=False)
         self.runner.call_hook(
             'after_test_iter', batch_idx=idx, data_batch=data_batch,
             outputs=outputs)
@@ -348,20 +353,36 @@ class OnlineAdaptationLoop(TestLoop):
         self.pending_stats.append(PendingStep(idx, stats, images))
         return self.task.outputs(batch, prediction)
 
-    def log_stats(self) -> List[dict]:
+    def log_stats(self, wait: bool = True) -> List[dict]:
         """Read, check and log the steps' statistics since the last read
         (not every step: reading waits for the device) and return them, a
         dict of floats a step; a non-finite one stops the run
-        (:class:`NonFiniteStatistic`), the pending steps dropped."""
-        pending, self.pending_stats = self.pending_stats, []
-        values = log_step_stats(pending, self.runner.message_hub,
-                                self.method.name)
-        # each step's statistics to the visualizer's backends, by batch
-        for step, read in zip(pending, values):
-            self.runner.visualizer.add_scalars(
-                {f'test/{k}': v for k, v in read.items()},
-                step=step.batch + 1)
-        return values
+        (:class:`NonFiniteStatistic`), the pending steps dropped.
+
+        ``wait=False`` (the logger's interval): start reading the pending
+        steps (:class:`~.step_stats.StatsRead`: on a GPU a copy to pinned
+        memory) and log the reads that have arrived, without waiting for
+        the GPU: a stream waits only at its stages' ends (``wait=True``),
+        where every read is logged."""
+        if self.pending_stats:
+            self.reads.append(StatsRead(self.pending_stats))
+            self.pending_stats = []
+        logged = []
+        while self.reads and (wait or self.reads[0].ready()):
+            read = self.reads.pop(0)
+            try:
+                values = log_step_stats(read, self.runner.message_hub,
+                                        self.method.name)
+            except NonFiniteStatistic:
+                self.reads.clear()  # the later steps adapted on it
+                raise
+            # each step's statistics to the visualizer's backends, by batch
+            for step, step_values in zip(read.pending, values):
+                self.runner.visualizer.add_scalars(
+                    {f'test/{k}': v for k, v in step_values.items()},
+                    step=step.batch + 1)
+            logged.extend(values)
+        return logged
 
     def images_before(self, start: int) -> int:
         """The images of the first ``start`` batches (a resumed run's)."""

@@ -5,6 +5,7 @@ from typing import Iterable, Iterator, Optional
 import torch
 import torch.nn as nn
 from mmengine.registry import Registry
+from mmengine.structures import BaseDataElement
 
 from mmseg_stag.core import (Batch, HeadProbe, Prediction, TaskAdapter,
                              build_method)
@@ -99,13 +100,36 @@ class OnlineTask(ABC):
     def source_batches(self, model: nn.Module, dataloader) -> Iterator[Batch]:
         """Yield the clean source batches of the method's ``fit_source``."""
         for data_batch in dataloader:
-            with torch.no_grad():
-                inputs = model.data_preprocessor(data_batch, False)['inputs']
-            yield self.source_batch(inputs)
+            yield self.source_batch(preprocess(model, data_batch)['inputs'])
 
     def source_batch(self, inputs) -> Batch:
         """Return a clean source batch of preprocessed ``inputs``."""
         return Batch(inputs)
+
+
+def preprocess(model: nn.Module, data_batch: dict) -> dict:
+    """``model.data_preprocessor(data_batch)`` (no grad), its tensors and
+    data samples copied to the model's device first without waiting for
+    it (:func:`to_device`); the preprocessor then finds them there."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return model.data_preprocessor(to_device(data_batch, device), False)
+
+
+def to_device(data, device: torch.device):
+    """``data`` (a loader's batch: tensors and data samples in dicts,
+    lists and tuples) on ``device``, each copy ``non_blocking``: from the
+    pinned memory of ``pin_memory=True`` it runs while the GPU still works
+    on the step before, and from pageable memory it returns once the host
+    buffer is staged. A blocking copy, MMSeg's preprocessor's, would wait
+    for every queued kernel first, at each batch."""
+    if torch.is_tensor(data) or isinstance(data, BaseDataElement):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return type(data)((k, to_device(v, device)) for k, v in data.items())
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_device(v, device) for v in data)
+    return data
 
 
 def head_layer_of(cfg) -> Optional[str]:

@@ -66,7 +66,8 @@ class StreamMetric(BaseMetric):
 
     @abstractmethod
     def image_record(self, sample: dict) -> dict:
-        """Return one image's numbers from its data sample as a dict."""
+        """Return one image's numbers from its data sample as a dict (a
+        tensor stays where it is until :meth:`read_records`)."""
 
     @abstractmethod
     def stage_score(self, records: List[dict]) -> Tuple[float, dict]:
@@ -111,8 +112,27 @@ class StreamMetric(BaseMetric):
                                      batch=self._batches))
         self._batches += 1
 
+    @staticmethod
+    def read_records(records: List[dict]) -> None:
+        """Replace the tensors of ``records`` (an image's numbers, kept on
+        the device by :meth:`image_record`) by NumPy arrays, in place: one
+        transfer per field and device for all of them (a read per image
+        would wait for the GPU at every image). A stage's end reads its
+        records; a read record is not read again."""
+        by_field: Dict[tuple, List[int]] = {}
+        for i, record in enumerate(records):
+            for key, value in record.items():
+                if torch.is_tensor(value):
+                    by_field.setdefault((key, value.device, value.dtype,
+                                         tuple(value.shape)), []).append(i)
+        for (key, *_), positions in by_field.items():
+            values = torch.stack([records[i][key] for i in positions])
+            for i, value in zip(positions, values.cpu().numpy()):
+                records[i][key] = value
+
     def stage_results(self, results: List[dict]) -> List[dict]:
         """Return one result per stage, in stage order."""
+        self.read_records(results)
         stages: Dict[int, List[dict]] = OrderedDict()
         for r in sorted(results, key=lambda r: r['stage']):
             stages.setdefault(r['stage'], []).append(r)
@@ -134,6 +154,7 @@ class StreamMetric(BaseMetric):
         if self._current is None:
             return None
         stage = self._current.index
+        # the stage's device values, read once (stage_results)
         result, = self.stage_results(
             [r for r in self.results if r['stage'] == stage])
         self._append_partial(result)
@@ -159,6 +180,7 @@ class StreamMetric(BaseMetric):
         if self._current is not None:
             raise RuntimeError(f'{type(self).__name__}.state_dict: call '
                                'end_stage() first (a stage is open)')
+        self.read_records(self.results)
         return dict(results=[
             {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
              for k, v in r.items()} for r in self.results])

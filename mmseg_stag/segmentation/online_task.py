@@ -1,12 +1,12 @@
 """Segmentation task of ``OnlineAdaptationLoop`` for MMSeg segmentors."""
 from typing import Optional
 
-import torch
 from mmengine.structures import PixelData
 from mmseg.models.segmentors import BaseSegmentor
 
 from mmseg_stag.core import Labels, Prediction, build_method
-from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask
+from mmseg_stag.engine.online_task import (ONLINE_TASKS, OnlineTask,
+                                           preprocess)
 from .methods.cotta import SegmentationCoTTA
 from .task_adapter import SegmentationAdapter, SegmentationBatch
 
@@ -74,8 +74,7 @@ class SegmentationTask(OnlineTask):
     def batch(self, model, data_batch: dict) -> SegmentationBatch:
         views = []
         for view_batch in split_views(data_batch):
-            with torch.no_grad():
-                data = model.data_preprocessor(view_batch, False)
+            data = preprocess(model, view_batch)
             samples = data['data_samples']
             views.append(SegmentationBatch(
                 data['inputs'], samples, [s.metainfo for s in samples]))

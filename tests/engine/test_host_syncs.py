@@ -73,3 +73,48 @@ def test_optimizer_reads_host_tensors_only_unless_fused(
             assert calls in ([], ['tolist']), (idx, calls)  # as above
             assert host[idx] == reads, (idx, host[idx])
     assert metrics[True] == metrics[False]
+
+
+@pytest.fixture(scope='module')
+def acdc_4_a_stage(tmp_path_factory):
+    from demo_data import make_acdc_like_tree
+    return str(make_acdc_like_tree(str(tmp_path_factory.mktemp('acdc4')),
+                                   images_per_condition=4, size=(96, 48),
+                                   seed=0))
+
+
+@pytest.mark.parametrize('method,graph', [
+    ('tent-stag', False), ('tent-stag', True), ('bn-adapt-stag', False),
+    ('cotta-stag', False)])
+def test_the_loop_reads_the_device_only_at_stage_ends(
+        method, graph, acdc_4_a_stage, tiny_checkpoint, tmp_path,
+        monkeypatch):
+    """The whole loop iteration, nothing paused: the batch to the device,
+    the step, the task's outputs, the metric's areas (kept on the device),
+    and the stage restart (the optimizer zeroed in place): no read of the
+    device from a stage's first batch to its last. A stage's end reads
+    the statistics once and the metric's areas once. TENT+STAG eager and
+    with the step replayed as a (stand-in) CUDA graph, which the stage
+    restart keeps; BN Adapt+STAG and segmentation CoTTA+STAG eager."""
+    from benchmarks import stand_in_graph
+    from host_syncs import count_whole_loop
+    extra = {'default_hooks.logger.interval': 50,
+             **(COTTA if method.startswith('cotta') else {})}
+    if graph:
+        stand_in_graph.install(monkeypatch, loop=True)
+        extra['test_cfg.cuda_graph'] = True
+    runner = make_runner(method, acdc_4_a_stage, tiny_checkpoint,
+                         tmp_path, extra=extra)
+    loop = runner.test_loop
+    per_batch, stage_ends = count_whole_loop(loop, monkeypatch)
+    runner.test()
+    assert 'optimizer' in loop.method.stage_restart
+    assert len(per_batch) == 16 and len(stage_ends) == 4
+    for idx, calls in per_batch.items():
+        assert calls == [], (idx, calls)
+    # the statistics in one transfer, the stage's areas in one (to NumPy)
+    for calls in stage_ends:
+        assert sorted(calls) == ['cpu', 'numpy', 'tolist'], calls
+    if graph:
+        (captured, ) = loop.graph_step.captures
+        assert captured.replays == 14  # one capture kept by every stage

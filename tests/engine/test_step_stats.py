@@ -77,3 +77,57 @@ def test_values_are_logged_in_batch_order():
     log_step_stats(pending, hub)
     assert list(hub.log_scalars['test/loss_stag1'].data[0]) == [0, 1, 2]
     assert list(hub.log_scalars['test/loss_reg'].data[0]) == [0.5, 1.5, 2.5]
+
+
+def test_a_read_not_arrived_is_logged_later_in_batch_order(
+        tiny_acdc, tiny_checkpoint, tmp_path, monkeypatch):
+    """At the logger's interval the loop starts a read and logs only the
+    reads that have arrived (on a GPU a copy to pinned memory; asked, never
+    waited for); a stage's end waits for every read: with reads that never
+    arrive early, nothing is logged inside a stage and everything, in
+    batch order, at its end."""
+    from seg_helpers import make_runner
+
+    from mmseg_stag.engine import step_stats
+    monkeypatch.setattr(step_stats.StatsRead, 'ready', lambda self: False)
+    runner = make_runner('tent-stag', tiny_acdc, tiny_checkpoint, tmp_path,
+                         extra={'default_hooks.logger.interval': 1})
+    loop, logged = runner.test_loop, []
+    log_stats = loop.log_stats
+
+    def recorded(wait=True):
+        values = log_stats(wait)
+        logged.append((wait, len(values), len(loop.reads)))
+        return values
+
+    monkeypatch.setattr(loop, 'log_stats', recorded)
+    runner.test()
+    # 4 stages of 2 images: per stage a started read, then the end's wait
+    assert logged == [(False, 0, 1), (False, 0, 2), (True, 2, 0)] * 4
+    history = runner.message_hub.log_scalars['test/loss'].data[0]
+    assert len(history) == 8
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device')
+def test_a_read_on_cuda_waits_for_nothing_until_its_values():
+    """On a GPU: starting a read and asking whether it arrived make no
+    synchronising call (CUDA's sync debug mode raises on one); the values
+    are those of the tensors."""
+    pending = [PendingStep(i, StepStats([PassStats(
+        loss=torch.tensor(float(i), device='cuda') * 2,
+        loss_stag=torch.tensor(0.5, device='cuda'))])) for i in range(3)]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        read = step_stats_read(pending)
+        read.ready()
+    finally:
+        torch.cuda.set_sync_debug_mode('default')
+    assert read.values() == [dict(loss_stag=0.5, loss=2.0 * i)
+                             for i in range(3)]
+
+
+def step_stats_read(pending):
+    from mmseg_stag.engine.step_stats import StatsRead
+    return StatsRead(pending)

@@ -18,18 +18,25 @@ def intersect_and_union(pred: torch.Tensor, label: torch.Tensor,
 
     The numbers of MMSeg's ``IoUMetric.intersect_and_union`` (pixels whose
     label is ``ignore_index`` dropped, values outside ``[0, C)`` counted in
-    no class), from one ``torch.bincount`` of the confusion matrix instead
-    of ``torch.histc``: exact integer counts, and deterministic on CUDA,
-    where ``histc`` raises in deterministic mode.
+    no class), from one ``scatter_add_`` of the confusion matrix instead
+    of ``torch.histc``: exact integer counts, deterministic on CUDA (where
+    ``histc`` raises in deterministic mode), and no read of the device: an
+    ignored pixel is counted in a bin of its own rather than masked out (a
+    boolean mask's size, like ``bincount``'s length, is read back from the
+    device), so a GPU run scores an image without waiting for it.
     """
-    keep = label != ignore_index
-    pred, label = pred[keep].long(), label[keep].long()
     other = num_classes  # one extra bin for values outside the classes
-    pred = torch.where((pred >= 0) & (pred < num_classes), pred, other)
-    label = torch.where((label >= 0) & (label < num_classes), label, other)
     size = num_classes + 1
-    confusion = torch.bincount(label * size + pred,
-                               minlength=size * size).reshape(size, size)
+    pred, label = pred.long(), label.long()
+    pred = torch.where((pred >= 0) & (pred < num_classes), pred, other)
+    known = torch.where((label >= 0) & (label < num_classes), label, other)
+    # the ignored pixels' bin: past the (C+1) x (C+1) matrix, dropped
+    index = torch.where(label != ignore_index, known * size + pred,
+                        size * size).flatten()
+    counts = torch.zeros(size * size + 1, dtype=torch.long,
+                         device=index.device)
+    counts.scatter_add_(0, index, torch.ones_like(index))
+    confusion = counts[:size * size].reshape(size, size)
     area_intersect = confusion.diagonal()[:num_classes]
     area_pred = confusion.sum(dim=0)[:num_classes]
     area_label = confusion.sum(dim=1)[:num_classes]
@@ -93,7 +100,8 @@ class ContinualIoUMetric(StreamMetric):
         return list(meta.get('classes', CityscapesDataset.METAINFO['classes']))
 
     def image_record(self, sample: dict) -> dict:
-        """Return the image's ``[4, C]`` areas (:func:`intersect_and_union`).
+        """Return the image's ``[4, C]`` areas (:func:`intersect_and_union`,
+        float64, on the prediction's device).
 
         Raises:
             KeyError: If the prediction or label is missing.
@@ -105,7 +113,9 @@ class ContinualIoUMetric(StreamMetric):
             raise KeyError(f'ContinualIoUMetric: sample '
                            f'{sample.get("img_path")} has no {missing}')
         pred = sample['pred_sem_seg']['data'].squeeze()
-        label = sample['gt_sem_seg']['data'].squeeze().to(pred)
+        # the loop copied the label with the batch; else without a wait
+        label = sample['gt_sem_seg']['data'].squeeze().to(
+            pred.device, non_blocking=True)
         if pred.shape != label.shape:
             raise ValueError(
                 f'ContinualIoUMetric: prediction {tuple(pred.shape)} and '
@@ -114,7 +124,9 @@ class ContinualIoUMetric(StreamMetric):
                 'image size')
         areas = intersect_and_union(pred, label, len(self.class_names),
                                     self.ignore_index)
-        return dict(areas=areas.cpu().numpy().astype(np.float64))
+        # on the prediction's device until the stage's end reads them all
+        # (StreamMetric.read_records): no wait for the GPU per image
+        return dict(areas=areas.double())
 
     def stage_score(self, records: List[dict]):
         """Return the mIoU of the stage's summed areas, per-class IoU as

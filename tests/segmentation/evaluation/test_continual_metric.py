@@ -171,6 +171,11 @@ def test_process_appends_one_record_per_image():
     feed(metric, stream[:5])  # a batch of stage 0, one of stage 1
     feed(metric, stream[5:])
     assert len(metric.results) == len(stream) == 12
+    # the open stage's areas stay tensors (on the prediction's device: no
+    # read per image); its end reads them, once
+    last = [r['areas'] for r in metric.results if r['stage'] == 3]
+    assert len(last) == 3 and all(torch.is_tensor(a) for a in last)
+    metric.end_stage()
     images = [p for stage in sorted(pairs) for p in pairs[stage]]
     assert [r['batch'] for r in metric.results] == \
         [0] * 3 + [1] * 2 + [2] + [3] * 3 + [4] * 3

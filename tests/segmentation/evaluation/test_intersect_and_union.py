@@ -1,5 +1,6 @@
-"""The IoU areas by ``torch.bincount``: exactly MMSeg's ``histc`` areas, and
-no ``histc`` (which raises on CUDA in deterministic mode)."""
+"""The IoU areas by ``scatter_add_``: exactly MMSeg's ``histc`` areas, no
+``histc`` (which raises on CUDA in deterministic mode) and no op that reads
+the device (a boolean mask, ``bincount``)."""
 import numpy as np
 import pytest
 import torch
@@ -66,10 +67,12 @@ def test_ignore_index_and_all_ignored(ignore_index):
                                                    ignore_index))
 
 
-def test_no_histc_in_deterministic_mode():
-    """On CUDA ``histc`` raises under ``use_deterministic_algorithms(True)``;
-    the metric's record calls ``bincount`` without weights instead (MMSeg's
-    function, the old path, calls ``histc``)."""
+def test_no_histc_and_no_read_in_deterministic_mode():
+    """On CUDA ``histc`` raises under ``use_deterministic_algorithms(True)``
+    (MMSeg's function calls it); the metric's record calls ``scatter_add_``
+    (deterministic on CUDA in that mode) and nothing that waits for the
+    device."""
+    from host_syncs import HostSyncCounter
     pred, label = random_maps(0, (12, 16), 19)
     sample = dict(pred_sem_seg=dict(data=pred[None]),
                   gt_sem_seg=dict(data=label[None].to(torch.uint8)),
@@ -79,14 +82,15 @@ def test_no_histc_in_deterministic_mode():
            torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True)
     try:
-        with OpNames() as ours:
+        with OpNames() as ours, HostSyncCounter() as syncs:
             record = metric.image_record(sample)
         with OpNames() as old:
             mmseg_areas(pred, label.to(torch.uint8).long(), 19, 255)
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
-    assert 'histc' not in ours.names and 'bincount' in ours.names
+    assert 'histc' not in ours.names and 'scatter_add_' in ours.names
     assert 'histc' in old.names
+    assert syncs.calls == []
     np.testing.assert_array_equal(
-        record['areas'],
+        record['areas'].numpy(),
         mmseg_areas(pred, label.long(), 19, 255).numpy())
