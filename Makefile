@@ -55,10 +55,14 @@ test: $(STAMP) $(STAMP_REAL)
 	MMSEG_STAG_REAL_MODELS=required $(VENV_REAL)/bin/python -m pytest tests/real_models
 	$(MAKE) docs
 
-# on one CUDA GPU (docs/benchmark.md, "GPU check"): the cuda tests and the
-# GPU measurements, one report in work_dirs/gpu_check; fails without a GPU
+# on one CUDA GPU (docs/benchmark.md, "GPU check"): first whether the fast
+# path is right (--first-contact, ~6 min: first_contact.md), then the cuda
+# tests and the GPU measurements (gpu_check.md), both in work_dirs/gpu_check;
+# fails without a GPU, or when either part fails
 gpu-check: $(STAMP)
-	$(PY) tools/gpu_check.py --out-dir work_dirs/gpu_check
+	$(PY) tools/gpu_check.py --first-contact --out-dir work_dirs/gpu_check; \
+	first=$$?; $(PY) tools/gpu_check.py --out-dir work_dirs/gpu_check && \
+	exit $$first
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_REAL)

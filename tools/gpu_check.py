@@ -49,6 +49,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from benchmarks import first_contact  # noqa: E402
 from benchmarks.gpu_report import write_report  # noqa: E402
 from benchmarks.gpu_steps import (  # noqa: E402
     CONDITIONS, LOOP_DEFAULT, MEASURES, MIT_MODES, NVLABS_CFG, PRECISIONS,
@@ -146,6 +147,29 @@ def parse_args(argv=None):
                    '_bf16-graph / _bf16) when both ran on the same images '
                    '(default: ' + ' '.join(LOOP_DEFAULT) + ', and on CUDA '
                    'tent-stag_bf16-graph)')
+    p.add_argument('--first-contact', action='store_true',
+                   help='only the first-contact check: is the fast path '
+                   'right? Each graph preset beside itself eager on the '
+                   'real B5 (seeded random weights) and generated '
+                   '--image-size frames, each arm in its own process, into '
+                   'first_contact.{md,json} (docs/benchmark.md, "First '
+                   'contact"; about 6 minutes on one H100)')
+    p.add_argument('--first-contact-images', type=int, default=16,
+                   help='images per condition (2 conditions) of the TENT '
+                   'and BN Adapt arms (default: %(default)s)')
+    p.add_argument('--first-contact-cotta-images', type=int, default=3,
+                   help='images per condition of the CoTTA arms (default: '
+                   '%(default)s)')
+    p.add_argument('--first-contact-arms', nargs='+', metavar='ARM',
+                   help='run these arms only, by their names in the report '
+                   "(e.g. 'tent-stag graph' 'tent-stag eager'); default: "
+                   'all')
+    p.add_argument('--arm-timeout', type=float, default=150,
+                   help='seconds before one first-contact arm is stopped '
+                   '(default: %(default)s)')
+    p.add_argument('--first-contact-budget', type=float, default=6.0,
+                   help='minutes after which no first-contact arm starts '
+                   '(default: %(default)s)')
     p.add_argument('--trace', action='store_true',
                    help='also write the profiles as Chrome traces')
     p.add_argument('--budget', '--budget-min', type=float,
@@ -167,6 +191,8 @@ def parse_args(argv=None):
         p.error('need --min-pairs <= --max-pairs')
     if not 0 <= args.loop_warmup < args.loop_images:
         p.error('need 0 <= --loop-warmup < --loop-images')
+    if args.first_contact:
+        check_first_contact_args(p, args)
     if args.loop_methods is not None:
         args.loop_methods = parse_loop_methods(p, args.loop_methods)
     if args.quick:
@@ -174,6 +200,21 @@ def parse_args(argv=None):
     if 'loop' in args.only:
         check_loop_images(p, args)
     return args
+
+
+def check_first_contact_args(p, args):
+    """``p.error`` for counts below 1 (each stage needs its warm-up steps,
+    a capture and a replay: 4 images) and an arm name not in the plan."""
+    if args.first_contact_images < 4 or args.first_contact_cotta_images < 3:
+        p.error('--first-contact-images must be >= 4 and '
+                '--first-contact-cotta-images >= 3 (2 eager steps, a '
+                'capture and a replay in the first stage)')
+    if args.first_contact_arms:
+        names = [a.name for a in first_contact.plan(4, 3)[0]]
+        unknown = [a for a in args.first_contact_arms if a not in names]
+        if unknown:
+            p.error(f'--first-contact-arms: no arm {unknown}; the arms: '
+                    + ', '.join(repr(n) for n in names))
 
 
 #: a --loop-methods entry: the config's method part, its image count
@@ -300,6 +341,77 @@ def environment(device):
     return env
 
 
+def first_contact_refusal():
+    import torch
+    return ('gpu_check --first-contact needs a CUDA device, and '
+            f'torch.cuda.is_available() is False here (torch '
+            f'{torch.__version__}, built for CUDA {torch.version.cuda}), so '
+            'nothing was run.')
+
+
+def run_first_contact(args, device):
+    """The first-contact check (:mod:`benchmarks.first_contact`): the
+    generated frames and the random B5 made once, each arm in its own
+    process, the comparisons; ``first_contact.{md,json}`` in
+    ``--out-dir``. Exit status 0 when every comparison passed, 1
+    otherwise."""
+    import torch
+    t0 = time.perf_counter()
+    os.makedirs(args.out_dir, exist_ok=True)
+    args.images_per_condition = max(args.first_contact_images,
+                                    args.first_contact_cotta_images)
+    ctx = Context(args, device)
+    arms, comparisons = first_contact.plan(args.first_contact_images,
+                                           args.first_contact_cotta_images)
+    if args.first_contact_arms:
+        arms = [a for a in arms if a.name in args.first_contact_arms]
+        comparisons = [c for c in comparisons if c.graph in
+                       args.first_contact_arms and c.eager in
+                       args.first_contact_arms]
+    from mmseg_stag.engine.provenance import code_version
+    report = dict(command=' '.join(['python', 'tools/gpu_check.py'] +
+                                   sys.argv[1:]),
+                  environment=environment(device), code=code_version(),
+                  stand_in=not ctx.cuda, tolerances=first_contact.TOLERANCES,
+                  learning_rate=first_contact.CHECK_LR, passed=False,
+                  minutes=0.0, arms={}, comparisons=[])
+
+    def save(results):
+        report.update(arms=results, minutes=(time.perf_counter() - t0) / 60)
+        first_contact.write(report, args.out_dir)
+
+    try:
+        root = ctx.data_root(first_contact.CHECK_CONDITIONS)
+        checkpoint = ctx.checkpoint()
+        base = ctx.seg_options()
+
+        def make_spec(arm):
+            folder = osp.join(ctx.tmp, arm.name.replace(' ', '_').replace(
+                ',', ''))
+            os.makedirs(folder, exist_ok=True)
+            return dict(config=osp.join(REPO, NVLABS_CFG.format(arm.config)),
+                        options=repr(first_contact.arm_options(
+                            arm, root, base, args.quick)),
+                        checkpoint=checkpoint, work_dir=folder,
+                        weights=osp.join(folder, 'weights.pt'),
+                        stand_in=not ctx.cuda, repo=REPO)
+
+        results = first_contact.run_arms(
+            arms, make_spec, ctx.tmp, args.arm_timeout,
+            t0 + 60 * args.first_contact_budget, save)
+        source = torch.load(checkpoint, map_location='cpu')['state_dict']
+        report['comparisons'] = [first_contact.compare(c, results, source)
+                                 for c in comparisons]
+        report['passed'] = first_contact.verdict(report['comparisons'])
+        save(results)
+    finally:
+        ctx.close()
+    base = osp.join(args.out_dir, 'first_contact')
+    print(f"\n[first-contact] {'PASS' if report['passed'] else 'FAIL'} in "
+          f"{report['minutes']:.1f} min: {base}.md, {base}.json")
+    return 0 if report['passed'] else 1
+
+
 def no_gpu_message():
     import torch
     return (f'gpu_check: no GPU: torch.cuda.is_available() is False (torch '
@@ -338,23 +450,24 @@ class Context:
         opts.update({f'model.backbone.{k}': v for k, v in QUICK_SEG.items()})
         return opts
 
-    def data_root(self):
-        """The generated ACDC-layout stream (``--image-size`` PNGs), its
-        conditions cut into chunks written by one process each (up to one
-        per CPU core)."""
+    def data_root(self, conditions=CONDITIONS):
+        """The generated ACDC-layout stream (``--image-size`` PNGs) of
+        ``conditions``, cut into chunks written by one process each (up to
+        one per CPU core)."""
         if self._data_root is None:
             root = osp.join(self.tmp, 'acdc')
             t0 = time.perf_counter()
             jobs = generation_jobs(root, self.args.images_per_condition,
                                    tuple(self.args.image_size),
-                                   os.cpu_count() or 1)
+                                   os.cpu_count() or 1, conditions)
             context = multiprocessing.get_context('spawn')
             with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1),
                                      mp_context=context) as pool:
                 list(pool.map(generate_condition, jobs))
             self.generate_seconds = time.perf_counter() - t0
-            print(f'[gpu_check] generated {4 * self.args.images_per_condition}'
-                  f' {self.args.image_size[0]}x{self.args.image_size[1]} '
+            print(f'[gpu_check] generated '
+                  f'{len(conditions) * self.args.images_per_condition} '
+                  f'{self.args.image_size[0]}x{self.args.image_size[1]} '
                   f'images in {self.generate_seconds:.1f} s ({len(jobs)} '
                   'processes)', flush=True)
             self._data_root = root
@@ -381,17 +494,17 @@ class Context:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def generation_jobs(root, count, size, processes):
+def generation_jobs(root, count, size, processes, conditions=CONDITIONS):
     """The generated stream's jobs ``(root, condition, count, size, seed,
     start)``: each condition's ``count`` frames cut into chunks of an even
     size, about ``processes`` chunks in all (one per condition at least);
     a condition's first chunk has the seed one job per condition had."""
-    per = max(1, processes // len(CONDITIONS))
+    per = max(1, processes // len(conditions))
     chunk = max(2, -(-count // per))
     chunk += chunk % 2  # even: a frame keeps its sequence folder
     return [(root, c, min(chunk, count - start), size,
              k if start == 0 else 1000 * (k + 1) + start, start)
-            for k, c in enumerate(CONDITIONS)
+            for k, c in enumerate(conditions)
             for start in range(0, count, chunk)]
 
 
@@ -460,8 +573,11 @@ def main(argv=None):
     import torch
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if device == 'cpu' and not args.allow_cpu:
-        print(no_gpu_message(), file=sys.stderr)
+        print(first_contact_refusal() if args.first_contact
+              else no_gpu_message(), file=sys.stderr)
         return 2
+    if args.first_contact:
+        return run_first_contact(args, device)
     os.makedirs(args.out_dir, exist_ok=True)
     # what the imports made is never garbage: the full collection before
     # each measured arm (free_memory) then skips it (53 collections took
