@@ -143,7 +143,8 @@ def run_method(method, args, work_root):
     it (the config's own loader, precision and options): images/s after
     ``args.warmup``, the whole stream's images/s (from the loop's start,
     loader workers, warm-up and graph captures included), the run's
-    seconds (its runner built too), classifier calls per image, peak CUDA
+    seconds (its runner built too), classifier calls per image (None for
+    a graph run: its replays call no hook), peak CUDA
     memory allocated (MB; None without CUDA), mIoU and the stage scores
     (:func:`stage_scores`)."""
     config = method_config(args.config_pattern, method)
@@ -162,12 +163,16 @@ def run_method(method, args, work_root):
         close_log_files(runner)
     n = len(timer.times)
     stream = timer.times[-1] - timer.start if n and timer.start else None
+    # a replayed graph runs no Python hook: only its eager steps and its
+    # capture would be counted
+    graphed = runner.test_loop.graph_step is not None
     return dict(images=n,
                 images_per_second=images_per_second(timer.times,
                                                     args.warmup),
                 whole_images_per_second=n / stream if stream else None,
                 seconds=time.perf_counter() - t0,
-                classifier_calls_per_image=timer.calls / n,
+                classifier_calls_per_image=None if graphed else
+                timer.calls / n,
                 peak_allocated_mb=timer.peak / 2**20
                 if torch.cuda.is_available() else None,
                 mIoU=metrics.get('continual/mIoU_mean_over_stages'),

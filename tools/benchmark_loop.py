@@ -88,8 +88,9 @@ def main(argv=None):
         ips = res['images_per_second']
         ratio = ips / reference if reference and ips else None
         res['ratio_to_two_forward'] = ratio
+        calls = res['classifier_calls_per_image']  # None: a graph run
         print(f"{method:<14}{ips:>10.3f}"
-              f"{res['classifier_calls_per_image']:>11.1f}"
+              f"{'-' if calls is None else f'{calls:.1f}':>11}"
               f"{'' if ratio is None else f'{ratio:.3f}':>12}"
               f"{res['mIoU'] or float('nan'):>8.2f}")
     if osp.dirname(args.out):
