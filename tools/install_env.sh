@@ -61,8 +61,9 @@ TORCH_MIN=2.3
 if version_ok torch "$TORCH_MIN" 3.0; then
   echo "[install] keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
 else
-  # from the pip index: PyPI's Linux wheel is a CUDA build (a CPU-only
-  # machine runs it on the CPU); this project's machines have a CPU build
+  # from the pip index: PyPI's Linux x86-64 wheel is a CUDA build (a
+  # CPU-only machine runs it on the CPU); this project's machines find a
+  # local CPU wheel (pip's find-links) first
   echo "[install] torch 2.13.0 (pip's index: on PyPI a CUDA build)"
   "${PIP[@]}" torch==2.13.0
 fi
