@@ -122,10 +122,9 @@ class OnlineAdaptationLoop(TestLoop):
         #: the step a CUDA graph replays (None: eager), before configure
         self.graph_step = self.graph_step_of(self.method)
         self.setup_precision()
-        #: the steps' statistics since the last read (log_step_stats)
+        #: the steps' statistics not read yet, and the reads started but
+        #: not logged yet, oldest first (log_stats)
         self.pending_stats: Pending = []
-        #: reads started at the logger's interval, not logged yet (oldest
-        #: first)
         self.reads: List[StatsRead] = []
         super().__init__(runner, dataloader, evaluator, fp16=False)
         self.task.check_dataset(self.dataloader.dataset)
