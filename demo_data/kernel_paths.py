@@ -18,8 +18,10 @@ to one that every x86-64-v2 processor (Intel or AMD, since 2009) has:
 ATen                        ``ATEN_CPU_CAPABILITY=default`` (no AVX2 or
                             AVX-512 kernels)
 oneDNN                      ``ONEDNN_MAX_CPU_ISA=SSE41``
-MKL                         ``MKL_CBWR=COMPATIBLE,STRICT`` (its processor-
-                            independent branch, any memory alignment)
+MKL                         on Intel ``MKL_CBWR=COMPATIBLE,STRICT`` (its
+                            processor-independent branch, any memory
+                            alignment); on other vendors
+                            ``MKL_ENABLE_INSTRUCTIONS=SSE4_2`` (see below)
 OpenBLAS (NumPy, SciPy)     ``OPENBLAS_CORETYPE=Nehalem``
 NumPy                       its dispatched targets above the baseline off
                             (``NPY_DISABLE_CPU_FEATURES``)
@@ -27,6 +29,17 @@ OpenCV                      its dispatched SIMD off (``OPENCV_CPU_DISABLE``,
                             the ones this processor has), IPP at SSE4.2
 threads                     one everywhere (OpenMP, MKL, OpenBLAS, OpenCV)
 ==========================  =============================================
+
+MKL tells processors apart by vendor, and its ``COMPATIBLE`` branch is not
+the same code on an AMD processor as on an Intel one: the reduced
+classification demo, pinned, gave other counts on an Intel Xeon (AVX-512)
+than on the AMD EPYC (AVX-512) that recorded it, and exactly the numbers
+that AMD processor gave with MKL capped at SSE4.2 instead (every one;
+the other pinned paths the same; tests/demo/kernel_spread.py's
+``all-lowest`` run of 2026-11-28 against this Intel machine's pinned run
+of 2026-12-07). So the pin takes ``COMPATIBLE`` on Intel and SSE4.2
+elsewhere: the same digits on both (the segmentation demo's were the
+same under either on that AMD processor).
 
 What stays outside the pin: glibc's ``libm``, which takes its FMA variants
 on every processor with AVX2, and the package versions, which
@@ -51,17 +64,22 @@ PINNED = {
     'OPENCV_FOR_THREADS_NUM': '1',
     'ATEN_CPU_CAPABILITY': 'default',
     'ONEDNN_MAX_CPU_ISA': 'SSE41',
-    'MKL_CBWR': 'COMPATIBLE,STRICT',
     'OPENBLAS_CORETYPE': 'Nehalem',
     # NumPy 2.4's dispatch targets above its x86-64-v2 baseline; one that
     # this processor lacks is ignored silently
     'NPY_DISABLE_CPU_FEATURES': 'X86_V3 X86_V4 AVX512_ICL AVX512_SPR',
     'OPENCV_IPP': 'sse42',
 }
+#: MKL's pinned branch by the vendor MKL sees (``/proc/cpuinfo``'s
+#: ``vendor_id``): Intel's processor-independent branch, and on the others
+#: the SSE4.2 path that gives its digits (the module's docstring)
+MKL_INTEL = {'MKL_CBWR': 'COMPATIBLE,STRICT'}
+MKL_OTHER = {'MKL_ENABLE_INSTRUCTIONS': 'SSE4_2'}
 #: variables that choose a kernel path, unset by the pin unless it sets
 #: them (a user's ``MKL_ENABLE_INSTRUCTIONS=AVX512`` is no longer read)
-CLEARED = ('MKL_ENABLE_INSTRUCTIONS', 'DNNL_MAX_CPU_ISA', 'MKL_DEBUG_CPU_TYPE',
-           'NPY_ENABLE_CPU_FEATURES', 'MKL_DYNAMIC', 'OMP_DYNAMIC')
+CLEARED = ('MKL_ENABLE_INSTRUCTIONS', 'MKL_CBWR', 'DNNL_MAX_CPU_ISA',
+           'MKL_DEBUG_CPU_TYPE', 'NPY_ENABLE_CPU_FEATURES', 'MKL_DYNAMIC',
+           'OMP_DYNAMIC')
 #: the ``/proc/cpuinfo`` flags of AVX-512 as ATen's and OpenCV's AVX-512
 #: paths need them (Skylake-X's set)
 AVX512_FLAGS = ('avx512f', 'avx512cd', 'avx512bw', 'avx512dq', 'avx512vl')
@@ -77,16 +95,30 @@ OPENCV_FEATURES = (
 MARK = 'MMSEG_STAG_KERNEL_PATHS'
 
 
-def cpu_flags() -> frozenset:
-    """The first ``flags`` line of ``/proc/cpuinfo`` (empty where none)."""
+def cpuinfo_field(name: str) -> Optional[str]:
+    """The first ``name`` line's value in ``/proc/cpuinfo`` (None where
+    there is none)."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
-                if line.split(':', 1)[0].strip() == 'flags':
-                    return frozenset(line.split(':', 1)[1].split())
+                if line.split(':', 1)[0].strip() == name:
+                    return line.split(':', 1)[1].strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def cpu_flags() -> frozenset:
+    """The first ``flags`` line of ``/proc/cpuinfo`` (empty where none)."""
+    return frozenset((cpuinfo_field('flags') or '').split())
+
+
+def mkl_pin(vendor: Optional[str] = None) -> Dict[str, str]:
+    """MKL's pinned variables for ``vendor`` (default: this processor's
+    ``vendor_id``): :data:`MKL_INTEL` for ``GenuineIntel``, else
+    :data:`MKL_OTHER`."""
+    vendor = cpuinfo_field('vendor_id') if vendor is None else vendor
+    return dict(MKL_INTEL if vendor == 'GenuineIntel' else MKL_OTHER)
 
 
 def instruction_set(flags: Optional[frozenset] = None) -> str:
@@ -111,6 +143,7 @@ def pinned_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     out = {k: v for k, v in (os.environ if env is None else env).items()
            if k not in CLEARED}
     out.update(PINNED)
+    out.update(mkl_pin())
     disable = opencv_disable()
     if disable:
         out['OPENCV_CPU_DISABLE'] = disable
@@ -123,8 +156,9 @@ def pinned_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 def is_pinned(env: Optional[Mapping[str, str]] = None) -> bool:
     """Whether ``env`` already holds the pin (and nothing it clears)."""
     env = os.environ if env is None else env
-    return all(env.get(k) == v for k, v in pinned_env(env).items()) and \
-        not any(k in env for k in CLEARED)
+    pinned = pinned_env(env)
+    return all(env.get(k) == v for k, v in pinned.items()) and \
+        not any(k in env for k in CLEARED if k not in pinned)
 
 
 def describe(pinned: bool = True) -> str:
@@ -132,8 +166,9 @@ def describe(pinned: bool = True) -> str:
     if not pinned:
         return (f'native ({instruction_set()} processor, its own fastest '
                 'paths and thread count)')
-    return ('pinned (ATen default, oneDNN SSE4.1, MKL COMPATIBLE, '
-            'OpenBLAS Nehalem, NumPy and OpenCV baseline SIMD, one thread)')
+    return ('pinned (ATen default, oneDNN SSE4.1, MKL COMPATIBLE on Intel '
+            'and SSE4.2 elsewhere, OpenBLAS Nehalem, NumPy and OpenCV '
+            'baseline SIMD, one thread)')
 
 
 def pin_or_reexec(native: bool = False, log=print) -> None:

@@ -210,6 +210,9 @@ def main(argv=None):
             machine=f'{recorded.cpu_model()}, {kernel_paths.instruction_set()}'
             f', {os.cpu_count()} cores, Python {platform.python_version()}',
             date=datetime.date.today().isoformat(),
+            # the pin its pinned runs ran (test_recorded compares them with
+            # the recording only under the pin of today)
+            kernel_paths=kernel_paths.describe(True),
             wall_s=round(wall), paths={n: paths().get(n, 'the pin')
                                        for n in runs},
             runs=runs, spread=spread)

@@ -114,6 +114,24 @@ def test_differing_reads_shapes_and_keys():
         {'a': [2, 0.5]}
 
 
+def test_the_vendor_pin_of_mkl_gives_the_amd_runs_digits():
+    """The evidence for the pin by vendor (``kernel_paths.mkl_pin``): the
+    classification spread was measured on an AMD processor under the
+    earlier pin (MKL's COMPATIBLE branch on every vendor), whose pinned
+    runs differ from the recording made on Intel with COMPATIBLE; that AMD
+    processor's run with MKL at SSE4.2 and the other paths as pinned
+    (``all-lowest``) gives the recording, every number."""
+    measured = DATA['spread']['cls']
+    assert 'AMD' in measured['machine']
+    assert 'MKL COMPATIBLE,' in measured['kernel_paths']
+    assert measured['paths']['all-lowest']['MKL_ENABLE_INSTRUCTIONS'] == \
+        'SSE4_2'
+    assert recorded.differing(measured['runs']['all-lowest'],
+                              DATA['demos']['cls']) == []
+    assert recorded.differing(measured['runs']['pinned'],
+                              DATA['demos']['cls']) != []
+
+
 def test_the_recording_names_its_kernel_paths():
     assert WAS['kernel_paths'] == kernel_paths.describe(True)
     assert WAS['instruction_set'] in ('AVX512', 'AVX2')
@@ -129,9 +147,12 @@ def test_the_spread_of_unpinned_paths_is_stored_beside_the_numbers():
         assert measured['how'] and measured['machine']
         runs = measured['runs']
         assert {'native', 'pinned'} <= set(runs)
+        # a spread measured under an earlier pin (its kernel_paths) says
+        # how far the paths move, not what today's pin gives
+        today = measured.get('kernel_paths') == kernel_paths.describe(True)
         for name, run in runs.items():
             assert recorded.differing(run, numbers) == [] or \
-                not name.startswith('pinned'), name
+                not (today and name.startswith('pinned')), name
             assert recorded.spread([run, numbers]) is not None
         unpinned = [run for name, run in runs.items()
                     if not name.startswith('pinned')]
@@ -153,11 +174,28 @@ AMBIENT = [
 def test_the_pin_replaces_every_path_a_user_chose(ambient):
     env = kernel_paths.pinned_env(dict(ambient, HOME='/home/u'))
     assert env['HOME'] == '/home/u'
-    for name, value in kernel_paths.PINNED.items():
+    mkl = kernel_paths.mkl_pin()
+    for name, value in dict(kernel_paths.PINNED, **mkl).items():
         assert env[name] == value
     for name in kernel_paths.CLEARED:
-        assert name not in env
+        assert name in mkl or name not in env
     assert kernel_paths.is_pinned(env)
+
+
+def test_mkl_is_pinned_by_the_vendor_it_sees():
+    """MKL's COMPATIBLE branch on Intel, its SSE4.2 path on the others
+    (an AMD processor's COMPATIBLE branch gave other digits: the module's
+    docstring), and the other vendor's variable never left set."""
+    assert kernel_paths.mkl_pin('GenuineIntel') == dict(
+        MKL_CBWR='COMPATIBLE,STRICT')
+    for vendor in ('AuthenticAMD', 'HygonGenuine', ''):
+        assert kernel_paths.mkl_pin(vendor) == dict(
+            MKL_ENABLE_INSTRUCTIONS='SSE4_2')
+    env = kernel_paths.pinned_env(dict(MKL_CBWR='AVX2',
+                                       MKL_ENABLE_INSTRUCTIONS='AVX512'))
+    assert {k: env.get(k) for k in ('MKL_CBWR', 'MKL_ENABLE_INSTRUCTIONS')
+            } == dict(dict(MKL_CBWR=None, MKL_ENABLE_INSTRUCTIONS=None),
+                      **kernel_paths.mkl_pin())
     for other in (dict(ATEN_CPU_CAPABILITY='avx2'),
                   dict(MKL_ENABLE_INSTRUCTIONS='AVX2')):
         assert not kernel_paths.is_pinned(dict(env, **other))
@@ -216,7 +254,12 @@ def test_the_pinned_process_takes_the_pinned_paths(ambient):
     assert report['opencv_threads'] == 1
     logs = proc.stdout + proc.stderr
     assert 'isa:Intel SSE4.1' in logs  # oneDNN
-    assert 'CNR:COMPATIBLE,STRICT' in logs and 'NThr:1' in logs  # MKL
+    # MKL: its branch by vendor (mkl_pin), one thread
+    if 'MKL_CBWR' in kernel_paths.mkl_pin():
+        assert 'CNR:COMPATIBLE,STRICT' in logs
+    else:  # capped at SSE4.2 (the pinned variable), no CNR branch
+        assert 'CNR:OFF' in logs
+    assert 'NThr:1' in logs
     assert 'Core: Nehalem' in logs  # OpenBLAS
     assert 'OPENCV: Trying to disable' not in logs
 
