@@ -1,11 +1,15 @@
-"""Checkpoint loading with ``weights_only=True`` and publishing as such."""
+"""Checkpoint loading with ``weights_only=True`` and publishing as such;
+adapted checkpoints (:func:`adapted_checkpoint`) that every reader takes."""
+import importlib
 import pickle
 from collections import OrderedDict
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.nn as nn
+from mmengine.logging import print_log
 from mmengine.utils import check_file_exist
+from torch.nn.modules.batchnorm import _BatchNorm
 
 UNSAFE_HINT = (
     'It holds pickled Python objects that the safe loader '
@@ -102,10 +106,20 @@ def load_segmentor_checkpoint(model: nn.Module,
                 f'{path}: {cls_key!r} has shape {tuple(state[cls_key].shape)}'
                 f' but the config builds {tuple(own[cls_key].shape)} '
                 f'({ckpt_c} vs {cfg_c} classes, or a different head width)')
+    meta = checkpoint.get('meta', {}) if 'state_dict' in checkpoint else {}
+    meta = meta if isinstance(meta, dict) else {}
+    if meta.get('added_modules'):  # an adapted checkpoint (Hybrid-TTA's)
+        attach_added_modules(model, meta['added_modules'], path)
+        own = model.state_dict()
     check_state_dict(own, state, path, 'the model built by the config')
     model.load_state_dict(state, strict=True)
-    meta = checkpoint.get('meta', {}) if 'state_dict' in checkpoint else {}
-    return meta if isinstance(meta, dict) else {}
+    if meta.get('batch_statistics'):
+        print_log(f'{path}: its run normalised {len(meta["batch_statistics"])}'
+                  ' BatchNorm layers with each frame\'s own statistics; they '
+                  'hold the source\'s running statistics, which this model '
+                  'uses unless its method sets bn_batch_stats (BN Adapt)',
+                  logger='current')
+    return meta
 
 
 def plain_meta(meta: Any) -> Any:
@@ -147,3 +161,115 @@ def load_model_checkpoint(model: nn.Module, path: str,
         load_segmentor_checkpoint(model, path,
                                   allow_unsafe_pickle=allow_unsafe_pickle,
                                   head_layer=head_layer)
+
+
+#: the adders of the modules a method attaches to a segmentor, by the
+#: ``type`` of a checkpoint's ``meta['added_modules']``: ``adder(model,
+#: **options)`` attaches them and sets ``model.added_modules`` to its spec
+MODULE_ADDERS: Dict[str, Callable[..., Any]] = {}
+#: the modules that register the adders (imported when one is looked up)
+ADDER_LOCATIONS = ('mmseg_stag.segmentation.models.hybrid_tta_modules', )
+
+
+def register_module_adder(name: str) -> Callable:
+    """Register ``adder(model, **options)`` under ``name``."""
+    def register(adder: Callable) -> Callable:
+        MODULE_ADDERS[name] = adder
+        return adder
+
+    return register
+
+
+def module_adder(kind: Any, source: str) -> Callable:
+    """The adder registered as ``kind`` (``ValueError`` naming
+    ``source`` if none is)."""
+    if kind not in MODULE_ADDERS:
+        for location in ADDER_LOCATIONS:
+            importlib.import_module(location)
+    if kind not in MODULE_ADDERS:
+        raise ValueError(f'{source} names added modules of type {kind!r}, '
+                         f'which this version does not know (known: '
+                         f'{sorted(MODULE_ADDERS)})')
+    return MODULE_ADDERS[kind]
+
+
+def attach_added_modules(model: nn.Module, spec: dict,
+                         source: str = '<checkpoint>') -> Optional[Any]:
+    """Attach the modules ``spec`` (``dict(type=..., **options)``, what a
+    checkpoint's ``meta['added_modules']`` records) to ``model``, unless
+    they are attached already with the same options (then None); return
+    what the adder returns (Hybrid-TTA's: parameter counts).
+
+    Raises:
+        ValueError: If ``spec`` has an unknown type, or other modules or
+            options are attached already (naming ``source``).
+    """
+    if not isinstance(spec, dict) or 'type' not in spec:
+        raise ValueError(f'{source}: added_modules must be a dict with a '
+                         f'type, got {spec!r}')
+    spec = dict(spec)
+    adder = module_adder(spec['type'], source)
+    attached = getattr(model, 'added_modules', None)
+    if attached is not None:
+        if dict(attached) != spec:
+            raise ValueError(f'{source} asks for the added modules {spec}, '
+                             f'but the model has {dict(attached)} attached')
+        return None
+    options = {k: v for k, v in spec.items() if k != 'type'}
+    return adder(model, **options)
+
+
+#: a BatchNorm layer's buffers, in the order PyTorch registers them
+BN_BUFFERS = ('running_mean', 'running_var', 'num_batches_tracked')
+
+
+def bn_buffers(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """Copies, on the CPU, of the BatchNorm buffers of ``model`` by their
+    state-dict names (what a layer on batch statistics drops)."""
+    return {f'{name}.{b}' if name else b: buf.detach().cpu().clone()
+            for name, m in model.named_modules()
+            if isinstance(m, _BatchNorm)
+            for b, buf in m.named_buffers(recurse=False) if b in BN_BUFFERS}
+
+
+def batch_statistics_layers(model: nn.Module) -> List[str]:
+    """The BatchNorm layers of ``model`` that normalise with each batch's
+    own statistics (no running statistics: ``use_batch_statistics``)."""
+    return [name for name, m in model.named_modules()
+            if isinstance(m, _BatchNorm) and not m.track_running_stats
+            and m.running_mean is None]
+
+
+def adapted_checkpoint(model: nn.Module,
+                       source_buffers: Optional[Dict[str, torch.Tensor]]
+                       = None, meta: Optional[dict] = None) -> dict:
+    """``{'state_dict', 'meta'}`` of an adapted ``model`` that the strict
+    loader reads into the model its config builds: the BatchNorm layers on
+    batch statistics get the ``source_buffers`` (:func:`bn_buffers` of the
+    model before the method configured it) and are listed in
+    ``meta['batch_statistics']``; modules a method added are recorded in
+    ``meta['added_modules']`` (``model.added_modules``).
+
+    Raises:
+        ValueError: If a layer on batch statistics has no source buffers.
+    """
+    state = OrderedDict((k, v.detach().cpu().clone())
+                        for k, v in model.state_dict().items())
+    layers = batch_statistics_layers(model)
+    missing = [f'{layer}.{b}' if layer else b for layer in layers
+               for b in BN_BUFFERS]
+    lacking = [k for k in missing if k not in (source_buffers or {})]
+    if lacking:
+        raise ValueError(
+            f'{len(layers)} BatchNorm layers normalise with batch statistics '
+            f'and the source running statistics of {len(lacking)} buffers '
+            f'(e.g. {lacking[0]}) were not kept: capture bn_buffers(model) '
+            'before the method configures it')
+    for key in missing:
+        state[key] = source_buffers[key].detach().cpu().clone()
+    meta = dict(meta or {})
+    if layers:
+        meta['batch_statistics'] = layers
+    if getattr(model, 'added_modules', None) is not None:
+        meta['added_modules'] = dict(model.added_modules)
+    return dict(state_dict=state, meta=plain_meta(meta))

@@ -18,7 +18,6 @@ import sys
 import time
 
 from mmengine.config import Config, DictAction
-from mmengine.logging import print_log
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
@@ -47,8 +46,10 @@ def parse_args():
         'unpickling of a trusted legacy checkpoint (torch.load '
         'weights_only=False); off by default')
     add('--save-adapted', metavar='FILE', help='after the stream, save the '
-        'adapted model\'s state dict to FILE (a plain {"state_dict", '
-        '"meta"} checkpoint, loadable with weights_only=True)')
+        'adapted model to FILE (a plain {"state_dict", "meta"} checkpoint, '
+        'loadable with weights_only=True, by this script with the method\'s '
+        'or the Source config, and by MMSeg\'s MMSegInferencer with the '
+        'inference config written beside it, <FILE stem>.py)')
     add('--resume', action='store_true', help='continue the online run in '
         '--work-dir from its last finished stage '
         '(online_adaptation_state.pth); refused if that run had another '
@@ -123,21 +124,24 @@ def main():
         for evaluator in evaluators:
             evaluator['output_dir'] = out
             evaluator['keep_results'] = True
-    _, model = run_test(cfg, args.checkpoint, args.trust_pickle)
-    if args.save_adapted:
-        save_adapted(model, args)
+    run_test(cfg, args.checkpoint, args.trust_pickle,
+             hooks=save_adapted(args))
 
 
-def save_adapted(model, args):
-    """The adapted model's weights (the student, for CoTTA) as a plain
-    checkpoint, written atomically."""
-    from mmseg_stag.engine.run_state import save_atomic
-    path = args.save_adapted
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    save_atomic(dict(state_dict=state,
-                     meta=dict(config=args.config,
-                               checkpoint=args.checkpoint)), path)
-    print_log(f'adapted model saved to {path}', logger='current')
+def save_adapted(args) -> list:
+    """``--save-adapted FILE``: the hook that saves the adapted model after
+    the stream (the student, for CoTTA and Hybrid-TTA) as a checkpoint the
+    strict loader and MMSeg's inferencer read, with the inference config
+    ``<FILE stem>.py`` beside it (docs/adapt.md); none without it."""
+    if not args.save_adapted:
+        return []
+    from mmseg_stag.engine.runs import SaveAdapted
+    if args.save_adapted.endswith('.py'):
+        raise SystemExit(f'error: --save-adapted {args.save_adapted}: name '
+                         'the checkpoint .pth; its inference config is '
+                         '<name>.py beside it')
+    return [SaveAdapted(args.save_adapted, dict(
+        config=args.config, checkpoint=args.checkpoint))]
 
 
 if __name__ == '__main__':

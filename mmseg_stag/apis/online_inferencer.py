@@ -45,6 +45,49 @@ ON_NONFINITE = ('stop', 'reset')
 STATE_SCHEMA = 2
 
 Frame = Union[str, np.ndarray]
+#: where the label map is made: at the frame's size (MMSeg's, the default)
+#: or at the network's input size (``'test'``: the logits are not resized
+#: to the frame; the caller resizes the labels, nearest)
+LABELS_AT = ('frame', 'test')
+
+
+def check_device(device: Optional[str]) -> Optional[torch.device]:
+    """``device`` as a ``torch.device`` (None: MMEngine's choice, CUDA
+    where there is one); ``ValueError`` for an unknown one or a GPU that is
+    not there."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f'device {device!r}: not a device (cpu, cuda, '
+                         'cuda:N)') from None
+    if dev.type == 'cuda':
+        if not torch.cuda.is_available():
+            raise ValueError(f'device {device!r}: this torch sees no CUDA '
+                             'GPU (torch.cuda.is_available() is False)')
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f'device {device!r}: there are '
+                             f'{torch.cuda.device_count()} CUDA GPU(s)')
+        torch.cuda.set_device(dev)
+    elif dev.type != 'cpu':
+        raise ValueError(f'device {device!r}: cpu or cuda[:N] only')
+    return dev
+
+
+def quiet_console(logger, cfg: Config) -> None:
+    """The run's logger with its console at warnings and its file at
+    everything: the environment and the config, which MMEngine's runner
+    logged nowhere (its level was ``WARNING``), into the file."""
+    import logging
+
+    from mmengine.utils.dl_utils import collect_env
+    for handler in logger.handlers:
+        handler.setLevel(logging.INFO if isinstance(
+            handler, logging.FileHandler) else logging.WARNING)
+    env = '\n    '.join(f'{k}: {v}' for k, v in collect_env().items())
+    logger.info(f'System environment:\n    {env}')
+    logger.info(f'Config:\n{cfg.pretty_text}')
 
 
 def check_online_config(cfg: Config, path: str) -> None:
@@ -129,6 +172,27 @@ def frames_config(cfg: Config, config: str,
     return cfg
 
 
+def resume_differences(config: str, checkpoint: str, state: dict,
+                       work_dir: str, cfg_options: Optional[dict] = None,
+                       trust_pickle: bool = False) -> List[str]:
+    """What keeps ``state`` (:meth:`OnlineInferencer.state_dict`) from
+    continuing with ``config`` and ``checkpoint``, one line each, found
+    without building a runner: nothing is written (a refused resume
+    changes nothing in ``work_dir``)."""
+    from mmseg_stag.engine.runs import starting_identity
+    if state.get('schema') != STATE_SCHEMA:
+        return [f'an adaptation state of schema {state.get("schema")}; this '
+                f'version reads {STATE_SCHEMA}']
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    check_online_config(cfg, config)
+    cfg = frames_config(cfg, config, work_dir)
+    return identity_differences(
+        state['identity'], starting_identity(cfg, checkpoint, trust_pickle),
+        RESUME_IGNORES)
+
+
 class OnlineInferencer:
     """A segmentor adapted online on the frames it is called on, by the
     config's method (Source, BN Adapt, TENT, CoTTA, EATA, SAR, DeYO,
@@ -154,6 +218,17 @@ class OnlineInferencer:
             as the benchmark loop does) or ``'reset'`` (restart from the
             source weights and go on). Default: ``'stop'``.
         trust_pickle (bool): Read a legacy pickle checkpoint.
+        device (str, optional): ``'cpu'``, ``'cuda'``, ``'cuda:N'``.
+            Default: None (MMEngine's: CUDA where there is one).
+        labels_at (str): ``'frame'`` (MMSeg's: the logits resized to the
+            frame, then argmax) or ``'test'`` (argmax at the network's
+            input size, the config's test scale; ``pred_sem_seg`` at that
+            size, the frame's in ``metainfo['frame_shape']``). Refused for
+            a method that adapts on full-size predictions (CoTTA,
+            Hybrid-TTA). Default: ``'frame'``.
+        quiet (bool): MMEngine's environment and config dump and the
+            per-frame log lines in the log file only; the console shows
+            warnings. Default: False.
 
     Raises:
         ValueError: If the config has no online method, ``reset_every``
@@ -166,7 +241,14 @@ class OnlineInferencer:
                  cfg_options: Optional[dict] = None,
                  reset_every: Optional[int] = None,
                  stage_frames: Optional[int] = None,
-                 on_nonfinite: str = 'stop', trust_pickle: bool = False):
+                 on_nonfinite: str = 'stop', trust_pickle: bool = False,
+                 device: Optional[str] = None, labels_at: str = 'frame',
+                 quiet: bool = False):
+        if labels_at not in LABELS_AT:
+            raise ValueError(f'labels_at must be one of {LABELS_AT}, got '
+                             f'{labels_at!r}')
+        self.labels_at = labels_at
+        self.device = check_device(device)
         for key, value in (('reset_every', reset_every),
                            ('stage_frames', stage_frames)):
             if value is not None and int(value) < 1:
@@ -192,7 +274,13 @@ class OnlineInferencer:
         self.workers = int(cfg.test_dataloader.get('num_workers', 0))
         self.cfg = frames_config(cfg, config, work_dir)
         self.config, self.checkpoint = config, checkpoint
+        if quiet:  # MMEngine's environment and config dump: the file only
+            self.cfg.log_level = 'WARNING'
         self.runner = Runner.from_cfg(self.cfg)
+        if quiet:
+            quiet_console(self.runner.logger, self.cfg)
+        if self.device is not None:
+            self.runner.model.to(self.device)
         load_model_checkpoint(self.model, checkpoint, trust_pickle,
                               head_layer_of(self.cfg))
         print_log(f'Loaded checkpoint {checkpoint}', logger='current')
@@ -213,6 +301,12 @@ class OnlineInferencer:
         for hook in ('before_run', 'before_test', 'before_test_epoch'):
             runner.call_hook(hook)
         _, _, self.identity, _ = self.loop.prepare(keep_source=True)
+        if self.labels_at == 'test' and self.loop.method.needs_original_size:
+            raise ValueError(
+                f"labels_at='test': {self.loop.method.name} adapts on its "
+                'predictions at the frame\'s own size (needs_original_size)'
+                ", so they are made at that size anyway: use labels_at="
+                "'frame'")
         # tools/test.py's loader draws its seed from torch's generator
         # before the first batch: the same draw, so that a method's random
         # numbers (CoTTA's restores) are those of the benchmark loop
@@ -236,6 +330,11 @@ class OnlineInferencer:
     def model(self):
         model = self.runner.model
         return model.module if is_model_wrapper(model) else model
+
+    @property
+    def model_device(self) -> torch.device:
+        """Where the model runs."""
+        return next(self.model.parameters()).device
 
     def pipeline(self, from_array: bool) -> Compose:
         """The config's test pipeline without labels, for files or for
@@ -273,10 +372,18 @@ class OnlineInferencer:
         if self.stage_frames and index and index % self.stage_frames == 0:
             self.loop.start_stage(self.stage_of(index))
         data_batch = self.collate([data])
-        if name is not None:  # what a message names the frame by
-            for sample in data_batch['data_samples']:
-                if not isinstance(sample, (list, tuple)):
-                    sample.set_metainfo(dict(img_path=name))
+        for sample in data_batch['data_samples']:
+            if isinstance(sample, (list, tuple)):
+                continue
+            if name is not None:  # what a message names the frame by
+                sample.set_metainfo(dict(img_path=name))
+            if self.labels_at == 'test':
+                # the prediction at the network's input size: MMSeg's
+                # post-processing resizes to ori_shape, the frame's size
+                # kept as frame_shape for the caller's label map
+                sample.set_metainfo(dict(
+                    frame_shape=tuple(sample.metainfo['ori_shape']),
+                    ori_shape=tuple(sample.metainfo['img_shape'])))
         # the runner's hooks see each frame as the loop's batches
         self.runner.call_hook('before_test_iter', batch_idx=index,
                               data_batch=data_batch)
@@ -349,15 +456,20 @@ class OnlineInferencer:
         set_rng_state(state['rng'])
 
     def save_checkpoint(self, path: str, meta: Optional[dict] = None
-                        ) -> None:
-        """The adapted segmentor's weights as a checkpoint the loaders of
-        ``tools/test.py`` and this class read (``{'state_dict', 'meta'}``)."""
-        from mmseg_stag.engine.run_state import save_atomic
-        state = {k: v.detach().cpu().clone()
-                 for k, v in self.model.state_dict().items()}
-        save_atomic(dict(state_dict=state, meta=dict(
+                        ) -> Optional[str]:
+        """The adapted segmentor as a checkpoint (``{'state_dict',
+        'meta'}``) that ``tools/test.py`` (with the method's config or the
+        Source one), this class and MMSeg's ``MMSegInferencer`` read, and
+        beside it the inference config ``MMSegInferencer`` needs,
+        ``<path stem>.py`` (returned): BatchNorm layers on each frame's
+        statistics keep the source's running statistics (named in
+        ``meta['batch_statistics']``), added modules are recorded
+        (``meta['added_modules']``, Hybrid-TTA's), and for a method that
+        predicts with an EMA teacher (CoTTA, Hybrid-TTA) the weights are
+        the student's (``meta['weights']``)."""
+        return self.loop.save_adapted(path, dict(
             meta or {}, config=self.config, source=self.checkpoint,
-            frames=self.frames)), path)
+            frames=self.frames))
 
     def close(self) -> None:
         """End the run: the hooks' ends (logs closed)."""

@@ -1,9 +1,12 @@
 """MMEngine test loop that adapts the model online, for either task."""
+import logging
+import os
 import os.path as osp
 import time
 from typing import List, Optional, Union
 
 import torch
+from mmengine.config import Config
 from mmengine.dist import get_world_size
 from mmengine.hooks import LoggerHook
 from mmengine.logging import print_log
@@ -12,9 +15,10 @@ from mmengine.registry import LOOPS
 from mmengine.runner import TestLoop
 from torch.utils.data import DataLoader
 
+from mmseg_stag.checkpoint import adapted_checkpoint, bn_buffers
 from mmseg_stag.core import NonFiniteStatistic
 from mmseg_stag.core.methods.step_graph import CUDAGraphStep
-from .run_state import (STATE_FILE, check_stateful, resume_state,
+from .run_state import (STATE_FILE, check_stateful, resume_state, save_atomic,
                         run_identity, save_run_state, set_rng_state,
                         stage_end_state)
 from .launch_guard import check_single_process
@@ -191,6 +195,9 @@ class OnlineAdaptationLoop(TestLoop):
         identity = run_identity(self.runner.cfg.to_dict(), model)
         adapted = self.task.adapted_module(model)
         self.source_state = None
+        #: the BatchNorm statistics before the method: what an adapted
+        #: checkpoint's layers on batch statistics keep (adapted_checkpoint)
+        self.source_buffers = bn_buffers(model)
         self.task.configure(self.method, adapted)
         for metric in self.evaluator.metrics:
             if getattr(metric, 'output_dir', False) is None:
@@ -274,6 +281,59 @@ class OnlineAdaptationLoop(TestLoop):
         self.task.configure(self.method, adapted)
         if self.source_dataloader is not None:
             self.fit_source()
+
+    def adapted_checkpoint(self, meta: Optional[dict] = None) -> dict:
+        """The adapted model as a checkpoint its config's model loads
+        strictly (:func:`~mmseg_stag.checkpoint.adapted_checkpoint`), the
+        method named in its ``meta`` (and which weights they are, for a
+        method that predicts with an EMA teacher: CoTTA's, Hybrid-TTA's)."""
+        meta = dict(meta or {}, method=self.method.name)
+        if getattr(self.method, 'teacher', None) is not None:
+            meta.update(weights='student', note=(
+                f'{self.method.name} predicts with its EMA teacher, which '
+                'is not saved: these are the weights of the student'))
+        return adapted_checkpoint(self._model(self.runner),
+                                  getattr(self, 'source_buffers', None), meta)
+
+    def save_adapted(self, path: str, meta: Optional[dict] = None
+                     ) -> Optional[str]:
+        """Write :meth:`adapted_checkpoint` to ``path`` (atomically, the
+        stream's classes and palette in its ``meta['dataset_meta']``) and,
+        where the task has one (a segmentor), the inference config MMSeg's
+        ``MMSegInferencer`` reads beside it, ``<path stem>.py``; return
+        that config's path (None: none written).
+
+        Raises:
+            ValueError: If ``path`` ends in ``.py`` (the config's name).
+        """
+        stem, ext = osp.splitext(path)
+        if ext == '.py':
+            raise ValueError(f'{path}: name the adapted checkpoint .pth; '
+                             'its inference config is <name>.py beside it')
+        meta = dict(meta or {})
+        metainfo = getattr(self.dataloader.dataset, 'metainfo', None) or {}
+        if metainfo.get('classes') is not None:
+            meta['dataset_meta'] = dict(classes=metainfo.get('classes'),
+                                        palette=metainfo.get('palette'))
+        checkpoint = self.adapted_checkpoint(meta)
+        try:
+            config = self.task.inference_config(
+                self.runner.cfg, checkpoint['meta'], path)
+        except ValueError as err:  # the checkpoint all the same
+            print_log(f'no inference config beside {path}: {err}',
+                      logger='current', level=logging.WARNING)
+            config = None
+        if config is not None:
+            checkpoint['meta']['inference_config'] = osp.basename(
+                stem) + '.py'
+        save_atomic(checkpoint, path)
+        if config is None:
+            return None
+        write_text_atomic(stem + '.py', (
+            f'# MMSegInferencer(model={osp.basename(stem)}.py, weights='
+            f'{osp.basename(path)}): the adapted checkpoint as MMSeg reads '
+            'it (mmseg_stag, docs/adapt.md)\n') + Config(config).pretty_text)
+        return stem + '.py'
 
     def end_stage(self, batches_done: int, identity: dict,
                   stateful: bool) -> None:
@@ -408,6 +468,14 @@ class OnlineAdaptationLoop(TestLoop):
         if precision == 'fp16' and self.method.has_loss:
             # fp16 gradients underflow (TENT's full-size CE: ~1/2M a pixel)
             self.method.use_grad_scaler(self.device_type)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path``; a crash leaves the old file or the new."""
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def image_names(data_batch: dict) -> list:

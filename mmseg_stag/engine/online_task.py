@@ -106,6 +106,13 @@ class OnlineTask(ABC):
         """Return a clean source batch of preprocessed ``inputs``."""
         return Batch(inputs)
 
+    def inference_config(self, cfg, meta: dict,
+                         path: str = '<config>') -> Optional[dict]:
+        """The config another library's inferencer rebuilds an adapted
+        checkpoint of a run of ``cfg`` with (its ``meta``), written beside
+        it; None: none (a segmentor's: MMSeg's ``MMSegInferencer``)."""
+        return None
+
 
 def preprocess(model: nn.Module, data_batch: dict) -> dict:
     """``model.data_preprocessor(data_batch)`` (no grad), its tensors and

@@ -6,12 +6,13 @@ import uuid
 from typing import Optional
 
 from mmengine.config import Config
+from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import MODELS, DefaultScope
 from mmengine.runner import Runner, set_random_seed
 
-from mmseg_stag.checkpoint import load_model_checkpoint
+from mmseg_stag.checkpoint import adapted_checkpoint, load_model_checkpoint
 from .run_state import (identity_differences, load_run_state, rng_state,
                         run_identity, set_rng_state)
 from .launch_guard import check_single_process
@@ -93,6 +94,35 @@ def run_test(cfg: Config, checkpoint: str,
                 handler.close()
                 runner.logger.removeHandler(handler)
     return metrics, model
+
+
+class SaveAdapted(Hook):
+    """After the test loop, the adapted model saved to ``path``
+    (``tools/test.py --save-adapted``): the online loop's
+    :meth:`~mmseg_stag.engine.OnlineAdaptationLoop.save_adapted` (the
+    checkpoint and a segmentor's inference config beside it), else the
+    model's weights."""
+
+    priority = 'VERY_LOW'
+
+    def __init__(self, path: str, meta: Optional[dict] = None):
+        self.path, self.meta = path, dict(meta or {})
+        #: the inference config written beside the checkpoint, if any
+        self.config_path: Optional[str] = None
+
+    def after_test(self, runner) -> None:
+        loop = runner.test_loop
+        if hasattr(loop, 'save_adapted'):
+            self.config_path = loop.save_adapted(self.path, self.meta)
+        else:  # MMEngine's plain loop adapts nothing
+            from .run_state import save_atomic
+            model = runner.model.module if is_model_wrapper(
+                runner.model) else runner.model
+            save_atomic(adapted_checkpoint(model, None, self.meta),
+                        self.path)
+        print_log(f'adapted model saved to {self.path}' + (
+            f' (MMSeg inference config: {self.config_path})'
+            if self.config_path else ''), logger='current')
 
 
 def starting_identity(cfg: Config, checkpoint: str,

@@ -53,6 +53,11 @@ class SegmentationTask(OnlineTask):
     def default_head_layer(self, model) -> str:
         return 'decode_head.conv_seg'
 
+    def inference_config(self, cfg, meta: dict,
+                         path: str = '<config>') -> dict:
+        from .models.adapted_segmentor import inference_config
+        return inference_config(cfg, meta, path)
+
     def setup(self, dataset) -> None:
         if self.main_view is None:  # the pipeline's ScaleFlipViews', else 0
             transforms = getattr(getattr(dataset, 'pipeline', None),

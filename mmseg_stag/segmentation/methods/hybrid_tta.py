@@ -18,8 +18,9 @@ from mmseg_stag.core import METHODS, Labels, NonFiniteStatistic, StepStats
 from mmseg_stag.core.methods.base import BaseMethod
 from mmseg_stag.core.methods.cotta import ema_update_
 from mmseg_stag.core.registry import check_range
-from ..models.hybrid_tta_modules import (PatchMaskGenerator, attach_modules,
-                                         masked_l1, masked_mit_features)
+from mmseg_stag.checkpoint import attach_added_modules
+from ..models.hybrid_tta_modules import (PatchMaskGenerator, masked_l1,
+                                         masked_mit_features)
 
 #: what efficient tuning freezes (ood/base.py:24-26): the MiT blocks (the
 #: authors' "block1" .. "block4") but their parallel adapters
@@ -138,14 +139,17 @@ class HybridTTA(BaseMethod):
                 f"Hybrid-TTA masks the whole image: test_cfg.mode={mode!r} "
                 "is not supported (use model.test_cfg.mode='whole', as the "
                 "ACDC configs do)")
-        if getattr(model, 'recon_neck', None) is not None:
-            # a stage that restarts from the source: the loop reloaded the
-            # state it saved after the first configure, modules included
+        counts = attach_added_modules(
+            model, dict(type='hybrid_tta', **self.module_cfg),
+            'the Hybrid-TTA config (test_cfg.method)')
+        if counts is None:
+            # attached already, with these options: a stage that restarts
+            # from the source state (theirs included), or an adapted
+            # checkpoint the strict loader attached them for
             print_log('Hybrid-TTA: the modules are attached already (a '
-                      'restart from the source state, theirs included)',
-                      logger='current')
+                      'restart from the source state, or an adapted '
+                      'checkpoint, theirs included)', logger='current')
             return
-        counts = attach_modules(model, **self.module_cfg)
         print_log(
             'Hybrid-TTA adds modules the source checkpoint does not have, '
             f'from their initialisation: {counts["num_adapters"]} parallel '

@@ -13,6 +13,7 @@ from mmcv.cnn import ConvModule
 from mmseg.models.backbones import MixVisionTransformer
 from mmseg.models.utils import nchw_to_nlc, nlc_to_nchw
 
+from mmseg_stag.checkpoint import register_module_adder
 from .nvlabs_segformer_head import TokenMLP, embed_and_fuse
 
 ADAPTER_INITS = ('backbone', 'zero_up')
@@ -196,11 +197,15 @@ def masked_l1(reconstruction: torch.Tensor, image: torch.Tensor,
     return ((reconstruction - image).abs() * mask).sum() / mask.sum() / 3
 
 
+@register_module_adder('hybrid_tta')
 def attach_modules(model: nn.Module, adapter_hidden: int = 5,
                    adapter_init: str = 'backbone',
                    neck_embed_dim: int = 768) -> Dict[str, int]:
     """Attach the adapters, the mask token and the reconstruction neck to an
     MMSeg segmentor with a MiT backbone; return their parameter counts.
+    ``model.added_modules`` records them (``type='hybrid_tta'`` and the
+    options): an adapted checkpoint's ``meta['added_modules']``, which
+    the strict loader attaches again (``checkpoint.attach_added_modules``).
 
     Raises:
         ValueError: If the backbone is not a ``MixVisionTransformer``.
@@ -226,6 +231,10 @@ def attach_modules(model: nn.Module, adapter_hidden: int = 5,
     like = next(backbone.parameters())
     for module in adapters + [backbone.mask_token_embed, model.recon_neck]:
         module.to(device=like.device, dtype=like.dtype)
+    model.added_modules = dict(type='hybrid_tta',
+                               adapter_hidden=int(adapter_hidden),
+                               adapter_init=adapter_init,
+                               neck_embed_dim=int(neck_embed_dim))
 
     def count(modules):
         return sum(p.numel() for m in modules for p in m.parameters())
