@@ -50,6 +50,31 @@ def frame_files(run):
                 if r['status'] == 'ok'}
 
 
+def frame_image(name):
+    """The frame ``frames.csv`` names as an RGB PIL image: an image file,
+    or ``VIDEO#N``, the video's frame N (decoded up to it: codecs seek to
+    key frames only)."""
+    import cv2
+    from PIL import Image
+    path, _, number = name.rpartition('#')
+    if not (path and number.isdigit()):
+        return Image.open(name).convert('RGB')
+    if not osp.isfile(path):
+        raise SystemExit(f'error: frame {name}: a live input\'s frames are '
+                         'not kept (tools/adapt.py --overlay writes them '
+                         'with their labels)' if '://' in path or
+                         path.isdigit() else f'error: no video {path}')
+    capture = cv2.VideoCapture(path)
+    try:
+        for _ in range(int(number) + 1):
+            ok, image = capture.read()
+            if not ok:
+                raise SystemExit(f'error: {path} has no frame {number}')
+    finally:
+        capture.release()
+    return Image.fromarray(image[..., ::-1])
+
+
 def palette_png(run, index):
     """A run's label map of frame ``index`` as written (palette PNG)."""
     from PIL import Image
@@ -84,7 +109,6 @@ def main(argv=None) -> int:
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    from PIL import Image
     files = frame_files(args.runs[0])
     for run in args.runs[1:]:
         other = frame_files(run)
@@ -101,7 +125,7 @@ def main(argv=None) -> int:
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 1.9 * rows),
                              squeeze=False)
     for r, index in enumerate(args.frames):
-        panels = [Image.open(files[index]).convert('RGB')] + [
+        panels = [frame_image(files[index])] + [
             label_map(run, index) for run in args.runs]
         if args.ground_truth:
             panels.append(ground_truth(files[index], args.ground_truth,

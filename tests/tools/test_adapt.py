@@ -16,10 +16,15 @@ from PIL import Image
 from seg_helpers import REPO, SEG_CFG, tiny_options
 from frame_helpers import benchmark_predictions, options
 
-spec = importlib.util.spec_from_file_location(
-    'adapt_tool', osp.join(REPO, 'tools', 'adapt.py'))
-adapt_tool = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(adapt_tool)
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(
+        f'{name}_tool', osp.join(REPO, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+adapt_tool = load_tool('adapt')
 
 
 def cli_options(opts):
@@ -95,6 +100,15 @@ def test_a_video_predicts_as_its_frames(tiny_acdc, tiny_checkpoint,
     assert len(os.listdir(tmp_path / 'video' / 'overlays')) == 8
     assert cv2.VideoCapture(str(tmp_path / 'video' /
                                 'prediction.mp4')).read()[0]
+    # the frames beside their labels: the video's frames decoded (before,
+    # tools/adapt_compare.py looked for a file named stream.avi#0)
+    compare = load_tool('adapt_compare')
+    figure = tmp_path / 'compare.png'
+    assert compare.main([str(tmp_path / 'video'), '--frames', '0', '3',
+                         '--out', str(figure)]) == 0
+    assert figure.stat().st_size > 0
+    frame = np.asarray(compare.frame_image(f'{video}#3'))
+    assert np.array_equal(frame, cv2.imread(paths[3])[..., ::-1])
 
 
 def test_a_stopped_run_resumed_writes_what_an_uninterrupted_one_does(
@@ -170,7 +184,7 @@ def test_a_truncated_frame_is_skipped_and_named_or_stops_the_run(
 
 @pytest.mark.parametrize('case,message', [
     ('empty', 'no image in this folder'),
-    ('codec', 'OpenCV cannot decode this video'),
+    ('codec', 'not a video container OpenCV can open'),
     ('method', 'has no online method'),
     ('classes', r'\(19 vs 7 classes'),
 ])
