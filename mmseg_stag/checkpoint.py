@@ -1,7 +1,10 @@
 """Checkpoint loading with ``weights_only=True`` and publishing as such;
 adapted checkpoints (:func:`adapted_checkpoint`) that every reader takes."""
 import importlib
+import os.path as osp
 import pickle
+import re
+import zipfile
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional
 
@@ -27,10 +30,73 @@ def load_checkpoint_file(path: str,
     try:
         return torch.load(path, map_location='cpu',
                           weights_only=not allow_unsafe_pickle)
-    except pickle.UnpicklingError as err:
-        first_line = str(err).strip().splitlines()[0] if str(err) else ''
-        raise RuntimeError(f'cannot load checkpoint {path} safely: '
-                           f'{first_line}. {UNSAFE_HINT}') from err
+    except MemoryError:
+        raise
+    except Exception as err:  # EOFError, OSError, zip and pickle errors
+        raise RuntimeError(unreadable_checkpoint(
+            path, err, allow_unsafe_pickle)) from err
+
+
+#: how a file begins: a zip archive (``torch.save`` since 1.6) and a
+#: pickle of protocol 2 to 5 (the legacy format, ``\x80`` + protocol)
+ZIP_MAGIC = b'PK\x03\x04'
+PICKLE_MAGIC = tuple(bytes([0x80, protocol]) for protocol in range(2, 6))
+
+
+def first_error_line(err: BaseException) -> str:
+    """torch's first line of ``err``: the weights-only unpickler's own
+    reason when it gives one, the exception's name when it says nothing."""
+    text = re.sub(r'\x1b\[[0-9;]*m', '', str(err))
+    if 'WeightsUnpickler error:' in text:
+        text = text.split('WeightsUnpickler error:', 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0].rstrip('.') if lines else type(err).__name__
+
+
+def looks_like_text(head: bytes) -> bool:
+    """A web page, JSON or other text: what a dead download link saves."""
+    head = head.lstrip(b'\xef\xbb\xbf \t\r\n')
+    if head.startswith((b'<', b'{', b'[')):
+        return True
+    text = head.decode('utf-8', errors='replace')
+    if text.endswith('\ufffd') and len(head) == 512:  # a character cut
+        text = text.rstrip('\ufffd')
+    return bool(text) and '\ufffd' not in text and all(
+        c.isprintable() or c in '\t\r\n\f' for c in text)
+
+
+def unreadable_checkpoint(path: str, err: BaseException,
+                          allow_unsafe_pickle: bool = False) -> str:
+    """One sentence on why torch cannot read ``path``, told by the file's
+    first bytes and size: empty, a web page or text, a zip cut short, a
+    pickle of Python objects (only then ``--trust-pickle``), or torch's
+    first error line."""
+    try:
+        size = osp.getsize(path)
+        with open(path, 'rb') as f:
+            head = f.read(512)
+    except OSError:
+        size, head = None, b''
+    again = 'download or copy it again'
+    if size == 0:
+        return f'checkpoint {path} is empty (0 bytes): {again}'
+    if looks_like_text(head):
+        return (f'checkpoint {path} is a web page / text ({size} bytes, '
+                f'begins {head[:40].decode("utf-8", "replace")!r}), not a '
+                f'checkpoint: the download failed; {again}')
+    first_line = first_error_line(err)
+    damaged = (f'checkpoint {path} is cut short or damaged ({size} bytes): '
+               f'torch says {first_line}; {again}')
+    if head.startswith(ZIP_MAGIC) and not zipfile.is_zipfile(path):
+        return damaged  # no end-of-archive record: cut short
+    known = head.startswith((ZIP_MAGIC, ) + PICKLE_MAGIC)
+    if known and (isinstance(err, EOFError) or 'truncated' in first_line):
+        return damaged
+    if known and isinstance(err, pickle.UnpicklingError) \
+            and not allow_unsafe_pickle:  # Python objects, really
+        return (f'cannot load checkpoint {path} safely: {first_line}. '
+                f'{UNSAFE_HINT}')
+    return f'cannot load checkpoint {path} ({size} bytes): {first_line}'
 
 
 def extract_state_dict(checkpoint: Dict[str, Any],

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from demo_data import make_acdc_like_tree
+#: the MJPEG stream fixture (tests/apis/test_frames.py, test_adapt_run.py)
+from stream_helpers import serve  # noqa: F401
 from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG,  # noqa: F401
                          TINY_IN_CHANNELS, TINY_MIT, as_cli,
                          build_from_config, build_segmentor, mit_backbone,

@@ -41,8 +41,8 @@ def main(argv=None):
             convert_nvlabs_checkpoint
         count = convert_nvlabs_checkpoint(
             args.src, args.dst, allow_unsafe_pickle=args.trust_pickle)
-    except (FileNotFoundError, RuntimeError, ValueError) as err:
-        sys.exit(f'error: {err}')
+    except (OSError, RuntimeError, ValueError) as err:  # one sentence:
+        sys.exit(f'error: {err}')  # a file unreadable or unwritable
     print(f'converted {count} tensors: {args.src} -> {args.dst}')
 
 
