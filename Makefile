@@ -9,7 +9,7 @@ STAMP := $(VENV)/.mmseg_stag_installed
 VENV_REAL ?= .venv-real
 STAMP_REAL := $(VENV_REAL)/.real_models_installed
 
-.PHONY: install demo demo-hybrid demo-cls demo-cls-hard docs test clean-venv gpu-check
+.PHONY: install demo demo-hybrid demo-cls demo-cls-hard docs lint test clean-venv gpu-check
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ $(STAMP_REAL): setup.py tools/install_real_models_env.sh constraints-real.txt
 	rm -f $(STAMP_REAL)
 	bash tools/install_real_models_env.sh $(VENV_REAL) $(PYTHON)
 
+# pyflakes and pycodestyle over the package, tools, tests, benchmarks and
+# configs (ruff.toml): unused or duplicate imports, undefined names, style
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
 # the documentation site; strict (mkdocs.yml): a broken link fails
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
@@ -50,7 +55,7 @@ docs: $(STAMP)
 # the main suite in TEST_WORKERS processes (pytest-xdist; an idle one takes
 # the other's queued tests); TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
-test: $(STAMP) $(STAMP_REAL)
+test: $(STAMP) $(STAMP_REAL) lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 	MMSEG_STAG_REAL_MODELS=required $(VENV_REAL)/bin/python -m pytest tests/real_models
 	$(MAKE) docs

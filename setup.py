@@ -47,7 +47,7 @@ setup(
             # pkg_resources, which setuptools 81 removed.
             'setuptools<81',
         ],
-        'tests': ['pytest', 'pytest-xdist'],
+        'tests': ['pytest', 'pytest-xdist', 'ruff'],
         'demo': ['scikit-image', 'imagecorruptions-imaug', 'mlxtend'],
         # ImageNet-C models: torchvision ResNet-50, timm ResNet-50-GN/ViT-B
         'cls': ['torchvision', 'timm'],

@@ -142,7 +142,6 @@ def count_graph_steps():
     replays on a batch other than the captured one (compared on the
     device, read once at the end: no wait inside the stream). Returns the
     counts' dict, filled as the loop runs."""
-    import torch
 
     from mmseg_stag.core.methods.step_graph import CUDAGraphStep
     counts = dict(captures=0, replays=0, eager_steps=0, on_new=None)
@@ -501,7 +500,8 @@ def markdown(report: dict) -> str:
             + ' | ' + (f"{c['score_abs']:.2f}" if c.get('score_abs')
                        is not None else '—')
             + f" | {counts.get('captures', '—')} | "
-            f"{counts.get('replays', '—')} ({counts.get('replays_on_new', '—')})"
+            f"{counts.get('replays', '—')} "
+            f"({counts.get('replays_on_new', '—')})"
             f" | {waits_cell(c.get('waits'))} | {c.get('why') or ''} |")
     lines += ['', '| arm | config | status | images | images/s (whole '
               'loop) | peak memory (MiB) | seconds (process) |',

@@ -91,9 +91,9 @@ def same_stream(stream):
 
 def install(monkeypatch=None, loop: bool = False):
     """Replace (through pytest's ``monkeypatch`` where given: undone after
-    the test; for good otherwise) CUDA's streams by :class:`StandInStream` and every
-    ``CUDAGraphStep``'s capture by :func:`stand_in_capture`, its device
-    check skipped. Each step's captures are in its ``captures`` list.
+    the test; for good otherwise) CUDA's streams by :class:`StandInStream`
+    and every ``CUDAGraphStep``'s capture by :func:`stand_in_capture`, its
+    device check skipped. Each step's captures are in its ``captures`` list.
     ``loop``: the online loop also checks its speed options as for a CUDA
     model, so that a config with ``cuda_graph=True`` or a preset runs on
     the CPU."""

@@ -50,7 +50,8 @@ class MJPEG(BaseHTTPRequestHandler):
         feed.active += 1
         try:
             for number in range(feed.frames):
-                jpeg = cv2.imencode('.jpg', frame(number, feed.size))[1].tobytes()
+                image = frame(number, feed.size)
+                jpeg = cv2.imencode('.jpg', image)[1].tobytes()
                 self.wfile.write(
                     b'--frame\r\nContent-Type: image/jpeg\r\nContent-Length:'
                     b' %d\r\n\r\n%s\r\n' % (len(jpeg), jpeg))

@@ -146,7 +146,8 @@ def test_shell_block_names_what_exists(block):
     targets = make_targets()
     for command in commands(code):
         words = shlex.split(command.replace('$', 'DOLLAR'))
-        paths = [w for w in words if re.match(r'^(configs|tools)/[\w/.-]+$', w)]
+        paths = [w for w in words
+                 if re.match(r'^(configs|tools)/[\w/.-]+$', w)]
         for path in paths:
             assert osp.exists(osp.join(REPO, path)), (page, line, path)
         if words[:1] == ['make'] and len(words) > 1 and '=' not in words[1]:

@@ -22,7 +22,8 @@ if sys.argv[1] == 'sleep':
     time.sleep(60)
 print(json.dumps(dict(
     argv=sys.argv, path=sys.path, cwd=os.getcwd(), name=__name__,
-    file=__file__, stdin=sys.stdin.read(), probe=os.environ.get('MMSEG_STAG_PROBE'),
+    file=__file__, stdin=sys.stdin.read(),
+    probe=os.environ.get('MMSEG_STAG_PROBE'),
     kill=os.environ.get('KILL_AT_STAGE'),
     ours='mmseg_stag' in sys.modules, helper=__import__('helper').VALUE,
     parent=os.getppid())))

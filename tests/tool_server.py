@@ -13,10 +13,10 @@ environment are the request's, and it imports everything else itself
 (``mmseg_stag`` included: registration through ``custom_imports`` is what
 it always is). :mod:`tool_runs` sends here only what that holds for.
 
-Protocol (one JSON object per line): first ``{"modules": [...],
-"fork_safe": ...}``, the top-level modules loaded and whether a fork can
-use CUDA (false if the preloading started the CUDA driver); then per request ``{"argv", "cwd", "env",
-"stdout", "stderr"}`` (the last two: files that take the streams); the
+Protocol (one JSON object per line): first ``{"modules": [...], "fork_safe":
+...}``, the top-level modules loaded and whether a fork can use CUDA (false if
+the preloading started the CUDA driver); then per request ``{"argv", "cwd",
+"env", "stdout", "stderr"}`` (the last two: files that take the streams); the
 replies ``{"pid": PID}`` when the child starts and ``{"rc": CODE}`` when it
 ended (``-N`` for a signal, as ``subprocess`` reports it).
 """

@@ -378,8 +378,9 @@ class Window:
     the run to stop."""
 
     def __init__(self, title):
+        env = os.environ
         if sys.platform.startswith('linux') and not (
-                os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY')):
+                env.get('DISPLAY') or env.get('WAYLAND_DISPLAY')):
             raise SystemExit('error: --show needs a display (neither DISPLAY '
                              'nor WAYLAND_DISPLAY is set); --video or '
                              '--overlay write the same pictures')

@@ -663,7 +663,7 @@ def next_command(cfg, args) -> str:
         preset = cfg.test_cfg.get('preset')
         if preset:
             words += ['--preset', preset]
-        lines += [f'or every run of its table (each in work_dirs/<config '
+        lines += ['or every run of its table (each in work_dirs/<config '
                   'stem>, then the table; docs/reproduce.md):',
                   '  ' + ' '.join(map(shlex.quote, words))]
     return '\n'.join(lines)

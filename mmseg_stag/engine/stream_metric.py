@@ -13,7 +13,7 @@ from mmengine.structures import BaseDataElement
 
 from .stream import StreamStage
 from .report import (RESULTS_FILE, append_partial, format_table,
-                     result_file, results_record, write_results)
+                     results_record, write_results)
 
 
 class StreamMetric(BaseMetric):

@@ -76,6 +76,9 @@ def test_reset_every_n_frames_restarts_from_the_source(
     events = [adapt.step(adapt.prepare(p))[1]['reset'] for p in paths[:4]]
     assert events == [None, 'every 2 frames', None, 'every 2 frames']
     assert [r['before'] for r in adapt.resets] == [2, 4]
+    # the replaced methods' updates carried over, as the loop counts them
+    # at a from-source stage (before, loop.num_updates stayed 0)
+    assert adapt.loop.num_updates == 4 and adapt.loop.method.num_updates == 0
     for key, value in adapt.model.state_dict().items():
         assert torch.equal(value, source[key]), key
     # after a reset the stream is a fresh one's: frames 3, 4 predict as a

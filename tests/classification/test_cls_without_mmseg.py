@@ -59,5 +59,6 @@ def test_classification_config_runs_without_mmseg_and_mmcv(
     assert prov['method']['type'] == 'tent' and prov['method']['stag']
     assert prov['images'] == 16 * len(names)
     # every image of every corruption was predicted
-    assert {c: v['total'] for c, v in results['details']['per_corruption'].items()} \
-        == {c: 16 for c in names}
+    per_corruption = results['details']['per_corruption']
+    assert {c: v['total'] for c, v in per_corruption.items()} == {
+        c: 16 for c in names}

@@ -22,7 +22,7 @@ def all_files(root):
 
 def test_generator_is_deterministic(tmp_path):
     a = make_demo_benchmark(str(tmp_path / 'a'), seed=1, **SMALL)
-    b = make_demo_benchmark(str(tmp_path / 'b'), seed=1, **SMALL)
+    make_demo_benchmark(str(tmp_path / 'b'), seed=1, **SMALL)
     c = make_demo_benchmark(str(tmp_path / 'c'), seed=2, **SMALL)
     files = [f for f in all_files(tmp_path / 'a') if f.endswith('.png')]
     assert len(files) == 2 * (4 + 2) + 2 * 4 * 2

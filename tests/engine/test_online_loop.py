@@ -19,7 +19,7 @@ from mmseg_stag import stag
 from mmseg_stag.core import select_parameters
 from mmseg_stag.engine import online_loop
 from mmseg_stag.engine.launch_guard import DISTRIBUTED_ERROR
-from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG, build_from_config,
+from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
                          fresh_model, make_runner, tiny_options)
 
 CLASSIFIER = 'decode_head.conv_seg'
@@ -407,11 +407,20 @@ def test_bad_input_fails_before_adapting(problem, tiny_acdc, tiny_checkpoint,
      r'test_cfg.method.bn_batch_stats=True'),
     ({'test_cfg.method.fresh_optimizer_per_stage': False}, ValueError,
      r'fresh_optimizer_per_stage is now stage_restart'),
+    # clean source images a method does not read: refused, not dropped
+    ({'test_cfg.source_dataloader': dict(batch_size=1)}, ValueError,
+     r'TENT, as configured, takes no clean source images .* nothing reads '
+     r'test_cfg.source_dataloader'),
+    ({'test_cfg.method': dict(_delete_=True, type='eata', fisher_alpha=0),
+      'test_cfg.source_dataloader': dict(batch_size=1)}, ValueError,
+     r'EATA, as configured, takes no clean source images .* nothing reads '
+     r'test_cfg.source_dataloader'),
 ], ids=['unknown-method', 'upper-case-name', 'eata-without-source-data',
         'bad-option', 'no-such-classifier', 'bad-mixed-precision',
         'classifier-not-1x1', 'fp16-on-the-cpu', 'mmengine-fp16-flag',
         'graph-warmup-without-graph', 'classification-task',
-        'loop-bn-batch-stats', 'renamed-fresh-optimizer'])
+        'loop-bn-batch-stats', 'renamed-fresh-optimizer',
+        'source-data-for-tent', 'source-data-for-eta'])
 def test_config_error_fails_before_the_first_batch(option, error, match,
                                                    tiny_acdc,
                                                    tiny_checkpoint, tmp_path,

@@ -1,8 +1,9 @@
 """The paper's real classifiers with random weights, saved in the formats
 users have and loaded through the project's configs and loader: torchvision
 ResNet-50 (``.pth`` state dict), timm ResNet-50-GN and ViT-B/16 (``.pth``
-and ``.safetensors``; the ViT's original ``.npz`` too), the RobustBench WRN-28-10 / WRN-40-2 (``{'state_dict':
-{'module.' + key}}``); the classifier each config names; bad files."""
+and ``.safetensors``; the ViT's original ``.npz`` too), the RobustBench
+WRN-28-10 / WRN-40-2 (``{'state_dict': {'module.' + key}}``); the
+classifier each config names; bad files."""
 import os.path as osp
 
 import numpy as np

@@ -348,8 +348,10 @@ def test_the_task_outputs_a_typed_prediction_post_processed_once():
     labels = task.task_adapter.labels_at_original_size(batch, fwd)
     assert labels.shape == (2, 57, 90)
     torch.testing.assert_close(
-        task.task_adapter.logits_at_original_size(batch, fwd).argmax(1), labels)
-    outputs = task.outputs(batch, Logits(fwd.output.detach(), fwd.postprocessed))
+        task.task_adapter.logits_at_original_size(batch, fwd).argmax(1),
+        labels)
+    outputs = task.outputs(batch, Logits(fwd.output.detach(),
+                                         fwd.postprocessed))
     assert len(calls) == 1  # the loss's post-processing, kept on fwd
     assert torch.equal(outputs[0].pred_sem_seg.data[0], labels[0])
     # a new prediction of the same batch is post-processed anew

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from frame_helpers import benchmark_predictions
-from stream_helpers import serve  # noqa: F401
 from test_adapt import adapt_tool, label_maps, run_adapt, stream_list
 
 from mmseg_stag.apis.adapt_outputs import FrameTable, Progress
@@ -258,7 +257,7 @@ def test_a_stream_is_adapted_on_live(serve, tiny_acdc, tiny_checkpoint,
     """An MJPEG stream the test serves (as an IP camera): the frames taken
     numbered on, those that came while a step ran counted as dropped."""
     import json
-    url, _ = serve(frames=200, fps=60, size=(96, 48))
+    url, _ = serve(frames=600, fps=60, size=(96, 48))
     out = tmp_path / 'live'
     assert run_adapt('tent-stag', tiny_acdc, tiny_checkpoint, url, out,
                      '--limit', '6') == 0

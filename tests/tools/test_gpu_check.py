@@ -249,8 +249,8 @@ def test_test_workers_follow_pytest_xdist(monkeypatch, capsys):
     ('fp32', False, None), ('tf32', True, None),
     ('bf16', False, torch.bfloat16)])
 def test_precision_switches_and_restores(name, tf32, dtype, gpu_check):
-    """TF32 flags and the task adapter's forward-only autocast inside the block,
-    the previous settings after it."""
+    """TF32 flags and the task adapter's forward-only autocast inside the
+    block, the previous settings after it."""
     task = SimpleNamespace(task_adapter=SimpleNamespace(autocast_dtype=None))
     flags = (torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32)
@@ -348,7 +348,7 @@ def test_bad_counts_are_refused(capsys, gpu_check):
 def test_the_targets_held_against_the_fifth_h100_run():
     """The report's verdicts on the fifth H100 run's own figures
     (docs/results/gpu/2026-11-27-h100-e): those its notes give by hand."""
-    from benchmarks.gpu_report import md_targets, target_verdicts
+    from benchmarks.gpu_report import target_verdicts
     with open(osp.join(REPO, 'docs/results/gpu/2026-11-27-h100-e/'
                        'full_run.json')) as f:
         report = json.load(f)

@@ -5,6 +5,6 @@ from . import stag_loss  # noqa: F401  (registers STAGLoss in MMSeg's MODELS)
 from .adapted_segmentor import AdaptedEncoderDecoder, inference_config
 
 __all__ = [
-    'AdaptedEncoderDecoder', 'inference_config', 'NVMixVisionTransformer', 'NVSegformerHead', 'SDPAMixVisionTransformer',
-    'use_attention'
+    'AdaptedEncoderDecoder', 'inference_config', 'NVMixVisionTransformer',
+    'NVSegformerHead', 'SDPAMixVisionTransformer', 'use_attention'
 ]

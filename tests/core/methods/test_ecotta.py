@@ -45,8 +45,9 @@ def randomise_meta(meta, seed=3):
 
 
 def pair(seed=0, parts=PARTS):
-    """Ours (meta networks joined into a WRN) and the transcription (the notebook's network
-    on a copy of the same WRN), with equal meta-network weights."""
+    """Ours (meta networks joined into a WRN) and the transcription (the
+    notebook's network on a copy of the same WRN), with equal meta-network
+    weights."""
     ours = make_wrn(seed)
     source = copy.deepcopy(ours)
     meta = attach_meta_networks(ours, BLOCKS, parts, SIZE)

@@ -1,9 +1,9 @@
 """``cuda_graph=True``: the whole step replayed as a CUDA graph
-(``CUDAGraphStep``, around the method). On the CPU: what is refused, and the bookkeeping around
-the graph (warm-up per input shape, ``beta_t`` fed each replay, outputs
-copied, graphs dropped with the optimizer) through a stand-in graph that
-replays the step's Python on the captured inputs. On CUDA: real graphs
-against the eager step."""
+(``CUDAGraphStep``, around the method). On the CPU: what is refused, and the
+bookkeeping around the graph (warm-up per input shape, ``beta_t`` fed each
+replay, outputs copied, graphs dropped with the optimizer) through a stand-in
+graph that replays the step's Python on the captured inputs. On CUDA: real
+graphs against the eager step."""
 import copy
 import os.path as osp
 from contextlib import contextmanager

@@ -149,16 +149,18 @@ def test_per_stage_miou_matches_numpy(tmp_path):
     for stage, (round_, cond) in enumerate(STAGES):
         assert results[f'r{round_}_{cond}'] == pytest.approx(
             expected[stage], abs=0.005)
-    assert set(results) == {'mIoU_mean_over_stages', 'r1_fog', 'r1_night', 'r2_fog',
-                            'r2_night'}
+    assert set(results) == {'mIoU_mean_over_stages', 'r1_fog', 'r1_night',
+                            'r2_fog', 'r2_night'}
     assert all(isinstance(v, float) for v in results.values())
     # absent classes are excluded; a predicted-only class counts as 0
     s0, s1 = data['stages'][0], data['stages'][1]
     assert s0['details']['per_class_IoU'][CLASSES[7]] == 0.0  # traffic sign
-    assert s0['details']['per_class_IoU'][CLASSES[9]] is None  # only at ignored px
+    # only at ignored pixels
+    assert s0['details']['per_class_IoU'][CLASSES[9]] is None
     assert s1['details']['per_class_IoU'][CLASSES[3]] is None  # wall
     assert s0['details']['per_class_IoU'][CLASSES[3]] is not None
-    assert s0['details']['per_class_IoU']['bicycle'] is None  # never in the stream
+    # never in the stream
+    assert s0['details']['per_class_IoU']['bicycle'] is None
     assert (tmp_path / 'continual_miou.png').stat().st_size > 1000
 
 
@@ -302,7 +304,8 @@ def test_table_layout_and_log(monkeypatch):
          round((stage[0] + stage[1]) / 2, 1)], abs=0.051)
     assert [float(v) for v in rows['Mean']] == pytest.approx(
         [round((stage[0] + stage[2]) / 2, 1),
-         round((stage[1] + stage[3]) / 2, 1), round(res['mIoU_mean_over_stages'], 1)],
+         round((stage[1] + stage[3]) / 2, 1),
+         round(res['mIoU_mean_over_stages'], 1)],
         abs=0.051)
     # one progress line per finished stage
     assert sum(m.startswith('stage ') for m in logged) == 4
@@ -331,10 +334,11 @@ def test_through_mmengine_evaluator(tmp_path):
     # stage 0: a 1/1, b 1/2, c 1/2 -> 66.67; stage 1: a 1/1 -> 100
     assert res['continual/r1_fog'] == pytest.approx(66.67)
     assert res['continual/r1_snow'] == pytest.approx(100.0)
-    assert res['continual/mIoU_mean_over_stages'] == pytest.approx((200 / 3 + 100) / 2)
+    assert res['continual/mIoU_mean_over_stages'] == pytest.approx(
+        (200 / 3 + 100) / 2)
     data = json.loads((tmp_path / 'continual_results.json').read_text())
-    assert data['stages'][1]['details']['per_class_IoU'] == {'a': 100.0, 'b': None,
-                                                  'c': None}
+    assert data['stages'][1]['details']['per_class_IoU'] == {
+        'a': 100.0, 'b': None, 'c': None}
     # state is reset: a second evaluation starts from scratch
     metric.start_stage(StreamStage(0, 1, 'snow', 0, 1))
     evaluator.process([samples[1]])
