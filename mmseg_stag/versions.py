@@ -10,7 +10,7 @@ import re
 import sys
 from typing import Optional, Sequence, Tuple
 
-#: ``str.removeprefix`` (analysis/pytest_stream.py)
+#: ``str.removeprefix`` (benchmarks/pytest_stream.py)
 MIN_PYTHON = (3, 9)
 #: the newest torch API the package calls: ``torch.amp.GradScaler(device)``
 #: (2.3, core/methods/base.py); below it ``torch.load(mmap=...)`` and

@@ -412,12 +412,15 @@ def planned_config(run: Run, cfg):
 
 def planned_images(cfg, table: Table) -> Optional[int]:
     """The images of a run's stream as its config says them, the paper's
-    counts (``mmseg_stag.paper.tables.PROTOCOLS``) where it takes a whole set; None
-    where it says neither."""
+    counts (``mmseg_stag.paper.tables.PROTOCOLS``) where it takes a whole
+    set; None where it says neither."""
     from mmseg_stag.paper.tables import PROTOCOLS
     dataset = setting(cfg, 'test_dataloader.dataset') or {}
     protocol = PROTOCOLS.get((table.benchmark, table.scenario))
-    if 'conditions' in dataset and 'rounds' in dataset:  # ACDC's stream
+    # the dataset by its registered type (a scope prefix allowed), not by
+    # the keys it happens to have
+    kind = str(dataset.get('type', '')).rsplit('.', 1)[-1]
+    if kind == 'ACDCContinualDataset':
         per = dataset.get('images_per_condition') or (
             protocol or {}).get('images')
         return None if per is None else \
