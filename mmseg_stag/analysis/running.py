@@ -1,20 +1,37 @@
 """Cumulative online accuracy per batch of a classification run."""
 import csv
+import os
 import os.path as osp
 from typing import Dict, List, Optional
 
 from mmseg_stag.classification.metric import PER_IMAGE_FILE
+from mmseg_stag.engine.report import result_file
 
 
-def read_per_image(work_dir: str) -> List[Dict[str, object]]:
-    """A finished run's ``per_image.csv``, the images in stream order."""
-    path = osp.join(work_dir, PER_IMAGE_FILE)
+def read_per_image(results_dir: str,
+                   file_prefix: str = '') -> List[Dict[str, object]]:
+    """A finished run's ``per_image.csv``, the images in stream order.
+
+    Args:
+        results_dir (str): Where the run's metric wrote its files: its
+            ``output_dir`` (``tools/test.py --out``), by default the run's
+            work dir.
+        file_prefix (str): The metric's ``file_prefix`` (a run with
+            several metrics: each but the first writes ``PREFIX_...``).
+            Default: '' (the plain name).
+    """
+    name = result_file(PER_IMAGE_FILE[:-len('.csv')], file_prefix) + '.csv'
+    path = osp.join(results_dir, name)
     if not osp.isfile(path):
+        others = sorted(n for n in os.listdir(results_dir)
+                        if n.endswith('_' + PER_IMAGE_FILE)) \
+            if osp.isdir(results_dir) else []
         raise FileNotFoundError(
-            f'{work_dir}: no {PER_IMAGE_FILE}, so not a finished '
+            f'{results_dir}: no {name}, so not the results of a finished '
             'classification run (tools/test.py writes it at the end of a '
-            'stream; a demo row cached from before it existed needs a '
-            're-run)')
+            'stream, in the metric\'s output_dir: the work dir, or --out)'
+            + (f'; it holds {", ".join(others)}: give the metric\'s '
+               'file prefix' if others else ''))
     with open(path, newline='') as f:
         rows = [dict(r) for r in csv.DictReader(f)]
     for r in rows:

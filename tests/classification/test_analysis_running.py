@@ -70,3 +70,20 @@ def test_command_errors(tmp_path, running_curves):
         running_curves.main(['--panel', 'A', 'no-equals-sign'])
     with pytest.raises(SystemExit):
         running_curves.main(['--panel', 'A'])
+
+
+def test_the_file_is_read_where_the_metric_wrote_it(tmp_path):
+    """Behind the metric's file prefix, in its output dir (before, only a
+    work dir's plain per_image.csv was looked for)."""
+    from mmseg_stag.classification.metric import PER_IMAGE_COLUMNS
+    out = tmp_path / 'out'
+    out.mkdir()
+    with open(out / 'b_per_image.csv', 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(PER_IMAGE_COLUMNS)
+        writer.writerow([0, 0, 0, 0, 'fog', 1])
+    rows = read_per_image(str(out), 'b')
+    assert rows[0]['correct'] == 1 and rows[0]['corruption'] == 'fog'
+    with pytest.raises(FileNotFoundError, match='holds b_per_image.csv: '
+                       "give the metric's file prefix"):
+        read_per_image(str(out))

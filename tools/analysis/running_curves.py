@@ -36,10 +36,14 @@ def parse_args(argv=None):
                                 'per batch (Figure running curves)')
     p.add_argument('--panel', nargs='+', action='append', required=True,
                    metavar='TITLE LABEL=WORK_DIR',
-                   help='a panel: its title, then its runs')
+                   help='a panel: its title, then its runs (each the '
+                   'folder of its results: the work dir, or its --out)')
     p.add_argument('--corruption', default=None,
                    help='the corruption whose stream is plotted (default: '
                    'each run\'s first)')
+    p.add_argument('--file-prefix', default='', help='the metric\'s '
+                   'file prefix (a run with several metrics writes '
+                   'PREFIX_per_image.csv for each but the first)')
     p.add_argument('--out', default='work_dirs/analysis')
     args = p.parse_args(argv)
     panels = []
@@ -88,7 +92,7 @@ def main(argv=None):
         curves[title] = {}
         for label, work_dir in runs:
             c = curves[title][label] = running_accuracy(
-                read_per_image(work_dir), args.corruption)
+                read_per_image(work_dir, args.file_prefix), args.corruption)
             print(f'{title} / {label}: {c["corruption"]}, {len(c["batch"])} '
                   f'batches, final {c["accuracy"][-1]:.2f} %')
     base = write_numbers(
