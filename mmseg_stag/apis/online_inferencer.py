@@ -291,8 +291,7 @@ class OnlineInferencer:
         ``prepare``), open the first stage: what a stream does before its
         first frame."""
         runner = self.runner
-        runner._test_loop = runner.build_test_loop(runner._test_loop)
-        self.loop = runner.test_loop
+        self.loop = runner.test_loop  # MMEngine builds it on first access
         dataset = self.loop.dataloader.dataset
         self.classes = dataset.metainfo.get('classes')
         self.palette = dataset.metainfo.get('palette')

@@ -161,11 +161,15 @@ def insert_beside(network: nn.Module, name: str, module: nn.Module,
     """Put ``module`` as ``module_name`` before (after) the block ``name``
     in its ``nn.Sequential``; the blocks keep their names (and keys)."""
     parent, child = sequential_parent(network, name)
-    items = list(parent._modules.items())
-    items.insert(list(parent._modules).index(child) + after,
+    items = list(parent.named_children())
+    items.insert([n for n, _ in items].index(child) + after,
                  (module_name, module))
-    parent._modules.clear()
-    parent._modules.update(items)
+    # nn.Sequential.insert renumbers its items; removing them and adding
+    # them back in the new order keeps each name
+    for item_name, _ in list(parent.named_children()):
+        delattr(parent, item_name)
+    for item_name, item in items:
+        parent.add_module(item_name, item)
 
 
 def attach_meta_networks(network: nn.Module, blocks: str,

@@ -56,10 +56,12 @@ def load_weights(model: nn.Module, path: str,
     else:
         state = load_checkpoint_file(path, allow_unsafe_pickle)
     state = extract_state_dict(state, path)
-    for prefix, module in model.named_modules():  # not in the state dict
-        for buf in module._non_persistent_buffers_set:
-            state.pop(f'{prefix}.{buf}' if prefix else buf, None)
     own = model.state_dict()
+    # the non-persistent buffers: not in the model's state dict, so not
+    # read from a file that has them
+    for name, _ in model.named_buffers():
+        if name not in own:
+            state.pop(name, None)
     cold_start = hasattr(model, 'ecotta') and not any(
         k.startswith('ecotta.') for k in state)
     if cold_start:

@@ -54,7 +54,9 @@ class STAGLoss(nn.Module):
     def _tensor_key(tensor: Optional[torch.Tensor]) -> Tuple:
         if tensor is None:
             return (None, )
-        # ``_version`` is bumped by every in-place update (optimizer steps)
+        # ``_version`` is bumped by every in-place update (optimizer steps);
+        # torch has no public accessor of this counter, and a copy or a
+        # hash of the weights per step would cost what the cache saves
         return (tensor.data_ptr(), tensor._version, tuple(tensor.shape),
                 tensor.dtype, tensor.device)
 
