@@ -28,17 +28,61 @@ def norm_layers(model: nn.Module,
             if isinstance(m, classes)]
 
 
+#: what a ``trainable`` config may say (:func:`select_parameters`)
+TRAINABLE_KEYS = ('kind', 'norm_types', 'name_regex')
+
+
+def check_trainable(trainable: dict) -> None:
+    """``ValueError`` naming the option of a ``trainable`` config
+    :func:`select_parameters` cannot use: an unknown key or ``kind``, an
+    unknown norm type, ``norm_types`` with ``kind='all'`` (which selects
+    every parameter, not by layer), a ``name_regex`` that does not
+    compile."""
+    unknown = sorted(set(trainable) - set(TRAINABLE_KEYS))
+    if unknown:
+        raise ValueError(f'trainable has unknown keys {unknown}; it takes '
+                         f'{list(TRAINABLE_KEYS)}')
+    kind = trainable.get('kind', 'norm_affine')
+    if kind not in ('norm_affine', 'all'):
+        raise ValueError(
+            f"trainable kind must be 'norm_affine' or 'all', got {kind!r}")
+    norm_types = trainable.get('norm_types')
+    if norm_types is not None and kind == 'all':
+        raise ValueError(
+            f"trainable norm_types={norm_types!r} selects normalisation "
+            "layers, but kind='all' selects every parameter: remove "
+            "norm_types, or use kind='norm_affine'")
+    if norm_types is not None:
+        unknown = sorted(set(norm_types) - set(NORM_LAYER_TYPES))
+        if unknown:
+            raise ValueError(f'unknown trainable norm_types {unknown}; '
+                             f'choose from {sorted(NORM_LAYER_TYPES)}')
+    name_regex = trainable.get('name_regex')
+    if name_regex is not None:
+        try:
+            re.compile(name_regex)
+        except (re.error, TypeError) as err:
+            raise ValueError(f'trainable name_regex={name_regex!r} is not a '
+                             f'regular expression: {err}') from None
+
+
 def select_parameters(model: nn.Module,
                       kind: str = 'norm_affine',
-                      norm_types: Sequence[str] = ('BN', 'LN', 'GN', 'IN'),
+                      norm_types: Optional[Sequence[str]] = None,
                       name_regex: Optional[str] = None
                       ) -> List[Tuple[str, nn.Parameter]]:
     """The parameters a method adapts, as ``(name, parameter)``: of
     ``kind`` ``'norm_affine'`` (the weight and bias of the layers of
-    ``norm_types``) or ``'all'``, whose names ``name_regex`` matches."""
+    ``norm_types``, default every family of :data:`NORM_LAYER_TYPES`) or
+    ``'all'`` (``norm_types`` refused), whose names ``name_regex``
+    matches (:func:`check_trainable`)."""
+    check_trainable(dict(kind=kind, norm_types=norm_types,
+                         name_regex=name_regex))
     if kind == 'norm_affine':
         selected = [(f'{mod_name}.{p_name}' if mod_name else p_name, p)
-                    for mod_name, m in norm_layers(model, norm_types)
+                    for mod_name, m in norm_layers(
+                        model, tuple(NORM_LAYER_TYPES)
+                        if norm_types is None else norm_types)
                     for p_name, p in m.named_parameters(recurse=False)
                     if p_name in ('weight', 'bias')]
     elif kind == 'all':

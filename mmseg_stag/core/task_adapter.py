@@ -123,13 +123,14 @@ class StepStats(Logged):
     mapping of the logged names (``stats['loss_stag']``), the passes'
     numbered (``loss1``, ``loss2``) where there are several or
     ``numbered`` (SAR, whose second pass may not run). ``updated``: whether
-    the step updated the model (counted as ``t`` of ``beta_t``); None: where
-    a pass minimised a loss (``loss`` set), the rule of every method but
-    SAR's, whose first pass may minimise a loss its second step skips."""
+    the step applied an optimizer step (counted as ``t`` of ``beta_t``), a
+    bool or, under fp16, a 0-d device bool tensor; set by
+    ``BaseMethod``'s ``counts_updates`` around every ``forward_and_adapt``
+    (docs/methods.md, "Counted updates")."""
     passes: List[PassStats]
     extra: Dict[str, Stat] = field(default_factory=dict)
     numbered: bool = False
-    updated: Optional[bool] = None
+    updated: Any = None
 
     def suffixes(self) -> List[str]:
         if len(self.passes) > 1 or self.numbered:

@@ -39,6 +39,26 @@ def check_moved(bn_batch_stats: Optional[bool]) -> None:
             'statistics; BN Adapt has them always)')
 
 
+def check_source_data(method, source_dataloader) -> None:
+    """``ValueError`` when the method needs clean source images and
+    ``test_cfg.source_dataloader`` is not set, or the other way round (an
+    option nothing would read)."""
+    if method.needs_source_data and source_dataloader is None:
+        raise ValueError(
+            f'{method.name} needs clean source images before the '
+            'stream (e.g. EATA\'s Fisher information): set '
+            'test_cfg.source_dataloader (see configs/_base_/datasets/'
+            'cityscapes_source.py, configs/cls/_base_/methods/eata.py), '
+            'or configure the method without it (EATA: fisher_alpha=0)')
+    if not method.needs_source_data and source_dataloader is not None:
+        raise ValueError(
+            f'{method.name}, as configured, takes no clean source '
+            'images (EATA takes them for its Fisher information, with '
+            'fisher_alpha > 0), so nothing reads '
+            'test_cfg.source_dataloader: remove it '
+            '(test_cfg.source_dataloader=None)')
+
+
 @LOOPS.register_module()
 class OnlineAdaptationLoop(TestLoop):
     """Test loop that predicts each batch, then adapts the model on it.
@@ -59,7 +79,8 @@ class OnlineAdaptationLoop(TestLoop):
         main_view (int, optional): The view a multi-view segmentation
             pipeline adapts on and scores. Default: the pipeline's.
         source_dataloader (DataLoader | dict, optional): Clean source images
-            for a method that needs them (EATA's Fisher). Default: None.
+            for a method that needs them (EATA's Fisher); refused for a
+            method that does not. Default: None.
         save_state (bool): Whether to save the run state at every stage
             end. Default: True.
         resume (bool): Whether to continue from the saved run state.
@@ -111,13 +132,7 @@ class OnlineAdaptationLoop(TestLoop):
                                **options)
         # bad options fail here, the wrong task at configure (run's start)
         self.method = self.task.build_method(self.method_cfg)
-        if self.method.needs_source_data and source_dataloader is None:
-            raise ValueError(
-                f'{self.method.name} needs clean source images before the '
-                'stream (e.g. EATA\'s Fisher information): set '
-                'test_cfg.source_dataloader (see configs/_base_/datasets/'
-                'cityscapes_source.py, configs/cls/_base_/methods/eata.py), '
-                'or configure the method without it (EATA: fisher_alpha=0)')
+        check_source_data(self.method, source_dataloader)
         device_type = next(self._model(runner).parameters()).device.type
         self.device_type = device_type
         self.speed = speed_options(device_type, mixed_precision, tf32,

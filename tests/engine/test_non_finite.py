@@ -20,7 +20,8 @@ K = 5
 #: the logger reads the statistics at its interval: past the stream's 8
 #: batches, so only the stages' ends read them (the stop is not a log's)
 LONG_INTERVAL = {'default_hooks.logger.interval': 50}
-NO_FISHER = {'test_cfg.method.fisher_alpha': 0.0}
+NO_FISHER = {'test_cfg.method.fisher_alpha': 0.0,
+             'test_cfg.source_dataloader': None}
 #: CoTTA's augmented views need images the tiny MiT can take at 0.5x
 COTTA = {'test_dataloader.dataset.pipeline.1.scale': (128, 64),
          'test_dataloader.dataset.pipeline.1.ratios': [0.5, 1.0, 1.5]}

@@ -11,7 +11,8 @@ from mmengine.config import Config
 from mmseg_stag.classification import CLS_MODELS, CORRUPTIONS
 from mmseg_stag.core import METHODS
 from mmseg_stag.paper.hparams import PAPER_STAG, paper_stag
-from mmseg_stag.paper.protocol import BENCHMARK_DIRS, ECOTTA_ROWS
+from mmseg_stag.paper.protocol import (BENCHMARK_DIRS, ECOTTA_ROWS,
+                                       optimizer_for)
 from mmseg_stag.paper.results import PAPER_RESULTS
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -46,8 +47,12 @@ def test_one_config_per_implemented_row_and_a_source_per_setting(tool):
         text = files[stem + '-stag.py']  # the baseline + the row's STAG
         assert text.startswith(tool.HEADER)
         assert f"_base_ = ['./{osp.basename(stem)}.py']\n" in text
+        # BN Adapt's optimizer only with STAG (refused without)
+        optim = (', optimizer=' + tool._fmt_dict(optimizer_for(b, s, m))
+                 if method in tool.NO_LOSS else '')
         assert (f'test_cfg = dict(method=dict(stag=dict(beta0={beta0}, '
-                f'gamma={gamma})))\n') in text
+                f'gamma={gamma}){optim}))\n') in text
+        assert ('optimizer=' in files[stem + '.py']) != bool(optim)
     for b, s, m in settings:
         assert f'{BENCHMARK_DIRS[b]}/{b}_{s}_{m}_source.py' in files
     for b, s, m, method, _, _ in rows:

@@ -6,4 +6,3 @@ _base_ = [
     '../_base_/methods/bn-adapt.py',
     '../_base_/default_runtime.py',
 ]
-test_cfg = dict(method=dict(optimizer=dict(type='Adam', lr=0.001, betas=(0.9, 0.999))))

@@ -6,7 +6,8 @@ import torch
 import torch.nn as nn
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
-from ..params import select_parameters, use_batch_statistics
+from ..params import (check_trainable, select_parameters,
+                      use_batch_statistics)
 from ..probe import PREDICTION_KINDS
 from ..registry import check_stage_restart, check_supports
 from ..stag import stag_beta
@@ -14,9 +15,35 @@ from ..stag_loss import build_stag_loss, log_anchor_signs
 from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
                             StepStats, TaskAdapter)
 from .method_state import MethodState, restart_in_place
+from .update_count import UpdateCount, scaler_applied
 
 
-class BaseMethod(MethodState):
+def check_update_options(method, optimizer: Optional[dict],
+                         trainable: Optional[dict]) -> None:
+    """``ValueError`` naming ``optimizer`` or ``trainable`` when given
+    to a method that, as configured, never updates (no loss: Source,
+    BN Adapt without STAG), or when it cannot be used: ``trainable`` as
+    :func:`~..params.check_trainable` says, ``optimizer`` unless it
+    builds (a registered type, arguments it takes)."""
+    if not method.has_loss:
+        for option, given in (('optimizer', optimizer),
+                              ('trainable', trainable)):
+            if given is not None:
+                raise ValueError(
+                    f'{method.name} has no loss (no stag), so nothing '
+                    f'uses its {option} option: remove it, or add '
+                    'stag to update by beta_t * L_STAG')
+        return
+    check_trainable(method.trainable_cfg)
+    probe = nn.Parameter(torch.zeros(1))
+    try:
+        OPTIMIZERS.build(dict(method.optimizer_cfg, params=[probe]))
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f'{method.name}: optimizer={method.optimizer_cfg} '
+                         f'cannot be built: {err}') from None
+
+
+class BaseMethod(UpdateCount, MethodState):
     """Base class of the online-adaptation methods.
 
     Its life cycle and options (``stag``, ``optimizer``, ``trainable``,
@@ -24,8 +51,10 @@ class BaseMethod(MethodState):
     runs").
 
     Raises:
-        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``, or
-            ``stage_restart`` names what the method does not have.
+        ValueError: If ``stag`` lacks ``beta0`` or ``gamma``,
+            ``stage_restart`` names what the method does not have, or
+            ``optimizer`` or ``trainable`` is given and cannot be used
+            (:func:`check_update_options`).
     """
 
     #: whether the method has a loss of its own (``L_base``)
@@ -74,10 +103,9 @@ class BaseMethod(MethodState):
         #: what restarts at a new stage of the stream (a subset of
         #: STAGE_RESTARTS); a stage from the source restarts everything
         self.stage_restart = check_stage_restart(self, stage_restart)
+        check_update_options(self, optimizer, trainable)
 
-    @property
-    def name(self) -> str:
-        return type(self).__name__
+    name = property(lambda self: type(self).__name__)  # in messages
 
     @property
     def beta(self) -> float:
@@ -140,8 +168,7 @@ class BaseMethod(MethodState):
         model.eval()
 
     def fit_source(self, batches) -> None:
-        """Take statistics from clean source :class:`Batch` es; nothing by
-        default."""
+        """Take statistics from clean source batches; nothing by default."""
 
     def source_statistics(self) -> Any:
         """What :meth:`fit_source` computed (None by default)."""
@@ -201,16 +228,20 @@ class BaseMethod(MethodState):
             self.optimizer.zero_grad(set_to_none=True)
 
     def backward_step(self, loss: torch.Tensor) -> None:
-        """Zero the gradients, backward ``loss``, step (scaled under fp16:
-        a step whose gradients overflow is skipped)."""
+        """Zero the gradients, backward ``loss``, step, record it (fp16: a
+        step whose gradients overflow is skipped, and not counted)."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self.grad_scaler is None:
-            loss.backward()
+        scaler = self.grad_scaler
+        if scaler is None or not scaler.is_enabled():
+            (loss if scaler is None else scaler.scale(loss)).backward()
             self.optimizer.step()
+            self.applied_update()
             return
-        self.grad_scaler.scale(loss).backward()
-        self.grad_scaler.step(self.optimizer)
-        self.grad_scaler.update()
+        scaler.scale(loss).backward()
+        scaler.step(self.optimizer)
+        applied = scaler_applied(scaler, self.optimizer)  # before update()
+        scaler.update()
+        self.applied_update(applied)
 
     def check_configured(self) -> None:
         """Raise ``RuntimeError`` if :meth:`configure` has not run."""
@@ -222,24 +253,19 @@ class BaseMethod(MethodState):
               ) -> Tuple[Prediction, StepStats]:
         """Predict, then adapt: one step, :meth:`forward_and_adapt`, or
         ``replay(batch, beta_t)``, which replays it (a
-        :class:`~.step_graph.CUDAGraphStep`); return the prediction before
-        the update and the step's :class:`StepStats`.
+        :class:`~.step_graph.CUDAGraphStep`); return the step's prediction
+        (which forward's: docs/methods.md, "Forwards, steps and the
+        prediction") and its :class:`StepStats`.
 
         The one entry point of a step: a method implements
         :meth:`forward_and_adapt` and nothing else of it. The step is
-        counted here alone (``t`` of ``beta_t``, ``num_updates``) when it
-        updated the model (``StepStats.updated``, else where a pass recorded
-        its ``loss``, which :meth:`add_stag` does exactly then, in a replay
-        too; no host read).
+        counted here alone (:class:`~.update_count.UpdateCount`: once where
+        it applied an optimizer step, ``StepStats.updated``; no host read).
         """
         self.check_configured()
-        beta = None if self.stag_loss is None else self.beta
+        beta = self.step_beta()
         prediction, stats = (replay or self.forward_and_adapt)(batch, beta)
-        # as the step says (SAR), else where a pass minimised a loss
-        if stats.updated or (stats.updated is None and any(
-                p.loss is not None for p in stats.passes)):
-            self.t += 1
-            self.num_updates += 1
+        self.count_update(stats.updated)
         return prediction, stats
 
     @staticmethod
@@ -252,8 +278,9 @@ class BaseMethod(MethodState):
                           ) -> Tuple[Prediction, StepStats]:
         """The step, without counting: forward, then backward and one
         optimizer step on :meth:`loss` where there is one; ``beta``:
-        ``beta_t`` (a float, or a 0-d device tensor filled before each
-        replay of a captured step)."""
+        ``beta_t`` (a float, or a 0-d device tensor: filled before each
+        replay of a captured step; under fp16). Every override is wrapped
+        by :func:`counts_updates`, which sets ``StepStats.updated``."""
         fwd = self.task_adapter.forward(self.model, batch)
         total = self.loss(batch, fwd, beta) if self.has_loss else None
         if total is not None:
@@ -266,3 +293,4 @@ class BaseMethod(MethodState):
             'stage_restart', 'bn_batch_stats', *self.repr_fields))
         return (f'{self.name}(stag={stag}, optimizer={self.optimizer_cfg}, '
                 f'trainable={self.trainable_cfg}{extra})')
+

@@ -7,10 +7,13 @@ class BNAdapt(BaseMethod):
     """BN Adapt: BatchNorm layers normalise with the test batch's statistics
     (``bn_batch_stats``, which is what the method is, so always on).
 
-    No loss of its own; with STAG the update is ``beta_t L_STAG`` alone.
+    No loss of its own; with STAG the update is ``beta_t L_STAG`` alone,
+    by ``optimizer`` on ``trainable`` (checked as TENT's).
 
     Raises:
-        ValueError: If ``bn_batch_stats=False`` (that is Source).
+        ValueError: If ``bn_batch_stats=False`` (that is Source), or
+            ``optimizer`` or ``trainable`` is given without ``stag`` (no
+            update uses them).
     """
 
     has_base_loss = False

@@ -144,19 +144,26 @@ class SAR(BaseMethod):
                 if loss2 is not None:
                     loss2.backward()
                     sam.second_step()  # back to theta, base optimizer step
+                    self.applied_update()
         finally:
             sam.unperturb()  # back to theta whatever happened
-        # an update only where the second step ran (adapt counts it)
+        # the SAM update ran (the second step); else, by default, the
+        # momentum-only step: either is an optimizer step, counted once
         updated = loss2 is not None
         # each pass's names numbered (loss_stag1, loss_stag2), even alone
         stats = StepStats([first.stats] + ([] if second is None
                                            else [second.stats]),
-                          numbered=True, updated=updated)
+                          numbered=True)
         if not updated and self.momentum_step_on_empty:
             # the authors' NaN loss gives zero gradients: momentum only
+            # (their optimizer.step() runs, moving theta by the momentum
+            # buffer and any weight decay)
+            moves = momentum_step_moves(sam.base_optimizer)
             for _, p in self.params:
                 p.grad = torch.zeros_like(p)
             sam.base_optimizer.step()
+            if moves:
+                self.applied_update()
         sam.zero_grad(set_to_none=True)
         stats.extra.update(
             updated=float(updated),
@@ -166,3 +173,16 @@ class SAR(BaseMethod):
         if self.ema is not None:
             stats.extra['ema'] = self.ema
         return self.prediction(first), stats
+
+
+def momentum_step_moves(optimizer) -> bool:
+    """Whether a step on zero gradients can move the parameters, known on
+    the host: where ``optimizer`` holds state from an earlier step (SGD's
+    momentum buffers, Adam's moments) or applies weight decay. A fresh
+    optimizer's zero-gradient step moves nothing (SGD's new buffer is the
+    zero gradient), so SAR does not count it; a state zeroed in place by a
+    stage restart (``restart_in_place``) is counted though it is zero."""
+    if any(group.get('weight_decay', 0) for group in optimizer.param_groups):
+        return True
+    return any(torch.is_tensor(value) for state in optimizer.state.values()
+               for key, value in state.items() if key != 'step')

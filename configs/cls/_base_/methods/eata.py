@@ -3,8 +3,8 @@
 # The Fisher information comes from clean source images before the stream:
 # 2,000 images of the ImageNet validation set (EATA's fisher_size), in
 # <data_root>/<wnid>/*.JPEG, preprocessed like the test images, shuffled.
-# `--cfg-options test_cfg.method.fisher_alpha=0` runs ETA (no Fisher, no
-# clean data).
+# `--cfg-options test_cfg.method.fisher_alpha=0 test_cfg.source_dataloader=None`
+# runs ETA (no Fisher, no clean data: a source_dataloader is then refused).
 test_cfg = dict(
     type='OnlineAdaptationLoop',
     method=dict(type='eata',
