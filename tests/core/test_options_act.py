@@ -143,6 +143,7 @@ METHOD_CASES = {
         'ap': 1.0,
         'num_augs': 4,
         'always_augment': True,
+        'augment': dict(gaussian_std=0.5),
         'loss': 'entropy',
     }),
     'ecotta': (tiny_wrn, {}, {
@@ -154,7 +155,9 @@ METHOD_CASES = {
 #: ``{(method, option): options}`` of both runs an option is compared by,
 #: beyond the method's: where it acts (CoTTA's views: when it augments)
 OPTION_BASE = {('cotta', 'num_augs'): dict(always_augment=True),
-               ('cotta', 'augment'): dict(always_augment=True)}
+               # ap=1: always unsure, the teacher is the views' mean (with
+               # ap=0 the views are drawn, as the authors do, and unused)
+               ('cotta', 'augment'): dict(ap=1.0)}
 
 #: the base options (:class:`BaseMethod`), for every method with a loss
 BASE_CASES = {
@@ -177,10 +180,6 @@ ACTS_ELSEWHERE = {
     ('sar', 'momentum_step_on_empty'):
         'acts only on a batch with no reliable sample; tests/core/methods/'
         'test_sar.py steps on one',
-    ('cotta', 'augment'):
-        'UNEXPLAINED: augment=dict(gaussian_std=0.5) (or soft=True) with '
-        'always_augment=True changed nothing on the tiny classifier over '
-        'three steps; to be looked into (a possible inert option)',
     ('cotta', 'restore_on_device'):
         'on the CPU it draws the restore mask as the host path does: it '
         'acts on a CUDA device (tests/core/methods/test_cotta.py checks its '
