@@ -40,7 +40,7 @@ def test_a_method_overrides_only_forward_and_adapt(name, cls):
 
 def test_base_method_has_no_second_counter():
     assert not hasattr(BaseMethod, 'update')
-    from mmseg_stag.core.methods.update_count import UpdateCount
+    from mmseg_stag.core.methods.base import UpdateCount
     assert issubclass(BaseMethod, UpdateCount)
     source = inspect.getsource(BaseMethod) + inspect.getsource(UpdateCount)
     assert source.count('self._t + updated') == 1  # count_update's
