@@ -47,14 +47,20 @@ class TinyNet(nn.Module):
         return self.classifier(self.body(x))
 
 
-def tiny_net():
+def seeded(kind):
+    """A ``kind`` (TinyNet or TinyClassifier), seeded, with BN statistics
+    that are not the identity and a confident classifier."""
     torch.manual_seed(0)
-    model = TinyNet()
+    model = kind()
     with torch.no_grad():
         model.body[1].running_mean.uniform_(-0.5, 0.5)
         model.body[1].running_var.uniform_(0.5, 2.0)
         model.classifier.weight.mul_(8.0)
-    return model.eval(), TaskAdapter(
+    return model.eval()
+
+
+def tiny_net():
+    return seeded(TinyNet), TaskAdapter(
         HeadProbe('classifier', prediction_kind='per_pixel')), (3, 8, 8)
 
 
@@ -70,13 +76,8 @@ class TinyClassifier(TinyNet):
 
 
 def tiny_classifier():
-    torch.manual_seed(0)
-    model = TinyClassifier()
-    with torch.no_grad():
-        model.body[1].running_mean.uniform_(-0.5, 0.5)
-        model.body[1].running_var.uniform_(0.5, 2.0)
-        model.classifier.weight.mul_(8.0)
-    return model.eval(), TaskAdapter(HeadProbe('classifier')), (3, 8, 8)
+    return seeded(TinyClassifier), TaskAdapter(HeadProbe('classifier')), (
+        3, 8, 8)
 
 
 def tiny_wrn():
