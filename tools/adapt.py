@@ -577,10 +577,9 @@ def adapt(args, inferencer, source, start, skipped, window) -> int:
                     if 'frame_shape' in sample.metainfo:  # --labels-at test
                         labels = resize_labels(labels,
                                                sample.metainfo['frame_shape'])
-                    picture = image if image is not None else None
-
-                    def image_of():
-                        return picture if picture is not None else \
+                    def image_of(image=image, name=name):
+                        # a video's decoded frame, or the file read again
+                        return image if image is not None else \
                             read_image(name)
                     overlay = writer.write(index, name, labels, image_of)
                     if window:

@@ -5,6 +5,7 @@ import os
 import os.path as osp
 import sys
 import time
+from datetime import timedelta
 from typing import Callable, Optional, TextIO
 
 import numpy as np
@@ -167,9 +168,8 @@ class FrameTable:
 
 
 def clock(seconds: float) -> str:
-    """``seconds`` as ``H:MM:SS``."""
-    seconds = max(0, int(round(seconds)))
-    return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+    """``seconds`` as ``H:MM:SS`` (as tools/reproduce.py prints times)."""
+    return str(timedelta(seconds=max(0, int(round(seconds)))))
 
 
 class Progress:
