@@ -128,9 +128,10 @@ class FrameSource:
         if not self.live:
             raise ValueError(f'{self.path}: not a camera or stream; its '
                              'frames are video_frames() or files')
-        reader = LiveReader(self, open_capture(self.path, self.timeout))
+        # reset before the reader thread starts: it counts drops at once
         self.dropped, self.frame_numbers, self._times = 0, [], []
         self._why_ended = None
+        reader = LiveReader(self, open_capture(self.path, self.timeout))
         try:
             while stop is None or len(self.frame_numbers) < stop:
                 newest = reader.take()

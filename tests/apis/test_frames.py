@@ -214,6 +214,46 @@ def test_a_slow_consumer_takes_the_newest_frame_and_counts_the_rest(serve):
     assert not readers() and wait_closed(feed)
 
 
+class Capture:
+    """A capture of ``frames`` frames, each read at once."""
+
+    def __init__(self, frames):
+        self.frames, self.read_count = frames, 0
+
+    def read(self):
+        if self.read_count == self.frames:
+            return False, None
+        self.read_count += 1
+        return True, frame(self.read_count - 1)
+
+    def get(self, prop):
+        return 25.0
+
+    def release(self):
+        pass
+
+
+def test_drops_before_the_first_take_are_counted(monkeypatch):
+    """The reader thread may read (and drop) frames before the consumer's
+    thread runs again: the count starts before the thread, not after (a
+    loaded CI machine lost one so)."""
+    from mmseg_stag.apis import frames as frames_module
+
+    class SlowToReturn(frames_module.LiveReader):
+        def __init__(self, *args):
+            super().__init__(*args)
+            while self.read < 2:  # the thread reads two before we go on
+                time.sleep(0.001)
+
+    monkeypatch.setattr(frames_module, 'LiveReader', SlowToReturn)
+    monkeypatch.setattr(frames_module, 'open_capture',
+                        lambda path, timeout: Capture(5))
+    source = open_frames('http://127.0.0.1:9/stream')  # never dialled
+    taken = [number_of(image) for _, image in source.live_frames()]
+    assert taken[0] >= 1 and taken == source.frame_numbers
+    assert source.dropped == 5 - len(taken)
+
+
 def test_stopping_ends_the_thread_and_closes_the_connection(serve):
     url, feed = serve(frames=300)
     source = open_frames(url)
