@@ -3,7 +3,7 @@ the steps' results (:mod:`.gpu_steps`), rewritten after every step."""
 import os.path as osp
 import time
 
-from mmseg_stag.engine.report import markdown_table, write_files
+from mmseg_stag.engine.report import markdown_lines, write_files
 from .gpu_steps import SCALAR_READ, SYNC_EVENTS, pair_presets
 
 
@@ -27,7 +27,7 @@ def markdown(report):
     if report['quick']:
         lines += ['**--allow-cpu --quick: a development run of the tool with '
                   'tiny sizes, not a measurement.**', '']
-    lines += ['## Steps', ''] + markdown_table(
+    lines += ['## Steps', ''] + markdown_lines(
         ('step', 'status', 'time (s)'),
         [(s['name'], s['status'] + (f": {s['error']}" if 'error' in s
                                     else ''), s['seconds'])
@@ -102,7 +102,7 @@ def md_step_cost(r):
            'nothing timed inside a step); memory: one step of each arm '
            'alone on the device (its model, optimizer state and input '
            'included), `max_memory_allocated` / `max_memory_reserved`.', '']
-    out += markdown_table(
+    out += markdown_lines(
         ('model', 'precision', 'arm', 'step (ms)', 'fastest (ms)',
          'images/s', 'peak allocated (MB)', 'peak reserved (MB)',
          'step increase (MB)'),
@@ -111,7 +111,7 @@ def md_step_cost(r):
           fmt(a.get('peak_allocated_mb', a.get('peak_rss_mb'))),
           fmt(a.get('peak_reserved_mb')), fmt(a['step_increase_mb']))
          for row in r['rows'] for label, a in row['arms'].items()])
-    out += [''] + markdown_table(
+    out += [''] + markdown_lines(
         ('model', 'baseline', 'precision', 'pairs', 'STAG time share (%)',
          'per-pair ratio (median, min–max)', 'STAG memory share (%)'),
         map(share_cells, r['rows']))
@@ -143,7 +143,7 @@ def md_loader(r):
     return ['## Loader', '', f"{images['count']} generated "
             f"{images['size'][0]}x{images['size'][1]} {images['format']}, "
             f"{images['mean_mb']:.2f} MB per image on average; "
-            f"{r['pipeline']}.", ''] + markdown_table(
+            f"{r['pipeline']}.", ''] + markdown_lines(
         ('workers', 'images', 'start-up (s)', 'images/s'),
         [(row['workers'], row['images'], f"{row['startup_s']:.2f}",
           fmt(row['images_per_s'])) for row in r['rows']])
@@ -169,7 +169,7 @@ def md_loop(r):
            f"first {r['warmup']}"
            + (f'; the stream generated in {generated:.1f} s'
               if generated else '') + '.', '']
-    out += markdown_table(
+    out += markdown_lines(
         ('method', 'status', 'images', 'images/s',
          'whole-stream images/s', 'run (s)', 'classifier calls / image',
          'peak allocated (MB)', 'mIoU'),
@@ -195,7 +195,7 @@ def md_loop(r):
                 "faithful's; stage scores: each stage's mIoU (points), "
                 'preset - faithful, random weights (the two computations '
                 'compared, not an accuracy).', '']
-        out += markdown_table(
+        out += markdown_lines(
             ('preset', 'faithful', 'images', 'speed-up', 'whole-stream '
              'speed-up', 'preset peak (MB)', 'faithful peak (MB)',
              'stages', 'max abs Δ stage score', 'mean Δ stage score'),
@@ -224,7 +224,7 @@ def md_profile(r):
            f"{r['settings']}, TENT+STAG; the step alone in fp32 with TF32 "
            'off, the loop with the config as it is (float32, PyTorch\'s '
            'TF32 defaults).', '']
-    out += markdown_table(
+    out += markdown_lines(
         ('what', 'per', 'wall (ms)', 'CUDA kernels (ms)', 'GPU busy (%)',
          'host sync calls', 'host sync (ms)', 'scalar reads',
          'loader wait (ms)'),
@@ -326,7 +326,7 @@ def md_targets(report):
     return ['## Against the GPU-speed targets', '',
             'The figures above that a target of the GPU-speed issue (40) '
             'names, as measured in this run; "met by": the arms that '
-            'meet it.', ''] + markdown_table(
+            'meet it.', ''] + markdown_lines(
         ('target', 'where', 'figures', 'met by'),
         [(v['target'], v['where'],
           ', '.join(f'{label} {value}' for label, value, _ in v['figures']),

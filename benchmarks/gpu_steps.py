@@ -500,6 +500,7 @@ def needs_cuda(ctx, method):
     """Whether ``method``'s config is a named preset (``test_cfg.preset``),
     whose run stops before the stream without CUDA."""
     from mmengine.config import Config
+
     from benchmarks.loop_benchmark import method_config
     cfg = Config.fromfile(method_config(osp.join(ctx.repo, NVLABS_CFG),
                                         method))

@@ -1,8 +1,10 @@
-"""A pytest plugin of the GPU check (``-p mmseg_stag.analysis.
-pytest_stream``): each test's start and outcome (as JUnit XML counts it),
-failure report and time go to the files named by :data:`ENV` as it
-happens, so that a run stopped at its time limit keeps them (pytest writes
-JUnit XML, tracebacks and durations only at the end of the session)."""
+"""A pytest plugin of the GPU check: ``tools/gpu_check.py`` runs ``pytest
+-p benchmarks.pytest_stream`` with the repository on ``PYTHONPATH``
+(``benchmarks.gpu_steps.run_tests``). Each test's start and outcome (as
+JUnit XML counts it), failure report and time go to the files named by
+:data:`ENV` as it happens, so that a run stopped at its time limit keeps
+them (pytest writes JUnit XML, tracebacks and durations only at the end of
+the session)."""
 import collections
 import json
 import os

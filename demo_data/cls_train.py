@@ -9,7 +9,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-
 def to_tensor(images: np.ndarray) -> torch.Tensor:
     """uint8 ``[N, H, W, 3]`` -> float ``[N, 3, H, W]`` in ``[0, 1]`` (the
     arithmetic of the OnlineClassifier's data preprocessor)."""

@@ -8,8 +8,8 @@ check_versions()
 
 from . import classification, engine  # noqa: F401,E402  (registers them)
 from .core import STAGLoss, stag  # noqa: E402
-from .core.stag import (sample_sensitivity, stag_beta,  # noqa: E402
-                        stag_loss, structural_anchors)
+from .core.stag import (sample_sensitivity, stag_beta, stag_loss,  # noqa: E402
+                        structural_anchors)
 
 if importlib.util.find_spec('mmseg') is not None:
     # an installed MMSeg that fails to import is a real error: not hidden

@@ -36,7 +36,7 @@ def release(version: str) -> Tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def dotted(version: Sequence[int]) -> str:
+def version_string(version: Sequence[int]) -> str:
     return '.'.join(str(v) for v in version)
 
 
@@ -52,13 +52,14 @@ def check_versions(python_version: Optional[Sequence[int]] = None,
                    else python_version)
     if python[:2] < MIN_PYTHON:
         raise ImportError(
-            f'mmseg_stag needs Python >= {dotted(MIN_PYTHON)} '
-            f'({PYTHON_NEEDS}); this is Python {dotted(python)}')
+            f'mmseg_stag needs Python >= {version_string(MIN_PYTHON)} '
+            f'({PYTHON_NEEDS}); this is Python {version_string(python)}')
     if torch_version is None:
         import torch
         torch_version = torch.__version__
     if release(torch_version) < MIN_TORCH:
         raise ImportError(
-            f'mmseg_stag needs torch >= {dotted(MIN_TORCH)} ({TORCH_NEEDS}); '
+            f'mmseg_stag needs torch >= {version_string(MIN_TORCH)} '
+            f'({TORCH_NEEDS}); '
             f'torch {torch_version} is installed. Install a newer torch '
             '(docs/get-started.md, "What the set-up installs")')

@@ -13,13 +13,12 @@ import json
 import os.path as osp
 import sys
 
+import tool_runs
 import torch
-
 #: ``run(config, checkpoint, work_dir, cfg_options)``: ``tools/test.py``'s
 #: run in the tests' process; returns the run's results
 from run_helpers import killable_config, numbers  # noqa: F401
 from run_helpers import run_config as run  # noqa: F401
-import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: the real classification configs (``.format(method)``)

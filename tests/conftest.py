@@ -7,14 +7,14 @@ import os
 
 import pytest
 import torch
-
-from demo_data import make_acdc_like_tree
+from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG,  # noqa: F401
+                         TINY_IN_CHANNELS, TINY_MIT, as_cli, build_from_config,
+                         build_segmentor, mit_backbone, save_checkpoint,
+                         tiny_options)
 #: the MJPEG stream fixture (tests/apis/test_frames.py, test_adapt_run.py)
 from stream_helpers import serve  # noqa: F401
-from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG,  # noqa: F401
-                         TINY_IN_CHANNELS, TINY_MIT, as_cli,
-                         build_from_config, build_segmentor, mit_backbone,
-                         save_checkpoint, tiny_options)
+
+from demo_data import make_acdc_like_tree
 
 
 def pytest_collection_modifyitems(config, items):

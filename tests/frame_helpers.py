@@ -5,9 +5,9 @@ import os.path as osp
 
 from mmengine.config import Config
 from mmengine.hooks import Hook
+from seg_helpers import REPO, SEG_CFG, tiny_options
 
 from mmseg_stag.engine.runs import prepare_config, run_test
-from seg_helpers import REPO, SEG_CFG, tiny_options
 
 #: CoTTA on the tiny stream: 6 views, and restores often enough to matter
 #: (tests/engine/test_resume.py's)

@@ -108,6 +108,7 @@ def make_runner(method, data_root, checkpoint, work_dir, config=SEG_CFG,
     """MMEngine's ``Runner`` of a real STAG config (``config.format(
     method)``) shrunk to the tiny model and data, with the checkpoint."""
     import uuid
+
     from mmengine.config import Config
     from mmengine.runner import Runner
 

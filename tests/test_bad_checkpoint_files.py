@@ -10,9 +10,9 @@ import random
 
 import pytest
 import torch
+from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 
 from mmseg_stag.checkpoint import UNSAFE_HINT, load_checkpoint_file
-from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 
 KINDS = ('empty', 'truncated', 'html', 'random')
 #: the stand-in's image counts (tests/tools/test_check_setup.py)

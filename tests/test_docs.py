@@ -192,12 +192,13 @@ def hooks():
 
 
 def test_beta_gamma_page_is_generated_not_copied():
-    from mmseg_stag.paper.hparams import markdown_table, our_markdown_table
+    from mmseg_stag.paper.hparams import (our_hparams_markdown,
+                                          paper_hparams_markdown)
     page = hooks().beta_gamma_page()
-    assert markdown_table() in page and our_markdown_table() in page
+    assert paper_hparams_markdown() in page and our_hparams_markdown() in page
     for path in PAGES:  # nobody keeps a hand copy that could drift
         with open(path, encoding='utf-8') as f:
-            assert markdown_table() not in f.read(), path
+            assert paper_hparams_markdown() not in f.read(), path
 
 
 def test_configs_page_lists_every_config():

@@ -4,9 +4,10 @@ never up or sideways, so there is no import cycle between its parts.
     core, checkpoint                                 (no import of ours)
     registry                                         (the scope's registries)
     engine                                           (loop, stream, reports)
-    classification, segmentation, paper               (the paper's facts)
-    analysis, apis                                   (the figures' numbers;
-                                                      adapting on own frames)
+    classification, segmentation                     (the two tasks)
+    paper, apis                                      (the paper's facts and
+                                                      tables; adapting on
+                                                      own frames)
     mmseg_stag/__init__.py                           (imports the parts)
 
 A function may import the package itself (``import mmseg_stag`` registers
@@ -21,7 +22,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PACKAGE = osp.join(REPO, 'mmseg_stag')
 LAYERS = dict(versions=0, core=0, checkpoint=0,
               registry=1, engine=2, classification=3, segmentation=3,
-              paper=3, analysis=4, apis=4, mmseg_stag=5)
+              paper=4, apis=4, mmseg_stag=5)
 
 
 def part_of(module):

@@ -9,15 +9,15 @@ import os.path as osp
 import pytest
 import torch.nn as nn
 from mmengine.config import Config
+from seg_helpers import SEG_CFG, build_from_config, tiny_options
 
-from mmseg_stag.core import METHODS
-from mmseg_stag.paper.hparams import (OUR_STAG, PAPER_STAG, markdown_table,
-                                      paper_stag, stag_hparams)
 from benchmarks import step_benchmark as benchmark
 from mmseg_stag.classification import OnlineClassifier
+from mmseg_stag.core import METHODS
+from mmseg_stag.paper.hparams import (OUR_STAG, PAPER_STAG,
+                                      paper_hparams_markdown, paper_stag,
+                                      stag_hparams)
 from mmseg_stag.paper.protocol import BENCHMARK_DIRS, ECOTTA_ROWS
-
-from seg_helpers import SEG_CFG, build_from_config, tiny_options
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 ACDC = ('acdc', 'continual', 'segformer-b5')
@@ -40,7 +40,7 @@ def test_table_rows_and_lookup():
     assert stag_hparams(*ACDC, 'hybrid_tta') == dict(beta0=500, gamma=35)
     with pytest.raises(KeyError, match='appendix_hp'):
         stag_hparams('acdc', 'mild', 'segformer-b5', 'tent')
-    lines = markdown_table().splitlines()
+    lines = paper_hparams_markdown().splitlines()
     assert len(lines) == 2 + len(PAPER_STAG)
     assert lines[2] == '| acdc | continual | segformer-b5 | bn_adapt | 250 ' \
         '| 25 |'

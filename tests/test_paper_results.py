@@ -3,7 +3,7 @@ paper prints beside it, and the rows against Table appendix_hp."""
 import pytest
 
 from mmseg_stag.paper.hparams import PAPER_STAG
-from mmseg_stag.paper.results import (ACDC_STAGES, METRICS, PAPER_RESULTS,
+from mmseg_stag.paper.results import (ACDC_STAGES, PAPER_RESULTS, SCORES,
                                       paper_result, paper_stages)
 
 #: the gains the paper prints (its "(+x)" and Gain columns), in the order
@@ -25,7 +25,7 @@ def test_each_stag_score_matches_the_printed_gain():
     for setting, gains in PRINTED_GAINS.items():
         rows = [r for r in PAPER_RESULTS if r[:2] == setting and r[5]]
         assert len(rows) == len(gains), setting
-        lower_is_better = METRICS[setting[0]][1]
+        lower_is_better = SCORES[setting[0]][1]
         for row, gain in zip(rows, gains):
             diff = row[4] - row[5] if lower_is_better else row[5] - row[4]
             # both scores are rounded to 0.1, the gain from unrounded ones

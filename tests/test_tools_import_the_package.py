@@ -1,6 +1,6 @@
-"""Scripts under ``tools/`` import the package, never each other; the
-tests import the package, not ``tools/`` (what a test needs of a tool's
-logic lives in the package)."""
+"""Scripts under ``tools/`` import the package, never each other (what
+several tools share lives in the package; docs/layout.md, "Where code
+lives"); a test of a tool's own logic loads the script by its path."""
 import ast
 import glob
 import os.path as osp

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from mmseg_stag.versions import (MIN_PYTHON, MIN_TORCH, check_versions,
-                                 release)
+from mmseg_stag.versions import MIN_PYTHON, MIN_TORCH, check_versions, release
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 

@@ -115,6 +115,7 @@ def run_main(path):
 
 if __name__ == '__main__':
     import importlib
+
     # a CUDA check while preloading asks NVML, not the driver (the forks
     # get the run's own environment back)
     os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'

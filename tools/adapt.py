@@ -52,7 +52,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:  # the package, not installed in a checkout
     sys.path.insert(0, REPO)
 
-STATE_FILE = 'adapt_state.pth'
+ADAPT_STATE_FILE = 'adapt_state.pth'
 RUN_FILE = 'adapt_run.json'
 CSV_FILE = 'frames.csv'
 #: the options a run keeps (``adapt_run.json``): a resume reuses them, and
@@ -408,16 +408,17 @@ def read_image(path):
 # ---------------------------------------------------------------- the run
 def check_out_dir(args):
     """A fresh run needs an out dir without a run; ``--resume`` one with."""
-    state = osp.join(args.out_dir, STATE_FILE)
+    state = osp.join(args.out_dir, ADAPT_STATE_FILE)
     if args.resume and not osp.isfile(state):
         raise SystemExit(f'error: --resume: no state to continue from in '
-                         f'{args.out_dir} (no {STATE_FILE}: the run stopped '
-                         'before its first save); run without --resume to '
-                         'start it again')
+                         f'{args.out_dir} (no {ADAPT_STATE_FILE}: the run '
+                         'stopped before its first save); run without '
+                         '--resume to start it again')
     if not args.resume and (osp.isfile(state) or osp.isfile(
             osp.join(args.out_dir, RUN_FILE))):
-        raise SystemExit(f'error: {args.out_dir} holds a run ({STATE_FILE}):'
-                         ' --resume continues it, or give another --out-dir')
+        raise SystemExit(f'error: {args.out_dir} holds a run '
+                         f'({ADAPT_STATE_FILE}): --resume continues it, or '
+                         'give another --out-dir')
 
 
 def input_record(source):
@@ -504,7 +505,7 @@ def run(args) -> int:
     except (OSError, ValueError) as err:
         raise SystemExit(f'error: {err}') from None
     window = Window(f'adapt: {args.input}') if args.show else None
-    state_path = osp.join(args.out_dir, STATE_FILE)
+    state_path = osp.join(args.out_dir, ADAPT_STATE_FILE)
     state = read_state(state_path, source, args) if args.resume else None
     os.makedirs(args.out_dir, exist_ok=True)
     try:
@@ -536,7 +537,7 @@ def adapt(args, inferencer, source, start, skipped, window) -> int:
     then the state, the adapted weights, the video and the summary."""
     from mmseg_stag.apis.adapt_outputs import (FrameTable, Progress, Writer,
                                                resize_labels)
-    state_path = osp.join(args.out_dir, STATE_FILE)
+    state_path = osp.join(args.out_dir, ADAPT_STATE_FILE)
     stop = min(source.count or sys.maxsize, args.limit or sys.maxsize)
     if stop <= start:
         raise SystemExit(f'error: the run in {args.out_dir} is done: '
@@ -617,7 +618,7 @@ def finish(args, inferencer, source, writer, run) -> int:
     video and the summary; the exit code (130 when stopped)."""
     from mmseg_stag.apis.adapt_outputs import write_video
     from mmseg_stag.engine.report import write_json
-    state_path = osp.join(args.out_dir, STATE_FILE)
+    state_path = osp.join(args.out_dir, ADAPT_STATE_FILE)
     next_frame, skipped = run['next_frame'], run['skipped']
     ended = source.ended_early()
     if ended:

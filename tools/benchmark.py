@@ -29,9 +29,9 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:  # benchmarks/: the repository's, not installed
     sys.path.insert(0, REPO)
 
-from benchmarks.step_benchmark import (  # noqa: E402
-    ACDC_SIZE, CIFAR_MODELS, IMAGENET_MODELS, SEG_MODELS, SEG_VIEWS, run_model,
-    seg_views_cfg)
+from benchmarks.step_benchmark import (ACDC_SIZE, CIFAR_MODELS,
+                                       IMAGENET_MODELS, SEG_MODELS, SEG_VIEWS,
+                                       run_model, seg_views_cfg)
 
 METHODS = ['tent', 'bn_adapt', 'eata', 'cotta', 'ecotta', 'hybrid_tta']
 #: segmentation baselines run only when --methods names them: their steps

@@ -49,12 +49,11 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:  # the package, not installed in a checkout
     sys.path.insert(0, REPO)
 
-from mmseg_stag.checkpoint import (extract_state_dict,  # noqa: E402
-                                   load_checkpoint_file,
+from mmseg_stag.checkpoint import (extract_state_dict, load_checkpoint_file,
                                    load_model_checkpoint)
-from mmseg_stag.classification.data import CORRUPTIONS  # noqa: E402
-from mmseg_stag.paper.results import PAPER_RESULTS  # noqa: E402
-from mmseg_stag.paper.tables import setting_of  # noqa: E402
+from mmseg_stag.classification.data import CORRUPTIONS
+from mmseg_stag.paper.results import PAPER_RESULTS
+from mmseg_stag.paper.tables import setting_of
 
 # ---------------------------------------------------------------- the paper
 

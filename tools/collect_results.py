@@ -27,7 +27,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:  # the package, not installed in a checkout
     sys.path.insert(0, REPO)
 
-from mmseg_stag.paper.tables import collect  # noqa: E402
+from mmseg_stag.paper.tables import collect
 
 
 def parse_args(argv=None):

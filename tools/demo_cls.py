@@ -161,8 +161,9 @@ def network_config(net):
 
 def make_models(args, train, test, log):
     import torch
-    from mmseg_stag.classification import CLS_MODELS
+
     from demo_data.cls_train import evaluate, train_classifier
+    from mmseg_stag.classification import CLS_MODELS
     paths, clean = {}, {}
     for net in nets_in_use(args):
         title = NETS[net][0]
@@ -221,6 +222,7 @@ def row_config(args, scenario, net, method, data_root, source_files,
                'log_level': 'WARNING'}  # the row's files hold the results
     if method not in ('source', 'ecotta'):
         from mmseg_stag.paper.protocol import batch_scaled_lr
+
         # SAR's batch rule; the CNNs follow it as the ResNets do
         lr = batch_scaled_lr(args.lr, cfg.test_dataloader.batch_size,
                              vit=net == 'ln')
@@ -373,6 +375,7 @@ def main(argv=None):
     import torch
 
     import mmseg_stag  # noqa: F401  (registers the methods, STAGLoss)
+
     # pinned: one thread. Native: two where the machine has them, unless
     # OMP_NUM_THREADS says otherwise; empty counts as unset, as for OpenMP
     threads = os.environ.get('OMP_NUM_THREADS') or \

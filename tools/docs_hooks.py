@@ -29,9 +29,10 @@ def beta_gamma_page() -> str:
     return ('# β0 and γ\n\n'
             'Generated from `mmseg_stag/paper/hparams.py` (the tests check '
             'every config against it).\n\n'
-            "## The paper's Table appendix_hp\n\n" + hparams.markdown_table()
-            + '\n\n## Settings the paper has no row for\n\n' +
-            hparams.our_markdown_table() + '\n')
+            "## The paper's Table appendix_hp\n\n" +
+            hparams.paper_hparams_markdown() +
+            '\n\n## Settings the paper has no row for\n\n' +
+            hparams.our_hparams_markdown() + '\n')
 
 
 def config_summary(path: str) -> str:
@@ -208,7 +209,7 @@ def support_matrix_page() -> str:
         'of `make gpu-check` ([Benchmarks](benchmark.md#gpu-check)).', '']
     for (bench, scenario), rows in matrix_settings(
             results.PAPER_RESULTS).items():
-        metric, lower = results.METRICS[bench]
+        metric, lower = results.SCORES[bench]
         lines += [f'## {BENCHMARKS[bench]}, {scenario} ({metric} %, '
                   f'{"lower" if lower else "higher"} is better)', '',
                   '| method | model | config | +STAG config | β0 / γ | '

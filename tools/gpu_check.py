@@ -49,11 +49,12 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks import first_contact  # noqa: E402
-from benchmarks.gpu_report import write_report  # noqa: E402
-from benchmarks.gpu_steps import (  # noqa: E402
-    CONDITIONS, LOOP_DEFAULT, MEASURES, MIT_MODES, NVLABS_CFG, PRECISIONS,
-    QUICK_SEG, QUICK_SEG_CHANNELS, SEG_METHODS, free_memory, run_tests)
+from benchmarks import first_contact
+from benchmarks.gpu_report import write_report
+from benchmarks.gpu_steps import (CONDITIONS, LOOP_DEFAULT, MEASURES,
+                                  MIT_MODES, NVLABS_CFG, PRECISIONS, QUICK_SEG,
+                                  QUICK_SEG_CHANNELS, SEG_METHODS, free_memory,
+                                  run_tests)
 
 STEPS = ('tests', 'step_cost', 'loader', 'loop', 'profile')
 

@@ -22,10 +22,10 @@ import sys
 from typing import Dict, List
 
 from mmseg_stag.paper.hparams import PAPER_STAG
-from mmseg_stag.paper.results import PAPER_RESULTS
 from mmseg_stag.paper.protocol import (BENCHMARK_DIRS, ECOTTA_BATCH,
                                        ECOTTA_ROWS, METHOD_OPTIONS,
                                        optimizer_for)
+from mmseg_stag.paper.results import PAPER_RESULTS
 
 #: baselines without a loss of their own: an optimizer only with STAG
 NO_LOSS = ('bn_adapt', )

@@ -15,7 +15,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from demo_data import make_demo_benchmark  # noqa: E402
+from demo_data import make_demo_benchmark
 
 
 def main():

@@ -333,24 +333,14 @@ def cfg_options(options: List[str]) -> dict:
     return parser.parse_args(['--cfg-options', *options]).cfg_options
 
 
-def setting(cfg, key: str):
-    """The value of a dotted ``key`` of ``cfg`` (a ``Config`` or a dict;
-    None where absent)."""
-    node = cfg
-    for part in key.split('.'):
-        if not hasattr(node, 'get') or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def root_option(key: str, cfg, given: str, base: str = REPO) -> str:
     """``key=DIR`` for the folder ``given``: spelled as the config spells
     it where that is the same folder (tools/test.py runs from ``base``),
     else absolute. The fingerprint holds the spelling: a run made from
     the docs with the config's own data root (or the same
     ``--cfg-options``) is then this run, not another one."""
-    own = setting(cfg, key)
+    from mmseg_stag.paper.tables import value_at
+    own = value_at(cfg, key)
     if isinstance(own, str) and osp.realpath(
             osp.join(base, own)) == osp.realpath(given):
         return f'{key}={own}'
@@ -414,8 +404,8 @@ def planned_images(cfg, table: Table) -> Optional[int]:
     """The images of a run's stream as its config says them, the paper's
     counts (``mmseg_stag.paper.tables.PROTOCOLS``) where it takes a whole
     set; None where it says neither."""
-    from mmseg_stag.paper.tables import PROTOCOLS
-    dataset = setting(cfg, 'test_dataloader.dataset') or {}
+    from mmseg_stag.paper.tables import PROTOCOLS, value_at
+    dataset = value_at(cfg, 'test_dataloader.dataset') or {}
     protocol = PROTOCOLS.get((table.benchmark, table.scenario))
     # the dataset by its registered type (a scope prefix allowed), not by
     # the keys it happens to have
@@ -476,6 +466,8 @@ def plan(table: Table, args) -> List[Run]:
     siblings = preset_configs(configs, args.preset) if args.preset else {}
     refuse_preset_without_cuda(args)
     from mmengine.config import Config
+
+    from mmseg_stag.paper.tables import value_at
     data_key = DATA_ROOT_KEYS.get(table.benchmark, CORRUPTION_ROOT_KEY)
     runs, reads_source = [], False
     for faithful in configs:
@@ -500,7 +492,7 @@ def plan(table: Table, args) -> List[Run]:
                   batches_done=found.batches_done, saved=found.identity)
         run.cfg = planned_config(run, own.copy())
         run.images = planned_images(run.cfg, table)
-        run.batch_size = int(setting(run.cfg, 'test_dataloader.batch_size')
+        run.batch_size = int(value_at(run.cfg, 'test_dataloader.batch_size')
                              or 1)
         runs.append(run)
     if args.source_data_root and not reads_source:
@@ -552,8 +544,8 @@ def check_fingerprints(runs: List[Run]) -> None:
         SystemExit: Naming each work dir, the settings that differ (on
             disk -> planned) and what to do.
     """
-    from mmseg_stag.engine.run_state import RESUME_IGNORES
-    from mmseg_stag.engine.run_state import identity_differences
+    from mmseg_stag.engine.run_state import (RESUME_IGNORES,
+                                             identity_differences)
     problems, weights = [], {}
     for run in runs:
         where = shown(run.work_dir)

@@ -20,7 +20,7 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from mmseg_stag.paper.protocol import select  # noqa: E402
+from mmseg_stag.paper.protocol import select
 
 
 def parse_args(argv=None):

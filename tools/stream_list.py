@@ -28,9 +28,10 @@ def main(argv=None) -> int:
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
-    import mmseg_stag  # noqa: F401  (registers the datasets)
     from mmengine.registry import init_default_scope
     from mmseg.registry import DATASETS
+
+    import mmseg_stag  # noqa: F401  (registers the datasets)
     init_default_scope(cfg.get('default_scope', 'mmseg'))
     try:
         dataset = DATASETS.build(cfg.test_dataloader.dataset)

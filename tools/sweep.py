@@ -415,8 +415,7 @@ def run_trial(config):
 # -- the sweep ------------------------------------------------------------
 def gather(runs, results, work_dir):
     """The table and figure of every run, with its status."""
-    from mmseg_stag.engine.comparison import (
-        read_run_stages, write_comparison)
+    from mmseg_stag.engine.comparison import read_run_stages, write_comparison
     errors = {}
     for result in results:
         name = result.config['run']['name']

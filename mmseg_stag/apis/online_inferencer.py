@@ -25,15 +25,14 @@ import torch
 from mmengine.config import Config
 from mmengine.dataset import Compose
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
 from mmseg_stag.checkpoint import load_model_checkpoint
 from mmseg_stag.core import NonFiniteStatistic
+from mmseg_stag.engine.online_loop import runner_model
 from mmseg_stag.engine.online_task import head_layer_of
-from mmseg_stag.engine.run_state import (RESUME_IGNORES,
-                                         identity_differences, rng_state,
-                                         set_rng_state)
+from mmseg_stag.engine.run_state import (RESUME_IGNORES, identity_differences,
+                                         rng_state, set_rng_state)
 from mmseg_stag.engine.runs import prepare_config
 from mmseg_stag.engine.stream import StreamStage
 
@@ -288,7 +287,7 @@ class OnlineInferencer:
 
     def start(self) -> None:
         """Build the loop, configure the method on the model (the loop's
-        ``prepare``), open the first stage: what a stream does before its
+        ``begin_stream``), open the first stage: what a stream does before its
         first frame."""
         runner = self.runner
         self.loop = runner.test_loop  # MMEngine builds it on first access
@@ -299,7 +298,7 @@ class OnlineInferencer:
         self.pipelines = {False: dataset.pipeline}
         for hook in ('before_run', 'before_test', 'before_test_epoch'):
             runner.call_hook(hook)
-        _, _, self.identity, _ = self.loop.prepare(keep_source=True)
+        _, _, self.identity, _ = self.loop.begin_stream(keep_source=True)
         if self.labels_at == 'test' and self.loop.method.needs_original_size:
             raise ValueError(
                 f"labels_at='test': {self.loop.method.name} adapts on its "
@@ -327,8 +326,7 @@ class OnlineInferencer:
 
     @property
     def model(self):
-        model = self.runner.model
-        return model.module if is_model_wrapper(model) else model
+        return runner_model(self.runner)
 
     @property
     def model_device(self) -> torch.device:
@@ -344,7 +342,7 @@ class OnlineInferencer:
                 unlabeled_pipeline(self.pipeline_cfg, from_array=True))
         return self.pipelines[from_array]
 
-    def prepare(self, frame: Frame, index: Optional[int] = None) -> dict:
+    def load_frame(self, frame: Frame, index: Optional[int] = None) -> dict:
         """One frame (a file, or a BGR ``uint8`` array ``H x W x 3``)
         through the pipeline: what :meth:`step` takes."""
         from mmseg_stag.segmentation.datasets.frame_stream import frame_info
@@ -358,12 +356,12 @@ class OnlineInferencer:
         """Adapt on ``frames`` in order (one frame or a list), a step each;
         return the ``SegDataSample`` of each (one for one frame)."""
         single = isinstance(frames, (str, np.ndarray))
-        outputs = [self.step(self.prepare(f))[0]
+        outputs = [self.step(self.load_frame(f))[0]
                    for f in ([frames] if single else frames)]
         return outputs[0] if single else outputs
 
     def step(self, data: dict, name: Optional[str] = None):
-        """Predict, then adapt, on one prepared frame (:meth:`prepare`):
+        """Predict, then adapt, on one loaded frame (:meth:`load_frame`):
         return its ``SegDataSample`` and its statistics as read (floats:
         ``loss``, ``loss_stag``, ``beta``, …; ``reset``: why the model
         was restarted from the source after this frame, else None)."""
@@ -392,7 +390,7 @@ class OnlineInferencer:
             if self.on_nonfinite == 'stop':
                 raise
             # no prediction came out: the frame again, from the source
-            self.reset(f'non-finite: {err}')
+            self.restart_from_source(f'non-finite: {err}')
             (output, ) = self.loop.step(index, data_batch)
         self.frames += 1
         try:
@@ -402,17 +400,17 @@ class OnlineInferencer:
             if self.on_nonfinite == 'stop':
                 raise
             stats = dict(nonfinite=str(err))
-            self.reset(f'non-finite: {err}')
+            self.restart_from_source(f'non-finite: {err}')
         if self.reset_every and self.frames % self.reset_every == 0 and \
                 'nonfinite' not in stats:
-            self.reset(f'every {self.reset_every} frames')
+            self.restart_from_source(f'every {self.reset_every} frames')
         stats['reset'] = '; '.join(r['why'] for r in self.resets[resets:]
                                    ) or None
         self.runner.call_hook('after_test_iter', batch_idx=index,
                               data_batch=data_batch, outputs=[output])
         return output, stats
 
-    def reset(self, why: str = 'asked') -> None:
+    def restart_from_source(self, why: str = 'asked') -> None:
         """Restart from the source weights (and a fresh method: optimizer,
         ``t`` of ``beta_t``) before the next frame, logged."""
         self.resets.append(dict(before=self.frames, why=why))

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from mmengine.utils import ProgressBar, check_file_exist
 
 from mmseg_stag.core.methods import cotta_transforms as T
-from mmseg_stag.engine.run_state import save_atomic
+from mmseg_stag.engine.report import write_torch
 
 #: learning-rate milestones (epochs) and decay of the warm-up
 MILESTONES, DECAY = (3, 6, 8), 0.2
-STATE_FILE = 'ecotta_warmup_state.pth'
+WARMUP_STATE_FILE = 'ecotta_warmup_state.pth'
 
 
 def warmup_device(device: Union[str, torch.device, None] = None
@@ -177,7 +177,7 @@ def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
         p.requires_grad_(name.startswith('ecotta.'))
     params = [p for p in network.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
-    state_path = osp.join(work_dir, STATE_FILE)
+    state_path = osp.join(work_dir, WARMUP_STATE_FILE)
     settings = dict(settings, lr=lr, batch_size=batch_size, seed=seed)
     history, start = resume_warm_up(state_path, settings, network,
                                     optimizer) if resume else (
@@ -212,9 +212,9 @@ def warm_up(model: nn.Module, x_all: torch.Tensor, y_all: torch.Tensor,
             bar.update()
         history['loss'].append(float(total) / len(x_all))
         history['acc'].append(float(correct) / len(x_all))
-        save_atomic(dict(network=network.state_dict(),
-                          optimizer=optimizer.state_dict(), epoch=epoch,
-                          history=history, settings=settings), state_path)
+        write_torch(state_path, dict(
+            network=network.state_dict(), optimizer=optimizer.state_dict(),
+            epoch=epoch, history=history, settings=settings))
     return history
 
 
@@ -324,11 +324,9 @@ def warm_up_checkpoint(config: str, checkpoint: str, out: str,
     # on the CPU, whatever the device: the file loads anywhere
     state = {k: v.detach().cpu()
              for k, v in model.network.state_dict().items()}
-    save_atomic(dict(state_dict=state,
-                      meta=dict(ecotta_warmup=dict(
-                          epochs=epochs, lr=lr, batch_size=batch_size,
-                          seed=seed, images=len(images), device=str(device),
-                          source_loss_before=before,
-                          source_loss_after=after, history=history))), out)
+    write_torch(out, dict(state_dict=state, meta=dict(ecotta_warmup=dict(
+        epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
+        images=len(images), device=str(device), source_loss_before=before,
+        source_loss_after=after, history=history))))
     print(f'wrote {out}; run: python tools/test.py {config} {out}')
     return dict(history=history, before=before, after=after)

@@ -2,11 +2,11 @@
 import itertools
 from typing import Dict, List, Optional
 
-from .corruption_table import TABLE_METRICS
 from mmseg_stag.engine.report import (mean_ignoring_nan, result_file,
-                                     write_files)
+                                      write_files)
 from mmseg_stag.engine.stream_metric import StreamMetric
 from mmseg_stag.registry import METRICS
+from .corruption_table import TABLE_METRICS
 
 #: the per-image file of a classification run (each image's prediction in
 #: stream order, written at the end of a stream), and its columns

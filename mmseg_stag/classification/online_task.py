@@ -1,7 +1,6 @@
 """Classification task of ``OnlineAdaptationLoop``."""
 from mmseg_stag.core import Batch, Logits, Prediction
-from mmseg_stag.engine.online_task import (ONLINE_TASKS, OnlineTask,
-                                           preprocess)
+from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask, preprocess
 from .classifier import OnlineClassifier
 
 

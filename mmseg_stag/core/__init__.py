@@ -3,8 +3,8 @@ from . import stag
 from .losses import (cross_entropy_to_teacher, flatten_outputs,
                      mean_over_outputs, pseudo_label_cross_entropy,
                      softmax_entropy, symmetric_cross_entropy)
-from .methods import (BaseMethod, BNAdapt, CoTTA, DeYO, EATA,
-                      EcoTTA, SAR, Source, TENT)
+from .methods import (EATA, SAR, TENT, BaseMethod, BNAdapt, CoTTA, DeYO,
+                      EcoTTA, Source)
 from .params import (NORM_LAYER_TYPES, norm_layers, select_parameters,
                      use_batch_statistics)
 from .probe import PREDICTION_KINDS, HeadProbe

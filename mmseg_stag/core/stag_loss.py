@@ -8,7 +8,6 @@ import torch.nn as nn
 from mmengine.logging import print_log
 
 from . import stag
-from .losses import mean_over_outputs
 
 
 class STAGLoss(nn.Module):
@@ -120,17 +119,6 @@ class STAGLoss(nn.Module):
             if self.check_finite:
                 stag.check_finite_loss(loss, features=features, logits=logits)
         return loss
-
-    def over_outputs(self, head_outputs, cls_weight: torch.Tensor,
-                     cls_bias: Optional[torch.Tensor] = None
-                     ) -> torch.Tensor:
-        """``L_STAG(B)`` over every sample (pixel) of a forward pass: each
-        ``(features, logits)`` pair's (one per classifier call) weighted by
-        its number of samples."""
-        if len(head_outputs) == 1:  # whole inference: one call, no weights
-            return self(*head_outputs[0], cls_weight, cls_bias)
-        return mean_over_outputs(
-            lambda f, z: self(f, z, cls_weight, cls_bias), head_outputs)
 
     def extra_repr(self) -> str:
         return (f'eps={self.eps}, anchor={self.anchor!r}, '

@@ -2,8 +2,8 @@
 from .launch_guard import DISTRIBUTED_ERROR
 from .log_processor import OnlineAdaptationLogProcessor
 from .online_loop import OnlineAdaptationLoop
-from .run_state import STATE_FILE
 from .online_task import ONLINE_TASKS, OnlineTask
+from .run_state import STATE_FILE
 from .stream import StreamSchedule, StreamStage
 from .stream_metric import StreamMetric
 

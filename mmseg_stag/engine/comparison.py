@@ -5,7 +5,7 @@ import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Sequence, Tuple
 
-from .report import (RESULTS_FILE, markdown_table, mean_ignoring_nan,
+from .report import (RESULTS_FILE, markdown_lines, mean_ignoring_nan,
                      new_figure, read_partial, read_results, write_files)
 
 
@@ -62,7 +62,7 @@ def write_comparison(out_dir: str, runs: Sequence[dict],
     short = [c for c in ('name', 'status', 'stages_done',
                          f'{_score(runs)}_mean_over_stages')
              if c in columns] + [f'mean {c}' for c in conditions]
-    md = markdown_table(short, [[cell(row.get(c)) or '-' for c in short]
+    md = markdown_lines(short, [[cell(row.get(c)) or '-' for c in short]
                                 for row in rows])
     paths = write_files(out_dir, prefix, dict(runs=rows), [columns] + [
         [cell(row.get(c)) for c in columns] for row in rows], '\n'.join(md))

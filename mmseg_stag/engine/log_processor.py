@@ -1,6 +1,6 @@
 """A ``LogProcessor`` that also prints the test loop's scalars."""
-from mmengine.runner import LogProcessor
 from mmengine.registry import LOG_PROCESSORS
+from mmengine.runner import LogProcessor
 
 #: keys MMEngine already formats in the log line's header
 _HEADER_KEYS = ('time', 'data_time', 'iter', 'memory')

@@ -18,17 +18,18 @@ from torch.utils.data import DataLoader
 from mmseg_stag.checkpoint import adapted_checkpoint, bn_buffers
 from mmseg_stag.core import NonFiniteStatistic
 from mmseg_stag.core.methods.step_graph import CUDAGraphStep
-from .run_state import (STATE_FILE, check_stateful, resume_state, save_atomic,
-                        run_identity, save_run_state, set_rng_state,
-                        stage_end_state)
-from .launch_guard import check_single_process
 from .determinism import configure_cuda_math, configure_determinism
+from .launch_guard import check_single_process
 from .online_task import build_task
 from .provenance import run_provenance
-from .step_stats import Pending, PendingStep, StatsRead, log_step_stats
-from .stream_metric import assign_result_files
+from .report import write_torch
+from .run_state import (STATE_FILE, check_stateful, resume_state, run_identity,
+                        save_run_state, set_rng_state, stage_end_state)
 from .speed_options import MIXED_PRECISION, speed_options
+from .step_stats import Pending, PendingStep, StatsRead, log_step_stats
 from .stream import StreamSchedule, StreamStage, dataset_stages
+from .stream_metric import assign_result_files
+
 
 def check_moved(bn_batch_stats: Optional[bool]) -> None:
     """``ValueError`` for a loop option that is now the method's."""
@@ -57,6 +58,13 @@ def check_source_data(method, source_dataloader) -> None:
             'fisher_alpha > 0), so nothing reads '
             'test_cfg.source_dataloader: remove it '
             '(test_cfg.source_dataloader=None)')
+
+
+def runner_model(runner):
+    """The runner's model out of its wrapper (MMEngine's DDP wrappers):
+    the one unwrapping every part of the package uses."""
+    model = runner.model
+    return model.module if is_model_wrapper(model) else model
 
 
 @LOOPS.register_module()
@@ -128,12 +136,12 @@ class OnlineAdaptationLoop(TestLoop):
         check_moved(bn_batch_stats)
         self.method_cfg = dict(method)
         options = {} if main_view is None else dict(main_view=main_view)
-        self.task = build_task(self._model(runner), task, head_layer,
+        self.task = build_task(runner_model(runner), task, head_layer,
                                **options)
         # bad options fail here, the wrong task at configure (run's start)
         self.method = self.task.build_method(self.method_cfg)
         check_source_data(self.method, source_dataloader)
-        device_type = next(self._model(runner).parameters()).device.type
+        device_type = next(runner_model(runner).parameters()).device.type
         self.device_type = device_type
         self.speed = speed_options(device_type, mixed_precision, tf32,
                                    cuda_graph, graph_warmup, preset, fp16)
@@ -168,11 +176,6 @@ class OnlineAdaptationLoop(TestLoop):
             return None
         return CUDAGraphStep(method, warmup=self.speed.graph_warmup)
 
-    @staticmethod
-    def _model(runner):
-        model = runner.model
-        return model.module if is_model_wrapper(model) else model
-
     @property
     def state_path(self) -> str:
         return osp.join(self.runner.work_dir, STATE_FILE)
@@ -182,7 +185,7 @@ class OnlineAdaptationLoop(TestLoop):
         evaluator's metrics."""
         self.runner.call_hook('before_test')
         self.runner.call_hook('before_test_epoch')
-        start, rng, identity, stateful = self.prepare()
+        start, rng, identity, stateful = self.begin_stream()
         started = time.perf_counter()
         batches = iter(self.batches_from(start))
         if rng is not None:  # after the loader drew its seed, as at start
@@ -196,7 +199,7 @@ class OnlineAdaptationLoop(TestLoop):
                 self.end_stage(idx + 1, identity, stateful)
         return self.finish(start, time.perf_counter() - started)
 
-    def prepare(self, keep_source: bool = False):
+    def begin_stream(self, keep_source: bool = False):
         """Configure the method on the model (or resume): what a stream
         needs before its first batch. Return the first batch, the random
         states a resume sets, the run's identity and whether its state can
@@ -204,7 +207,7 @@ class OnlineAdaptationLoop(TestLoop):
         (:meth:`restart_from_source`) even where no stage does."""
         configure_cuda_math(self.speed.tf32)
         configure_determinism()  # warn-only list + one log line
-        model = self._model(self.runner)
+        model = runner_model(self.runner)
         model.eval()
         # the weights before adapting
         identity = run_identity(self.runner.cfg.to_dict(), model)
@@ -256,7 +259,7 @@ class OnlineAdaptationLoop(TestLoop):
                   f'{images} images in {seconds:.1f} s '
                   f'({images / max(seconds, 1e-9):.2f} images/s, loader, '
                   'steps and metric)', logger='current')
-        device = next(self._model(self.runner).parameters()).device
+        device = next(runner_model(self.runner).parameters()).device
         speed = dict(mixed_precision=self.speed.mixed_precision,
                      preset=self.speed.preset,
                      cuda_graph=self.speed.cuda_graph, tf32=self.speed.tf32)
@@ -288,7 +291,7 @@ class OnlineAdaptationLoop(TestLoop):
     def restart_from_source(self, index: int) -> None:
         """Restart from the source weights and a fresh method."""
         torch.manual_seed(int(self.runner.seed or 0) * 100003 + int(index))
-        adapted = self.task.adapted_module(self._model(self.runner))
+        adapted = self.task.adapted_module(runner_model(self.runner))
         adapted.load_state_dict(self.source_state)
         self.method = self.task.build_method(self.method_cfg)
         self.graph_step = self.graph_step_of(self.method)
@@ -307,7 +310,7 @@ class OnlineAdaptationLoop(TestLoop):
             meta.update(weights='student', note=(
                 f'{self.method.name} predicts with its EMA teacher, which '
                 'is not saved: these are the weights of the student'))
-        return adapted_checkpoint(self._model(self.runner),
+        return adapted_checkpoint(runner_model(self.runner),
                                   getattr(self, 'source_buffers', None), meta)
 
     def save_adapted(self, path: str, meta: Optional[dict] = None
@@ -341,7 +344,7 @@ class OnlineAdaptationLoop(TestLoop):
         if config is not None:
             checkpoint['meta']['inference_config'] = osp.basename(
                 stem) + '.py'
-        save_atomic(checkpoint, path)
+        write_torch(path, checkpoint)
         if config is None:
             return None
         write_text_atomic(stem + '.py', (
@@ -395,7 +398,7 @@ class OnlineAdaptationLoop(TestLoop):
                   f'{len(self.source_dataloader.dataset)} clean source '
                   'images', logger='current')
         self.task.fit_source(self.method, self.task.source_batches(
-            self._model(self.runner), self.source_dataloader))
+            runner_model(self.runner), self.source_dataloader))
         self.source_statistics = self.method.source_statistics()
 
     def run_iter(self, idx: int, data_batch: dict) -> None:
@@ -414,7 +417,7 @@ class OnlineAdaptationLoop(TestLoop):
         """Predict, then adapt, on ``data_batch`` (batch ``idx``): return
         the task's outputs (segmentation: ``SegDataSample``s with
         ``pred_sem_seg``); its statistics wait for :meth:`log_stats`."""
-        batch = self.task.batch(self._model(self.runner), data_batch)
+        batch = self.task.batch(runner_model(self.runner), data_batch)
         # autocast wraps the forward passes only (TaskAdapter.autocast_dtype)
         images = image_names(data_batch)
         try:

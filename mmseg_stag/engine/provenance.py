@@ -17,6 +17,7 @@ def code_version() -> dict:
     ``dirty`` (tracked files changed) of the git checkout it is imported
     from; the three are None for an installed copy outside a checkout."""
     from mmseg_stag import __version__
+
     # mmseg_stag/engine/provenance.py -> the checkout holding mmseg_stag
     root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
     found = dict(version=__version__, commit=None, describe=None, dirty=None)

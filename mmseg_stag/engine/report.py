@@ -99,7 +99,7 @@ def new_figure(width: float, height: float):
     return fig
 
 
-def markdown_table(header: Sequence, rows: Iterable[Sequence]) -> List[str]:
+def markdown_lines(header: Sequence, rows: Iterable[Sequence]) -> List[str]:
     """The lines of a Markdown table: ``header``, its rule and a line per
     row of cells."""
     def line(cells):
@@ -108,7 +108,7 @@ def markdown_table(header: Sequence, rows: Iterable[Sequence]) -> List[str]:
     return [line(header), '|' + '---|' * len(header)] + list(map(line, rows))
 
 
-def format_table(stages: List[dict], conditions: Sequence[str]) -> str:
+def format_stage_table(stages: List[dict], conditions: Sequence[str]) -> str:
     """Format the paper's round-by-condition table of stage results, with
     row and column means; ``conditions`` give the column order."""
     rounds = sorted({s['round'] for s in stages})

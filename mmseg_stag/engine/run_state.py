@@ -107,13 +107,7 @@ def identity_differences(saved: dict, current: dict,
 
 def save_run_state(path: str, state: dict) -> None:
     """Write ``state`` and its ``version`` to ``path`` atomically."""
-    save_atomic(dict(state, version=STATE_VERSION), path)
-
-
-def save_atomic(obj, path: str) -> None:
-    """``torch.save(obj, path)``; a crash leaves the old file or the new
-    (``report.write_torch``)."""
-    write_torch(path, obj)
+    write_torch(path, dict(state, version=STATE_VERSION))
 
 
 def load_run_state(path: str, mmap: bool = False) -> dict:

@@ -8,17 +8,16 @@ from typing import Optional
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.registry import MODELS, DefaultScope
 from mmengine.runner import Runner, set_random_seed
 
 from mmseg_stag.checkpoint import adapted_checkpoint, load_model_checkpoint
-from .run_state import (identity_differences, load_run_state, rng_state,
-                        run_identity, set_rng_state)
 from .launch_guard import check_single_process
-from .run_state import RESUME_IGNORES, STATE_FILE
+from .online_loop import runner_model
 from .online_task import head_layer_of
 from .report import read_results
+from .run_state import (RESUME_IGNORES, STATE_FILE, identity_differences,
+                        load_run_state, rng_state, run_identity, set_rng_state)
 
 
 def prepare_config(cfg: Config, work_dir: Optional[str] = None,
@@ -81,8 +80,7 @@ def run_test(cfg: Config, checkpoint: str,
     runner = Runner.from_cfg(cfg)
     for hook in hooks:
         runner.register_hook(hook)
-    model = runner.model.module if is_model_wrapper(runner.model) \
-        else runner.model
+    model = runner_model(runner)
     try:
         load_model_checkpoint(model, checkpoint, allow_unsafe_pickle,
                               head_layer_of(cfg))
@@ -115,11 +113,9 @@ class SaveAdapted(Hook):
         if hasattr(loop, 'save_adapted'):
             self.config_path = loop.save_adapted(self.path, self.meta)
         else:  # MMEngine's plain loop adapts nothing
-            from .run_state import save_atomic
-            model = runner.model.module if is_model_wrapper(
-                runner.model) else runner.model
-            save_atomic(adapted_checkpoint(model, None, self.meta),
-                        self.path)
+            from .report import write_torch
+            write_torch(self.path, adapted_checkpoint(
+                runner_model(runner), None, self.meta))
         print_log(f'adapted model saved to {self.path}' + (
             f' (MMSeg inference config: {self.config_path})'
             if self.config_path else ''), logger='current')

@@ -11,9 +11,9 @@ from mmengine.evaluator import BaseMetric
 from mmengine.logging import print_log
 from mmengine.structures import BaseDataElement
 
-from .stream import StreamStage
-from .report import (RESULTS_FILE, append_partial, format_table,
+from .report import (RESULTS_FILE, append_partial, format_stage_table,
                      results_record, write_results)
+from .stream import StreamStage
 
 
 class StreamMetric(BaseMetric):
@@ -223,7 +223,7 @@ class StreamMetric(BaseMetric):
         conditions = list(OrderedDict.fromkeys(s['condition']
                                                for s in stages))
         print_log(f'{self._log_label}continual {self.score_name} (%):\n' +
-                  format_table(stages, conditions), logger='current')
+                  format_stage_table(stages, conditions), logger='current')
         record = results_record(self.task, stages, conditions,
                                 self.run_details(stages), **self.run_info)
         if self.output_dir is not None:

@@ -80,7 +80,7 @@ def stag_hparams(benchmark: str, scenario: str, model: str,
     return paper_stag(benchmark, scenario, model, method)
 
 
-def markdown_table() -> str:
+def paper_hparams_markdown() -> str:
     """:data:`PAPER_STAG` as a Markdown table."""
     lines = ['| benchmark | scenario | model | method | β0 | γ |',
              '|---|---|---|---|---:|---:|']
@@ -89,7 +89,7 @@ def markdown_table() -> str:
     return '\n'.join(lines)
 
 
-def our_markdown_table() -> str:
+def our_hparams_markdown() -> str:
     """:data:`OUR_STAG` as a Markdown table."""
     lines = ['| benchmark | scenario | model | method | β0 | γ | chosen |',
              '|---|---|---|---|---:|---:|---|']

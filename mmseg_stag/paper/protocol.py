@@ -33,6 +33,7 @@ def images_per_stage_cfg_options(cfg: Config, num_images: int) -> dict:
 def stream_dataset_class(dataset_cfg: dict) -> type:
     """Return the class of the stream dataset ``dataset_cfg`` builds."""
     from mmengine.registry import DATASETS as ROOT
+
     from mmseg_stag.registry import DATASETS
     kind = dataset_cfg.get('type')
     cls = kind if isinstance(kind, type) else None

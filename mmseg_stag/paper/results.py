@@ -70,8 +70,9 @@ PAPER_RESULTS: List[Tuple[str, str, str, str, float, Optional[float]]] = [
     ('cifar100-c', 'continual', 'wrn-40-2', 'ecotta-k5', 36.8, 36.7),
 ]
 
-#: the score each benchmark reports, and whether lower is better
-METRICS = {'acdc': ('mIoU', False), 'imagenet-c': ('acc', False),
+#: the score each benchmark reports, and whether lower is better (not
+#: the ``METRICS`` registry of mmseg_stag.registry)
+SCORES = {'acdc': ('mIoU', False), 'imagenet-c': ('acc', False),
            'cifar10-c': ('err', True), 'cifar100-c': ('err', True)}
 
 

@@ -19,9 +19,10 @@ from typing import Dict, List, Optional, Sequence
 
 from mmengine.config import Config
 
-from mmseg_stag.engine.report import (RESULTS_FILE, markdown_table,
-                                      new_figure, read_results, write_files)
-from mmseg_stag.paper.results import METRICS, paper_result, paper_stages
+from mmseg_stag.classification.data import CORRUPTIONS
+from mmseg_stag.engine.report import (RESULTS_FILE, markdown_lines, new_figure,
+                                      read_results, write_files)
+from mmseg_stag.paper.results import SCORES, paper_result, paper_stages
 
 #: ``configs/stag_acdc`` names (a fast preset's too); only the NVlabs B5 is
 #: the paper's model
@@ -35,11 +36,6 @@ CLS_NAME = re.compile(r'^(?P<benchmark>imagenet-c|cifar10-c|cifar100-c)_'
 
 #: configs/_base_/datasets/acdc_continual.py, in the paper's order
 ACDC_CONDITIONS = ('fog', 'night', 'rain', 'snow')
-#: configs/cls/_base_/datasets/corruptions.py, in the paper's order
-CORRUPTIONS = ('gaussian_noise', 'shot_noise', 'impulse_noise',
-               'defocus_blur', 'glass_blur', 'motion_blur', 'zoom_blur',
-               'snow', 'frost', 'fog', 'brightness', 'contrast',
-               'elastic_transform', 'pixelate', 'jpeg_compression')
 #: The protocol of each table of the paper: the stages' conditions in
 #: order, the rounds, the images of every stage, and settings of the test
 #: dataset (dotted keys under ``test_dataloader.dataset``) the results'
@@ -175,7 +171,7 @@ def read_run(work_dir: str) -> Run:
     record = read_results(where)
     config = run_config(work_dir, record)
     setting = setting_of(config)
-    metric, _ = METRICS[setting['benchmark']]
+    metric, _ = SCORES[setting['benchmark']]
     if record['task'] == 'segmentation':
         score = record['mean_over_stages']
     else:
@@ -210,10 +206,13 @@ def check_one_protocol(runs: Sequence[Run]) -> None:
                     'holds runs of one protocol')
 
 
-def dotted(tree: dict, key: str):
-    """``tree['a']['b']`` of ``key='a.b'``; None where a part is missing."""
+def value_at(tree, key: str):
+    """``tree['a']['b']`` of a dotted ``key='a.b'`` (``tree`` a dict or a
+    ``Config``); None where a part is missing."""
     for part in key.split('.'):
-        tree = tree.get(part) if isinstance(tree, dict) else None
+        if not hasattr(tree, 'get') or part not in tree:
+            return None
+        tree = tree[part]
     return tree
 
 
@@ -238,7 +237,7 @@ def protocol_differences(run: Run) -> List[str]:
                      f"paper {protocol['images']}")
     dataset = run.provenance.get('dataset')
     for key, value in protocol['dataset'].items():
-        found = None if dataset is None else dotted(dataset, key)
+        found = None if dataset is None else value_at(dataset, key)
         if dataset is not None and found != value:
             # unset: the dataset class's default, which the config hides
             diffs.append(f'test_dataloader.dataset.{key}=' + (
@@ -291,7 +290,7 @@ def rounded(value, digits: int = DIGITS):
 def table_rows(runs: Sequence[Run]) -> List[dict]:
     """One row per (model, method): the baseline and +STAG, ours and the
     paper's, STAG's gain (positive: better) in each, and the marks."""
-    lower_better = METRICS[runs[0].benchmark][1]
+    lower_better = SCORES[runs[0].benchmark][1]
     rows: Dict[tuple, dict] = OrderedDict()
     for run in runs:
         row = rows.setdefault((run.model, run.method), dict(
@@ -383,12 +382,12 @@ def mixed_settings(summaries: Sequence[dict]) -> List[str]:
             if len({str(s[key]) for s in summaries}) > 1]
 
 
-def format_table(runs: Sequence[Run], rows: Sequence[dict],
+def format_paper_table(runs: Sequence[Run], rows: Sequence[dict],
                  summaries: Sequence[dict],
                  stages: Optional[Sequence[dict]]) -> str:
     """The Markdown table, the paper's score beside each of ours; the runs
     and their provenance; for ACDC every stage beside the paper's."""
-    metric, lower_better = METRICS[runs[0].benchmark]
+    metric, lower_better = SCORES[runs[0].benchmark]
     what = dict(mIoU='mean mIoU over the stages (%)',
                 acc='accuracy (%), mean over the corruptions',
                 err='error (%), mean over the corruptions')[metric]
@@ -397,7 +396,7 @@ def format_table(runs: Sequence[Run], rows: Sequence[dict],
     lines = [f'{runs[0].benchmark}, {runs[0].scenario}: {what}'
              f'{", lower is better" if lower_better else ""}; '
              f'{len(runs)} runs, {runs[0].rounds} round(s) of '
-             f'{", ".join(runs[0].conditions)}', ''] + markdown_table(
+             f'{", ".join(runs[0].conditions)}', ''] + markdown_lines(
                  head, [[_cell(row[c], sign=c.startswith('gain'))
                          for c in COLUMNS] + ['; '.join(row['marks'])]
                         for row in rows])
@@ -411,7 +410,7 @@ def format_table(runs: Sequence[Run], rows: Sequence[dict],
     mixed = mixed_settings(summaries)
     if mixed:
         lines += ['', 'the runs differ in ' + '; '.join(mixed)]
-    lines += ['', 'runs:', ''] + markdown_table(
+    lines += ['', 'runs:', ''] + markdown_lines(
         ['run', 'commit', 'precision', 'preset', 'device', 'seed',
          'images/s', 'marks'],
         [[_cell(s[c]) if c != 'marks' else '; '.join(s[c]) or '-'
@@ -419,7 +418,7 @@ def format_table(runs: Sequence[Run], rows: Sequence[dict],
     if stages:
         labels = [run.label for run in runs]
         lines += ['', 'every stage (mIoU %), ours beside the paper\'s '
-                  '(Table acdc_continual):', ''] + markdown_table(
+                  '(Table acdc_continual):', ''] + markdown_lines(
             ['round', 'condition'] + [f'{lb} {w}' for lb in labels
                                       for w in ('ours', 'paper')],
             [[s['round'], s['condition']] + [
@@ -430,7 +429,7 @@ def format_table(runs: Sequence[Run], rows: Sequence[dict],
 
 def plot_table(path: str, runs: Sequence[Run], rows: Sequence[dict]) -> None:
     """Bars per (model, method): ours and the paper's, baseline and +STAG."""
-    metric, _ = METRICS[runs[0].benchmark]
+    metric, _ = SCORES[runs[0].benchmark]
     fig = new_figure(max(6.0, 1.3 * len(rows) + 2), 4.2)
     ax = fig.add_subplot(1, 1, 1)
     bars = (('base_ours', 'ours'), ('base_paper', 'paper'),
@@ -514,13 +513,13 @@ def collect(work_dirs: Sequence[str], out_dir: str,
     paths = write_files(
         out_dir, stem,
         dict(benchmark=runs[0].benchmark, scenario=runs[0].scenario,
-             metric=METRICS[runs[0].benchmark][0], rows=rows,
+             metric=SCORES[runs[0].benchmark][0], rows=rows,
              runs=summaries, mixed=mixed_settings(summaries),
              stages=stages, results_file=RESULTS_FILE),
         [COLUMNS + ('marks', )] + [
             ['' if row[c] is None else row[c] for c in COLUMNS] +
             ['; '.join(row['marks'])] for row in rows],
-        format_table(runs, rows, summaries, stages))
+        format_paper_table(runs, rows, summaries, stages))
     plot_table(paths['png'], runs, rows)
     written = {k: paths[k] for k in ('md', 'csv', 'json', 'png')}
     if acdc:

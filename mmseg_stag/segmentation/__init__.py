@@ -2,9 +2,9 @@
 from .datasets import ACDCContinualDataset, ScaleFlipViews
 from .evaluation import ContinualIoUMetric
 from .methods import HybridTTA, SegmentationCoTTA
+from .models import NVMixVisionTransformer, NVSegformerHead
 from .online_task import SegmentationTask
 from .task_adapter import SegmentationAdapter, SegmentationBatch
-from .models import NVMixVisionTransformer, NVSegformerHead
 
 __all__ = [
     'SegmentationTask', 'SegmentationBatch', 'SegmentationAdapter',

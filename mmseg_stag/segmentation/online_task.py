@@ -5,8 +5,7 @@ from mmengine.structures import PixelData
 from mmseg.models.segmentors import BaseSegmentor
 
 from mmseg_stag.core import Labels, Prediction, build_method
-from mmseg_stag.engine.online_task import (ONLINE_TASKS, OnlineTask,
-                                           preprocess)
+from mmseg_stag.engine.online_task import ONLINE_TASKS, OnlineTask, preprocess
 from .methods.cotta import SegmentationCoTTA
 from .task_adapter import SegmentationAdapter, SegmentationBatch
 

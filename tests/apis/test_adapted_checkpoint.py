@@ -13,13 +13,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-
 from frame_helpers import options
+from seg_helpers import REPO, SEG_CFG, as_cli, build_from_config, run_script
+
 from mmseg_stag.apis import OnlineInferencer
 from mmseg_stag.checkpoint import load_model_checkpoint
 from mmseg_stag.engine.online_task import head_layer_of
-from seg_helpers import (REPO, SEG_CFG, as_cli, build_from_config,
-                         run_script)
 
 METHODS = ('bn-adapt', 'bn-adapt-stag', 'hybrid-tta', 'tent')
 #: Hybrid-TTA on 64x32 inputs: 8-px mask patches, a small neck
@@ -46,7 +45,7 @@ def inferencer(method, tiny_acdc, checkpoint, work_dir):
 def eval_prediction(adapt, frame):
     """The adapted model's own prediction of ``frame`` (its modes as the
     method set them: BN Adapt's layers on batch statistics), no step."""
-    data = adapt.collate([adapt.prepare(frame)])
+    data = adapt.collate([adapt.load_frame(frame)])
     with torch.no_grad():
         return adapt.model.test_step(data)[0].pred_sem_seg.data.numpy()
 

@@ -10,8 +10,10 @@ import time
 import cv2
 import numpy as np
 import pytest
-from mmseg_stag.apis import FrameSource, open_frames
 from stream_helpers import LEVEL, SIZE, frame
+
+from mmseg_stag.apis import FrameSource, open_frames
+
 
 def number_of(image):
     return int(round(float(image.mean()) / LEVEL))

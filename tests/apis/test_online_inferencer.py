@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 from frame_helpers import benchmark_predictions, options
-from mmseg_stag.apis import OnlineInferencer
 from seg_helpers import REPO, SEG_CFG, tiny_options
+
+from mmseg_stag.apis import OnlineInferencer
 
 
 def inferencer(method, tiny_acdc, checkpoint, work_dir, **kwargs):
@@ -73,7 +74,7 @@ def test_reset_every_n_frames_restarts_from_the_source(
     adapt = inferencer('tent-stag', tiny_acdc, tiny_checkpoint,
                        tmp_path / 'a', reset_every=2)
     source = {k: v.clone() for k, v in adapt.model.state_dict().items()}
-    events = [adapt.step(adapt.prepare(p))[1]['reset'] for p in paths[:4]]
+    events = [adapt.step(adapt.load_frame(p))[1]['reset'] for p in paths[:4]]
     assert events == [None, 'every 2 frames', None, 'every 2 frames']
     assert [r['before'] for r in adapt.resets] == [2, 4]
     # the replaced methods' updates carried over, as the loop counts them
@@ -114,13 +115,13 @@ def test_a_non_finite_step_stops_or_restarts(tiny_acdc, tiny_checkpoint,
         if policy == 'stop':
             with pytest.raises(NonFiniteStatistic, match='is nan at batch '
                                r'1 \(image .*' + osp.basename(paths[1])):
-                adapt.step(adapt.prepare(paths[1]), name=paths[1])
+                adapt.step(adapt.load_frame(paths[1]), name=paths[1])
             continue
-        _, stats = adapt.step(adapt.prepare(paths[1]), name=paths[1])
+        _, stats = adapt.step(adapt.load_frame(paths[1]), name=paths[1])
         assert stats['reset'].startswith('non-finite')
         assert 'nonfinite' in stats
         assert torch.isfinite(adapt.loop.method.params[0][1]).all()
-        _, stats = adapt.step(adapt.prepare(paths[2]))
+        _, stats = adapt.step(adapt.load_frame(paths[2]))
         assert stats['reset'] is None and np.isfinite(stats['loss'])
 
 

@@ -7,9 +7,8 @@ import json
 import os.path as osp
 
 import pytest
-from mmengine.config import Config
-
 from cls_helpers import CIFAR, IMAGENET, killable_config, options
+from mmengine.config import Config
 
 
 @pytest.fixture

@@ -10,11 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from cls_helpers import CIFAR, killable_config, options
 from mmengine.runner import LogProcessor
 
 from benchmarks import meters
-
-from cls_helpers import CIFAR, killable_config, options
 
 
 @pytest.fixture

@@ -2,13 +2,22 @@
 metric), the cumulative accuracy per batch against a direct count, and
 ``tools/analysis/running_curves.py`` with its files and errors."""
 import csv
+import importlib.util
 import json
+import os.path as osp
 
 import pytest
-
-from mmseg_stag.analysis import read_per_image, running_accuracy
-
 from cls_helpers import CIFAR, options, run
+from seg_helpers import REPO
+
+# the curves are the tool's (tools/analysis/running_curves.py)
+_SPEC = importlib.util.spec_from_file_location(
+    'tool_analysis_running_curves',
+    osp.join(REPO, 'tools', 'analysis', 'running_curves.py'))
+_TOOL = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_TOOL)
+read_per_image = _TOOL.read_per_image
+running_accuracy = _TOOL.running_accuracy
 
 
 @pytest.fixture

@@ -7,10 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from cls_helpers import CIFAR, killable_config, options
 
 from mmseg_stag.classification import CIFARC
-
-from cls_helpers import CIFAR, killable_config, options
 
 
 @pytest.fixture

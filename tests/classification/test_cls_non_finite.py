@@ -8,11 +8,11 @@ import os.path as osp
 
 import pytest
 import torch
+from cls_helpers import CIFAR, IMAGENET, options, run
 
 from mmseg_stag.core.methods.base import BaseMethod
 from mmseg_stag.engine import OnlineAdaptationLoop
 from mmseg_stag.engine.run_state import STATE_FILE
-from cls_helpers import CIFAR, IMAGENET, options, run
 
 #: 40 images a corruption, 8 a batch: stage 1 is batches 5 to 9
 K = 7

@@ -11,15 +11,15 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-
-from mmseg_stag.classification import SHORT_NAMES
-from mmseg_stag.core import EATA
-from mmseg_stag.engine import OnlineAdaptationLoop
-from mmseg_stag.classification.corruption_table import (
-    format_corruption_table, read_corruption_row, write_corruption_table)
-from seg_helpers import python_path
 from cls_helpers import (CIFAR, IMAGENET, REPO, assert_same_run,
                          killable_config, numbers, options, run, run_tool)
+from seg_helpers import python_path
+
+from mmseg_stag.classification import SHORT_NAMES
+from mmseg_stag.classification.corruption_table import (
+    format_corruption_table, read_corruption_row, write_corruption_table)
+from mmseg_stag.core import EATA
+from mmseg_stag.engine import OnlineAdaptationLoop
 
 
 def per_corruption(results):

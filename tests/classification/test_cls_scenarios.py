@@ -69,8 +69,7 @@ def test_continual_and_mild_streams(stream, names):
 def test_stream_dataset_stages_and_stage_aligned_batches(stream, names):
     from mmengine.dataset import DefaultSampler
 
-    from mmseg_stag.classification import (CorruptionStream,
-                                           StageBatchSampler)
+    from mmseg_stag.classification import CorruptionStream, StageBatchSampler
     from mmseg_stag.engine.stream import StreamStage
     _, root = stream
     ds = CorruptionStream(dict(type='CIFARC', data_root=root),

@@ -13,12 +13,12 @@ import shutil
 import sys
 
 import pytest
-from mmengine.config import Config
-
 from cls_helpers import CIFAR, options
-from mmseg_stag.paper.results import ACDC_STAGES
+from mmengine.config import Config
 from run_helpers import run_config
 from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
+
+from mmseg_stag.paper.results import ACDC_STAGES
 
 NVLABS_TENT = 'segformer_mit-b5-nvlabs_acdc-continual_{}.py'
 

@@ -9,12 +9,12 @@ import os.path as osp
 import numpy as np
 import pytest
 import torch
-
-from mmseg_stag.classification.ecotta_warmup import warm_up_checkpoint
-from seg_helpers import python_path
 from cls_helpers import (REPO, assert_same_run, killable_config, options,
                          run_tool)
 from run_helpers import run_config
+from seg_helpers import python_path
+
+from mmseg_stag.classification.ecotta_warmup import warm_up_checkpoint
 
 CONFIG = osp.join(REPO, 'configs/cls/cifar-c/cifar10-c_continual_wrn-28-10_'
                   'ecotta-k4{}.py')

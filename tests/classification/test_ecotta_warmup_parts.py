@@ -7,13 +7,11 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from reference.ecotta_reference import reference_warmup_lr
 
 from mmseg_stag.classification.ecotta_warmup import (augment,
                                                      read_training_set,
-                                                     warmup_device,
-                                                     warmup_lr)
-
-from reference.ecotta_reference import reference_warmup_lr
+                                                     warmup_device, warmup_lr)
 
 
 def test_learning_rate_is_warm_up_then_multistep():

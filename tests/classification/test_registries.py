@@ -5,10 +5,10 @@ holds our classes or is one that a shipped config's run builds from (with
 looks for the scope's child, and warns where it finds none), and every
 root such a run builds from has one. Measured on a tiny run of a real
 classification config (the segmentation configs run in MMSeg's scope)."""
+from cls_helpers import CIFAR, options, run
 from mmengine.registry import Registry
 
 import mmseg_stag.registry as scope
-from cls_helpers import CIFAR, options, run
 
 
 def test_the_scope_has_a_registry_where_a_run_names_one(

@@ -9,14 +9,14 @@ import os.path as osp
 
 import pytest
 import torch
+from cls_helpers import CIFAR, killable_config, options, run_tool
 from mmengine.config import Config
 from mmengine.hooks import Hook
-
-from mmseg_stag.engine.run_state import STATE_FILE
-from mmseg_stag.engine.report import read_partial, read_results
-from mmseg_stag.engine.runs import prepare_config, run_test
-from cls_helpers import CIFAR, killable_config, options, run_tool
 from run_helpers import numbers
+
+from mmseg_stag.engine.report import read_partial, read_results
+from mmseg_stag.engine.run_state import STATE_FILE
+from mmseg_stag.engine.runs import prepare_config, run_test
 
 #: the config's metric (the paper's table shows err) and a second one
 TWO = [dict(type='StreamAccuracyMetric', table_metric='err'),

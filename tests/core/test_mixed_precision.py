@@ -14,17 +14,15 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
-from mmseg_stag.core.probe import run_probe
-from mmseg_stag.core import (TENT, Batch, HeadProbe, TaskAdapter,
-                             build_method)
-from mmseg_stag.classification.ecotta_network import attach_meta_networks
-from mmseg_stag.classification import WideResNet
-
 from reference.adaptation_testbed import make_cnn, unit_images
 from reference.ecotta_reference import (build_reference, reference_adapt,
                                         set_cal_mseloss)
 from reference.sar_reference import RefSAR
+
+from mmseg_stag.classification import WideResNet
+from mmseg_stag.classification.ecotta_network import attach_meta_networks
+from mmseg_stag.core import TENT, Batch, HeadProbe, TaskAdapter, build_method
+from mmseg_stag.core.probe import run_probe
 
 BF16 = torch.bfloat16
 

@@ -8,10 +8,10 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+from host_syncs import HostSyncCounter
 from mmseg.registry import MODELS
 
 import mmseg_stag  # noqa: F401  (registers STAGLoss into MMSeg's MODELS)
-from host_syncs import HostSyncCounter
 from mmseg_stag.core import STAGLoss, stag
 
 

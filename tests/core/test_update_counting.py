@@ -10,13 +10,12 @@ import math
 
 import pytest
 import torch
+from host_syncs import HostSyncCounter
+from reference.adaptation_testbed import make_cnn, unit_images
 
 from mmseg_stag.classification import WideResNet
 from mmseg_stag.classification.ecotta_network import attach_meta_networks
 from mmseg_stag.core import Batch, HeadProbe, TaskAdapter, build_method
-
-from host_syncs import HostSyncCounter
-from reference.adaptation_testbed import make_cnn, unit_images
 
 STAG = dict(beta0=2.0, gamma=3.0)
 OVERFLOW = float('inf')  # a loss scale that overflows every gradient

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-
 from cuda_runs import CIFAR_NAMES
 
 

@@ -14,13 +14,12 @@ import sys
 import uuid
 
 import pytest
+import tool_runs
 import torch
-
 from cls_helpers import options
 from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
                          python_path, tiny_options)
-import tool_runs
 
 #: the device parameter: the CPU always, CUDA where there is one
 DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.cuda)]

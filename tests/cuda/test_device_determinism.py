@@ -8,10 +8,9 @@ import os.path as osp
 
 import pytest
 import torch
-
+from cuda_runs import (DEVICES, cls_options, config_of, run_tool, seg_options,
+                       tool_args, tool_config)
 from run_helpers import numbers
-from cuda_runs import (DEVICES, cls_options, config_of, run_tool,
-                       seg_options, tool_args, tool_config)
 
 
 def results(work_dir):

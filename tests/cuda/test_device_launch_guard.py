@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from cuda_runs import run_command
 from seg_helpers import (REPO, SEG_CFG, as_cli, free_port, mmseg_test_py,
                          tiny_options)

@@ -11,7 +11,6 @@ import json
 import os.path as osp
 
 import pytest
-
 from cuda_runs import (CIFAR_NAMES, Run, assert_finite_numbers,
                        assert_finite_on, cls_options, config_of,
                        device_precisions, is_classification, seg_options,

@@ -9,11 +9,10 @@ import signal
 
 import pytest
 import torch
-
+from cuda_runs import (DEVICES, Run, assert_finite_on, cls_options, config_of,
+                       run_tool, seg_options, tensors_of, tool_args,
+                       tool_config, use_device)
 from run_helpers import numbers
-from cuda_runs import (DEVICES, Run, assert_finite_on, cls_options,
-                       config_of, run_tool, seg_options, tensors_of,
-                       tool_args, tool_config, use_device)
 
 from mmseg_stag.engine.run_state import STATE_FILE
 

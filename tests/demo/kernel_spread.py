@@ -30,6 +30,7 @@ import sys
 import time
 
 import recorded
+
 from demo_data import kernel_paths
 
 #: tests (besides the reduced demos) that compare with numbers recorded on

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+import tool_runs
 import torch
 from recorded import ENV, check_or_record, reduced_command, reduced_numbers
 
@@ -18,7 +19,6 @@ from demo_data.cls_data import (corrupt_images, split_train_test,
                                 write_corrupted_set)
 from demo_data.cls_train import random_shift, train_classifier
 from mmseg_stag.classification import CIFARC, SmallCNN, to_uint8_chw
-import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

@@ -3,9 +3,9 @@ benchmark, a trained source model and the online runs through the same
 scripts, end to end."""
 import json
 
+import tool_runs
 from recorded import (ENV, REPO, check_or_record, reduced_command,
                       reduced_numbers)
-import tool_runs
 
 
 def test_reduced_demo_end_to_end(tmp_path):

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
 import recorded
+
 from demo_data import kernel_paths
 
 DATA = recorded.load()

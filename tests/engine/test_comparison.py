@@ -4,8 +4,8 @@ one table in CSV/JSON/Markdown and one figure."""
 import csv
 import json
 
-from mmseg_stag.engine.comparison import (
-    read_run_stages, short_labels, write_comparison)
+from mmseg_stag.engine.comparison import (read_run_stages, short_labels,
+                                          write_comparison)
 from mmseg_stag.engine.report import results_record
 
 

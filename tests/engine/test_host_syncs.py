@@ -4,7 +4,6 @@ the logger's interval or a stage end (see tests/host_syncs.py for what is
 counted); BN Adapt and CoTTA likewise, Hybrid-TTA once a step (its tuning
 switch). Classification's step likewise."""
 import pytest
-
 from host_syncs import count_loop_syncs
 from seg_helpers import make_runner
 
@@ -96,8 +95,9 @@ def test_the_loop_reads_the_device_only_at_stage_ends(
     the statistics once and the metric's areas once. TENT+STAG eager and
     with the step replayed as a (stand-in) CUDA graph, which the stage
     restart keeps; BN Adapt+STAG and segmentation CoTTA+STAG eager."""
-    from benchmarks import stand_in_graph
     from host_syncs import count_whole_loop
+
+    from benchmarks import stand_in_graph
     extra = {'default_hooks.logger.interval': 50,
              **(COTTA if method.startswith('cotta') else {})}
     if graph:

@@ -9,10 +9,10 @@ import re
 
 import pytest
 import torch
+from seg_helpers import make_runner
 
 from mmseg_stag.engine.run_state import STATE_FILE
 from mmseg_stag.segmentation.methods.hybrid_tta import TuningSwitch
-from seg_helpers import make_runner
 
 #: the first batch of the third stage is 4 (2 images a stage); k is the
 #: stage's second: the stage's first batch was finite, nothing of it written
@@ -135,6 +135,7 @@ def test_hybrid_tta_restarts_from_the_source_with_its_modules(
     from dataclasses import replace
 
     from mmseg_stag.engine import OnlineAdaptationLoop
+    from mmseg_stag.engine.online_loop import runner_model
     from mmseg_stag.segmentation import ACDCContinualDataset
     stages = ACDCContinualDataset.stream_stages
 
@@ -148,7 +149,7 @@ def test_hybrid_tta_restarts_from_the_source_with_its_modules(
 
     def checked(self, index):
         restart(self, index)
-        adapted = self.task.adapted_module(self._model(self.runner))
+        adapted = self.task.adapted_module(runner_model(self.runner))
         state = adapted.state_dict()
         assert state.keys() == self.source_state.keys()
         restarts.append(all(torch.equal(state[k], v)

@@ -4,8 +4,8 @@ one forward and at most one backward per batch, predict-then-adapt, which
 parameters move, the STAG term, the log lines, and errors before the first
 batch."""
 import copy
-import math
 import glob
+import math
 import os
 import os.path as osp
 import shutil
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 from mmengine.hooks import Hook
+from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
+                         fresh_model, make_runner, tiny_options)
 
 from mmseg_stag import stag
 from mmseg_stag.core import select_parameters
 from mmseg_stag.engine import online_loop
 from mmseg_stag.engine.launch_guard import DISTRIBUTED_ERROR
-from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
-                         fresh_model, make_runner, tiny_options)
 
 CLASSIFIER = 'decode_head.conv_seg'
 SLIDE = dict(mode='slide', crop_size=(32, 32), stride=(24, 24))

@@ -12,11 +12,11 @@ import mmseg
 import pytest
 import torch
 from mmengine.config import Config
+from run_helpers import run_config
+from seg_helpers import REPO, SEG_CFG, tiny_options
 
 import mmseg_stag
 from mmseg_stag.engine import provenance
-from run_helpers import run_config
-from seg_helpers import REPO, SEG_CFG, tiny_options
 
 
 def git(*args):

@@ -7,11 +7,10 @@ import math
 
 import numpy as np
 import pytest
-
 import torch
 
 from mmseg_stag.engine.report import (PARTIAL_FILE, RESULTS_SCHEMA,
-                                      append_partial, format_table,
+                                      append_partial, format_stage_table,
                                       mean_ignoring_nan, read_partial,
                                       read_results, results_record,
                                       write_results, write_torch)
@@ -55,7 +54,7 @@ def test_format_table_missing_stage():
               dict(round=1, condition='night', score_name='mIoU',
                    score=40.0),
               dict(round=2, condition='fog', score_name='mIoU', score=50.0)]
-    table = format_table(stages, ['fog', 'night'])
+    table = format_stage_table(stages, ['fog', 'night'])
     lines = table.splitlines()
     assert lines[0] == 'Round |    fog |  night |   Mean'
     assert lines[1] == '    1 |   60.0 |   40.0 |   50.0'

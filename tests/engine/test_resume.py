@@ -11,7 +11,6 @@ import sys
 
 import pytest
 import torch
-
 from run_helpers import killable_config, numbers
 from seg_helpers import (REPO, SEG_CFG, as_cli, eata_source_options,
                          python_path, run_script, tiny_options)

@@ -15,7 +15,6 @@ import os.path as osp
 import pytest
 import torch.nn as nn
 from mmengine.config import Config
-
 from real_model_helpers import REPO, need, source
 
 torchvision = need('torchvision')
@@ -139,8 +138,9 @@ def authors_fisher(net, batches):
                                         ('vit-b16', 224)])
 def test_eata_fisher_is_the_authors(model, size):
     import torch
-    from mmseg_stag.core import (Batch, HeadProbe, TaskAdapter,
-                                 build_method, use_batch_statistics)
+
+    from mmseg_stag.core import (Batch, HeadProbe, TaskAdapter, build_method,
+                                 use_batch_statistics)
     torch.manual_seed(1)
     batches = [torch.rand(2, 3, size, size, dtype=torch.float64)
                for _ in range(2)]

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
-
 from real_model_helpers import REPO, need, original_vit_npz, save, source
 
 torchvision = need('torchvision')

@@ -10,7 +10,6 @@ import os.path as osp
 
 import numpy as np
 import pytest
-
 from real_model_helpers import REPO, need, save, source
 
 need('torchvision')
@@ -18,7 +17,7 @@ need('timm')
 
 from run_helpers import run_config as run  # noqa: E402
 
-CORRUPTIONS = ['gaussian_noise', 'shot_noise']
+SOME_CORRUPTIONS = ['gaussian_noise', 'shot_noise']
 WNIDS = ['n01440764', 'n01443537']
 
 
@@ -29,7 +28,7 @@ def imagenet_c(tmp_path_factory):
     from PIL import Image
     root = tmp_path_factory.mktemp('imagenet_c')
     rng = np.random.default_rng(0)
-    for folder in [osp.join(c, '5') for c in CORRUPTIONS] + ['val']:
+    for folder in [osp.join(c, '5') for c in SOME_CORRUPTIONS] + ['val']:
         for wnid in WNIDS:
             os.makedirs(root / folder / wnid)
             Image.fromarray(rng.integers(0, 256, (64, 64, 3),
@@ -43,7 +42,7 @@ def cifar_c(tmp_path_factory):
     root = tmp_path_factory.mktemp('cifar_c')
     rng = np.random.default_rng(1)
     np.save(root / 'labels.npy', rng.integers(0, 10, 5 * 4))
-    for c in CORRUPTIONS:
+    for c in SOME_CORRUPTIONS:
         np.save(root / f'{c}.npy', rng.integers(0, 256, (5 * 4, 32, 32, 3),
                                                 dtype=np.uint8))
     return str(root)
@@ -75,13 +74,13 @@ IMAGENET = [(model, method) for model in ('resnet50-bn', 'resnet50-gn',
 def test_imagenet_c_methods(tmp_path, imagenet_c, weights, model, method):
     options = {
         'test_dataloader.dataset.corruption_set.data_root': imagenet_c,
-        'test_dataloader.dataset.corruptions': CORRUPTIONS,
+        'test_dataloader.dataset.corruptions': SOME_CORRUPTIONS,
         'test_dataloader.batch_size': 2,
         'test_dataloader.num_workers': 0,
     }
     if method == 'eata':  # Fisher from the clean folder, one corruption
         options.update({
-            'test_dataloader.dataset.corruptions': CORRUPTIONS[:1],
+            'test_dataloader.dataset.corruptions': SOME_CORRUPTIONS[:1],
             'test_cfg.source_dataloader.dataset.images.data_root':
                 osp.join(imagenet_c, 'val'),
             'test_cfg.source_dataloader.dataset.images.n_examples': 4,
@@ -109,13 +108,13 @@ def test_cifar_c_methods(tmp_path, cifar_c, weights, model, benchmark,
     options = {
         'test_dataloader.dataset.corruption_set.data_root': cifar_c,
         'test_dataloader.dataset.corruption_set.n_examples': 4,
-        'test_dataloader.dataset.corruptions': CORRUPTIONS,
+        'test_dataloader.dataset.corruptions': SOME_CORRUPTIONS,
         'test_dataloader.batch_size': 2,
         'test_dataloader.num_workers': 0,
     }
     if method == 'cotta':
         options.update({'test_dataloader.dataset.corruptions':
-                        CORRUPTIONS[:1], 'test_cfg.method.num_augs': 2})
+                        SOME_CORRUPTIONS[:1], 'test_cfg.method.num_augs': 2})
     if method.startswith('ecotta'):  # no warm-up here: a cold start
         options['model.network.allow_cold_start'] = True
     stages = len(options['test_dataloader.dataset.corruptions'])
@@ -140,7 +139,7 @@ def test_tools_test_py_runs_a_real_model(tmp_path, imagenet_c, weights):
                f'test_dataloader.dataset.corruption_set.data_root='
                f'{imagenet_c}',
                'test_dataloader.dataset.corruptions=[' +
-               ','.join(CORRUPTIONS) + ']',
+               ','.join(SOME_CORRUPTIONS) + ']',
                'test_dataloader.batch_size=2',
                'test_dataloader.num_workers=0']
 

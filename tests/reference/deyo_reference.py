@@ -3,7 +3,6 @@ the tests: ``DeYO.forward_and_adapt_deyo`` of ``methods/deyo.py`` with
 ``aug_type='patch'``; its einops patch shuffle written as a loop over the
 patches."""
 import torch
-
 from reference.entropy_reference import softmax_entropy
 
 

@@ -3,7 +3,6 @@ for the tests: ``update_model_probs`` and ``forward_and_adapt_eata`` of
 ``eata.py``; the Fisher loop of ``main.py`` recomputed by hand."""
 import torch
 import torch.nn.functional as F
-
 from reference.entropy_reference import softmax_entropy
 
 

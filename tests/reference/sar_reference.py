@@ -8,7 +8,6 @@ from copy import deepcopy
 
 import numpy as np
 import torch
-
 from reference.entropy_reference import softmax_entropy
 
 

@@ -13,6 +13,10 @@ import os.path as osp
 import pytest
 import torch
 import torch.nn.functional as F
+from nondeterministic_ops import (NONDETERMINISTIC_CUDA_OPS,
+                                  ROUTED_BY_INTERPOLATE, raises_on_cuda)
+from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
+                         make_runner, save_checkpoint, tiny_options)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmseg_stag.engine import determinism
@@ -22,10 +26,6 @@ from mmseg_stag.engine.determinism import (REMAINING_NONDETERMINISTIC_OPS,
 from mmseg_stag.segmentation.task_adapter import (
     bilinear_resize, deterministic_cross_entropy,
     full_resolution_cross_entropy, interpolation_matrix)
-from nondeterministic_ops import (NONDETERMINISTIC_CUDA_OPS,
-                                  ROUTED_BY_INTERPOLATE, raises_on_cuda)
-from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
-                         make_runner, save_checkpoint, tiny_options)
 
 
 class OpRecorder(TorchDispatchMode):

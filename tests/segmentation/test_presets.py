@@ -14,10 +14,10 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
-
-from demo_data import make_acdc_like_tree
 from run_helpers import run_config
 from seg_helpers import REPO, build_from_config, save_checkpoint, tiny_options
+
+from demo_data import make_acdc_like_tree
 
 #: a preset's file name ends with what it does: a graph or not
 SUFFIXES = ('_bf16.py', '_bf16-graph.py')

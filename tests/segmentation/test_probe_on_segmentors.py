@@ -10,11 +10,11 @@ from mmseg.models.decode_heads import SegformerHead
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
 from mmseg.structures import SegDataSample
+from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
+                         build_segmentor, tiny_options)
 
 import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.core import HeadProbe
-from seg_helpers import (NVLABS_SEG_CFG, SEG_CFG, build_from_config,
-                         build_segmentor, tiny_options)
 
 NUM_CLASSES = 5
 BN = dict(type='BN', requires_grad=True)

@@ -7,17 +7,15 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
-from mmseg.registry import (DATASETS, LOG_PROCESSORS, LOOPS, METRICS,
-                            MODELS)
+from mmseg.registry import DATASETS, LOG_PROCESSORS, LOOPS, METRICS, MODELS
+from seg_helpers import REPO
 
 import mmseg_stag
 from mmseg_stag.core import METHODS, STAGLoss
 from mmseg_stag.engine import (OnlineAdaptationLogProcessor,
                                OnlineAdaptationLoop)
-from mmseg_stag.segmentation import (ACDCContinualDataset,
-                                     ContinualIoUMetric,
+from mmseg_stag.segmentation import (ACDCContinualDataset, ContinualIoUMetric,
                                      NVMixVisionTransformer, NVSegformerHead)
-from seg_helpers import REPO
 
 # the fast presets (``…_bf16.py``, ``…_bf16-graph.py``):
 # tests/segmentation/test_presets.py

@@ -11,10 +11,10 @@ import os.path as osp
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
-from seg_helpers import REPO, SEG_CFG, tiny_options
 from frame_helpers import benchmark_predictions, options
+from PIL import Image
+from seg_helpers import REPO, SEG_CFG, tiny_options
+
 
 def load_tool(name):
     spec = importlib.util.spec_from_file_location(

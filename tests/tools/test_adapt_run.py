@@ -13,7 +13,6 @@ import signal
 import numpy as np
 import pytest
 import torch
-
 from frame_helpers import benchmark_predictions
 from test_adapt import adapt_tool, label_maps, run_adapt, stream_list
 

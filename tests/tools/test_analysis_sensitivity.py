@@ -9,10 +9,9 @@ import os.path as osp
 import sys
 
 import pytest
-
+import tool_runs
 from cls_helpers import tiny_cifar_c
 from seg_helpers import REPO
-import tool_runs
 
 pytest.importorskip('ray', reason='the sweep extra: pip install -e '
                     "'.[sweep]'")

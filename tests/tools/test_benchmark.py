@@ -7,12 +7,12 @@ import os.path as osp
 import sys
 
 import pytest
+import tool_runs
 import torch
 
 from benchmarks import meters, step_benchmark
 from mmseg_stag.segmentation.methods.cotta import \
     view_probabilities as original_view_probabilities
-import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

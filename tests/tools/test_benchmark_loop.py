@@ -7,7 +7,6 @@ import os.path as osp
 import sys
 
 import pytest
-
 from seg_helpers import REPO, SEG_CFG, as_cli, run_script, tiny_options
 
 

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG, as_cli,
                          build_from_config, save_checkpoint, tiny_options)
 

@@ -12,10 +12,10 @@ import os.path as osp
 import sys
 
 import pytest
+import tool_runs
 import torch
 
 from benchmarks import first_contact
-import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

@@ -11,10 +11,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import tool_runs
 import torch
 
 from benchmarks import gpu_report, gpu_steps
-import tool_runs
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

@@ -4,7 +4,6 @@ import json
 import os.path as osp
 
 import pytest
-
 from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 
 

@@ -11,9 +11,8 @@ import sys
 import time
 
 import pytest
-
-from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 import tool_runs
+from seg_helpers import REPO, SEG_CFG, as_cli, tiny_options
 
 ray = pytest.importorskip('ray', reason='the sweep extra: pip install -e '
                           "'.[sweep]' (tools/install_env.sh installs it)")

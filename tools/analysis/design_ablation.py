@@ -28,9 +28,9 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.rows import (  # noqa: E402
-    mean_score, parse_rows, pyplot, require_stag, row_parser, save_figure,
-    stage_config, write_numbers)
+from benchmarks.rows import (mean_score, parse_rows, pyplot, require_stag,
+                             row_parser, save_figure, stage_config,
+                             write_numbers)
 
 NAME = 'ablation_design'
 #: the table's rows: (title, stag options; None: STAG off)

@@ -41,10 +41,9 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks import meters  # noqa: E402
-from benchmarks.rows import (  # noqa: E402
-    parse_rows, pyplot, row_parser, run_stage, save_figure, slug,
-    write_numbers)
+from benchmarks import meters
+from benchmarks.rows import (parse_rows, pyplot, row_parser, run_stage,
+                             save_figure, slug, write_numbers)
 
 NAME = 'efficiency'
 #: a row's numbers, in the CSV's order

@@ -33,9 +33,8 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.rows import (  # noqa: E402
-    check_files, mean_score, pyplot, require_stag, save_figure, stage_config,
-    write_numbers)
+from benchmarks.rows import (check_files, mean_score, pyplot, require_stag,
+                             save_figure, stage_config, write_numbers)
 
 NAME = 'hp_sensitivity'
 SWEEP = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'sweep.py')

@@ -33,9 +33,8 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from benchmarks.rows import (  # noqa: E402
-    parse_rows, pyplot, row_parser, run_stage, save_figure, slug,
-    write_numbers)
+from benchmarks.rows import (parse_rows, pyplot, row_parser, run_stage,
+                             save_figure, slug, write_numbers)
 
 NAME = 'tsne'
 

@@ -9,14 +9,14 @@ import torch
 import torch.nn as nn
 from mmengine.optim import OPTIMIZERS  # importing it registers torch.optim
 
-from ..params import (check_trainable, select_parameters,
-                      use_batch_statistics)
+from ..losses import mean_over_outputs
+from ..params import check_trainable, select_parameters, use_batch_statistics
 from ..probe import PREDICTION_KINDS
 from ..registry import check_stage_restart, check_supports
 from ..stag import stag_beta
 from ..stag_loss import build_stag_loss, log_anchor_signs
-from ..task_adapter import (Batch, ForwardPass, Logits, Prediction,
-                            StepStats, TaskAdapter)
+from ..task_adapter import (Batch, ForwardPass, Logits, Prediction, StepStats,
+                            TaskAdapter)
 from .method_state import MethodState, restart_in_place
 
 
@@ -324,10 +324,10 @@ class BaseMethod(UpdateCount, MethodState):
         if base is not None:
             stats.loss_base = base.detach()
         if self.stag_loss is not None:
-            weight, bias = self.classifier.weight, self.classifier.bias
-            # eq:stag_batch_loss, over every sample (pixel) of the pass
-            l_stag = self.stag_loss.over_outputs(fwd.head_outputs, weight,
-                                                 bias)
+            # eq:stag_batch_loss, each classifier call's pairs by their size
+            l_stag = mean_over_outputs(functools.partial(
+                self.stag_loss, cls_weight=self.classifier.weight,
+                cls_bias=self.classifier.bias), fwd.head_outputs)
             beta = self.beta if beta is None else beta
             stats.loss_stag, stats.beta = l_stag.detach(), beta
             total = beta * l_stag if total is None else total + beta * l_stag

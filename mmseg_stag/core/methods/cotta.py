@@ -9,8 +9,8 @@ import torch.nn as nn
 from ..losses import (cross_entropy_to_teacher, flatten_outputs,
                       symmetric_cross_entropy)
 from ..registry import METHODS, check_range
-from ..task_adapter import (Batch, ForwardPass, Logits, PassStats,
-                            Prediction, StepStats)
+from ..task_adapter import (Batch, ForwardPass, Logits, PassStats, Prediction,
+                            StepStats)
 from .base import BaseMethod
 from .cotta_transforms import CoTTAAugment, cotta_augment_params
 

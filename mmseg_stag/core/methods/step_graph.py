@@ -25,7 +25,6 @@ import torch
 
 from ..task_adapter import StepStats
 
-
 #: what MMSeg's ``postprocess_result`` sets on each data sample; a
 #: captured step whose loss post-processed (TENT's full-size loss) has
 #: them among its outputs
@@ -111,7 +110,7 @@ class CUDAGraphStep:
         self.checked = False  # check_method ran (at the first step)
         self.stream = None
 
-    def reset(self) -> None:
+    def clear(self) -> None:
         """Forget every graph and its memory pool (a new stage; the
         optimizer was rebuilt or reloaded: its state tensors are new)."""
         self.graphs.clear()
@@ -141,7 +140,7 @@ class CUDAGraphStep:
         # ``state``): the graphs stepped the old tensors
         if self.optimizer is not optimizer or self.optimizer_state is not \
                 state:
-            self.reset()
+            self.clear()
             self.optimizer, self.optimizer_state = optimizer, state
         key = graph_key(batch)
         captured = self.graphs.get(key)

@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from mmengine.logging import print_log
 
+from mmseg_stag.checkpoint import attach_added_modules
 from mmseg_stag.core import METHODS, Labels, NonFiniteStatistic, StepStats
 from mmseg_stag.core.methods.base import BaseMethod
 from mmseg_stag.core.methods.cotta import ema_update_
 from mmseg_stag.core.registry import check_range
-from mmseg_stag.checkpoint import attach_added_modules
 from ..models.hybrid_tta_modules import (PatchMaskGenerator, masked_l1,
                                          masked_mit_features)
 

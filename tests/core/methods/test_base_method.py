@@ -7,12 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
-from mmseg_stag.core import (METHODS, Batch, BNAdapt, ForwardPass, HeadProbe,
-                             Source, TaskAdapter, TENT, build_method,
-                             select_parameters, stag)
-
 from reference.adaptation_testbed import adapt
+
+from mmseg_stag.core import (METHODS, TENT, Batch, BNAdapt, ForwardPass,
+                             HeadProbe, Source, TaskAdapter, build_method,
+                             select_parameters, stag)
 
 
 class TinySegNet(nn.Module):

@@ -8,20 +8,18 @@ import math
 
 import pytest
 import torch
-
-from mmseg_stag.core import (Batch, Logits, PassStats, STAGLoss,
-                             build_method, use_batch_statistics)
-from mmseg_stag.core.losses import (cross_entropy_to_teacher,
-                                    symmetric_cross_entropy)
-from mmseg_stag.core.methods.cotta import CoTTA
-
+from reference.adaptation_testbed import (CNN_ADAPTER, SEG_ADAPTER, C, adapt,
+                                          assert_params_equal, make_cnn)
+from reference.adaptation_testbed import unit_images as batch
 from reference.cotta_reference import (RefCoTTA, RefCoTTAImageNet,
                                        ref_softmax_entropy,
                                        ref_symmetric_softmax_entropy)
-from reference.adaptation_testbed import C, adapt, assert_params_equal
-from reference.adaptation_testbed import CNN_ADAPTER, SEG_ADAPTER
-from reference.adaptation_testbed import make_cnn
-from reference.adaptation_testbed import unit_images as batch
+
+from mmseg_stag.core import (Batch, Logits, PassStats, STAGLoss, build_method,
+                             use_batch_statistics)
+from mmseg_stag.core.losses import (cross_entropy_to_teacher,
+                                    symmetric_cross_entropy)
+from mmseg_stag.core.methods.cotta import CoTTA
 
 LR = 1e-2  # large, so that a wrong update is visible
 

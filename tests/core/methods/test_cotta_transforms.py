@@ -7,10 +7,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from reference.adaptation_testbed import unit_images as batch
 
 from mmseg_stag.core.methods import cotta_transforms as A
-
-from reference.adaptation_testbed import unit_images as batch
 
 
 def test_augment_shape_range_and_identity_settings():

@@ -10,25 +10,24 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from reference.adaptation_testbed import CNN_ADAPTER
+from reference.adaptation_testbed import CNN_PROBE as FORWARD
+from reference.adaptation_testbed import (OPT, SEG_ADAPTER, SEG_PROBE, C,
+                                          PixelsAsSamples, ScriptedAdapter,
+                                          adapt, assert_params_equal)
+from reference.adaptation_testbed import block_images as batch
+from reference.adaptation_testbed import make_cnn as make_model
+from reference.adaptation_testbed import (make_seg_net, pixel_rows,
+                                          pixels_as_samples,
+                                          sgd_on_norm_params)
+from reference.deyo_reference import (ref_forward_and_adapt_deyo,
+                                      ref_shuffle_patches)
+from reference.entropy_reference import softmax_entropy as ref_entropy
 
 from mmseg_stag.core import (Batch, ForwardPass, HeadProbe, STAGLoss,
                              TaskAdapter, build_method)
 from mmseg_stag.core.methods.deyo import DeYO, patch_shuffle
 from mmseg_stag.core.methods.sar import SAR_AUTHORS_EXCLUDE
-
-from reference.deyo_reference import (ref_forward_and_adapt_deyo,
-                                      ref_shuffle_patches)
-from reference.adaptation_testbed import C, OPT, adapt, assert_params_equal
-from reference.adaptation_testbed import CNN_PROBE as FORWARD
-from reference.adaptation_testbed import CNN_ADAPTER, ScriptedAdapter
-from reference.adaptation_testbed import block_images as batch
-from reference.adaptation_testbed import make_cnn as make_model
-from reference.adaptation_testbed import sgd_on_norm_params
-from reference.adaptation_testbed import (SEG_ADAPTER, SEG_PROBE,
-                                          PixelsAsSamples,
-                                          make_seg_net, pixel_rows,
-                                          pixels_as_samples)
-from reference.entropy_reference import softmax_entropy as ref_entropy
 
 
 def build(model, **kwargs):

@@ -10,24 +10,21 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from mmseg_stag.core import (Batch, STAGLoss, build_method,
-                             use_batch_statistics)
-from mmseg_stag.core.methods.eata import EATA
-
-from reference.eata_reference import (ref_fishers,
-                                      ref_forward_and_adapt_eata,
+from reference.adaptation_testbed import E0, MLP_ADAPTER
+from reference.adaptation_testbed import MLP_PROBE as FORWARD
+from reference.adaptation_testbed import (OPT, SEG_ADAPTER, C, PixelsAsSamples,
+                                          adapt, assert_params_equal)
+from reference.adaptation_testbed import make_mlp as make_model
+from reference.adaptation_testbed import (make_seg_net, norm_params,
+                                          pixel_rows, pixels_as_samples,
+                                          seg_images, sgd_on_norm_params)
+from reference.adaptation_testbed import vectors as batch
+from reference.eata_reference import (ref_fishers, ref_forward_and_adapt_eata,
                                       ref_update_model_probs)
 from reference.entropy_reference import softmax_entropy as ref_entropy
-from reference.adaptation_testbed import C, E0, OPT, adapt, assert_params_equal
-from reference.adaptation_testbed import MLP_PROBE as FORWARD
-from reference.adaptation_testbed import MLP_ADAPTER
-from reference.adaptation_testbed import make_mlp as make_model
-from reference.adaptation_testbed import norm_params, sgd_on_norm_params
-from reference.adaptation_testbed import vectors as batch
-from reference.adaptation_testbed import (SEG_ADAPTER, PixelsAsSamples,
-                                          make_seg_net, pixel_rows,
-                                          pixels_as_samples, seg_images)
+
+from mmseg_stag.core import Batch, STAGLoss, build_method, use_batch_statistics
+from mmseg_stag.core.methods.eata import EATA
 
 
 def build(model, **kwargs):

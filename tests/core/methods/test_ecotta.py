@@ -7,15 +7,14 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
-from mmseg_stag.classification import CLS_MODELS, WideResNet
-from mmseg_stag.core import (Batch, EcoTTA, HeadProbe, STAGLoss,
-                             TaskAdapter, build_method)
-from mmseg_stag.classification.ecotta_network import attach_meta_networks
-
 from reference.adaptation_testbed import SEG_ADAPTER
 from reference.ecotta_reference import (build_reference, reference_adapt,
                                         set_cal_mseloss)
+
+from mmseg_stag.classification import CLS_MODELS, WideResNet
+from mmseg_stag.classification.ecotta_network import attach_meta_networks
+from mmseg_stag.core import (Batch, EcoTTA, HeadProbe, STAGLoss, TaskAdapter,
+                             build_method)
 
 PARTS = [1, 1, 2, 2]  # WRN-16-1: 6 blocks, K = 4
 SIZE = (3, 16, 16)

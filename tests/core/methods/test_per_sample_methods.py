@@ -9,14 +9,13 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-
-from mmseg_stag.core import (TENT, HeadProbe, TaskAdapter, build_method,
-                             flatten_outputs)
-
-from reference.adaptation_testbed import (C, CNN_ADAPTER, SEG_ADAPTER, adapt,
+from reference.adaptation_testbed import (CNN_ADAPTER, SEG_ADAPTER, C, adapt,
                                           assert_state_unchanged)
 from reference.adaptation_testbed import block_images as batch
 from reference.adaptation_testbed import make_cnn as make_model
+
+from mmseg_stag.core import (TENT, HeadProbe, TaskAdapter, build_method,
+                             flatten_outputs)
 
 PER_SAMPLE_AND_PIXEL = ('eata', 'sar', 'deyo')
 

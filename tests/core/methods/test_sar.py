@@ -11,26 +11,24 @@ from collections import OrderedDict
 import pytest
 import torch
 import torch.nn as nn
+from reference.adaptation_testbed import E0, LR, MLP_ADAPTER
+from reference.adaptation_testbed import MLP_PROBE as FORWARD
+from reference.adaptation_testbed import (OPT, SEG_ADAPTER, SEG_PROBE, C,
+                                          PixelsAsSamples, adapt,
+                                          assert_lists_close,
+                                          assert_params_equal,
+                                          assert_state_unchanged)
+from reference.adaptation_testbed import make_mlp as make_model
+from reference.adaptation_testbed import (make_seg_net, norm_params,
+                                          pixel_forward, pixel_rows,
+                                          pixels_as_samples, seg_images)
+from reference.adaptation_testbed import vectors as batch
+from reference.entropy_reference import softmax_entropy as ref_entropy
+from reference.sar_reference import RefSAR
 
 from mmseg_stag.core import (SAM, Batch, HeadProbe, STAGLoss, TaskAdapter,
                              build_method, use_batch_statistics)
 from mmseg_stag.core.methods.sar import SAR, SAR_AUTHORS_EXCLUDE
-
-from reference.entropy_reference import softmax_entropy as ref_entropy
-from reference.sar_reference import RefSAR
-from reference.adaptation_testbed import (
-    C, E0, LR, OPT, adapt, assert_lists_close, assert_params_equal,
-    assert_state_unchanged)
-from reference.adaptation_testbed import MLP_PROBE as FORWARD
-from reference.adaptation_testbed import MLP_ADAPTER
-from reference.adaptation_testbed import make_mlp as make_model
-from reference.adaptation_testbed import norm_params
-from reference.adaptation_testbed import vectors as batch
-from reference.adaptation_testbed import (SEG_ADAPTER, SEG_PROBE,
-                                          PixelsAsSamples,
-                                          make_seg_net, pixel_forward,
-                                          pixel_rows, pixels_as_samples,
-                                          seg_images)
 
 
 def build(model, **kwargs):

@@ -10,16 +10,15 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from host_syncs import HostSyncCounter
+from test_base_method import ADAPTER, configured, images, make_model
 
 from benchmarks.stand_in_graph import (StandInStream, same_stream,
                                        stand_in_capture)
-from host_syncs import HostSyncCounter
-from mmseg_stag.core import Batch, BNAdapt, TENT, build_method
+from mmseg_stag.core import TENT, Batch, BNAdapt, build_method
 from mmseg_stag.core.methods.step_graph import (CUDAGraphStep,
                                                 check_capturable_optimizer,
                                                 graph_key)
-
-from test_base_method import ADAPTER, configured, images, make_model
 
 STAG = dict(beta0=5.0, gamma=3.0)
 
@@ -133,7 +132,7 @@ def test_each_capture_tolerates_other_threads_in_its_own_pool(
     graphs.check_method = lambda: None
     for x in stream_of_batches():
         method.adapt(Batch(x), replay=graphs)
-    graphs.reset()
+    graphs.clear()
     method.adapt(Batch(images(0)), replay=graphs)
     method.adapt(Batch(images(1)), replay=graphs)
     assert len(StandInCUDAGraph.made) == 3  # two keys, then after a reset

@@ -7,16 +7,16 @@ import re
 
 import numpy as np
 import pytest
+from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmseg.datasets import CityscapesDataset
 from mmseg.registry import DATASETS
-from mmengine.config import Config
 from PIL import Image
+from seg_helpers import REPO
 
 from demo_data import make_acdc_like_tree
 from mmseg_stag.engine.stream import StreamStage, dataset_stages, stage_of
 from mmseg_stag.segmentation.datasets import ACDCContinualDataset
-from seg_helpers import REPO
 
 CONDS = ('fog', 'night', 'rain', 'snow')
 PIPELINE = [

@@ -8,10 +8,10 @@ from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmseg.datasets.transforms import LoadAnnotations
 from PIL import Image
+from seg_helpers import REPO
 
 from demo_data import make_acdc_like_tree
 from mmseg_stag.segmentation.datasets import ACDCContinualDataset
-from seg_helpers import REPO
 
 VIEWS = dict(type='ScaleFlipViews', scale=(64, 32), ratios=(0.5, 1.0, 1.5),
              flip=True)

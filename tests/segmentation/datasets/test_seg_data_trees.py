@@ -14,10 +14,10 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import init_default_scope
 from mmseg.registry import DATASETS
 from PIL import Image
+from seg_helpers import NVLABS_SEG_CFG, REPO
 
 import mmseg_stag  # noqa: F401  (registers the ACDC stream)
 from mmseg_stag.engine.stream import dataset_stages
-from seg_helpers import NVLABS_SEG_CFG, REPO
 
 CONDS = ('fog', 'night', 'rain', 'snow')
 SEQ = 'GOPR0475'  # the recording docs/data.md shows

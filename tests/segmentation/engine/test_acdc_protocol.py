@@ -10,12 +10,12 @@ import os.path as osp
 import pytest
 import torch
 from mmengine.hooks import Hook
-
-from mmseg_stag.segmentation.online_task import split_views
 from reference.cotta_acdc_reference import (label_miou, single_gpu_cotta,
                                             single_gpu_tent, stage_miou,
                                             tent_params)
 from seg_helpers import SEG_CFG, fresh_model, make_runner
+
+from mmseg_stag.segmentation.online_task import split_views
 
 
 def stage_of(runner, batch_idx):

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 import torch
-
-from mmseg_stag.engine.run_state import STATE_FILE
 from run_helpers import killable_config
 from seg_helpers import (REPO, SEG_CFG, as_cli, mmseg_test_py, python_path,
                          run_script, tiny_options)
+
+from mmseg_stag.engine.run_state import STATE_FILE
 
 CONFIG = osp.join(REPO, SEG_CFG.format('hybrid-tta-stag'))
 #: 64x32 inputs: 8-px mask patches; a small neck; a switch that tunes

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 import torch
-
-from mmseg_stag.engine.launch_guard import DISTRIBUTED_ERROR
 from seg_helpers import (REPO, SEG_CFG, as_cli, free_port, mmseg_test_py,
                          python_path, run_script, tiny_options)
+
+from mmseg_stag.engine.launch_guard import DISTRIBUTED_ERROR
 
 TENT_STAG = osp.join(REPO, SEG_CFG.format('tent-stag'))
 STAGES = ['fog', 'night', 'rain', 'snow'] * 2

@@ -9,10 +9,9 @@ import sys
 
 import pytest
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
-
 from seg_helpers import (REPO, SEG_CFG, as_cli, build_from_config,
                          eata_source_options, run_script, tiny_options)
+from torch.nn.modules.batchnorm import _BatchNorm
 
 METHODS = ('cotta', 'eata', 'sar', 'deyo')
 #: the counts each method logs per batch (pixels for the filters)

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 from mmengine.hooks import Hook
+from reference.hybrid_tta_reference import (FreezeController, HybridSegmentor,
+                                            MaskGenerator, recon_loss,
+                                            single_gpu_our)
+from seg_helpers import SEG_CFG, fresh_model, make_runner
 
 from mmseg_stag.segmentation.methods.hybrid_tta import TuningSwitch
 from mmseg_stag.segmentation.models.hybrid_tta_modules import (
     ParallelAdapter, PatchMaskGenerator, masked_l1, masked_mit_features)
-from reference.hybrid_tta_reference import (FreezeController,
-                                            HybridSegmentor, MaskGenerator,
-                                            recon_loss, single_gpu_our)
-from seg_helpers import SEG_CFG, fresh_model, make_runner
 
 #: the tiny stream: 64x32 inputs, so 8-px mask patches; a small neck; a
 #: switch that tunes both ways within eight images

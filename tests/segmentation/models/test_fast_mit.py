@@ -11,13 +11,13 @@ import torch
 from mmengine.registry import init_default_scope
 from mmseg.models.backbones.mit import EfficientMultiheadAttention, MixFFN
 from mmseg.registry import MODELS
+from seg_helpers import mit_backbone
 
 import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.segmentation.models import use_attention
 from mmseg_stag.segmentation.models.fast_mit import (ATTENTION_CLASSES,
                                                      SDPAEfficientAttention,
                                                      ViewMixFFN)
-from seg_helpers import mit_backbone
 
 # head widths 8: stage widths 16/32/40/64, one block each
 MIT = dict(embed_dims=8, num_heads=[2, 4, 5, 8], num_layers=[1, 2, 1, 1],

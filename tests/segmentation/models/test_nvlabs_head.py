@@ -1,26 +1,39 @@
 """``NVSegformerHead`` (NVlabs' SegFormer head) and the NVlabs checkpoint
-converter (``mmseg_stag/segmentation/models/nvlabs_convert.py``)."""
+converter (``tools/convert_nvlabs_segformer.py``, loaded by its path)."""
 import copy
 import importlib.util
 import os.path as osp
 import sys
 
 import pytest
+import tool_runs
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mmengine.registry import init_default_scope
 from mmseg.models.segmentors import EncoderDecoder
 from mmseg.registry import MODELS
-
-import mmseg_stag  # noqa: F401  (registers the components)
-from mmseg_stag.segmentation.models import NVSegformerHead
-from mmseg_stag.segmentation.models.nvlabs_convert import (
-    convert_nvlabs_checkpoint, convert_nvlabs_segformer)
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import (NVLABS_SEG_CFG, REPO, build_from_config,
                          build_segmentor, mit_backbone, tiny_options)
-import tool_runs
+
+import mmseg_stag  # noqa: F401  (registers the components)
+from mmseg_stag.segmentation.models import NVSegformerHead
+
+
+def load_tool():
+    """The converter, ``tools/convert_nvlabs_segformer.py``, as a fresh
+    module: its mapping and its command line."""
+    path = osp.join(REPO, 'tools', 'convert_nvlabs_segformer.py')
+    spec = importlib.util.spec_from_file_location('convert_tool', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_TOOL = load_tool()
+convert_nvlabs_checkpoint = _TOOL.convert_nvlabs_checkpoint
+convert_nvlabs_segformer = _TOOL.convert_nvlabs_segformer
 
 NUM_CLASSES = 5
 EMBED = 12  # embedding_dim (768 for B5)
@@ -399,14 +412,6 @@ def test_unknown_and_inconsistent_keys():
 
 
 # --------------------------------------------------------------------- CLI
-def load_tool():
-    path = osp.join(REPO, 'tools', 'convert_nvlabs_segformer.py')
-    spec = importlib.util.spec_from_file_location('convert_tool', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cli_help_and_errors(tmp_path, capsys):
     tool = load_tool()
     with pytest.raises(SystemExit) as exit_:
