@@ -99,10 +99,10 @@ class Run:
 
     def __init__(self, config, checkpoint, work_dir, opts):
         from mmengine.config import Config
-        from mmengine.model import is_model_wrapper
         from mmengine.runner import Runner
 
         from mmseg_stag.checkpoint import load_model_checkpoint
+        from mmseg_stag.engine.online_loop import runner_model
         from mmseg_stag.engine.online_task import build_task, head_layer_of
         from mmseg_stag.engine.runs import prepare_config
         cfg = Config.fromfile(config)
@@ -111,8 +111,7 @@ class Run:
         cfg.experiment_name = f'device_{uuid.uuid4().hex[:8]}'
         self.runner = Runner.from_cfg(cfg)
         runner = self.runner
-        self.model = runner.model.module if is_model_wrapper(
-            runner.model) else runner.model
+        self.model = runner_model(runner)
         head_layer = head_layer_of(cfg)
         load_model_checkpoint(self.model, checkpoint, head_layer=head_layer)
         task = build_task(self.model, None, head_layer)
