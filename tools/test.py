@@ -24,6 +24,21 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 
+def realtime_cost(text: str):
+    """``--realtime``'s value: a number > 0, or ``measure``."""
+    if text == 'measure':
+        return text
+    try:
+        cost = float(text)
+    except ValueError:
+        cost = float('nan')
+    if not cost > 0 or cost == float('inf'):
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: a step\'s cost in forwards, a number > 0, or '
+            'measure')
+    return cost
+
+
 def parse_args():
     parser = argparse.ArgumentParser(
         description='MMSeg test (and online test-time adaptation)')
@@ -61,6 +76,11 @@ def parse_args():
         'workspace): repeatable runs on a GPU; the few operations without '
         'a deterministic CUDA kernel are warned about and named in the log '
         '(docs/running.md, Reproducibility)')
+    add('--realtime', metavar='COST', type=realtime_cost,
+        help='the realistic online protocol (docs/realtime.md): a step '
+        'costs COST forwards and the batches that arrive during it are '
+        'predicted without an update; measure: the cost timed on the '
+        "first batch (sets test_cfg.realtime=dict(cost=...))")
     add('--cfg-options', nargs='+', action=DictAction, help='override '
         'settings of the config, key=value pairs, e.g. '
         'test_dataloader.dataset.data_root=data/acdc '
@@ -102,7 +122,8 @@ def main():
         cfg.merge_from_dict(args.cfg_options)
     try:
         cfg = prepare_config(cfg, args.work_dir, args.config, args.launcher,
-                             args.seed, args.deterministic, args.resume)
+                             args.seed, args.deterministic, args.resume,
+                             realtime=args.realtime)
     except LaunchError as err:
         if err.every_rank_reports:
             # every rank reports before the launcher stops the others

@@ -98,9 +98,14 @@ class StreamAccuracyMetric(StreamMetric):
     def write_records(self, results: List[dict]) -> None:
         """Write ``per_image.csv`` (behind ``file_prefix``, as the other
         result files): per image, its position and correctness."""
+        # the realistic protocol's runs: whether each image's batch adapted
+        adapted = ('adapted', ) if results and 'adapted' in results[0] \
+            else ()
         rows = ([i, r['batch'], r['stage'], r['round'], r['corruption'],
-                 r['correct']] for i, r in enumerate(results))
+                 r['correct']] + [int(r[k]) for k in adapted]
+                for i, r in enumerate(results))
         write_files(self.output_dir,
                     result_file(PER_IMAGE_FILE[:-len('.csv')],
                                 self.file_prefix),
-                    cells=itertools.chain([PER_IMAGE_COLUMNS], rows))
+                    cells=itertools.chain([PER_IMAGE_COLUMNS + adapted],
+                                          rows))

@@ -22,9 +22,11 @@ from .determinism import configure_cuda_math, configure_determinism
 from .launch_guard import check_single_process
 from .online_task import build_task
 from .provenance import run_provenance
+from .realtime import measure_cost, realtime_options, snapshot, stage_positions
 from .report import write_torch
-from .run_state import (STATE_FILE, check_stateful, resume_state, run_identity,
-                        save_run_state, set_rng_state, stage_end_state)
+from .run_state import (STATE_FILE, check_stateful, load_run_state,
+                        resume_state, rng_state, run_identity, save_run_state,
+                        set_rng_state, stage_end_state)
 from .speed_options import MIXED_PRECISION, speed_options
 from .step_stats import Pending, PendingStep, StatsRead, log_step_stats
 from .stream import StreamSchedule, StreamStage, dataset_stages
@@ -107,6 +109,12 @@ class OnlineAdaptationLoop(TestLoop):
             (``speed_options.PRESETS``): its run stops before the stream
             without a CUDA device, and its log and results name it.
             Default: None.
+        realtime (dict, optional): The realistic online protocol
+            (:mod:`~mmseg_stag.engine.realtime`, docs/realtime.md):
+            ``dict(cost=C)``, a step costs C forwards and the batches that
+            arrive meanwhile are predicted without an update;
+            ``dict(cost='measure')`` times C on the first batch. Default:
+            None (every batch adapts).
 
     Raises:
         RuntimeError: If launched on more than one rank.
@@ -131,7 +139,8 @@ class OnlineAdaptationLoop(TestLoop):
                  tf32: Optional[bool] = None,
                  cuda_graph: bool = False,
                  graph_warmup: Optional[int] = None,
-                 preset: Optional[str] = None):
+                 preset: Optional[str] = None,
+                 realtime: Optional[dict] = None):
         check_single_process(get_world_size())
         check_moved(bn_batch_stats)
         self.method_cfg = dict(method)
@@ -146,6 +155,7 @@ class OnlineAdaptationLoop(TestLoop):
         self.speed = speed_options(device_type, mixed_precision, tf32,
                                    cuda_graph, graph_warmup, preset, fp16)
         self.speed.check_method(self.method)
+        self.realtime = realtime_options(realtime, self.speed.cuda_graph)
         #: the step a CUDA graph replays (None: eager), before configure
         self.graph_step = self.graph_step_of(self.method)
         self.setup_precision()
@@ -168,6 +178,10 @@ class OnlineAdaptationLoop(TestLoop):
         self.schedule = StreamSchedule(
             dataset_stages(self.dataloader.dataset),
             self.dataloader.batch_sampler)
+        #: each batch's position in its stage: when the realistic
+        #: protocol's steps run (realtime)
+        self.positions = stage_positions(
+            [p.stage.index for p in self.schedule.positions])
 
     def graph_step_of(self, method) -> Optional[CUDAGraphStep]:
         """The CUDA-graph step of a method just built (``cuda_graph``),
@@ -191,6 +205,8 @@ class OnlineAdaptationLoop(TestLoop):
         if rng is not None:  # after the loader drew its seed, as at start
             set_rng_state(rng)
         for idx, data_batch in enumerate(batches, start):
+            if self.realtime is not None and self.realtime.cost is None:
+                self.measure_cost(data_batch)  # on the first, restored
             position = self.schedule[idx]
             if position.starts:
                 self.start_stage(position.stage)
@@ -237,13 +253,20 @@ class OnlineAdaptationLoop(TestLoop):
             start, self.num_updates, rng = resume_state(
                 self.state_path, identity, len(self.dataloader), self.method,
                 self.evaluator.metrics)
+            if self.realtime is not None and self.realtime.cost is None:
+                # the schedule of the run resumed: its measured cost
+                saved = load_run_state(self.state_path)['realtime']
+                self.realtime.cost = saved['cost']
+                self.realtime.measured = saved['measured']
         elif self.source_dataloader is not None and not (
                 self.schedule[0].stage.from_source):
             self.fit_source()
         num = sum(p.numel() for _, p in self.method.params)
         print_log(f'online adaptation ({self.task.name}): {self.method!r}; '
                   f'{len(self.method.params)} trainable tensors ({num} '
-                  'values)' + self.speed.describe(), logger='current')
+                  'values)' + self.speed.describe() + (
+                      '' if self.realtime is None else
+                      self.realtime.describe()), logger='current')
         return start, rng, identity, stateful
 
     def finish(self, start: int, seconds: float) -> dict:
@@ -267,10 +290,14 @@ class OnlineAdaptationLoop(TestLoop):
         provenance = run_provenance(
             self.runner.cfg, device, self.method_cfg, speed, self.runner.seed,
             seconds, images, start if self.resume else None)
+        info = dict(num_updates=num_updates, provenance=provenance)
+        if self.realtime is not None:
+            info['realtime'] = self.realtime.record(
+                sum(map(self.adapts, range(len(self.schedule)))),
+                len(self.schedule))
         for metric in self.evaluator.metrics:
             if hasattr(metric, 'run_info'):
-                metric.run_info.update(num_updates=num_updates,
-                                       provenance=provenance)
+                metric.run_info.update(info)
         metrics = self.evaluator.evaluate(len(self.dataloader.dataset))
         self.runner.call_hook('after_test_epoch', metrics=metrics)
         self.runner.call_hook('after_test')
@@ -369,9 +396,13 @@ class OnlineAdaptationLoop(TestLoop):
                         result).items():
                     visualizer.add_scalar(tag, value, step=step)
         if stateful and self.save_state:
-            save_run_state(self.state_path, stage_end_state(
+            state = stage_end_state(
                 identity, batches_done, len(self.dataloader), self.method,
-                self.num_updates, self.evaluator.metrics))
+                self.num_updates, self.evaluator.metrics)
+            if self.realtime is not None:  # a measured cost, resumed
+                state['realtime'] = dict(cost=self.realtime.cost,
+                                         measured=self.realtime.measured)
+            save_run_state(self.state_path, state)
 
     def batches_from(self, start: int):
         """Return a loader of the batches from ``start`` on, skipping loads."""
@@ -405,7 +436,7 @@ class OnlineAdaptationLoop(TestLoop):
         """Predict, then adapt, on batch ``idx`` of the stream."""
         self.runner.call_hook(
             'before_test_iter', batch_idx=idx, data_batch=data_batch)
-        outputs = self.step(idx, data_batch)
+        outputs = self.step(idx, data_batch, self.adapts(idx))
         self.evaluator.process(data_samples=outputs, data_batch=data_batch)
         if (idx + 1) % self.log_interval == 0:  # a stage's end: end_stage
             self.log_stats(wait=False)
@@ -413,11 +444,22 @@ class OnlineAdaptationLoop(TestLoop):
             'after_test_iter', batch_idx=idx, data_batch=data_batch,
             outputs=outputs)
 
-    def step(self, idx: int, data_batch: dict) -> list:
+    def adapts(self, idx: int) -> bool:
+        """Whether batch ``idx`` adapts: always, but where the realistic
+        protocol's step of an earlier batch still runs."""
+        return self.realtime is None or self.realtime.adapts(
+            self.positions[idx])
+
+    def step(self, idx: int, data_batch: dict, adapt: bool = True) -> list:
         """Predict, then adapt, on ``data_batch`` (batch ``idx``): return
         the task's outputs (segmentation: ``SegDataSample``s with
-        ``pred_sem_seg``); its statistics wait for :meth:`log_stats`."""
+        ``pred_sem_seg``); its statistics wait for :meth:`log_stats`.
+        ``adapt=False``: predict with the current weights alone (the
+        realistic protocol's batch that arrives during a step)."""
         batch = self.task.batch(runner_model(self.runner), data_batch)
+        if not adapt:
+            return self.marked(self.task.outputs(
+                batch, self.predict_only(batch)), False)
         # autocast wraps the forward passes only (TaskAdapter.autocast_dtype)
         images = image_names(data_batch)
         try:
@@ -428,7 +470,48 @@ class OnlineAdaptationLoop(TestLoop):
         except NonFiniteStatistic as err:  # a method that reads its loss
             raise err.locate(idx, self.method.name, images) from None
         self.pending_stats.append(PendingStep(idx, stats, images))
-        return self.task.outputs(batch, prediction)
+        outputs = self.task.outputs(batch, prediction)
+        return outputs if self.realtime is None else self.marked(outputs,
+                                                                 True)
+
+    @staticmethod
+    def marked(outputs: list, adapted: bool) -> list:
+        """``outputs`` with whether they adapted (``metainfo['adapted']``:
+        the metrics' per-image records say it)."""
+        for sample in outputs:
+            sample.set_metainfo(dict(adapted=adapted))
+        return outputs
+
+    def predict_only(self, batch):
+        """The prediction of a forward of the method's model as it is,
+        no update: the authors' ``model.model(images)`` for a batch that
+        arrives during a step (Alfarra et al.; for a mean-teacher method
+        its student, as theirs)."""
+        with torch.no_grad():
+            fwd = self.method.task_adapter.forward(self.method.model, batch)
+        return self.method.prediction(fwd)
+
+    def measure_cost(self, data_batch: dict) -> None:
+        """``realtime.cost='measure'``: time the step and the forward on
+        ``data_batch``, then restore the model, the method and the random
+        states, so that the run is the run of the cost it records."""
+        model = runner_model(self.runner)
+        adapted = self.task.adapted_module(model)
+        saved = snapshot((adapted.state_dict(), self.method.state_dict(),
+                          rng_state()))
+        batch = self.task.batch(model, data_batch)
+
+        def step():
+            with torch.set_grad_enabled(self.method.has_loss):
+                self.method.adapt(batch)
+
+        measure_cost(self.realtime, step, lambda: self.predict_only(batch),
+                     next(model.parameters()).device)
+        adapted.load_state_dict(saved[0])
+        self.method.load_state_dict(saved[1])
+        set_rng_state(saved[2])
+        print_log('online adaptation: realtime: measured' +
+                  self.realtime.describe(), logger='current')
 
     def log_stats(self, wait: bool = True) -> List[dict]:
         """Read, check and log the steps' statistics since the last read

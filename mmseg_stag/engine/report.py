@@ -210,10 +210,13 @@ def write_results(output_dir: str, record: dict,
         return '' if v is None or math.isnan(v) else f'{v:.2f}'
 
     key, columns = detail or (None, [])
+    # the realistic protocol's runs: how many of a stage's images adapted
+    adapted = ['images_adapted'] if 'images_adapted' in stages[0] else []
     cells = [['stage', 'round', 'condition', score] + list(columns) +
-             ['num_images']] + [
+             ['num_images'] + adapted] + [
         [s['stage'], s['round'], s['condition'], cell(s['score'])] +
-        [cell(s['details'][key].get(c)) for c in columns] + [s['num_images']]
+        [cell(s['details'][key].get(c)) for c in columns] +
+        [s['num_images']] + [s[k] for k in adapted]
         for s in stages]
     written = write_files(
         output_dir, result_file(RESULTS_FILE[:-len('.json')], prefix),

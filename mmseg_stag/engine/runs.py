@@ -24,9 +24,10 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
                    config_path: Optional[str] = None,
                    launcher: str = 'none', seed: Optional[int] = None,
                    deterministic: bool = False,
-                   resume: bool = False) -> Config:
+                   resume: bool = False, realtime=None) -> Config:
     """Set a run's work dir and randomness; check its launch
-    (``LaunchError``) and resume (``ValueError``)."""
+    (``LaunchError``) and resume (``ValueError``); ``realtime``: a cost
+    (or ``'measure'``) for ``test_cfg.realtime`` (``--realtime``)."""
     cfg.launcher = launcher
     online = cfg.get('test_cfg', {}).get('type') == 'OnlineAdaptationLoop'
     if online:
@@ -46,6 +47,13 @@ def prepare_config(cfg: Config, work_dir: Optional[str] = None,
         # cuBLAS needs a fixed workspace for repeatable GEMMs
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
     cfg.randomness = randomness
+    if realtime is not None:
+        if not online:
+            raise ValueError('--realtime is a protocol of online '
+                             'adaptation (test_cfg.type='
+                             "OnlineAdaptationLoop); this config runs "
+                             "MMEngine's plain test loop")
+        cfg.test_cfg.realtime = dict(cost=realtime)
     if resume:
         if not online:
             raise ValueError('--resume continues an online-adaptation run '

@@ -108,8 +108,11 @@ class StreamMetric(BaseMetric):
         for sample in data_samples:
             if isinstance(sample, BaseDataElement):
                 sample = sample.to_dict()
-            self.results.append(dict(self.image_record(sample), **tags,
-                                     batch=self._batches))
+            record = dict(self.image_record(sample), **tags,
+                          batch=self._batches)
+            if 'adapted' in sample:  # the realistic protocol's mark
+                record['adapted'] = bool(sample['adapted'])
+            self.results.append(record)
         self._batches += 1
 
     @staticmethod
@@ -143,10 +146,13 @@ class StreamMetric(BaseMetric):
         images' records."""
         score, details = self.stage_score(records)
         first = records[0]
-        return dict(stage=first['stage'], round=first['round'],
-                    condition=first['condition'], num_images=len(records),
-                    score_name=self.score_name, score=score,
-                    details=details)
+        result = dict(stage=first['stage'], round=first['round'],
+                      condition=first['condition'], num_images=len(records),
+                      score_name=self.score_name, score=score,
+                      details=details)
+        if 'adapted' in first:  # the realistic protocol (realtime)
+            result['images_adapted'] = sum(r['adapted'] for r in records)
+        return result
 
     def end_stage(self) -> Optional[dict]:
         """Close the open stage: log it, append it to the partial file;
