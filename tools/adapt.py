@@ -5,7 +5,8 @@ predictions::
         [--overlay] [--video] [--fps F] [--opacity A] [--show]
         [--reset-every N] [--stage-frames N] [--on-nonfinite stop|reset]
         [--on-bad-frame skip|stop] [--save-every N] [--checkpoint-every N]
-        [--labels-at frame|test] [--limit N] [--cfg-options k=v ...]
+        [--labels-at frame|test] [--realtime COST|measure] [--limit N]
+        [--cfg-options k=v ...]
         [--device DEV] [--threads N] [--workers N] [--verbose]
         [--trust-pickle]
     python tools/adapt.py --resume --out-dir DIR
@@ -22,7 +23,8 @@ loop). DIR gets:
   ``--overlay``;
 - ``frames.csv``: per frame its index, file, time in the video, status
   (``ok`` or ``skipped`` and why), the method's statistics (``loss``,
-  ``loss_stag``, ``beta``, …) and the restarts from the source;
+  ``loss_stag``, ``beta``, …) and the restarts from the source (with
+  ``--realtime``, ``adapted``: 0 for a frame predicted only);
 - ``checkpoints/adapted_final.pth`` (and every ``--checkpoint-every``
   frames): the adapted weights, which ``tools/test.py``,
   ``OnlineInferencer`` and MMSeg's inferencer read;
@@ -60,9 +62,25 @@ CSV_FILE = 'frames.csv'
 RUN_OPTIONS = dict(overlay=False, opacity=0.5, video=False, fps=None,
                    reset_every=None, stage_frames=None, on_nonfinite='stop',
                    on_bad_frame='skip', save_every=100, checkpoint_every=0,
-                   labels_at='frame', limit=None, trust_pickle=False,
-                   cfg_options=None)
+                   labels_at='frame', realtime=None, limit=None,
+                   trust_pickle=False, cfg_options=None)
 POSITIONALS = ('config', 'checkpoint', 'input')
+
+
+def realtime_cost(text: str):
+    """``--realtime``'s value: a number > 0, or ``measure`` (as
+    ``tools/test.py``'s)."""
+    if text == 'measure':
+        return text
+    try:
+        cost = float(text)
+    except ValueError:
+        cost = float('nan')
+    if not cost > 0 or cost == float('inf'):
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: a step\'s cost in forwards, a number > 0, or '
+            'measure')
+    return cost
 
 
 def parse_args(argv=None):
@@ -113,6 +131,10 @@ def parse_args(argv=None):
         'default) or at the config\'s test scale, then resized to the '
         'frame (nearest): much less work on large frames, a little '
         'coarser')
+    add('--realtime', metavar='COST', type=realtime_cost, help='the '
+        'realistic online protocol (docs/realtime.md): a step costs COST '
+        'forwards and the frames that come during it are predicted '
+        'without an update; measure: the cost timed on the first frame')
     add('--limit', type=int, metavar='N', help='the first N frames only')
     add('--trust-pickle', action='store_true', default=None, help='allow '
         'a legacy pickle checkpoint (trusted files only)')
@@ -452,7 +474,8 @@ def read_state(path, source, args):
     try:
         diffs = resume_differences(args.config, args.checkpoint,
                                    state['inferencer'], args.out_dir,
-                                   args.cfg_options, args.trust_pickle)
+                                   args.cfg_options, args.trust_pickle,
+                                   args.realtime)
     except (OSError, ValueError) as err:
         raise SystemExit(f'error: --resume: {err}') from None
     if diffs:
@@ -514,7 +537,8 @@ def run(args) -> int:
             cfg_options=args.cfg_options, reset_every=args.reset_every,
             stage_frames=args.stage_frames, on_nonfinite=args.on_nonfinite,
             trust_pickle=args.trust_pickle, device=args.device,
-            labels_at=args.labels_at, quiet=not args.verbose)
+            labels_at=args.labels_at, quiet=not args.verbose,
+            realtime=args.realtime)
     except (OSError, ValueError) as err:
         raise SystemExit(f'error: {err}') from None
     start, skipped = 0, []
@@ -552,10 +576,12 @@ def adapt(args, inferencer, source, start, skipped, window) -> int:
     writer = Writer(args.out_dir, inferencer.palette, args.overlay,
                     args.opacity)
     table = FrameTable(osp.join(args.out_dir, CSV_FILE),
-                       resume_at=start if args.resume else None)
+                       resume_at=start if args.resume else None,
+                       extra=('adapted', ) if args.realtime else ())
     frames = frames_of(source, inferencer, start, stop, workers)
     progress = Progress(stop - start if stop < sys.maxsize else None)
     started, stepped, next_frame = time.perf_counter(), 0, start
+    predicted = []  # --realtime: the wall times of the frames predicted only
     with StopRequest() as stop_request:
         try:
             for index, data, image, why in frames:
@@ -572,9 +598,12 @@ def adapt(args, inferencer, source, start, skipped, window) -> int:
                             f'{why} (--on-bad-frame skip goes on without it)')
                     table.add(dict(row, status='skipped', reason=why), {})
                 else:
+                    begun = time.perf_counter()
                     sample, stats = inferencer.step(data, name)
                     labels = sample.pred_sem_seg.data[0].cpu().numpy(
-                    ).astype(np.uint8)
+                    ).astype(np.uint8)  # on a GPU: the forward waited for
+                    if stats.get('adapted') is False:
+                        predicted.append(time.perf_counter() - begun)
                     if 'frame_shape' in sample.metainfo:  # --labels-at test
                         labels = resize_labels(labels,
                                                sample.metainfo['frame_shape'])
@@ -610,7 +639,7 @@ def adapt(args, inferencer, source, start, skipped, window) -> int:
     return finish(args, inferencer, source, writer, dict(
         start=start, next_frame=next_frame, stepped=stepped,
         skipped=skipped, seconds=time.perf_counter() - started,
-        stopped=stop_request.why, stop=stop))
+        stopped=stop_request.why, stop=stop, predicted=predicted))
 
 
 def finish(args, inferencer, source, writer, run) -> int:
@@ -662,6 +691,10 @@ def finish(args, inferencer, source, writer, run) -> int:
                    checkpoint=final, video=video, config=args.config,
                    source_checkpoint=args.checkpoint,
                    labels_at=args.labels_at)
+    line = None
+    if args.realtime is not None:
+        summary['realtime'], line = realtime_part(args, inferencer, source,
+                                                  run['predicted'])
     write_json(osp.join(args.out_dir, 'summary.json'), summary)
     say(f'adapted on {next_frame} frames ({len(skipped)} skipped, '
         f'{len(inferencer.resets)} restarts from the source'
@@ -669,7 +702,21 @@ def finish(args, inferencer, source, writer, run) -> int:
            else '') + f'); {stepped} '
         f'this run in {seconds:.1f} s ({summary["frames_per_second"]} '
         f'frames/s); {args.out_dir}/{CSV_FILE}, labels/, {final}')
+    if line:
+        say(line)
     return 130 if run['stopped'] else 0
+
+
+def realtime_part(args, inferencer, source, predicted):
+    """``--realtime``'s entry of ``summary.json`` and its console line: the
+    frames adapted and whether the forward keeps up with the input's
+    frame rate (a video's or a capture's, or ``--fps``; an image folder
+    or list has none)."""
+    from mmseg_stag.apis.adapt_outputs import realtime_summary
+    fps = None if source.kind in ('folder', 'list') else (
+        args.fps or source.fps)
+    mean = sum(predicted) / len(predicted) if predicted else None
+    return realtime_summary(inferencer.realtime_record(), mean, fps)
 
 
 if __name__ == '__main__':

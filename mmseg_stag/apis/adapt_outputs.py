@@ -131,10 +131,13 @@ def write_video(out_dir: str, frames_dir: str, suffix: str, fps: float):
 
 class FrameTable:
     """``frames.csv``, a row a frame, flushed at once; on a resume the
-    rows from the resumed frame on are dropped first."""
+    rows from the resumed frame on are dropped first. ``extra``: columns
+    after the first ones whatever the first row holds (``adapted`` with
+    ``--realtime``: 1, or 0 for a frame predicted only)."""
 
-    def __init__(self, path, resume_at=None):
+    def __init__(self, path, resume_at=None, extra=()):
         self.path, self.columns, self.file = path, None, None
+        self.extra = list(extra)
         if resume_at is not None and osp.isfile(path):
             with open(path, newline='') as f:
                 reader = csv.DictReader(f)
@@ -153,11 +156,12 @@ class FrameTable:
 
     def add(self, row, stats):
         if self.columns is None:  # the method's statistics, as it logs them
-            self.columns = COLUMNS + sorted(
-                k for k in stats if k not in ('reset', 'nonfinite')) + [
-                    'reset']
+            self.columns = COLUMNS + self.extra + sorted(
+                k for k in stats if k not in (
+                    'reset', 'nonfinite', *self.extra)) + ['reset']
             self.open()
-        row = {k: one_line(v) if isinstance(v, str) else v
+        row = {k: one_line(v) if isinstance(v, str) else
+               int(v) if isinstance(v, bool) else v
                for k, v in {**row, **stats}.items()}
         self.writer.writerow(row)
         self.file.flush()
@@ -226,3 +230,49 @@ class Progress:
         if self.tty and self.shown is not None:
             self.file.write('\n')
             self.file.flush()
+
+
+def milliseconds(seconds: float) -> str:
+    return f'{seconds * 1000:.0f} ms'
+
+
+def realtime_summary(record: dict, predicted_seconds: Optional[float],
+                     fps: Optional[float]):
+    """``--realtime``'s part of the summary: ``(entry, line)``, the
+    protocol's record (:meth:`OnlineInferencer.realtime_record`) with
+    whether the forward alone keeps up with the input's frame rate
+    ``fps`` (None: an image folder or list, no rate). The forward's time
+    is the measured one (``cost='measure'``), else
+    ``predicted_seconds``, the mean wall time of this run's frames
+    predicted only (None: none was)."""
+    adapted = record['batches_adapted']
+    frames = adapted + record['batches_predicted_only']
+    measured = record.get('measured')
+    if measured:
+        how = (f'measured: step {milliseconds(measured["step_seconds"])}, '
+               f'forward {milliseconds(measured["forward_seconds"])}')
+        forward, timed = measured['forward_seconds'], 'measured'
+    else:
+        how, forward = record['how'], predicted_seconds
+        timed = 'frames predicted only' if forward is not None else None
+    cost = 'unmeasured' if record['cost'] is None else \
+        f'{record["cost"]:.3g}'
+    line = f'realtime: {adapted} of {frames} frames adapted (cost {cost}, ' \
+        f'{how})'
+    keeps_up = None
+    if not fps:
+        line += '; the input has no frame rate to compare the forward with'
+    elif forward is None:
+        line += '; no frame was predicted only, no forward to time'
+    else:
+        every = 1 / fps
+        keeps_up = forward <= every
+        line += ('; the forward keeps up with the input' if keeps_up else
+                 '; the forward does not keep up with the input') + (
+            f' ({milliseconds(forward)} a forward, the input gives a frame '
+            f'every {milliseconds(every)})')
+    entry = dict(record, frames_adapted=adapted,
+                 frames_predicted_only=frames - adapted,
+                 forward_seconds=forward, forward_timed=timed,
+                 input_fps=fps, forward_keeps_up=keeps_up)
+    return entry, line

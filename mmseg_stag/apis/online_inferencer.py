@@ -10,6 +10,8 @@ without its label loading::
     __call__(frames) / step(data, name)
       -> pipeline (file or decoded BGR array, no labels) -> collate
       -> loop.step: task.batch -> method.adapt -> task.outputs
+         (``realtime``: the frames that come while a step runs predicted
+         only, no update: docs/realtime.md)
       -> loop.log_stats (every frame: read, checked finite, logged)
       -> [reset to the source: every N frames, or on a non-finite value]
       -> SegDataSample (pred_sem_seg, seg_logits; a replayed CUDA graph
@@ -155,15 +157,27 @@ def copied(value):
     return copy.deepcopy(value)
 
 
+def realtime_config(realtime: Union[float, str, dict]) -> dict:
+    """``realtime`` as ``test_cfg.realtime``: a step's cost in forwards (a
+    number > 0, or ``'measure'``), or the option's whole dict (``cost``,
+    ``warmup``, ``repeats``); the loop checks it."""
+    return dict(realtime) if isinstance(realtime, dict) else dict(
+        cost=realtime)
+
+
 def frames_config(cfg: Config, config: str,
-                  work_dir: Optional[str] = None) -> Config:
+                  work_dir: Optional[str] = None,
+                  realtime: Union[None, float, str, dict] = None) -> Config:
     """``cfg`` as the frames run it: the frame stream in place of the
     benchmark's data, no metric (no labels), no loop run state (the
     inferencer keeps its own), a work dir and randomness as
-    ``tools/test.py`` sets them."""
+    ``tools/test.py`` sets them; ``realtime`` (:func:`realtime_config`)
+    sets ``test_cfg.realtime``."""
     cfg.test_dataloader = frame_stream_config(cfg)
     cfg.test_evaluator = []
     cfg.test_cfg.save_state = False
+    if realtime is not None:
+        cfg.test_cfg.realtime = realtime_config(realtime)
     name = osp.splitext(osp.basename(config))[0]
     cfg = prepare_config(cfg, work_dir or osp.join('work_dirs', 'adapt',
                                                    name), config)
@@ -173,11 +187,13 @@ def frames_config(cfg: Config, config: str,
 
 def resume_differences(config: str, checkpoint: str, state: dict,
                        work_dir: str, cfg_options: Optional[dict] = None,
-                       trust_pickle: bool = False) -> List[str]:
+                       trust_pickle: bool = False,
+                       realtime: Union[None, float, str, dict] = None
+                       ) -> List[str]:
     """What keeps ``state`` (:meth:`OnlineInferencer.state_dict`) from
-    continuing with ``config`` and ``checkpoint``, one line each, found
-    without building a runner: nothing is written (a refused resume
-    changes nothing in ``work_dir``)."""
+    continuing with ``config`` and ``checkpoint`` (and ``realtime``), one
+    line each, found without building a runner: nothing is written (a
+    refused resume changes nothing in ``work_dir``)."""
     from mmseg_stag.engine.runs import starting_identity
     if state.get('schema') != STATE_SCHEMA:
         return [f'an adaptation state of schema {state.get("schema")}; this '
@@ -186,7 +202,7 @@ def resume_differences(config: str, checkpoint: str, state: dict,
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     check_online_config(cfg, config)
-    cfg = frames_config(cfg, config, work_dir)
+    cfg = frames_config(cfg, config, work_dir, realtime)
     return identity_differences(
         state['identity'], starting_identity(cfg, checkpoint, trust_pickle),
         RESUME_IGNORES)
@@ -228,6 +244,14 @@ class OnlineInferencer:
         quiet (bool): MMEngine's environment and config dump and the
             per-frame log lines in the log file only; the console shows
             warnings. Default: False.
+        realtime (float, str or dict, optional): The realistic online
+            protocol (docs/realtime.md), ``test_cfg.realtime``: a step
+            costs this many forwards (``'measure'``: timed on the first
+            frame), and the frames that come while it runs are predicted
+            only, no update; a dict gives ``cost``, ``warmup``,
+            ``repeats``. A frame's place in the schedule counts from its
+            stage's first frame (``stage_frames``; else from the first
+            frame). Default: None (every frame adapts).
 
     Raises:
         ValueError: If the config has no online method, ``reset_every``
@@ -242,7 +266,8 @@ class OnlineInferencer:
                  stage_frames: Optional[int] = None,
                  on_nonfinite: str = 'stop', trust_pickle: bool = False,
                  device: Optional[str] = None, labels_at: str = 'frame',
-                 quiet: bool = False):
+                 quiet: bool = False,
+                 realtime: Union[None, float, str, dict] = None):
         if labels_at not in LABELS_AT:
             raise ValueError(f'labels_at must be one of {LABELS_AT}, got '
                              f'{labels_at!r}')
@@ -271,7 +296,7 @@ class OnlineInferencer:
         self.pipeline_cfg = list(cfg.test_dataloader.dataset.pipeline)
         #: the config's loader workers: how many processes decode frames
         self.workers = int(cfg.test_dataloader.get('num_workers', 0))
-        self.cfg = frames_config(cfg, config, work_dir)
+        self.cfg = frames_config(cfg, config, work_dir, realtime)
         self.config, self.checkpoint = config, checkpoint
         if quiet:  # MMEngine's environment and config dump: the file only
             self.cfg.log_level = 'WARNING'
@@ -312,8 +337,9 @@ class OnlineInferencer:
         # one continual stage (a benchmark's stage boundaries restart the
         # method's optimizer or beta_t only where its config asks)
         self.loop.start_stage(self.stage_of(0))
-        #: frames stepped on, restarts from the source, and why
-        self.frames = 0
+        #: frames stepped on, those adapted on (``realtime``: not the
+        #: frames predicted only), restarts from the source, and why
+        self.frames = self.adapted = 0
         self.resets: List[Dict[str, Any]] = []
 
     def stage_of(self, frame: int) -> StreamStage:
@@ -364,10 +390,45 @@ class OnlineInferencer:
         """Predict, then adapt, on one loaded frame (:meth:`load_frame`):
         return its ``SegDataSample`` and its statistics as read (floats:
         ``loss``, ``loss_stag``, ``beta``, …; ``reset``: why the model
-        was restarted from the source after this frame, else None)."""
+        was restarted from the source after this frame, else None; with
+        ``realtime``, ``adapted``: False for a frame predicted only, which
+        has no step statistics)."""
         index, resets = self.frames, len(self.resets)
         if self.stage_frames and index and index % self.stage_frames == 0:
             self.loop.start_stage(self.stage_of(index))
+        data_batch = self.frame_batch(data, name)
+        realtime = self.loop.realtime
+        if realtime is not None and realtime.cost is None:
+            self.loop.measure_cost(data_batch)  # the first frame, restored
+        adapt = self.adapts(index)
+        # the runner's hooks see each frame as the loop's batches
+        self.runner.call_hook('before_test_iter', batch_idx=index,
+                              data_batch=data_batch)
+        try:
+            (output, ) = self.loop.step(index, data_batch, adapt)
+        except NonFiniteStatistic as err:  # a method that reads its loss
+            if self.on_nonfinite == 'stop':
+                raise
+            # no prediction came out: the frame again, from the source
+            self.restart_from_source(f'non-finite: {err}')
+            (output, ) = self.loop.step(index, data_batch, adapt)
+        self.frames += 1
+        self.adapted += adapt
+        stats = self.read_stats()
+        if self.reset_every and self.frames % self.reset_every == 0 and \
+                'nonfinite' not in stats:
+            self.restart_from_source(f'every {self.reset_every} frames')
+        stats['reset'] = '; '.join(r['why'] for r in self.resets[resets:]
+                                   ) or None
+        if realtime is not None:
+            stats['adapted'] = adapt
+        self.runner.call_hook('after_test_iter', batch_idx=index,
+                              data_batch=data_batch, outputs=[output])
+        return output, stats
+
+    def frame_batch(self, data: dict, name: Optional[str] = None) -> dict:
+        """One loaded frame as the loop's batch of one, named ``name``
+        (what a message calls it), its size kept for ``labels_at``."""
         data_batch = self.collate([data])
         for sample in data_batch['data_samples']:
             if isinstance(sample, (list, tuple)):
@@ -381,34 +442,45 @@ class OnlineInferencer:
                 sample.set_metainfo(dict(
                     frame_shape=tuple(sample.metainfo['ori_shape']),
                     ori_shape=tuple(sample.metainfo['img_shape'])))
-        # the runner's hooks see each frame as the loop's batches
-        self.runner.call_hook('before_test_iter', batch_idx=index,
-                              data_batch=data_batch)
+        return data_batch
+
+    def adapts(self, index: int) -> bool:
+        """Whether frame ``index`` adapts: always, but where ``realtime``'s
+        step of an earlier frame still runs (the frame's place counted
+        from its stage's first frame, ``stage_frames``)."""
+        realtime = self.loop.realtime
+        if realtime is None:
+            return True
+        position = index % self.stage_frames if self.stage_frames else index
+        return realtime.adapts(position)
+
+    def read_stats(self) -> dict:
+        """The statistics of the frame just stepped ({} for a frame
+        predicted only: no step); a non-finite one raises
+        (``on_nonfinite='stop'``) or restarts from the source, said in
+        ``nonfinite``."""
         try:
-            (output, ) = self.loop.step(index, data_batch)
-        except NonFiniteStatistic as err:  # a method that reads its loss
-            if self.on_nonfinite == 'stop':
-                raise
-            # no prediction came out: the frame again, from the source
-            self.restart_from_source(f'non-finite: {err}')
-            (output, ) = self.loop.step(index, data_batch)
-        self.frames += 1
-        try:
-            (stats, ) = self.loop.log_stats()
-            stats = dict(stats)
+            values = self.loop.log_stats()
         except NonFiniteStatistic as err:
             if self.on_nonfinite == 'stop':
                 raise
-            stats = dict(nonfinite=str(err))
             self.restart_from_source(f'non-finite: {err}')
-        if self.reset_every and self.frames % self.reset_every == 0 and \
-                'nonfinite' not in stats:
-            self.restart_from_source(f'every {self.reset_every} frames')
-        stats['reset'] = '; '.join(r['why'] for r in self.resets[resets:]
-                                   ) or None
-        self.runner.call_hook('after_test_iter', batch_idx=index,
-                              data_batch=data_batch, outputs=[output])
-        return output, stats
+            return dict(nonfinite=str(err))
+        return dict(values[0]) if values else {}
+
+    def realtime_record(self) -> Optional[dict]:
+        """What the frames say of ``realtime``'s protocol, as the loop's
+        results do (``cost``, ``how``, ``period``, ``batches_adapted``,
+        ``batches_predicted_only`` of the frames so far, ``measured``);
+        None without it."""
+        realtime = self.loop.realtime
+        if realtime is None:
+            return None
+        if realtime.cost is None:  # 'measure', before the first frame
+            return dict(cost=None, how=realtime.how, period=None,
+                        batches_adapted=0, batches_predicted_only=0,
+                        measured=None)
+        return realtime.record(self.adapted, self.frames)
 
     def restart_from_source(self, why: str = 'asked') -> None:
         """Restart from the source weights (and a fresh method: optimizer,
@@ -425,16 +497,22 @@ class OnlineInferencer:
     def state_dict(self) -> dict:
         """What the rest of the stream depends on: the method's state (the
         adapted tensors, optimizer, ``t``), the frames and restarts so
-        far, the random states; and the run's identity (config, starting
+        far, the random states, ``realtime``'s cost (measured once) and
+        frames adapted; and the run's identity (config, starting
         weights), which :meth:`load_state_dict` checks; tensors copied to
         the CPU."""
         loop = self.loop
+        realtime = None if loop.realtime is None else dict(
+            # a measured cost: the resumed stream keeps its schedule
+            cost=loop.realtime.cost,
+            measured=copy.deepcopy(loop.realtime.measured),
+            adapted=int(self.adapted))
         # copies: the method's own tensors change with the next frame
         return dict(schema=STATE_SCHEMA, identity=self.identity,
                     frames=self.frames, resets=copy.deepcopy(self.resets),
                     method=copied(loop.method.state_dict()),
                     num_updates_before=int(loop.num_updates),
-                    rng=rng_state())
+                    rng=rng_state(), realtime=realtime)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` of the same config and starting
@@ -453,6 +531,14 @@ class OnlineInferencer:
         self.loop.num_updates = int(state['num_updates_before'])
         self.frames, self.resets = int(state['frames']), list(
             state['resets'])
+        saved, realtime = state.get('realtime'), self.loop.realtime
+        self.adapted = self.frames if saved is None else int(
+            saved['adapted'])
+        if saved is not None and realtime is not None and \
+                realtime.how == 'measured':
+            # the cost measured on the stream's first frame, not again
+            realtime.cost, realtime.measured = saved['cost'], copy.deepcopy(
+                saved['measured'])
         set_rng_state(state['rng'])
 
     def save_checkpoint(self, path: str, meta: Optional[dict] = None
