@@ -6,7 +6,8 @@
         [--work-root DIR] [--only NAME ...] [--preset fast]
         [--launcher local|ray] [--checkpoint-for METHOD=CKPT ...]
         [--source-data-root DIR] [--cfg-options k=v ...] [--allow-short]
-        [--dry-run] [--progress-every SECONDS] [--address HOST:PORT]
+        [--realtime COST|measure] [--seed S] [--seeds N] [--dry-run]
+        [--progress-every SECONDS] [--address HOST:PORT]
         [--num-cpus N] [--gpus-per-run G] [--cpus-per-run C]
         [--max-concurrent N]
     python tools/reproduce.py --list
@@ -22,15 +23,24 @@ without CUDA).
 
 Each run goes where ``tools/test.py CONFIG CKPT`` puts it without
 ``--work-dir``: ``WORK_ROOT/<config stem>`` (``WORK_ROOT`` defaults to
-``work_dirs``), one after another, a process each (``--launcher local``,
+``work_dirs``); ``--realtime COST`` (the realistic online protocol,
+docs/realtime.md) puts it in ``WORK_ROOT/<config stem>_realtime-<COST>``
+and ``--seeds N`` (seeds S..S+N-1, S the config's own seed or ``--seed``)
+each seed but the config's own in ``..._seed<k>``, so that the offline,
+the realistic and the seeded runs of a config live side by side. They run
+one after another, a process each (``--launcher local``,
 its progress on the console every ``--progress-every`` seconds), or as Ray
 trials through ``tools/sweep.py`` (``--launcher ray``). The table goes to
-its own folder, ``WORK_ROOT/tables/<table>[_<preset>][_only-<a>+<b>...]``,
-so that a preset's table or an ``--only`` subset never replaces another.
+its own folder, ``WORK_ROOT/tables/<table>[_<preset>][_realtime-<COST>]
+[_seed<S>][_seeds<N>][_only-<a>+<b>...]``, so that a preset's, a
+protocol's or a seed's table or an ``--only`` subset never replaces
+another; with several seeds it shows each cell's mean ± standard
+deviation.
 
 Before anything runs, every work dir that already holds a run is
 fingerprinted as ``--resume`` fingerprints it (the config after the
-options, the starting weights: ``mmseg_stag.engine.run_state``): a run of
+options, the seed and the protocol, the starting weights:
+``mmseg_stag.engine.run_state``): a run of
 this command's fingerprint is skipped when finished and resumed
 (``--resume``) when interrupted; any other stops the command, naming the
 work dir, the settings that differ and what to do. A failed run is
@@ -103,6 +113,46 @@ DATA_ROOT_KEYS = {'acdc': 'test_dataloader.dataset.data_root'}
 CORRUPTION_ROOT_KEY = 'test_dataloader.dataset.corruption_set.data_root'
 #: EATA's clean source images (configs with a source_dataloader)
 SOURCE_ROOT_KEY = 'test_cfg.source_dataloader.dataset.images.data_root'
+#: the settings --realtime and --seed/--seeds own (given as --cfg-options,
+#: the runs would not get work dirs and tables of their own)
+REALTIME_KEY = 'test_cfg.realtime'
+SEED_KEY = 'randomness.seed'
+#: the seeds MMEngine's set_random_seed takes (NumPy's)
+MAX_SEED = 2**32 - 1
+
+
+def realtime_cost(text: str):
+    """``--realtime``'s value: a number > 0, or ``measure`` (as
+    tools/test.py reads it: a tool imports no other tool)."""
+    if text == 'measure':
+        return text
+    try:
+        cost = float(text)
+    except ValueError:
+        cost = float('nan')
+    if not cost > 0 or cost == float('inf'):
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: a step\'s cost in forwards, a number > 0, or '
+            'measure')
+    return cost
+
+
+def cost_text(cost) -> str:
+    """A ``--realtime`` value as a work dir's name and tools/test.py's
+    argument spell it: ``measure``, ``2.5``, ``3`` (every digit of the
+    float: two costs never share a name)."""
+    if cost == 'measure':
+        return cost
+    text = repr(float(cost))
+    return text[:-2] if text.endswith('.0') else text
+
+
+def run_suffix(realtime=None, seed: Optional[int] = None) -> str:
+    """What a run's work dir adds to its config stem:
+    ``_realtime-<cost>`` for the realistic protocol, ``_seed<k>`` for a
+    seed other than the config's own."""
+    return ('' if realtime is None else f'_realtime-{cost_text(realtime)}') \
+        + ('' if seed is None else f'_seed{seed}')
 
 
 @dataclass
@@ -212,14 +262,25 @@ def short_name(table: Table) -> str:
     return aliases.get(table.name, table.name)
 
 
+def table_suffix(args) -> str:
+    """What the protocol and the seeds add to a table's folder (and to
+    its runs' work dirs, the seeds aside): ``_realtime-<cost>``,
+    ``_seed<S>`` (``--seed``), ``_seeds<N>`` (``--seeds`` above 1)."""
+    return run_suffix(args.realtime, args.seed) + (
+        f'_seeds{args.seeds}' if args.seeds > 1 else '')
+
+
 def table_dir(table: Table, args) -> str:
     """The table's own folder, ``WORK_ROOT/tables/<name>`` (``table9``,
     else ``<benchmark>_<scenario>_<model>``) with ``_<preset>`` for a
-    preset's runs and ``_only-<a>+<b>`` (the table's order) for a subset:
-    the same runs always give the same folder, other runs another one."""
+    preset's runs, ``_realtime-<cost>``, ``_seed<S>`` and ``_seeds<N>`` as
+    asked (:func:`table_suffix`) and ``_only-<a>+<b>`` (the table's
+    order) for a subset: the same runs always give the same folder, other
+    runs another one."""
     name = short_name(table)
     if args.preset:
         name += f'_{args.preset}'
+    name += table_suffix(args)
     chosen = [label(c) for c in table.configs if not args.only or
               label(c) in args.only]
     if len(chosen) < len(table.configs):  # all of them: the whole table
@@ -247,10 +308,18 @@ class Run:
     saved: Optional[dict] = field(default=None, repr=False)
     #: the config as tools/test.py will run it (options merged, prepared)
     cfg: object = field(default=None, repr=False)
+    #: tools/test.py's --seed (None: the config's randomness.seed)
+    seed: Optional[int] = None
+    #: tools/test.py's --realtime: a step's cost, 'measure', None: offline
+    realtime: object = None
 
     def command(self) -> List[str]:
         cmd = [sys.executable, TEST_PY, self.config, self.checkpoint,
                '--work-dir', self.work_dir]
+        if self.seed is not None:
+            cmd += ['--seed', str(self.seed)]
+        if self.realtime is not None:
+            cmd += ['--realtime', cost_text(self.realtime)]
         if self.state == 'interrupted':
             cmd.append('--resume')
         return cmd + (['--cfg-options'] + self.options if self.options
@@ -397,7 +466,8 @@ def planned_config(run: Run, cfg):
     options = cfg_options(run.options)
     if options:
         cfg.merge_from_dict(options)
-    return prepare_config(cfg, run.work_dir, run.config)
+    return prepare_config(cfg, run.work_dir, run.config, seed=run.seed,
+                          realtime=run.realtime)
 
 
 def planned_images(cfg, table: Table) -> Optional[int]:
@@ -466,15 +536,11 @@ def plan(table: Table, args) -> List[Run]:
     siblings = preset_configs(configs, args.preset) if args.preset else {}
     refuse_preset_without_cuda(args)
     from mmengine.config import Config
-
-    from mmseg_stag.paper.tables import value_at
     data_key = DATA_ROOT_KEYS.get(table.benchmark, CORRUPTION_ROOT_KEY)
-    runs, reads_source = [], False
+    planned, reads_source = [], False
     for faithful in configs:
         config = siblings.get(faithful, faithful)
         own = Config.fromfile(config)  # as tools/test.py reads it
-        method = label(faithful)[:-len('-stag')] \
-            if label(faithful).endswith('-stag') else label(faithful)
         options = [root_option(data_key, own, args.data_root)]
         if args.source_data_root and needs_source(own):
             reads_source = True
@@ -482,25 +548,81 @@ def plan(table: Table, args) -> List[Run]:
             options.append(root_option(SOURCE_ROOT_KEY, own,
                                        args.source_data_root))
         options += list(args.cfg_options)
-        stem = osp.splitext(osp.basename(config))[0]
-        work_dir = osp.join(osp.abspath(args.work_root), stem)
-        found = on_disk(work_dir)
-        run = Run(label(faithful), config, faithful,
-                  osp.abspath(args.checkpoint_for.get(method,
-                                                      args.checkpoint)),
-                  work_dir, options, found.state,
-                  batches_done=found.batches_done, saved=found.identity)
-        run.cfg = planned_config(run, own.copy())
-        run.images = planned_images(run.cfg, table)
-        run.batch_size = int(value_at(run.cfg, 'test_dataloader.batch_size')
-                             or 1)
-        runs.append(run)
+        planned.append((faithful, config, own, options,
+                        run_seeds(own, args)))
     if args.source_data_root and not reads_source:
         raise SystemExit(f'error: --source-data-root: no run of '
                          f'{table.name} reads clean source images (only '
                          'EATA\'s configs do)')
+    # seed after seed, each a whole table: the first seed's table is
+    # complete while the next one's runs
+    runs = [plan_run(table, args, faithful, config, own, options, seeds[k])
+            for k in range(args.seeds)
+            for faithful, config, own, options, seeds in planned]
     check_fingerprints(runs)
     return runs
+
+
+def run_seeds(own, args) -> List[Optional[int]]:
+    """The seeds of a config's runs: ``[None]`` (the config's own
+    ``randomness.seed``, no ``--seed``) unless ``--seed`` or ``--seeds``
+    ask; else ``--seeds`` of them from ``--seed``, or from the config's
+    own seed (0 where it has none)."""
+    if args.seed is None and args.seeds == 1:
+        return [None]
+    from mmseg_stag.paper.tables import value_at
+    mine = value_at(own, SEED_KEY)
+    first = args.seed if args.seed is not None else (
+        mine if isinstance(mine, int) and not isinstance(mine, bool)
+        else 0)
+    if first + args.seeds - 1 > MAX_SEED:
+        raise SystemExit(f'error: --seeds {args.seeds} from seed {first}: '
+                         f'a seed above {MAX_SEED} (NumPy\'s largest)')
+    return [first + k for k in range(args.seeds)]
+
+
+def plan_run(table: Table, args, faithful: str, config: str, own,
+             options: List[str], seed: Optional[int]) -> Run:
+    """One run of ``config`` (``own``: it read) at ``seed`` (None: the
+    config's own), in its work dir ``WORK_ROOT/<stem>[_realtime-<cost>]
+    [_seed<k>]`` (no ``_seed`` for the config's own seed: the run it makes
+    without --seed), what that work dir holds read."""
+    from mmseg_stag.paper.tables import value_at
+    name = label(faithful)
+    method = name[:-len('-stag')] if name.endswith('-stag') else name
+    stem = osp.splitext(osp.basename(config))[0]
+    own_seed = value_at(own, SEED_KEY)
+    work_dir = osp.join(osp.abspath(args.work_root), stem + run_suffix(
+        args.realtime, None if seed == own_seed else seed))
+    found = on_disk(work_dir)
+    run = Run(name + (f' seed {seed}' if args.seeds > 1 else ''), config,
+              faithful, osp.abspath(args.checkpoint_for.get(
+                  method, args.checkpoint)),
+              work_dir, options, found.state,
+              batches_done=found.batches_done, saved=found.identity,
+              seed=seed, realtime=args.realtime)
+    run.cfg = planned_config(run, own.copy())
+    check_realtime(run)
+    run.images = planned_images(run.cfg, table)
+    run.batch_size = int(value_at(run.cfg, 'test_dataloader.batch_size')
+                         or 1)
+    return run
+
+
+def check_realtime(run: Run) -> None:
+    """``--realtime`` checked on the run's config as the online loop
+    checks it (``measure`` is refused with a CUDA graph: a fast preset's
+    ``_bf16-graph`` config), before any run."""
+    if run.realtime is None:
+        return
+    from mmseg_stag.engine.realtime import realtime_options
+    from mmseg_stag.paper.tables import value_at
+    try:
+        realtime_options(dict(value_at(run.cfg, REALTIME_KEY)),
+                         bool(value_at(run.cfg, 'test_cfg.cuda_graph')))
+    except ValueError as err:
+        raise SystemExit(f'error: --realtime {cost_text(run.realtime)}: '
+                         f'{shown(run.config)}: {err}') from None
 
 
 def needs_source(cfg) -> bool:
@@ -578,17 +700,35 @@ def check_fingerprints(runs: List[Run]) -> None:
 
 
 def describe(table: Table, runs: List[Run], args, out: str) -> str:
+    seeded = args.seed is not None or args.seeds > 1
     lines = [f'{table.name} ({table.paper}): {len(runs)} run(s), each in '
-             f'{shown(osp.abspath(args.work_root))}/<config stem>; the '
-             f'table: {shown(out)}']
+             f'{shown(osp.abspath(args.work_root))}/<config stem>'
+             f'{run_suffix(args.realtime)}{"[_seed<k>]" if seeded else ""}'
+             f'; the table: {shown(out)}']
+    if args.realtime == 'measure':
+        lines.append('  protocol: realistic (--realtime measure, '
+                     'docs/realtime.md): each run times its step on its '
+                     'first batch; the batches that arrive during a step '
+                     'are predicted only')
+    elif args.realtime is not None:
+        lines.append(f'  protocol: realistic (--realtime '
+                     f'{cost_text(args.realtime)}, docs/realtime.md): a step '
+                     f'costs {cost_text(args.realtime)} forwards; the batches '
+                     'that arrive during it are predicted only')
+    if args.seeds > 1:
+        lines.append(f'  seeds: {args.seeds} of each config (_seed<k>: a '
+                     'seed other than the config\'s own); the table: the '
+                     'mean ± the sample standard deviation over them')
     for run in runs:
         how = {'new': 'runs', 'interrupted': 'resumes (--resume)',
                'finished': 'finished: skipped'}[run.state]
         if run.state == 'interrupted':
             how += f' after {run.batches_done * run.batch_size:,} images'
         preset = f', preset {args.preset}' if args.preset else ''
+        seed = f', seed {run.seed}' if run.seed is not None and \
+            args.seeds == 1 else ''
         size = f', {run.images:,} images' if run.images else ''
-        lines.append(f'  {run.label}: {how}{preset}{size} '
+        lines.append(f'  {run.label}: {how}{preset}{seed}{size} '
                      f'({shown(run.work_dir)})')
     if args.preset and args.dry_run and not cuda_available():
         lines.append(f'  (--preset {args.preset} needs CUDA, which this '
@@ -773,7 +913,9 @@ def load_sweep():
 def run_ray(runs: List[Run], args, out: str) -> None:
     """The runs not finished, as trials of tools/sweep.py's Ray runner
     (its resources, environment and gathered table), each in its work dir
-    ``WORK_ROOT/<config stem>``, the sweep's files (``sweep_results.*``,
+    (``WORK_ROOT/<config stem>[_realtime-<cost>][_seed<k>]``, its seed the
+    trial's, its protocol the setting ``--realtime`` makes), the sweep's
+    files (``sweep_results.*``,
     ``ray/``) in the table's folder ``out``."""
     todo = [r for r in runs if r.state != 'finished']
     for run in todo:
@@ -795,10 +937,16 @@ def run_ray(runs: List[Run], args, out: str) -> None:
             argv += ['--' + flag.replace('_', '-'), str(value)]
     sweep_args = sweep.parse_args(argv)
     sweep.check_address(sweep_args.address)
+    # the seed as the sweep's own; the protocol as the setting
+    # tools/test.py --realtime makes (the same fingerprint)
     trials = [dict(name=osp.basename(r.work_dir), config=r.config,
-                   checkpoint=r.checkpoint, seed=None, overrides={},
+                   checkpoint=r.checkpoint, seed=r.seed, overrides={},
                    options=[o for o in r.options
-                            if o.startswith(SOURCE_ROOT_KEY)],
+                            if o.startswith(SOURCE_ROOT_KEY)] + ([
+                                f'{REALTIME_KEY}.cost=' + (
+                                    r.realtime if r.realtime == 'measure'
+                                    else repr(float(r.realtime)))]
+                                if r.realtime is not None else []),
                    work_dir=r.work_dir) for r in todo]
     sweep.check_runs(trials, sweep_args)
     sweep.run_on_ray(trials, sweep_args)
@@ -823,7 +971,10 @@ def collect(runs: List[Run], args, out: str) -> bool:
         print(f'[reproduce] collect_results.py failed (exit code '
               f'{done.returncode})', flush=True)
         return False
-    print(f'[reproduce] the table: {shown(out)}/paper_table.md (.csv, .json,'
+    # collect_results.py names a realistic table's files so
+    stem = 'paper_table' + ('_realtime' if args.realtime is not None
+                            else '')
+    print(f'[reproduce] the table: {shown(out)}/{stem}.md (.csv, .json,'
           ' .png)', flush=True)
     return True
 
@@ -840,9 +991,11 @@ def parse_args(argv=None):
         'test_dataloader.dataset.data_root; ImageNet-C, CIFAR-C: '
         '...corruption_set.data_root)')
     add('--work-root', default=DEFAULT_WORK_ROOT, help='WORK_ROOT/<config '
-        'stem> per run (tools/test.py\'s default without --work-dir), '
-        f'WORK_ROOT/{TABLES_DIR}/<table>[_<preset>][_only-<a>+<b>] for the '
-        f'table (default: {DEFAULT_WORK_ROOT})')
+        'stem>[_realtime-<COST>][_seed<k>] per run (tools/test.py\'s '
+        'default without --work-dir), WORK_ROOT/'
+        f'{TABLES_DIR}/<table>[_<preset>][_realtime-<COST>][_seed<S>]'
+        '[_seeds<N>][_only-<a>+<b>] for the table (default: '
+        f'{DEFAULT_WORK_ROOT})')
     add('--only', nargs='+', metavar='NAME', help='only these configs of '
         'the table, by the method their file names end with (source, '
         'tent-stag, ...)')
@@ -862,6 +1015,17 @@ def parse_args(argv=None):
     add('--allow-short', action='store_true', help='passed to '
         'collect_results.py: collect runs shorter than the paper\'s '
         'protocol (marked so)')
+    add('--realtime', metavar='COST', type=realtime_cost, help='the '
+        'realistic online protocol (docs/realtime.md), tools/test.py '
+        '--realtime for every run: a step costs COST forwards (measure: '
+        'timed on the first batch); each run in WORK_ROOT/<config stem>_'
+        'realtime-<COST>, the table apart (paper_table_realtime.md)')
+    add('--seed', type=int, metavar='S', help='the first seed (tools/'
+        'test.py --seed; default: the config\'s own randomness.seed)')
+    add('--seeds', type=int, default=1, metavar='N', help='run each config '
+        'at N seeds, S..S+N-1, each but the config\'s own seed in '
+        'WORK_ROOT/<config stem>..._seed<k>; the table shows each cell\'s '
+        'mean ± sample standard deviation (default: 1, no ±)')
     add('--dry-run', action='store_true', help='print the commands, run '
         'nothing')
     add('--progress-every', type=float, default=60, metavar='SECONDS',
@@ -882,6 +1046,7 @@ def parse_args(argv=None):
                          missing) + ' (or --list)')
     if args.progress_every <= 0:
         parser.error('--progress-every: a number of seconds above 0')
+    check_seeds(parser, args)
     args.checkpoint_for = parse_pairs(args.checkpoint_for,
                                       '--checkpoint-for')
     if args.launcher == 'local':
@@ -893,11 +1058,43 @@ def parse_args(argv=None):
     return args
 
 
+def check_seeds(parser, args) -> None:
+    """``--seed``, ``--seeds`` and ``--realtime`` are the only way to
+    their settings (a ``--cfg-options`` of them would not give the runs
+    work dirs and a table of their own)."""
+    if args.seeds < 1:
+        parser.error(f'--seeds {args.seeds}: a number of seeds, 1 or more')
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        parser.error(f'--seed {args.seed}: a seed from 0 to {MAX_SEED}')
+    keys = parse_pairs(args.cfg_options, '--cfg-options')
+    if any(k == REALTIME_KEY or k.startswith(REALTIME_KEY + '.')
+           for k in keys):
+        parser.error(f'--cfg-options {REALTIME_KEY}...: give --realtime '
+                     'COST (its runs get work dirs and a table of their '
+                     'own)')
+    if (args.seed is not None or args.seeds > 1) and (
+            SEED_KEY in keys or 'randomness' in keys):
+        parser.error(f'--cfg-options {SEED_KEY} with --seed/--seeds: give '
+                     'the seed once')
+
+
+def list_suffix(args) -> str:
+    """``--list`` with ``--realtime``, ``--seed`` or ``--seeds``: where
+    such runs and their table go."""
+    if args.realtime is None and args.seed is None and args.seeds == 1:
+        return ''
+    seeded = '[_seed<k>]' if args.seed is not None or args.seeds > 1 else ''
+    return (f'with these options each run goes to WORK_ROOT/<config stem>'
+            f'{run_suffix(args.realtime)}{seeded} (_seed<k>: a seed other '
+            f'than the config\'s own), the table to WORK_ROOT/{TABLES_DIR}/'
+            f'<table>[_<preset>]{table_suffix(args)}[_only-<a>+<b>]\n')
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     tables = find_tables()
     if args.list:
-        print(list_tables(tables))
+        print(list_suffix(args) + list_tables(tables))
         return 0
     table = choose_table(args.table, tables)
     runs = plan(table, args)

@@ -4,11 +4,14 @@ beside ours and each run's provenance; runs of another protocol or image
 count than the paper's table are refused (or, with ``--allow-short``,
 marked), as are results of another schema, before anything is written;
 for ACDC every stage beside the paper's and Figure 5; a run whose results
-went to ``tools/test.py --out DIR`` is found."""
+went to ``tools/test.py --out DIR`` is found; the seeds of a setting are
+one cell (mean ± sample std); realistic runs are a table of their own
+beside the offline one, of one cost setting."""
 import csv
 import json
 import os
 import os.path as osp
+import re
 import shutil
 import sys
 
@@ -356,3 +359,176 @@ def test_bad_work_dirs_are_refused_and_nothing_is_written(
         tool.main([cls_runs[0], cls_runs[0], '--out', str(out),
                    '--allow-short'])
     assert not out.exists()
+
+
+# -- seeds and the realistic protocol -----------------------------------------
+def realtime_record(how='given', cost=2.5, adapted=5360, batches=16000):
+    """A whole ACDC run's ``realtime`` entry (period 3: 134 of each
+    stage's 400 batches adapt)."""
+    return dict(cost=cost, how=how, period=3, batches_adapted=adapted,
+                batches_predicted_only=batches - adapted,
+                measured=None if how == 'given' else dict(
+                    step_seconds=0.25, forward_seconds=0.1))
+
+
+def acdc_run(seg_run, folder, method, shift=0.0, seed=0, realtime=None):
+    """:func:`full_acdc_run` of ``seed``, realistic where ``realtime``
+    says (its results' entry); its mean score."""
+    folder.mkdir(exist_ok=True)
+    work_dir = full_acdc_run(seg_run, folder, method, shift, seed=seed)
+    if realtime is not None:
+        edit_results(work_dir, lambda r: r.update(realtime=realtime))
+    with open(osp.join(work_dir, 'continual_results.json')) as f:
+        return work_dir, json.load(f)['mean_over_stages']
+
+
+def test_seeds_of_a_setting_are_one_cell_mean_and_std(tmp_path, seg_run,
+                                                      load_tool, capsys):
+    """Three seeds of TENT and of TENT+STAG: each cell the mean ± the
+    sample standard deviation (ddof=1) of its seeds, the gain of the
+    means, every stage the mean; one seed shows no ±; two runs of one
+    seed are refused."""
+    import statistics
+    tool = load_tool('collect_results')
+    shifts = {'tent': (-0.3, 0.1, 0.5), 'tent-stag': (0.2, 0.0, -0.7)}
+    dirs, scores = [], {}
+    for method, by_seed in shifts.items():
+        for seed, shift in enumerate(by_seed):
+            work_dir, score = acdc_run(seg_run, tmp_path / f's{seed}',
+                                       method, shift, seed)
+            dirs.append(work_dir)
+            scores.setdefault(method, []).append(score)
+    out = tmp_path / 'table'
+    tool.main([*dirs, '--out', str(out)])
+    printed = capsys.readouterr().out
+    table = json.loads((out / 'paper_table.json').read_text())
+    [row] = table['rows']
+    mean = {m: statistics.fmean(v) for m, v in scores.items()}
+    std = {m: statistics.stdev(v) for m, v in scores.items()}
+    assert (row['base_ours'], row['base_ours_std'], row['base_seeds']) == (
+        round(mean['tent'], 2), round(std['tent'], 2), [0, 1, 2])
+    assert (row['stag_ours'], row['stag_ours_std'], row['stag_seeds']) == (
+        round(mean['tent-stag'], 2), round(std['tent-stag'], 2), [0, 1, 2])
+    assert row['gain_ours'] == round(mean['tent-stag'] - mean['tent'], 2)
+    assert round(std['tent'], 2) == 0.4  # the shifts' own std: the scores'
+    assert len(table['runs']) == 6 and len(row['work_dirs']) == 6
+    md = (out / 'paper_table.md').read_text()
+    cells = (f"| segformer-b5 | tent | {mean['tent']:.2f} ± "
+             f"{std['tent']:.2f} | 52.40 | {mean['tent-stag']:.2f} ± "
+             f"{std['tent-stag']:.2f} | 57.20 |")
+    assert cells in md and cells in printed
+    assert 'ours: the mean ± the sample standard deviation (ddof=1) over 3 ' \
+        'seeds (0, 1, 2); a gain: the difference of the means' in md
+    assert table['seeds'].startswith('ours: the mean ±')
+    paper = ACDC_STAGES[('tent', False)]
+    for i, stage in enumerate(table['stages']):
+        assert stage['segformer-b5 tent ours'] == round(statistics.fmean(
+            paper[i] + s + 1e-9 * i for s in shifts['tent']), 2)
+    with open(out / 'paper_table.csv') as f:
+        head, line = list(csv.reader(f))
+    assert head[8:] == ['base_ours_std', 'stag_ours_std', 'base_seeds',
+                        'stag_seeds', 'marks']
+    assert line[8:12] == [str(round(std['tent'], 2)),
+                          str(round(std['tent-stag'], 2)), '0 1 2', '0 1 2']
+    # one seed each: no ±
+    one = tmp_path / 'one'
+    tool.main([dirs[0], dirs[3], '--out', str(one)])
+    md = (one / 'paper_table.md').read_text()
+    assert '±' not in md and f"| {scores['tent'][0]:.2f} | 52.40 |" in md
+    # fewer seeds in one cell: each cell says how many
+    fewer = tmp_path / 'fewer'
+    tool.main([*dirs[:5], '--out', str(fewer)])
+    md = (fewer / 'paper_table.md').read_text()
+    assert '(n=3) | 52.40 |' in md and '(n=2) | 57.20 |' in md
+    assert "over each cell's seeds" in md
+    # two runs of one seed
+    twin = tmp_path / 'twin'
+    shutil.copytree(dirs[0], twin)
+    with pytest.raises(SystemExit, match='two runs of segformer-b5 tent, '
+                       'both of seed 0'):
+        tool.main([dirs[0], str(twin), '--out', str(tmp_path / 'no')])
+    assert not (tmp_path / 'no').exists()
+
+
+def test_realistic_runs_are_tabled_beside_the_offline_ones(
+        tmp_path, seg_run, load_tool, capsys):
+    """Runs with ``realtime`` and runs without: two tables side by side,
+    paper_table.* and paper_table_realtime.*, the realistic one headed
+    with its cost and each run's share of batches adapted."""
+    tool = load_tool('collect_results')
+    offline = [acdc_run(seg_run, tmp_path / 'off', m, 0.1)[0]
+               for m in ('tent', 'tent-stag')]
+    realistic = [acdc_run(seg_run, tmp_path / 'rt', m, -2.0,
+                          realtime=realtime_record(adapted=a))[0]
+                 for m, a in (('tent', 5360), ('tent-stag', 5360))]
+    out = tmp_path / 'table'
+    tool.main([*offline, *realistic, '--out', str(out)])
+    printed = capsys.readouterr().out
+    off = json.loads((out / 'paper_table.json').read_text())
+    real = json.loads((out / 'paper_table_realtime.json').read_text())
+    assert (off['protocol'], off['realtime']) == ('offline', None)
+    assert (real['protocol'], real['realtime']) == (
+        'realtime', 'a step costs 2.5 forwards (given)')
+    assert [r['work_dir'] for r in off['runs']] == offline
+    assert [r['work_dir'] for r in real['runs']] == realistic
+    assert off['rows'][0]['base_ours'] == round(
+        sum(ACDC_STAGES[('tent', False)]) / 40 + 0.1, 2)
+    assert real['rows'][0]['base_ours'] == round(
+        sum(ACDC_STAGES[('tent', False)]) / 40 - 2.0, 2)
+    assert (real['runs'][0]['realtime_cost'], real['runs'][0]['batches'],
+            real['runs'][0]['batches_adapted']) == (2.5, 16000, 5360)
+    md = (out / 'paper_table_realtime.md').read_text()
+    assert md.startswith('realistic protocol (test_cfg.realtime, '
+                         'docs/realtime.md): a step costs 2.5 forwards '
+                         '(given);')
+    assert "The paper's scores are offline (every batch adapts)." in md
+    assert 'batches adapted per run: segformer-b5 tent: cost 2.5, 33.5% of ' \
+        'the batches adapted (5,360 of 16,000); segformer-b5 tent+STAG: ' in md
+    assert 'realistic' not in (out / 'paper_table.md').read_text()
+    assert printed.index('acdc, continual: mean mIoU') < \
+        printed.index('realistic protocol')
+    for name in ('paper_table', 'paper_table_realtime'):
+        for ext in ('.md', '.csv', '.png', '_stages.csv'):
+            assert (out / f'{name}{ext}').is_file()
+    assert (out / 'continual_graph.png').is_file()
+    assert (out / 'continual_graph_realtime.png').is_file()
+    # the realistic runs alone: their table alone
+    alone = tmp_path / 'alone'
+    tool.main([*realistic, '--out', str(alone)])
+    assert sorted(os.listdir(alone)) == [
+        'continual_graph_realtime.png', 'paper_table_realtime.csv',
+        'paper_table_realtime.json', 'paper_table_realtime.md',
+        'paper_table_realtime.png', 'paper_table_realtime_stages.csv']
+    capsys.readouterr()
+
+
+def test_realistic_runs_of_different_costs_are_refused(tmp_path, seg_run,
+                                                       load_tool):
+    """One realistic table, one cost setting: a given cost, or measured
+    ones (each run's own cost), never two costs or a given beside a
+    measured one; nothing is written."""
+    tool = load_tool('collect_results')
+    given = acdc_run(seg_run, tmp_path / 'a', 'tent',
+                     realtime=realtime_record())[0]
+    other = acdc_run(seg_run, tmp_path / 'b', 'tent-stag',
+                     realtime=realtime_record(cost=3.0))[0]
+    measured = [acdc_run(seg_run, tmp_path / d, m, realtime=realtime_record(
+        'measured', cost=c))[0] for d, m, c in (
+            ('c', 'tent', 2.31), ('d', 'tent-stag', 2.47))]
+    out = tmp_path / 'table'
+    with pytest.raises(SystemExit) as err:
+        tool.main([given, other, '--out', str(out)])
+    assert str(err.value) == (
+        'error: runs of different realistic protocols (test_cfg.realtime): '
+        f'a step costs 2.5 forwards (given): {given}; a step costs 3 '
+        f'forwards (given): {other}; a realistic table holds runs of one '
+        'cost setting (one given cost, or all measured): collect them apart')
+    with pytest.raises(SystemExit, match="measured on each run's first "
+                       f'batch: {re.escape(measured[0])}'):
+        tool.main([given, measured[0], '--out', str(out)])
+    assert not out.exists()
+    tool.main([*measured, '--out', str(out)])
+    md = (out / 'paper_table_realtime.md').read_text()
+    assert "a step's cost measured on each run's first batch" in md
+    assert 'segformer-b5 tent: cost 2.31 (measured), 33.5% of the batches ' \
+        'adapted' in md

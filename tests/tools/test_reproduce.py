@@ -3,7 +3,10 @@ PAPER_RESULTS; two tiny runs of Table 9's configs (one killed mid-way, then
 resumed; a third call skips both; a fourth with another seed is refused)
 collected into the table; the work dirs (tools/test.py's) and the tables'
 folders; the fingerprint check; the progress lines; the dry run, the
-preset (refused without CUDA), the Ray hand-over and the refusals."""
+preset (refused without CUDA), the Ray hand-over and the refusals; the
+realistic protocol (--realtime) and the seeds (--seeds): their work dirs,
+tables and fingerprints, and two realistic seeds run, skipped and
+collected."""
 import json
 import os
 import os.path as osp
@@ -424,9 +427,10 @@ def test_the_tables_folders(reproduce):
     table = reproduce.choose_table('table9', reproduce.find_tables())
     all5 = [reproduce.label(c) for c in table.configs]
 
-    def folder(preset=None, only=None):
-        args = reproduce.argparse.Namespace(work_root='w', preset=preset,
-                                            only=only)
+    def folder(preset=None, only=None, realtime=None, seed=None, seeds=1):
+        args = reproduce.argparse.Namespace(
+            work_root='w', preset=preset, only=only, realtime=realtime,
+            seed=seed, seeds=seeds)
         return osp.relpath(reproduce.table_dir(table, args), 'w')
 
     assert folder() == folder(only=all5) == 'tables/table9'
@@ -434,6 +438,15 @@ def test_the_tables_folders(reproduce):
     assert folder(only=['tent', 'source']) == \
         folder(only=['source', 'tent']) == 'tables/table9_only-source+tent'
     assert folder('fast', ['tent-stag']) == 'tables/table9_fast_only-tent-stag'
+    # the protocol and the seeds: a table of their own each
+    assert folder(realtime=2.5) == 'tables/table9_realtime-2.5'
+    assert folder(realtime=3.0) == 'tables/table9_realtime-3'
+    assert folder(realtime=2.5000001) == 'tables/table9_realtime-2.5000001'
+    assert folder(realtime='measure') == 'tables/table9_realtime-measure'
+    assert folder(seeds=3) == 'tables/table9_seeds3'
+    assert folder(seed=5) == 'tables/table9_seed5'
+    assert folder('fast', ['tent'], 'measure', 5, 2) == \
+        'tables/table9_fast_realtime-measure_seed5_seeds2_only-tent'
 
 
 @pytest.fixture
@@ -631,3 +644,266 @@ def test_the_images_of_a_run_by_its_config(reproduce):
     assert images('imagenet-c_mild_resnet50-bn', 'tent') == 750000
     assert images('imagenet-c_mixed_vit-b16', 'tent') == 750000
     assert images('cifar10-c_continual_wrn-28-10', 'tent') == 150000
+
+
+# -- the realistic protocol and the seeds -----------------------------------
+STEM = 'segformer_mit-b5-nvlabs_acdc-continual_{}'
+
+
+def test_realtime_gives_the_runs_and_the_table_their_own_dirs(
+        reproduce, files, tmp_path, capsys):
+    """``--realtime COST``: tools/test.py --realtime in each command, each
+    run in ``<config stem>_realtime-<COST>``, the table apart; so is
+    ``measure``; --list says where such runs go."""
+    work = tmp_path / 'work'
+    assert reproduce.main(['table9', *files, '--dry-run', '--only', 'tent',
+                           'tent-stag', '--realtime', '2.5']) == 0
+    out = capsys.readouterr().out
+    for method in ('tent', 'tent-stag'):
+        stem = STEM.format(method)
+        assert f'{stem}.py {tmp_path / "model.pth"} --work-dir ' \
+            f'{work / stem}_realtime-2.5 --realtime 2.5 --cfg-options ' in out
+        assert f'{method}: runs, 16,000 images ({work / stem}' \
+            '_realtime-2.5)' in out
+    assert 'protocol: realistic (--realtime 2.5' in out
+    assert f'--out {work}/tables/table9_realtime-2.5_only-tent+tent-stag\n' \
+        in out
+    assert reproduce.main(['table9', *files, '--dry-run', '--only', 'tent',
+                           '--realtime', 'measure']) == 0
+    out = capsys.readouterr().out
+    assert f'--work-dir {work / STEM.format("tent")}_realtime-measure ' \
+        '--realtime measure --cfg-options' in out
+    assert f'--out {work}/tables/table9_realtime-measure_only-tent\n' in out
+    # a whole number: the same cost as tools/test.py reads it
+    assert reproduce.main(['table9', *files, '--dry-run', '--only', 'tent',
+                           '--realtime', '3']) == 0
+    assert f'{STEM.format("tent")}_realtime-3 --realtime 3 ' in \
+        capsys.readouterr().out
+    assert reproduce.main(['--list', '--realtime', '2.5', '--seeds', '3']) \
+        == 0
+    out = capsys.readouterr().out
+    assert out.startswith('with these options each run goes to WORK_ROOT/'
+                          '<config stem>_realtime-2.5[_seed<k>]')
+    assert 'WORK_ROOT/tables/<table>[_<preset>]_realtime-2.5_seeds3' in out
+    assert not work.exists()
+
+
+def test_realtime_measure_is_refused_with_a_cuda_graph(reproduce, files):
+    """As the online loop refuses it, before any run: the fast preset's
+    graphed configs time no eager step."""
+    with pytest.raises(SystemExit, match=re.escape(
+            'error: --realtime measure: configs/stag_acdc/segformer_mit-b5-'
+            'nvlabs_acdc-continual_tent-stag_bf16-graph.py: test_cfg.'
+            "realtime.cost='measure' times eager steps")):
+        reproduce.main(['table9', *files, '--dry-run', '--preset', 'fast',
+                        '--only', 'source', 'tent-stag', '--realtime',
+                        'measure'])
+
+
+def test_an_offline_run_is_not_a_realistic_one(reproduce, files, tmp_path,
+                                               monkeypatch, capsys):
+    """A finished offline run in ``<config stem>`` is skipped offline and
+    left alone by ``--realtime`` (its runs have their own work dirs)."""
+    work = tmp_path / 'work'
+    done = str(work / STEM.format('tent'))
+    monkeypatch.setattr(reproduce, 'on_disk', lambda d: reproduce.OnDisk(
+        'finished' if d == done else 'new'))
+    monkeypatch.setattr(reproduce, 'check_fingerprints', lambda runs: None)
+    assert reproduce.main(['table9', *files, '--dry-run', '--only',
+                           'tent']) == 0
+    assert 'tent: finished: skipped' in capsys.readouterr().out
+    assert reproduce.main(['table9', *files, '--dry-run', '--only', 'tent',
+                           '--realtime', '2']) == 0
+    out = capsys.readouterr().out
+    assert f'tent: runs, 16,000 images ({done}_realtime-2)' in out
+    assert f'--work-dir {done}_realtime-2 --realtime 2 ' in out
+
+
+def test_seeds_run_each_config_at_each_seed(reproduce, files, tmp_path,
+                                            capsys):
+    """``--seeds 3``: seeds 0, 1, 2 (the config's own first: its run is the
+    one made without --seed, in ``<config stem>``), the others in
+    ``_seed<k>``, seed after seed; all collected into one table."""
+    work = tmp_path / 'work'
+    assert reproduce.main(['table9', *files, '--dry-run', '--only', 'tent',
+                           'tent-stag', '--seeds', '3']) == 0
+    out = capsys.readouterr().out
+    dirs = {(m, k): work / (STEM.format(m) + ('' if k == 0 else
+                                             f'_seed{k}'))
+            for m in ('tent', 'tent-stag') for k in range(3)}
+    commands = [line for line in out.splitlines()
+                if line.startswith('[reproduce] tent')]
+    assert len(commands) == 6
+    for line, (k, method) in zip(commands, [(k, m) for k in range(3)
+                                            for m in ('tent', 'tent-stag')]):
+        assert line.startswith(f'[reproduce] {method} seed {k} (run ')
+        assert f'--work-dir {dirs[(method, k)]} --seed {k} --cfg-options' \
+            in line
+    assert 'seeds: 3 of each config' in out
+    collect = next(line for line in out.splitlines()
+                   if 'collect_results.py' in line)
+    assert collect.split(' --out ')[0].split()[3:] == [
+        str(dirs[(m, k)]) for k in range(3) for m in ('tent', 'tent-stag')]
+    assert collect.endswith(f'--out {work}/tables/table9_seeds3_'
+                            'only-tent+tent-stag')
+    # from --seed: each a seed other than the config's own
+    assert reproduce.main(['table9', *files, '--dry-run', '--only', 'tent',
+                           '--seed', '5', '--seeds', '2',
+                           '--realtime', '2']) == 0
+    out = capsys.readouterr().out
+    for k in (5, 6):
+        assert f'--work-dir {work / STEM.format("tent")}_realtime-2_seed' \
+            f'{k} --seed {k} --realtime 2 --cfg-options' in out
+    assert f'--out {work}/tables/table9_realtime-2_seed5_seeds2_only-tent' \
+        in out
+    # a classification config's own seed is 1: seeds 1 and 2
+    assert reproduce.main(['cifar10-c_continual_wrn-28-10', *files,
+                           '--dry-run', '--only', 'tent', '--seeds',
+                           '2']) == 0
+    out = capsys.readouterr().out
+    stem = 'cifar10-c_continual_wrn-28-10_tent'
+    assert f'--work-dir {work / stem} --seed 1 ' in out
+    assert f'--work-dir {work / stem}_seed2 --seed 2 ' in out
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--seeds', '0'], '--seeds 0: a number of seeds, 1 or more'),
+    (['--seeds', '-2'], '--seeds -2: a number of seeds, 1 or more'),
+    (['--seeds', 'three'], "--seeds: invalid int value: 'three'"),
+    (['--seeds', '2.5'], "--seeds: invalid int value: '2.5'"),
+    (['--seed', '-1'], '--seed -1: a seed from 0 to 4294967295'),
+    (['--seeds', '2', '--cfg-options', 'randomness.seed=3'],
+     '--cfg-options randomness.seed with --seed/--seeds: give the seed once'),
+    (['--cfg-options', 'test_cfg.realtime.cost=2'],
+     '--cfg-options test_cfg.realtime...: give --realtime COST'),
+    (['--realtime', '0'], "--realtime: '0': a step's cost in forwards"),
+    (['--realtime', 'fast'], "--realtime: 'fast': a step's cost in "
+     'forwards, a number > 0, or measure'),
+])
+def test_bad_seeds_and_costs_are_refused(reproduce, files, argv, message,
+                                         capsys):
+    with pytest.raises(SystemExit) as err:
+        reproduce.main(['table9', *files, '--dry-run', *argv])
+    assert err.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not osp.exists(files[-1])
+
+
+def test_ray_trials_get_the_seed_and_the_protocol(
+        reproduce, files, tmp_path, monkeypatch, capsys):
+    """The sweep's trial passes a run's seed as --seed and its protocol as
+    the setting --realtime makes (test_cfg.realtime.cost, a float: the
+    same fingerprint)."""
+    monkeypatch.setattr(reproduce, 'check_fingerprints', lambda runs: None)
+    sweep = reproduce.load_sweep()
+    handed = {}
+    monkeypatch.setattr(sweep, 'run_on_ray',
+                        lambda runs, args: handed.update(runs=runs))
+    monkeypatch.setattr(reproduce, 'load_sweep', lambda: sweep)
+    reproduce.main(['table9', *files, '--launcher', 'ray', '--only', 'tent',
+                    '--seeds', '2', '--realtime', '3'])
+    stem = STEM.format('tent')
+    assert [(r['name'], r['seed'], r['options']) for r in handed['runs']] \
+        == [(f'{stem}_realtime-3', 0, ['test_cfg.realtime.cost=3.0']),
+            (f'{stem}_realtime-3_seed1', 1, ['test_cfg.realtime.cost=3.0'])]
+    capsys.readouterr()
+
+
+def test_the_fingerprint_holds_the_protocol_and_the_seed(
+        reproduce, test_configs, tiny_acdc, nvlabs_checkpoint, tmp_path,
+        monkeypatch):
+    """A realistic work dir holding a run of another cost, or an offline
+    run, is neither skipped nor resumed, and a seed's work dir holding
+    another seed's run neither; a run state of the same protocol and seed
+    resumes."""
+    from mmengine.config import Config
+
+    from mmseg_stag.engine.run_state import save_run_state
+    from mmseg_stag.engine.runs import prepare_config, starting_identity
+
+    def no_run(*args, **kwargs):
+        raise AssertionError('a run started')
+
+    monkeypatch.setattr(reproduce.subprocess, 'Popen', no_run)
+    work = tmp_path / 'work'
+    stem = STEM.format('source')
+    config = str(test_configs / f'{stem}.py')
+
+    def state(folder, **prepared):
+        cfg = Config.fromfile(config)
+        cfg.merge_from_dict(tiny_options(tiny_acdc, rounds=1, head='nvlabs'))
+        cfg = prepare_config(cfg, str(work / folder), config, **prepared)
+        (work / folder).mkdir(parents=True, exist_ok=True)
+        save_run_state(str(work / folder / reproduce.STATE_FILE), dict(
+            identity=starting_identity(cfg, nvlabs_checkpoint),
+            batches_done=4, num_batches=8))
+
+    state(f'{stem}_realtime-2.5', realtime=3.0)
+    state(f'{stem}_realtime-2.5_seed1', seed=1)  # offline
+    argv = ['table9', '--checkpoint', nvlabs_checkpoint, '--data-root',
+            tiny_acdc, '--work-root', str(work), '--only', 'source',
+            '--realtime', '2.5', '--seeds', '2', '--dry-run', '--cfg-options',
+            *as_cli(tiny_options(tiny_acdc, rounds=1, head='nvlabs'))]
+    with pytest.raises(SystemExit) as err:
+        reproduce.main(argv)
+    message = str(err.value)
+    assert message.startswith('error: 2 work dir(s) hold another run')
+    assert f'{work / stem}_realtime-2.5 holds an interrupted run other ' \
+        'than source seed 0' in message
+    assert 'test_cfg.realtime.cost: 3.0 -> 2.5' in message
+    assert 'test_cfg.realtime.cost: <absent> -> 2.5' in message
+    assert 'randomness.seed' not in message
+    # the same protocol, another seed
+    state(f'{stem}_realtime-2.5', realtime=2.5)
+    state(f'{stem}_realtime-2.5_seed1', realtime=2.5)  # seed 0
+    with pytest.raises(SystemExit) as err:
+        reproduce.main(argv)
+    message = str(err.value)
+    assert message.startswith('error: 1 work dir(s) hold another run')
+    assert f'{work / stem}_realtime-2.5_seed1 holds' in message
+    assert 'randomness.seed: 0 -> 1' in message
+    # both the planned runs: resumed, each with its seed and protocol
+    state(f'{stem}_realtime-2.5_seed1', realtime=2.5, seed=1)
+    assert reproduce.main(argv) == 0
+
+
+def test_two_realistic_seeds_run_skipped_and_collected(
+        reproduce, test_configs, tiny_acdc, nvlabs_checkpoint, tmp_path,
+        capsys):
+    """TENT at two seeds under the realistic protocol, end to end: the runs
+    record the protocol, a second call skips both (their fingerprints are
+    the planned ones), the realistic table holds their mean ± std."""
+    import statistics
+    work = tmp_path / 'work'
+    argv = ['table9', '--checkpoint', nvlabs_checkpoint, '--data-root',
+            tiny_acdc, '--work-root', str(work), '--only', 'tent',
+            '--allow-short', '--realtime', '2', '--seeds', '2',
+            '--cfg-options',
+            *as_cli(tiny_options(tiny_acdc, rounds=1, head='nvlabs'))]
+    assert reproduce.main(argv) == 0
+    out = capsys.readouterr().out
+    assert 'all 2 runs finished' in out
+    table = work / 'tables' / 'table9_realtime-2_seeds2_only-tent'
+    assert f'the table: {table}/paper_table_realtime.md' in out
+    scores = []
+    for k, suffix in enumerate(('', '_seed1')):
+        with open(work / (STEM.format('tent') + '_realtime-2' + suffix) /
+                  'continual_results.json') as f:
+            record = json.load(f)
+        # 2 images a stage, batch 1: the 1st of each stage adapts
+        assert (record['realtime']['cost'], record['realtime']['how'],
+                record['realtime']['batches_adapted'],
+                record['realtime']['batches_predicted_only'],
+                record['provenance']['seed']) == (2.0, 'given', 4, 4, k)
+        scores.append(record['mean_over_stages'])
+    with open(table / 'paper_table_realtime.json') as f:
+        [row] = json.load(f)['rows']
+    assert row['base_ours'] == round(statistics.fmean(scores), 2)
+    assert row['base_ours_std'] == round(statistics.stdev(scores), 2)
+    assert row['base_seeds'] == [0, 1]
+    assert not (table / 'paper_table.md').exists()
+    assert reproduce.main(argv) == 0
+    out = capsys.readouterr().out
+    assert 'tent seed 0: finished: skipped' in out and \
+        'tent seed 1: finished: skipped' in out
+    assert 'tools/test.py' not in out
