@@ -2,12 +2,17 @@
 
     python tools/demo.py [--work-dir work_dirs/demo] [--rounds 10]
         [--methods source bn-adapt bn-adapt-stag tent tent-stag hybrid-tta
-                   hybrid-tta-stag] [--cfg-options KEY=VALUE ...]
+                   hybrid-tta-stag] [--realtime [pinned|measure]]
+        [--cfg-options KEY=VALUE ...]
 
 Writes the stand-in data, trains the source model, chooses each +STAG
 method's beta0 on round-1 fog, runs every method through ``tools/test.py``
 and writes the tables and the comparison figure; a step whose result is in
-the work dir is skipped. Steps, outputs and results: docs/demo.md.
+the work dir is skipped. ``--realtime`` runs every method again under the
+realistic protocol (docs/realtime.md), with the step costs pinned in
+``configs/demo/*_realtime.py`` (``pinned``) or timed on this machine
+(``measure``), and tables it beside the offline runs. Steps, outputs and
+results: docs/demo.md.
 """
 import argparse
 import glob
@@ -21,6 +26,10 @@ import time
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TRAIN_CFG = 'configs/demo/segformer_mit-tiny_synthetic-cityscapes_train.py'
 TEST_CFG = 'configs/demo/segformer_mit-tiny_demo-acdc_{}.py'
+#: the same with its step's cost pinned (the realistic protocol)
+REALTIME_CFG = 'configs/demo/segformer_mit-tiny_demo-acdc_{}_realtime.py'
+#: --realtime measure: timed calls of the step and the forward (the median)
+MEASURE = ('test_cfg.realtime.warmup=3', 'test_cfg.realtime.repeats=21')
 METHODS = ('source', 'bn-adapt', 'bn-adapt-stag', 'tent', 'tent-stag')
 #: beyond the paper, on request (make demo-hybrid): twice a TENT row's time
 EXTRA_METHODS = ('hybrid-tta', 'hybrid-tta-stag')
@@ -76,6 +85,13 @@ def test_options(args, method, data_root, rounds):
             f'test_dataloader.dataset.rounds={rounds}',
             f'default_hooks.logger.interval={args.log_interval}']
     if method not in ('source', 'bn-adapt'):  # the ones with an optimizer
+        from mmengine.config import Config
+        method_cfg = Config.fromfile(
+            osp.join(REPO, TEST_CFG.format(method))).test_cfg.method
+        if method_cfg.get('optimizer') is None:
+            # BN Adapt+STAG updates with the method's default optimizer,
+            # Adam (torch's betas), which its config does not spell
+            opts.append('test_cfg.method.optimizer.type=Adam')
         opts.append(f'test_cfg.method.optimizer.lr={args.lr}')
     return opts + args.cfg_options
 
@@ -91,6 +107,63 @@ def evaluate(args, method, ckpt, data_root, work_dir, extra):
          work_dir, '--show-dir', osp.join(work_dir, 'segmaps'),
          '--cfg-options'] + opts)
     return read_results(work_dir)
+
+
+def evaluate_realtime(args, method, ckpt, data_root, work_dir, extra):
+    """The whole stream under the realistic protocol: the pinned cost's
+    config, or the plain one with the cost measured (no maps painted)."""
+    from mmseg_stag.engine.report import read_results
+    if args.realtime == 'pinned':
+        cmd = ['tools/test.py', REALTIME_CFG.format(method), ckpt]
+        opts = []
+    else:
+        cmd = ['tools/test.py', TEST_CFG.format(method), ckpt,
+               '--realtime', 'measure']
+        opts = list(MEASURE)
+    opts += test_options(args, method, data_root, args.rounds) + extra
+    run(cmd + ['--work-dir', work_dir, '--cfg-options'] + opts)
+    return read_results(work_dir)
+
+
+def check_realtime_configs(args) -> None:
+    """``--realtime pinned``: every method has its pinned cost's config
+    (``SystemExit`` naming the missing ones, before any work)."""
+    if args.realtime != 'pinned':
+        return
+    missing = [REALTIME_CFG.format(m) for m in args.methods
+               if not osp.isfile(osp.join(REPO, REALTIME_CFG.format(m)))]
+    if missing:
+        raise SystemExit('error: --realtime pinned: no pinned cost for '
+                         f'{", ".join(missing)}; run --realtime measure')
+
+
+def summarise_realtime(results, realistic, betas, path_json, path_md):
+    """The offline and the realistic mean mIoU side by side, with each
+    method's cost and the share of batches it adapted on."""
+    lines = ['| method | step cost (forwards) | batches adapted | offline '
+             'mIoU | realistic mIoU | change |', '|---' * 6 + '|']
+    rows = {}
+    for method, res in realistic.items():
+        info = res['realtime']
+        share = info['batches_adapted'] / (
+            info['batches_adapted'] + info['batches_predicted_only'])
+        offline = results[method]['mean_over_stages']
+        rows[method] = dict(realtime=info, share_adapted=share,
+                            offline=offline,
+                            realistic=res['mean_over_stages'])
+        lines.append(
+            f"| {label(method, betas)} | {info['cost']:.2f} "
+            f"({info['how']}) | {100 * share:.0f} % | {offline:.1f} | "
+            f"{res['mean_over_stages']:.1f} | "
+            f"{res['mean_over_stages'] - offline:+.1f} |")
+    table = '\n'.join(lines)
+    with open(path_md, 'w') as f:
+        f.write('Continual stand-in benchmark, offline and realistic '
+                '(mIoU %, mean over stages; docs/realtime.md)\n\n'
+                f'{table}\n')
+    from mmseg_stag.engine.report import write_json
+    write_json(path_json, dict(methods=rows, betas=betas))
+    return table
 
 
 def select_beta(args, method, ckpt, data_root):
@@ -195,6 +268,13 @@ def main():
                         help='beta0 values tried on round 1 / fog')
     parser.add_argument('--log-interval', type=int, default=50)
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--realtime', nargs='?', const='pinned',
+                        choices=('pinned', 'measure'),
+                        help='run every method again under the realistic '
+                        'protocol (docs/realtime.md) and table it beside '
+                        'the offline runs: the step costs pinned in '
+                        'configs/demo/*_realtime.py (pinned, the default), '
+                        'or timed on this machine (measure)')
     parser.add_argument('--cfg-options', nargs='+', default=[],
                         metavar='KEY=VALUE',
                         help="settings of every method's runs (e.g. "
@@ -211,6 +291,7 @@ def main():
     from demo_data.kernel_paths import pin_or_reexec
     pin_or_reexec(native=args.native_kernels)
     args.work_dir = osp.abspath(args.work_dir)
+    check_realtime_configs(args)
     start = time.time()
 
     from demo_data import make_demo_benchmark
@@ -246,6 +327,22 @@ def main():
           'over stages:\n' + table + f'\n\ncomparison figure: {figure}')
     print(f'\nper-method tables, JSON/CSV/PNG and last-round segmentation '
           f'maps: {args.work_dir}/<method>/; total {seconds / 60:.1f} min')
+    if args.realtime:
+        realistic = {}
+        for method in args.methods:
+            print(f'[realtime] {method}: the stream does not wait '
+                  f'({args.realtime} cost)', flush=True)
+            extra = [f'test_cfg.method.stag.beta0={betas[method]}'] \
+                if method in betas else []
+            realistic[method] = evaluate_realtime(
+                args, method, ckpt, data_root,
+                osp.join(args.work_dir, 'realtime', method), extra)
+        table = summarise_realtime(
+            results, realistic, betas,
+            osp.join(args.work_dir, 'demo_realtime.json'),
+            osp.join(args.work_dir, 'demo_realtime.md'))
+        print('\n[realtime] offline and realistic, mIoU (%) mean over '
+              'stages:\n' + table)
 
 
 if __name__ == '__main__':

@@ -14,8 +14,8 @@ def test_reduced_demo_end_to_end(tmp_path):
     make demo-hybrid's, too), one beta0 candidate, on the pinned kernel
     paths."""
     work = tmp_path / 'demo'
-    proc = tool_runs.run(reduced_command('seg', work), capture_output=True,
-                         text=True, cwd=REPO, env=ENV)
+    proc = tool_runs.run(reduced_command('seg', work, extra=['--realtime']),
+                         capture_output=True, text=True, cwd=REPO, env=ENV)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((work / 'demo_summary.json').read_text())
     methods = ('source', 'tent', 'tent-stag', 'hybrid-tta-stag')
@@ -43,3 +43,22 @@ def test_reduced_demo_end_to_end(tmp_path):
     # a clean install (constraints.txt) prints these numbers, to the digit,
     # on any x86-64 processor (the pinned kernel paths)
     check_or_record('seg', reduced_numbers('seg', work))
+    check_realtime_rows(work, methods)
+
+
+def check_realtime_rows(work, methods):
+    """``--realtime`` (pinned): each method again with its config's cost,
+    two images a stage: the second adapts only where a step costs at most
+    one forward; the table beside the offline one."""
+    from mmengine.config import Config
+    rows = json.loads((work / 'demo_realtime.json').read_text())['methods']
+    assert set(rows) == set(methods)
+    for method in methods:
+        cfg = Config.fromfile(f'{REPO}/configs/demo/segformer_mit-tiny_'
+                              f'demo-acdc_{method}_realtime.py')
+        info = rows[method]['realtime']
+        assert info['cost'] == cfg.test_cfg.realtime.cost
+        adapted = 8 * (2 if info['cost'] <= 1 else 1)
+        assert info['batches_adapted'] == adapted, method
+        assert info['batches_predicted_only'] == 16 - adapted
+    assert '| realistic mIoU |' in (work / 'demo_realtime.md').read_text()
