@@ -2,7 +2,6 @@
 checkpoint matching the real configs shrunk by ``--cfg-options`` (the
 helpers live in ``seg_helpers.py`` and are re-exported here), and
 ``load_tool``: a script of ``tools/`` loaded by its path."""
-import importlib.util
 import os
 
 import pytest
@@ -13,6 +12,7 @@ from seg_helpers import (NVLABS_SEG_CFG, REPO, SEG_CFG,  # noqa: F401
                          tiny_options)
 #: the MJPEG stream fixture (tests/apis/test_frames.py, test_adapt_run.py)
 from stream_helpers import serve  # noqa: F401
+from tool_runs import tool_module
 
 from demo_data import make_acdc_like_tree
 
@@ -44,15 +44,7 @@ def load_tool():
     ``tools/<name>.py`` as a fresh module, for the tests of its own command
     line (``tools`` is no package: what scripts share lives in
     ``mmseg_stag``, or in ``benchmarks`` for the measuring tools)."""
-    def load(name):
-        path = os.path.join(REPO, 'tools', f'{name}.py')
-        spec = importlib.util.spec_from_file_location(
-            'tool_' + name.replace('/', '_'), path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
+    return tool_module
 
 
 @pytest.fixture(scope='session')

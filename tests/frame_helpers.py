@@ -44,3 +44,19 @@ def benchmark_predictions(method, tiny_acdc, checkpoint, work_dir):
     run_test(prepare_config(cfg, str(work_dir), config), checkpoint,
              hooks=[record])
     return record.seen
+
+
+def crash_at_frame(monkeypatch, frame: int):
+    """``OnlineInferencer.step`` raising ``KeyboardInterrupt`` at frame
+    ``frame`` (0-based; the frames before it stepped): a Ctrl-C mid-run.
+    Returns the real step, to put back."""
+    from mmseg_stag.apis import OnlineInferencer
+    step = OnlineInferencer.step
+
+    def crashing(self, data, name=None):
+        if self.frames == frame:
+            raise KeyboardInterrupt('stopped')
+        return step(self, data, name)
+
+    monkeypatch.setattr(OnlineInferencer, 'step', crashing)
+    return step

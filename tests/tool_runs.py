@@ -14,6 +14,7 @@ The saving: ~3 s of imports per tool run (docs/tests.md).
 """
 import atexit
 import collections
+import importlib.util
 import json
 import os
 import os.path as osp
@@ -157,3 +158,16 @@ def run(cmd, *, cwd=None, env=None, timeout=None, capture_output=False,
                               capture_output=capture_output, text=text,
                               **kwargs)
     return server.run(cmd, cwd, env, timeout)
+
+
+def tool_module(name: str):
+    """The script ``tools/<name>.py`` (``'analysis/tsne'``) as a fresh
+    module: a test of a tool's own logic loads it by its path (``tools``
+    is no package)."""
+    repo = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        'tool_' + name.replace('/', '_'),
+        osp.join(repo, 'tools', f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

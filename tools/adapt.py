@@ -69,7 +69,7 @@ POSITIONALS = ('config', 'checkpoint', 'input')
 
 def realtime_cost(text: str):
     """``--realtime``'s value: a number > 0, or ``measure`` (as
-    ``tools/test.py``'s)."""
+    ``tools/test.py``'s: tests/tools/test_realtime_argument.py)."""
     if text == 'measure':
         return text
     try:

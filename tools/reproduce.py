@@ -123,7 +123,8 @@ MAX_SEED = 2**32 - 1
 
 def realtime_cost(text: str):
     """``--realtime``'s value: a number > 0, or ``measure`` (as
-    tools/test.py reads it: a tool imports no other tool)."""
+    tools/test.py reads it: a tool imports no other tool;
+    tests/tools/test_realtime_argument.py holds the copies equal)."""
     if text == 'measure':
         return text
     try:

@@ -25,7 +25,8 @@ if REPO not in sys.path:
 
 
 def realtime_cost(text: str):
-    """``--realtime``'s value: a number > 0, or ``measure``."""
+    """``--realtime``'s value: a number > 0, or ``measure`` (adapt.py and
+    reproduce.py read it alike: tests/tools/test_realtime_argument.py)."""
     if text == 'measure':
         return text
     try:

@@ -2,20 +2,14 @@
 metric), the cumulative accuracy per batch against a direct count, and
 ``tools/analysis/running_curves.py`` with its files and errors."""
 import csv
-import importlib.util
 import json
-import os.path as osp
 
 import pytest
 from cls_helpers import CIFAR, options, run
-from seg_helpers import REPO
+from tool_runs import tool_module
 
 # the curves are the tool's (tools/analysis/running_curves.py)
-_SPEC = importlib.util.spec_from_file_location(
-    'tool_analysis_running_curves',
-    osp.join(REPO, 'tools', 'analysis', 'running_curves.py'))
-_TOOL = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_TOOL)
+_TOOL = tool_module('analysis/running_curves')
 read_per_image = _TOOL.read_per_image
 running_accuracy = _TOOL.running_accuracy
 

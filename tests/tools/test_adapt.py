@@ -11,7 +11,7 @@ import os.path as osp
 import numpy as np
 import pytest
 import torch
-from frame_helpers import benchmark_predictions, options
+from frame_helpers import benchmark_predictions, crash_at_frame, options
 from PIL import Image
 from seg_helpers import REPO, SEG_CFG, tiny_options
 
@@ -122,14 +122,7 @@ def test_a_stopped_run_resumed_writes_what_an_uninterrupted_one_does(
     frames = stream_list([p for p, _ in want], tmp_path)
     run_adapt('cotta', tiny_acdc, tiny_checkpoint, frames, tmp_path / 'whole',
               '--save-every', '2')
-    step = OnlineInferencer.step
-
-    def crash_at_six(self, data, name=None):
-        if self.frames == 5:
-            raise KeyboardInterrupt('stopped')
-        return step(self, data, name)
-
-    monkeypatch.setattr(OnlineInferencer, 'step', crash_at_six)
+    step = crash_at_frame(monkeypatch, 5)
     with pytest.raises(KeyboardInterrupt):
         run_adapt('cotta', tiny_acdc, tiny_checkpoint, frames,
                   tmp_path / 'cut', '--save-every', '2')

@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from frame_helpers import benchmark_predictions
+from frame_helpers import benchmark_predictions, crash_at_frame
 from test_adapt import adapt_tool, label_maps, run_adapt, stream_list
 from test_adapt_run import tree
 
@@ -82,14 +82,7 @@ def test_a_measured_run_resumes_with_its_cost_and_refuses_another(
     from mmseg_stag.apis import OnlineInferencer
     frames = stream_list(paths, tmp_path)
     out = tmp_path / 'cut'
-    step = OnlineInferencer.step
-
-    def crash_at_six(self, data, name=None):
-        if self.frames == 5:
-            raise KeyboardInterrupt('stopped')
-        return step(self, data, name)
-
-    monkeypatch.setattr(OnlineInferencer, 'step', crash_at_six)
+    step = crash_at_frame(monkeypatch, 5)
     with pytest.raises(KeyboardInterrupt):
         run_adapt('tent-stag', tiny_acdc, tiny_checkpoint, frames, out,
                   '--realtime', 'measure', '--save-every', '2',

@@ -1,7 +1,6 @@
 """Figure structural_anchor: the three numbers against a hand computation
 on a 3-class classifier, and the command on tiny real configs (a
 classification CNN and the demo SegFormer) with its files and errors."""
-import importlib.util
 import json
 import math
 import os.path as osp
@@ -9,14 +8,11 @@ import os.path as osp
 import numpy as np
 import pytest
 import torch
+from tool_runs import tool_module
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # the figure's numbers are the tool's (tools/analysis/anchor_validation.py)
-_SPEC = importlib.util.spec_from_file_location(
-    'tool_analysis_anchor_validation',
-    osp.join(REPO, 'tools', 'analysis', 'anchor_validation.py'))
-_TOOL = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_TOOL)
+_TOOL = tool_module('analysis/anchor_validation')
 anchor_validation = _TOOL.anchor_validation
 assignment_matrix = _TOOL.assignment_matrix
 heatmap_classes = _TOOL.heatmap_classes

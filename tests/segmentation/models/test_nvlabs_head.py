@@ -1,7 +1,6 @@
 """``NVSegformerHead`` (NVlabs' SegFormer head) and the NVlabs checkpoint
 converter (``tools/convert_nvlabs_segformer.py``, loaded by its path)."""
 import copy
-import importlib.util
 import os.path as osp
 import sys
 
@@ -16,6 +15,7 @@ from mmseg.registry import MODELS
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import (NVLABS_SEG_CFG, REPO, build_from_config,
                          build_segmentor, mit_backbone, tiny_options)
+from tool_runs import tool_module
 
 import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.segmentation.models import NVSegformerHead
@@ -24,11 +24,7 @@ from mmseg_stag.segmentation.models import NVSegformerHead
 def load_tool():
     """The converter, ``tools/convert_nvlabs_segformer.py``, as a fresh
     module: its mapping and its command line."""
-    path = osp.join(REPO, 'tools', 'convert_nvlabs_segformer.py')
-    spec = importlib.util.spec_from_file_location('convert_tool', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool_module('convert_nvlabs_segformer')
 
 
 _TOOL = load_tool()

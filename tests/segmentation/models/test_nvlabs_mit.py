@@ -2,7 +2,6 @@
 values, against the transcription of NVlabs' MiT
 (``tests/reference/nvlabs_mit_reference.py``) through the converter."""
 import glob
-import importlib.util
 import os.path as osp
 import re
 from collections import OrderedDict
@@ -15,16 +14,13 @@ from mmseg.models.backbones import MixVisionTransformer
 from mmseg.registry import MODELS
 from reference import nvlabs_mit_reference as nvref
 from seg_helpers import REPO, build_from_config, mit_backbone, tiny_options
+from tool_runs import tool_module
 
 import mmseg_stag  # noqa: F401  (registers the components)
 from mmseg_stag.segmentation.models import NVMixVisionTransformer
 
 # the mapping is the converter tool's (tools/convert_nvlabs_segformer.py)
-_SPEC = importlib.util.spec_from_file_location(
-    'tool_convert_nvlabs_segformer',
-    osp.join(REPO, 'tools', 'convert_nvlabs_segformer.py'))
-_TOOL = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(_TOOL)
+_TOOL = tool_module('convert_nvlabs_segformer')
 convert_nvlabs_segformer = _TOOL.convert_nvlabs_segformer
 
 # tiny NVlabs MiT: widths 16/32/40/64, head width 8 (MMSeg's MiT has
