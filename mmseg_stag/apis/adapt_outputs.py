@@ -11,7 +11,7 @@ from typing import Callable, Optional, TextIO
 import numpy as np
 
 #: the CSV's first columns; the method's statistics follow
-COLUMNS = ['index', 'file', 'seconds', 'status', 'reason']
+FRAME_COLUMNS = ['index', 'file', 'seconds', 'status', 'reason']
 
 
 def one_line(text) -> str:
@@ -156,7 +156,7 @@ class FrameTable:
 
     def add(self, row, stats):
         if self.columns is None:  # the method's statistics, as it logs them
-            self.columns = COLUMNS + self.extra + sorted(
+            self.columns = FRAME_COLUMNS + self.extra + sorted(
                 k for k in stats if k not in (
                     'reset', 'nonfinite', *self.extra)) + ['reset']
             self.open()

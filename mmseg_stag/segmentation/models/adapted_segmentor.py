@@ -72,7 +72,7 @@ class AdaptedEncoderDecoder(EncoderDecoder):
         return self
 
 
-def plain(value) -> dict:
+def config_dict(value) -> dict:
     """A config's dict (a ``ConfigDict`` too) as a plain, copied dict."""
     if hasattr(value, 'to_dict'):
         return value.to_dict()
@@ -109,7 +109,7 @@ def inference_config(cfg, meta: dict, path: str = '<config>') -> dict:
         ValueError: If ``cfg``'s model is no ``EncoderDecoder`` (naming
             ``path``).
     """
-    model = plain(cfg.model)
+    model = config_dict(cfg.model)
     if model.get('type') not in SEGMENTOR_TYPES:
         raise ValueError(f'{path}: an inference config rebuilds an '
                          f'EncoderDecoder, not {model.get("type")!r}')
@@ -118,7 +118,7 @@ def inference_config(cfg, meta: dict, path: str = '<config>') -> dict:
                  added_modules=meta.get('added_modules'))
     if model.get('data_preprocessor') is None and cfg.get(
             'data_preprocessor') is not None:
-        model['data_preprocessor'] = plain(cfg.data_preprocessor)
+        model['data_preprocessor'] = config_dict(cfg.data_preprocessor)
     dataset = cfg.test_dataloader.dataset
     pipeline = plain_pipeline(dataset.pipeline)
     dataset_meta = meta.get('dataset_meta') or {}
@@ -132,7 +132,7 @@ def inference_config(cfg, meta: dict, path: str = '<config>') -> dict:
             batch_size=1, num_workers=0,
             dataset=dict(type='FrameStream', frames=[], pipeline=pipeline,
                          metainfo=metainfo)),
-        visualizer=plain(cfg.get('visualizer') or dict(
+        visualizer=config_dict(cfg.get('visualizer') or dict(
             type='SegLocalVisualizer',
             vis_backends=[dict(type='LocalVisBackend')],
             name='visualizer')))
