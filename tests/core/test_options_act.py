@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 from mmengine.config import Config
+from tiny_nets import TinySegNet
 
 import mmseg_stag.classification  # noqa: F401  (registers its methods)
 import mmseg_stag.segmentation  # noqa: F401
@@ -31,24 +32,8 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 STAG = dict(beta0=50.0, gamma=5.0)
 
 
-class TinyNet(nn.Module):
-    """conv -> BN -> conv -> GN -> a confident 1x1 classifier (entropy
-    filters keep part of each batch)."""
-
-    def __init__(self, num_classes=5, dim=8):
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(3, dim, 3, padding=1), nn.BatchNorm2d(dim), nn.ReLU(),
-            nn.Conv2d(dim, dim, 3, padding=1), nn.GroupNorm(2, dim),
-            nn.ReLU())
-        self.classifier = nn.Conv2d(dim, num_classes, 1)
-
-    def forward(self, x):
-        return self.classifier(self.body(x))
-
-
 def seeded(kind):
-    """A ``kind`` (TinyNet or TinyClassifier), seeded, with BN statistics
+    """A ``kind`` (TinySegNet or TinyClassifier), seeded, with BN statistics
     that are not the identity and a confident classifier."""
     torch.manual_seed(0)
     model = kind()
@@ -60,12 +45,12 @@ def seeded(kind):
 
 
 def tiny_net():
-    return seeded(TinyNet), TaskAdapter(
+    return seeded(TinySegNet), TaskAdapter(
         HeadProbe('classifier', prediction_kind='per_pixel')), (3, 8, 8)
 
 
-class TinyClassifier(TinyNet):
-    """TinyNet pooled into a confident linear classifier (per sample)."""
+class TinyClassifier(TinySegNet):
+    """TinySegNet pooled into a confident linear classifier (per sample)."""
 
     def __init__(self, num_classes=5, dim=8):
         super().__init__(num_classes, dim)

@@ -8,28 +8,11 @@ import pytest
 import torch
 import torch.nn as nn
 from reference.adaptation_testbed import adapt
+from tiny_nets import TinySegNet
 
 from mmseg_stag.core import (METHODS, TENT, Batch, BNAdapt, ForwardPass,
                              HeadProbe, Source, TaskAdapter, build_method,
                              select_parameters, stag)
-
-
-class TinySegNet(nn.Module):
-    """conv -> BN -> conv -> GN -> 1x1 classifier, with a forward counter."""
-
-    def __init__(self, num_classes=5, dim=8):
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(3, dim, 3, padding=1), nn.BatchNorm2d(dim), nn.ReLU(),
-            nn.Conv2d(dim, dim, 3, padding=1), nn.GroupNorm(2, dim),
-            nn.ReLU())
-        self.classifier = nn.Conv2d(dim, num_classes, 1)
-        self.forwards = 0
-
-    def forward(self, x):
-        self.forwards += 1
-        return self.classifier(self.body(x))
-
 
 FORWARD = HeadProbe('classifier', prediction_kind='per_pixel')
 ADAPTER = TaskAdapter(FORWARD)
